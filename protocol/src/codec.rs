@@ -1,0 +1,184 @@
+//! Frames: `b"GM"`, the protocol version (u16, little endian), then the
+//! postcard encoding of an [`Envelope`].
+
+use crate::{Envelope, MAX_FRAME_BYTES, PROTOCOL_VERSION, Reply, Request};
+use serde::{Serialize, de::DeserializeOwned};
+
+const MAGIC: [u8; 2] = *b"GM";
+const HEADER: usize = 4;
+
+/// A frame that cannot be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CodecError {
+    /// Shorter than the header.
+    #[error("frame of {0} bytes is shorter than the 4-byte header")]
+    TooShort(usize),
+    /// Not a gemini frame at all.
+    #[error("frame does not start with the gemini magic \"GM\"")]
+    BadMagic,
+    /// A gemini frame of another protocol version.
+    #[error(
+        "protocol mismatch: peer speaks gemini protocol v{peer}, this build speaks v{ours}; install matching versions of gem-schd and libgemhook.so"
+    )]
+    VersionMismatch {
+        /// The peer's version.
+        peer: u16,
+        /// Ours.
+        ours: u16,
+    },
+    /// Larger than [`MAX_FRAME_BYTES`].
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
+    TooLarge(usize),
+    /// The header is right but the body is not a valid message.
+    #[error("malformed message body: {0}")]
+    Body(String),
+}
+
+fn encode<T: Serialize>(seq: u32, body: &T) -> Vec<u8> {
+    let header = || {
+        let mut out = Vec::with_capacity(64);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        out
+    };
+    // Encoding into a Vec cannot fail for these types (no maps with
+    // non-string keys, no unsized sequences); should it ever, the
+    // header-only frame goes out and the peer reports it as malformed.
+    postcard::to_extend(&Envelope { seq, body }, header()).unwrap_or_else(|_| header())
+}
+
+/// Checks the header and returns the peer's version and the body.
+fn split(frame: &[u8]) -> Result<&[u8], CodecError> {
+    if frame.len() > MAX_FRAME_BYTES {
+        return Err(CodecError::TooLarge(frame.len()));
+    }
+    if frame.len() < HEADER {
+        return Err(CodecError::TooShort(frame.len()));
+    }
+    if frame[..2] != MAGIC {
+        return Err(CodecError::BadMagic);
+    }
+    let peer = u16::from_le_bytes([frame[2], frame[3]]);
+    if peer != PROTOCOL_VERSION {
+        return Err(CodecError::VersionMismatch { peer, ours: PROTOCOL_VERSION });
+    }
+    Ok(&frame[HEADER..])
+}
+
+fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<(u32, T), CodecError> {
+    let body = split(frame)?;
+    let (env, rest): (Envelope<T>, &[u8]) =
+        postcard::take_from_bytes(body).map_err(|e| CodecError::Body(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(CodecError::Body(format!("{} trailing bytes", rest.len())));
+    }
+    Ok((env.seq, env.body))
+}
+
+/// Encodes a request frame.
+pub fn encode_request(seq: u32, req: &Request) -> Vec<u8> {
+    encode(seq, req)
+}
+
+/// Encodes a reply frame.
+pub fn encode_reply(seq: u32, reply: &Reply) -> Vec<u8> {
+    encode(seq, reply)
+}
+
+/// Decodes a request frame into its sequence number and request.
+pub fn decode_request(frame: &[u8]) -> Result<(u32, Request), CodecError> {
+    decode(frame)
+}
+
+/// Decodes a reply frame into its sequence number and reply.
+pub fn decode_reply(frame: &[u8]) -> Result<(u32, Reply), CodecError> {
+    decode(frame)
+}
+
+/// The sequence number of a frame whose header is valid, even if its body
+/// is not, so a malformed request can still be answered in order. Postcard
+/// encodes the `u32` as a varint at the start of the body.
+pub fn peek_seq(frame: &[u8]) -> Option<u32> {
+    let body = split(frame).ok()?;
+    postcard::take_from_bytes::<u32>(body).ok().map(|(s, _)| s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ErrorKind, ErrorReply, HeldMemory, Role};
+
+    fn all_requests() -> Vec<Request> {
+        vec![
+            Request::Hello {
+                role: Role::Client,
+                group: "train".into(),
+                pid: 42,
+                held: vec![HeldMemory { device: 1, bytes: 1 << 30 }],
+            },
+            Request::AcquireToken { device: 0, used_us: 12_345, burst_us: 9_000 },
+            Request::ReleaseToken { device: 3, used_us: u64::MAX },
+            Request::ReserveMemory { device: 0, bytes: 1 << 40 },
+            Request::ReleaseMemory { device: 0, bytes: 7 },
+            Request::MemoryInfo { device: 2 },
+            Request::Status,
+            Request::Shutdown,
+            Request::Goodbye,
+        ]
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        for (i, req) in all_requests().into_iter().enumerate() {
+            let frame = encode_request(i as u32, &req);
+            assert_eq!(decode_request(&frame), Ok((i as u32, req)));
+            assert_eq!(peek_seq(&frame), Some(i as u32));
+        }
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let replies = [
+            Reply::Token { device: 0, quota_us: 10_000 },
+            Reply::Done,
+            Reply::Error(ErrorReply { kind: ErrorKind::OutOfMemory, message: "over".into() }),
+            Reply::Memory { device: 1, used: 5, limit: 10 },
+        ];
+        for r in replies {
+            assert_eq!(decode_reply(&encode_reply(9, &r)), Ok((9, r)));
+        }
+    }
+
+    #[test]
+    fn token_request_is_compact() {
+        let frame =
+            encode_request(7, &Request::AcquireToken { device: 0, used_us: 20_000, burst_us: 20_000 });
+        assert!(frame.len() <= 16, "{} bytes", frame.len());
+    }
+
+    #[test]
+    fn other_version_is_recognised_before_the_body() {
+        let mut frame = encode_request(1, &Request::Status);
+        frame[2..4].copy_from_slice(&(PROTOCOL_VERSION + 1).to_le_bytes());
+        assert_eq!(
+            decode_request(&frame),
+            Err(CodecError::VersionMismatch { peer: PROTOCOL_VERSION + 1, ours: PROTOCOL_VERSION })
+        );
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert_eq!(decode_request(b""), Err(CodecError::TooShort(0)));
+        assert_eq!(decode_request(b"hello world"), Err(CodecError::BadMagic));
+        let mut frame = encode_request(1, &Request::Status);
+        frame.push(0xff);
+        assert!(matches!(decode_request(&frame), Err(CodecError::Body(_))));
+        // A hello whose string claims to be huge must not allocate or panic.
+        let mut bad = b"GM".to_vec();
+        bad.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        bad.extend_from_slice(&[0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+        assert!(matches!(decode_request(&bad), Err(CodecError::Body(_))));
+        let big = vec![0u8; MAX_FRAME_BYTES + 1];
+        assert_eq!(decode_request(&big), Err(CodecError::TooLarge(MAX_FRAME_BYTES + 1)));
+    }
+}

@@ -1,0 +1,15 @@
+//! Every environment variable any gemini part reads, in one place. Each
+//! part reads the environment once, at start-up, into its own settings.
+
+/// Name of the group a client process belongs to (required by the hook).
+pub const GROUP_NAME: &str = "GEMINI_GROUP_NAME";
+/// Directory holding the scheduler's `ipc://` socket.
+pub const IPC_DIR: &str = "GEMINI_IPC_DIR";
+/// Enables the hook's diagnostics on stderr when set (`1`, `debug`, `trace`).
+pub const LOG: &str = "GEMINI_LOG";
+/// Path of `resource.conf` for the scheduler (flag `--config` wins).
+pub const CONFIG: &str = "GEMINI_CONFIG";
+/// Path of `gemini.toml` for the scheduler (flag `--settings` wins).
+pub const SETTINGS: &str = "GEMINI_SETTINGS";
+/// How long a client waits for an absent scheduler before giving up.
+pub const CONNECT_TIMEOUT: &str = "GEMINI_CONNECT_TIMEOUT";

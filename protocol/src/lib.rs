@@ -1,0 +1,33 @@
+//! The wire contract of gemini: every message exchanged between the hook,
+//! the holder, the launcher, the CLI and the scheduler, the codec that puts
+//! them on the wire, the endpoint they meet at, and the name of every
+//! environment variable the parts read.
+//!
+//! This crate is linked into `libgemhook.so`, which lives inside arbitrary
+//! CUDA programs: it must stay small (serde + postcard, nothing that starts
+//! threads or links system libraries).
+//!
+//! A frame is a 4-byte header — the magic `GM` and the little-endian
+//! protocol version — followed by a postcard-encoded [`Envelope`]. The
+//! version is checked before the body is decoded, so two builds that speak
+//! different versions always recognise each other and refuse cleanly
+//! instead of misreading each other's bytes.
+
+pub mod codec;
+pub mod endpoint;
+pub mod env;
+pub mod message;
+
+pub use codec::{CodecError, decode_reply, decode_request, encode_reply, encode_request};
+pub use endpoint::{DEFAULT_IPC_DIR, EndpointError, SCHEDULER_SOCKET, scheduler_endpoint};
+pub use message::*;
+
+/// The protocol version this build speaks. Bump it on any change to the
+/// message enums: peers of another version are refused with
+/// [`ErrorKind::ProtocolMismatch`].
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Largest frame either side accepts, in bytes. The daemon sets it as the
+/// socket's maximum message size, so a hostile peer cannot make it buffer
+/// more.
+pub const MAX_FRAME_BYTES: usize = 256 * 1024;

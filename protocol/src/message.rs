@@ -1,0 +1,265 @@
+//! The messages. A connection starts with [`Request::Hello`]; every request
+//! gets exactly one [`Reply`] carrying the same sequence number, though a
+//! token request's reply may come much later (when the token is granted).
+
+use serde::{Deserialize, Serialize};
+
+/// Index of a device as the client's driver numbers it.
+pub type DeviceId = u32;
+/// Identifier the scheduler gives a connection in [`Reply::Welcome`].
+pub type ClientId = u64;
+
+/// What a frame carries: the sender's sequence number and the body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    /// Chosen by the requester, echoed in the reply.
+    pub seq: u32,
+    /// The message.
+    pub body: T,
+}
+
+/// The kind of peer that says hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// A CUDA program under the hook: gets tokens and memory for its group.
+    Client,
+    /// The holder: served only when no client waits, yields on demand.
+    Holder,
+    /// A command-line tool (`gem-schd status`, `gem-launch`): no tokens.
+    Control,
+}
+
+/// Memory a reconnecting client already holds on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldMemory {
+    /// The device.
+    pub device: DeviceId,
+    /// Bytes held there.
+    pub bytes: u64,
+}
+
+/// Client → scheduler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// First message of every connection, exactly once. `group` is required
+    /// for [`Role::Client`] and ignored otherwise. `held` lists memory the
+    /// process already holds (non-empty when it reconnects to a restarted
+    /// scheduler); it is registered as is, even beyond the limit.
+    /// Reply: [`Reply::Welcome`], or an error (unknown group, mismatch).
+    Hello {
+        /// What the peer is.
+        role: Role,
+        /// The group (the program's `GEMINI_GROUP_NAME`).
+        group: String,
+        /// The process id the client believes it has; the scheduler prefers
+        /// the kernel's peer credentials where the transport gives them.
+        pid: u32,
+        /// Memory already held, for re-registration.
+        held: Vec<HeldMemory>,
+    },
+    /// Ask for the token of `device`. `used_us` is the device time the
+    /// client really used under its previous token on this device (overuse
+    /// included; 0 if it had none); `burst_us` its prediction of the next
+    /// burst. Allowed for clients and the holder. Reply: [`Reply::Token`],
+    /// sent when the token is granted — possibly much later.
+    AcquireToken {
+        /// The device.
+        device: DeviceId,
+        /// Device time used under the previous token, in microseconds.
+        used_us: u64,
+        /// Predicted length of the next burst, in microseconds.
+        burst_us: u64,
+    },
+    /// Give the token of `device` back before it expires (the program went
+    /// idle), reporting the time really used. Reply: [`Reply::Done`].
+    ReleaseToken {
+        /// The device.
+        device: DeviceId,
+        /// Device time used under the token, in microseconds.
+        used_us: u64,
+    },
+    /// Reserve `bytes` of device memory for the client's group before the
+    /// real allocation. Reply: [`Reply::Memory`] or
+    /// [`ErrorKind::OutOfMemory`].
+    ReserveMemory {
+        /// The device.
+        device: DeviceId,
+        /// Bytes to reserve.
+        bytes: u64,
+    },
+    /// Return a reservation (the allocation was freed, or the real
+    /// allocation failed). Reply: [`Reply::Memory`].
+    ReleaseMemory {
+        /// The device.
+        device: DeviceId,
+        /// Bytes to return.
+        bytes: u64,
+    },
+    /// The group's memory view on `device`. Reply: [`Reply::Memory`].
+    MemoryInfo {
+        /// The device.
+        device: DeviceId,
+    },
+    /// The scheduler's state. Allowed without hello. Reply: [`Reply::Status`].
+    Status,
+    /// Stop the scheduler. Allowed without hello, only for the daemon's own
+    /// user or root. Reply: [`Reply::Done`], then the daemon exits.
+    Shutdown,
+    /// The client is leaving: its token and memory are released at once.
+    /// Reply: [`Reply::Done`].
+    Goodbye,
+}
+
+/// Scheduler → client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Answer to hello.
+    Welcome {
+        /// The connection's id.
+        client: ClientId,
+        /// The scheduler's build version.
+        server: String,
+        /// The configuration file in force.
+        config_path: String,
+    },
+    /// The token of `device`, valid for `quota_us` microseconds from now.
+    Token {
+        /// The device.
+        device: DeviceId,
+        /// How long the client may launch work, in microseconds.
+        quota_us: u64,
+    },
+    /// The group's memory on a device after the request.
+    Memory {
+        /// The device.
+        device: DeviceId,
+        /// Bytes the group has reserved there, all its processes together.
+        used: u64,
+        /// The group's `MemoryLimit`.
+        limit: u64,
+    },
+    /// The request was carried out; nothing to report.
+    Done,
+    /// Answer to [`Request::Status`].
+    Status(Box<StatusReport>),
+    /// The request was refused.
+    Error(ErrorReply),
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// The peer speaks another protocol version.
+    ProtocolMismatch,
+    /// The frame could not be decoded.
+    Malformed,
+    /// The group is not in `resource.conf`.
+    UnknownGroup,
+    /// A request other than hello/status/shutdown before hello.
+    NotRegistered,
+    /// A second hello on one connection.
+    AlreadyRegistered,
+    /// The reservation would pass the group's `MemoryLimit`.
+    OutOfMemory,
+    /// The request does not fit the client's state (e.g. releasing a token
+    /// it does not hold, a holder asking for memory as a group).
+    Unexpected,
+    /// The peer's user may not do this.
+    PermissionDenied,
+    /// A value is out of range (device index, size).
+    BadRequest,
+}
+
+/// A refusal, with a message for humans that says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// Machine-readable reason.
+    pub kind: ErrorKind,
+    /// What happened and, where possible, what to do about it.
+    pub message: String,
+}
+
+impl std::fmt::Display for ErrorReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.message)
+    }
+}
+
+/// Everything `gem-schd status` shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// Scheduler build version.
+    pub server: String,
+    /// `resource.conf` in force.
+    pub config_path: String,
+    /// The last reload error, if the file on disk is currently invalid.
+    pub config_error: Option<String>,
+    /// Accounting window, in microseconds.
+    pub window_us: u64,
+    /// Time since the daemon started, in microseconds.
+    pub uptime_us: u64,
+    /// Configured groups.
+    pub groups: Vec<GroupStatus>,
+    /// Devices that have seen a request.
+    pub devices: Vec<DeviceStatus>,
+    /// Connected clients.
+    pub clients: Vec<ClientStatus>,
+}
+
+/// A group as configured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupStatus {
+    /// Section name in `resource.conf`.
+    pub name: String,
+    /// Guaranteed share of device time.
+    pub min_util: f64,
+    /// Ceiling on the share of device time.
+    pub max_util: f64,
+    /// Memory cap per device, bytes.
+    pub memory_limit: u64,
+    /// Connected processes of the group.
+    pub clients: u32,
+}
+
+/// One device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    /// The device.
+    pub device: DeviceId,
+    /// Share of the window during which the device was in use by anyone.
+    pub busy: f64,
+    /// Client holding the token now.
+    pub holder: Option<ClientId>,
+    /// Clients waiting for the token.
+    pub waiting: u32,
+    /// Per-group figures on this device.
+    pub groups: Vec<GroupDeviceStatus>,
+}
+
+/// One group on one device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupDeviceStatus {
+    /// The group (`(holder)` for the holder).
+    pub group: String,
+    /// Share of device time achieved over the window.
+    pub share: f64,
+    /// Bytes reserved by the group's processes.
+    pub memory_used: u64,
+    /// The group's limit.
+    pub memory_limit: u64,
+    /// Clients of the group waiting for this device's token.
+    pub waiting: u32,
+}
+
+/// One connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientStatus {
+    /// Connection id.
+    pub id: ClientId,
+    /// Process id.
+    pub pid: u32,
+    /// Role.
+    pub role: Role,
+    /// Group (empty for control and holder).
+    pub group: String,
+}
