@@ -1,1 +1,21 @@
-//! placeholder
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+//! Configuration of gemini: `resource.conf` (the groups, XDG Desktop Entry
+//! syntax read with glib's `KeyFile`) and `gemini.toml` (the daemon's own
+//! settings). Each is read into a raw form first and then validated into
+//! typed settings; every error names the file, the line (or group) and what
+//! was expected. `load` functions open files; `parse_*` functions work on
+//! strings, and that is what the unit tests feed.
+
+pub mod resource;
+pub mod settings;
+pub mod size;
+
+pub use resource::{
+    ConfigError, ConfigErrors, GroupConfig, ResourceConfig, Warning, diff, load_resource,
+    parse_resource,
+};
+
+pub use settings::{
+    Overrides, RawSettings, Settings, SettingsError, load_settings, parse_settings,
+};
+pub use size::{format_size, parse_size};

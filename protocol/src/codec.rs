@@ -60,7 +60,10 @@ fn split(frame: &[u8]) -> Result<&[u8], CodecError> {
     }
     let peer = u16::from_le_bytes([frame[2], frame[3]]);
     if peer != PROTOCOL_VERSION {
-        return Err(CodecError::VersionMismatch { peer, ours: PROTOCOL_VERSION });
+        return Err(CodecError::VersionMismatch {
+            peer,
+            ours: PROTOCOL_VERSION,
+        });
     }
     Ok(&frame[HEADER..])
 }
@@ -114,12 +117,28 @@ mod tests {
                 role: Role::Client,
                 group: "train".into(),
                 pid: 42,
-                held: vec![HeldMemory { device: 1, bytes: 1 << 30 }],
+                held: vec![HeldMemory {
+                    device: 1,
+                    bytes: 1 << 30,
+                }],
             },
-            Request::AcquireToken { device: 0, used_us: 12_345, burst_us: 9_000 },
-            Request::ReleaseToken { device: 3, used_us: u64::MAX },
-            Request::ReserveMemory { device: 0, bytes: 1 << 40 },
-            Request::ReleaseMemory { device: 0, bytes: 7 },
+            Request::AcquireToken {
+                device: 0,
+                used_us: 12_345,
+                burst_us: 9_000,
+            },
+            Request::ReleaseToken {
+                device: 3,
+                used_us: u64::MAX,
+            },
+            Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 40,
+            },
+            Request::ReleaseMemory {
+                device: 0,
+                bytes: 7,
+            },
             Request::MemoryInfo { device: 2 },
             Request::Status,
             Request::Shutdown,
@@ -139,10 +158,20 @@ mod tests {
     #[test]
     fn replies_round_trip() {
         let replies = [
-            Reply::Token { device: 0, quota_us: 10_000 },
+            Reply::Token {
+                device: 0,
+                quota_us: 10_000,
+            },
             Reply::Done,
-            Reply::Error(ErrorReply { kind: ErrorKind::OutOfMemory, message: "over".into() }),
-            Reply::Memory { device: 1, used: 5, limit: 10 },
+            Reply::Error(ErrorReply {
+                kind: ErrorKind::OutOfMemory,
+                message: "over".into(),
+            }),
+            Reply::Memory {
+                device: 1,
+                used: 5,
+                limit: 10,
+            },
         ];
         for r in replies {
             assert_eq!(decode_reply(&encode_reply(9, &r)), Ok((9, r)));
@@ -151,8 +180,14 @@ mod tests {
 
     #[test]
     fn token_request_is_compact() {
-        let frame =
-            encode_request(7, &Request::AcquireToken { device: 0, used_us: 20_000, burst_us: 20_000 });
+        let frame = encode_request(
+            7,
+            &Request::AcquireToken {
+                device: 0,
+                used_us: 20_000,
+                burst_us: 20_000,
+            },
+        );
         assert!(frame.len() <= 16, "{} bytes", frame.len());
     }
 
@@ -162,7 +197,10 @@ mod tests {
         frame[2..4].copy_from_slice(&(PROTOCOL_VERSION + 1).to_le_bytes());
         assert_eq!(
             decode_request(&frame),
-            Err(CodecError::VersionMismatch { peer: PROTOCOL_VERSION + 1, ours: PROTOCOL_VERSION })
+            Err(CodecError::VersionMismatch {
+                peer: PROTOCOL_VERSION + 1,
+                ours: PROTOCOL_VERSION
+            })
         );
     }
 
@@ -179,6 +217,9 @@ mod tests {
         bad.extend_from_slice(&[0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f]);
         assert!(matches!(decode_request(&bad), Err(CodecError::Body(_))));
         let big = vec![0u8; MAX_FRAME_BYTES + 1];
-        assert_eq!(decode_request(&big), Err(CodecError::TooLarge(MAX_FRAME_BYTES + 1)));
+        assert_eq!(
+            decode_request(&big),
+            Err(CodecError::TooLarge(MAX_FRAME_BYTES + 1))
+        );
     }
 }

@@ -46,7 +46,9 @@ pub fn scheduler_socket_path(ipc_dir: &Path) -> PathBuf {
 /// The ZeroMQ endpoint (`ipc://…`) of the scheduler listening in `ipc_dir`.
 pub fn scheduler_endpoint(ipc_dir: &Path) -> Result<String, EndpointError> {
     let path = scheduler_socket_path(ipc_dir);
-    let s = path.to_str().ok_or_else(|| EndpointError::NotUtf8(ipc_dir.to_path_buf()))?;
+    let s = path
+        .to_str()
+        .ok_or_else(|| EndpointError::NotUtf8(ipc_dir.to_path_buf()))?;
     if s.len() > MAX_SOCKET_PATH {
         return Err(EndpointError::PathTooLong { len: s.len(), path });
     }
@@ -68,13 +70,19 @@ mod tests {
     #[test]
     fn unset_or_empty_env_gives_default_dir() {
         assert_eq!(ipc_dir_or_default(None), PathBuf::from(DEFAULT_IPC_DIR));
-        assert_eq!(ipc_dir_or_default(Some("".as_ref())), PathBuf::from(DEFAULT_IPC_DIR));
+        assert_eq!(
+            ipc_dir_or_default(Some("".as_ref())),
+            PathBuf::from(DEFAULT_IPC_DIR)
+        );
         assert_eq!(ipc_dir_or_default(Some("/x".as_ref())), PathBuf::from("/x"));
     }
 
     #[test]
     fn overlong_socket_path_is_refused() {
         let dir = PathBuf::from(format!("/{}", "d".repeat(120)));
-        assert!(matches!(scheduler_endpoint(&dir), Err(EndpointError::PathTooLong { .. })));
+        assert!(matches!(
+            scheduler_endpoint(&dir),
+            Err(EndpointError::PathTooLong { .. })
+        ));
     }
 }

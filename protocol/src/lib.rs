@@ -1,3 +1,4 @@
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 //! The wire contract of gemini: every message exchanged between the hook,
 //! the holder, the launcher, the CLI and the scheduler, the codec that puts
 //! them on the wire, the endpoint they meet at, and the name of every

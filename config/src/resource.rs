@@ -1,0 +1,514 @@
+//! `resource.conf`: one `[group]` section per client group.
+//!
+//! ```ini
+//! [train]
+//! MinUtil=0.3      # guaranteed share of device time, 0..1 (default 0)
+//! MaxUtil=0.8      # ceiling, 0..1 (default 1)
+//! MemoryLimit=8GiB # per device, all processes of the group (default 1GiB)
+//! ```
+//!
+//! The file is parsed by glib's `KeyFile` (XDG Desktop Entry syntax). glib
+//! reports no line numbers and keeps a trailing `# comment` in the value,
+//! so this module also scans the text itself: to strip such comments and
+//! to point every message at its line.
+
+use crate::size::{format_size, parse_size};
+use glib::{KeyFile, KeyFileFlags};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Key for the guaranteed share.
+pub const MIN_UTIL: &str = "MinUtil";
+/// Key for the share ceiling.
+pub const MAX_UTIL: &str = "MaxUtil";
+/// Key for the memory cap.
+pub const MEMORY_LIMIT: &str = "MemoryLimit";
+/// Keys this version understands.
+pub const KNOWN_KEYS: [&str; 3] = [MIN_UTIL, MAX_UTIL, MEMORY_LIMIT];
+/// `MemoryLimit` when the key is absent.
+pub const DEFAULT_MEMORY_LIMIT: u64 = 1 << 30;
+/// Tolerance for the sum of `MinUtil` (decimal fractions do not add up
+/// exactly in binary floating point).
+const SUM_EPSILON: f64 = 1e-9;
+
+/// One validated group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupConfig {
+    /// Section name.
+    pub name: String,
+    /// Guaranteed share of each device's time, 0..=1.
+    pub min_util: f64,
+    /// Ceiling on the share of each device's time, min_util..=1.
+    pub max_util: f64,
+    /// Bytes per device, summed over the group's processes.
+    pub memory_limit: u64,
+    /// Line of the section header.
+    pub line: usize,
+}
+
+/// A validated `resource.conf`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ResourceConfig {
+    /// Where it was read from (for messages).
+    pub path: PathBuf,
+    /// Groups by name.
+    pub groups: BTreeMap<String, GroupConfig>,
+}
+
+impl ResourceConfig {
+    /// The group called `name`.
+    pub fn group(&self, name: &str) -> Option<&GroupConfig> {
+        self.groups.get(name)
+    }
+}
+
+/// Where in the file a message points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// The `[group]`, when the message concerns one.
+    pub group: Option<String>,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(l) = self.line {
+            write!(f, ":{l}")?;
+        }
+        if let Some(g) = &self.group {
+            write!(f, ": [{g}]")?;
+        }
+        Ok(())
+    }
+}
+
+/// An error that makes the file unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{at}: {message}")]
+pub struct ConfigError {
+    /// Where.
+    pub at: Location,
+    /// What was found and what was expected.
+    pub message: String,
+}
+
+/// All errors found in one file, in line order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Something suspicious that does not stop the file from being used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// Where.
+    pub at: Location,
+    /// What.
+    pub message: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: warning: {}", self.at, self.message)
+    }
+}
+
+/// Reads and validates `path`.
+pub fn load_resource(path: &Path) -> Result<(ResourceConfig, Vec<Warning>), ConfigErrors> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse_resource(&text, path),
+        Err(e) => Err(ConfigErrors(vec![ConfigError {
+            at: Location {
+                file: path.to_path_buf(),
+                line: None,
+                group: None,
+            },
+            message: format!("cannot read the file: {e}"),
+        }])),
+    }
+}
+
+/// A key as found in the file.
+#[derive(Debug)]
+struct RawEntry {
+    key: String,
+    value: String,
+    line: usize,
+}
+
+/// A section as found in the file.
+#[derive(Debug)]
+struct RawGroup {
+    name: String,
+    line: usize,
+    entries: Vec<RawEntry>,
+}
+
+/// What the line scan learns: where each section and key is, and lines
+/// that are neither.
+#[derive(Debug, Default)]
+struct LineIndex {
+    /// Section name → header lines (several if it is repeated).
+    groups: BTreeMap<String, Vec<usize>>,
+    /// (section, key) → lines (several if it is repeated).
+    keys: BTreeMap<(String, String), Vec<usize>>,
+    /// Structural errors glib would reject the file for.
+    errors: Vec<(usize, String)>,
+}
+
+fn scan_lines(text: &str) -> LineIndex {
+    let mut idx = LineIndex::default();
+    let mut current: Option<String> = None;
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix('[') {
+            match rest.strip_suffix(']') {
+                Some(name) if !name.is_empty() && !name.contains(['[', ']']) => {
+                    idx.groups.entry(name.to_string()).or_default().push(n);
+                    current = Some(name.to_string());
+                }
+                _ => idx.errors.push((
+                    n,
+                    format!("expected a section header like `[train]`, found {line:?}"),
+                )),
+            }
+            continue;
+        }
+        match (line.split_once('='), &current) {
+            (Some((key, _)), Some(group)) if !key.trim().is_empty() => {
+                idx.keys
+                    .entry((group.clone(), key.trim().to_string()))
+                    .or_default()
+                    .push(n);
+            }
+            (Some(_), Some(_)) => idx
+                .errors
+                .push((n, format!("missing key name before `=` in {line:?}"))),
+            (Some(_), None) => idx.errors.push((
+                n,
+                "a key outside any section: start the file with a group header like `[train]`"
+                    .into(),
+            )),
+            (None, _) => idx.errors.push((
+                n,
+                format!("expected `Key=value`, `[group]` or a `#` comment, found {line:?}"),
+            )),
+        }
+    }
+    idx
+}
+
+/// Removes a trailing ` # comment` (glib keeps it in the value). A `#` not
+/// preceded by white space is part of the value.
+fn strip_trailing_comment(value: &str) -> &str {
+    let bytes = value.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'#' && i > 0 && bytes[i - 1].is_ascii_whitespace() {
+            return value[..i].trim_end();
+        }
+    }
+    value.trim_end()
+}
+
+fn parse_raw(text: &str, file: &Path) -> Result<(Vec<RawGroup>, LineIndex), ConfigErrors> {
+    let idx = scan_lines(text);
+    let at = |line: Option<usize>, group: Option<&str>| Location {
+        file: file.to_path_buf(),
+        line,
+        group: group.map(str::to_string),
+    };
+    if !idx.errors.is_empty() {
+        return Err(ConfigErrors(
+            idx.errors
+                .iter()
+                .map(|(l, m)| ConfigError {
+                    at: at(Some(*l), None),
+                    message: m.clone(),
+                })
+                .collect(),
+        ));
+    }
+    let kf = KeyFile::new();
+    if let Err(e) = kf.load_from_data(text, KeyFileFlags::NONE) {
+        return Err(ConfigErrors(vec![ConfigError {
+            at: at(None, None),
+            message: format!("not a valid XDG Desktop Entry file: {e}"),
+        }]));
+    }
+    let mut groups = Vec::new();
+    for name in kf.groups().iter() {
+        let name = name.as_str().to_string();
+        let line = idx
+            .groups
+            .get(&name)
+            .and_then(|v| v.first().copied())
+            .unwrap_or(0);
+        let mut entries = Vec::new();
+        let keys = kf.keys(&name).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                at: at(Some(line), Some(&name)),
+                message: format!("cannot list keys: {e}"),
+            }])
+        })?;
+        for key in keys.iter() {
+            let key = key.as_str().to_string();
+            let value = kf
+                .string(&name, &key)
+                .or_else(|_| kf.value(&name, &key))
+                .map(|v| strip_trailing_comment(v.as_str()).to_string())
+                .unwrap_or_default();
+            let kline = idx
+                .keys
+                .get(&(name.clone(), key.clone()))
+                .and_then(|v| v.last().copied())
+                .unwrap_or(line);
+            entries.push(RawEntry {
+                key,
+                value,
+                line: kline,
+            });
+        }
+        groups.push(RawGroup {
+            name,
+            line,
+            entries,
+        });
+    }
+    Ok((groups, idx))
+}
+
+/// A share: `0.3` or `30%`, within 0..=1.
+fn parse_util(value: &str) -> Result<f64, String> {
+    let (num, scale) = match value.strip_suffix('%') {
+        Some(n) => (n.trim(), 100.0),
+        None => (value, 1.0),
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=1.0).contains(&(v / scale)) => Ok(v / scale),
+        _ => Err(format!(
+            "expected a number from 0 to 1 (or a percentage like 30%), got {value:?}"
+        )),
+    }
+}
+
+fn suggestion(key: &str) -> String {
+    match KNOWN_KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) {
+        Some(k) => format!("; did you mean `{k}` (keys are case-sensitive)?"),
+        None => format!("; known keys are {}", KNOWN_KEYS.join(", ")),
+    }
+}
+
+/// Parses and validates the text of a `resource.conf` read from `file`
+/// (used in messages only).
+pub fn parse_resource(
+    text: &str,
+    file: &Path,
+) -> Result<(ResourceConfig, Vec<Warning>), ConfigErrors> {
+    let (raw, idx) = parse_raw(text, file)?;
+    let at = |line: usize, group: &str| Location {
+        file: file.to_path_buf(),
+        line: (line > 0).then_some(line),
+        group: Some(group.to_string()),
+    };
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+    for (name, lines) in &idx.groups {
+        if lines.len() > 1 {
+            warnings.push(Warning {
+                at: at(lines[1], name),
+                message: format!(
+                    "section also starts at line {}; the two are merged and later keys win",
+                    lines[0]
+                ),
+            });
+        }
+    }
+    for ((group, key), lines) in &idx.keys {
+        if lines.len() > 1 {
+            warnings.push(Warning {
+                at: at(lines[lines.len() - 1], group),
+                message: format!("`{key}` is set more than once; this last value wins"),
+            });
+        }
+    }
+    let mut groups = BTreeMap::new();
+    for g in raw {
+        let mut cfg = GroupConfig {
+            name: g.name.clone(),
+            min_util: 0.0,
+            max_util: 1.0,
+            memory_limit: DEFAULT_MEMORY_LIMIT,
+            line: g.line,
+        };
+        let mut min_line = g.line;
+        let mut ok = true;
+        for e in &g.entries {
+            let result = match e.key.as_str() {
+                MIN_UTIL => parse_util(&e.value).map(|v| {
+                    cfg.min_util = v;
+                    min_line = e.line;
+                }),
+                MAX_UTIL => parse_util(&e.value).map(|v| cfg.max_util = v),
+                MEMORY_LIMIT => parse_size(&e.value).map(|v| cfg.memory_limit = v),
+                other => {
+                    warnings.push(Warning {
+                        at: at(e.line, &g.name),
+                        message: format!("unknown key `{other}` ignored{}", suggestion(other)),
+                    });
+                    Ok(())
+                }
+            };
+            if let Err(msg) = result {
+                ok = false;
+                errors.push(ConfigError {
+                    at: at(e.line, &g.name),
+                    message: format!("{}: {msg}", e.key),
+                });
+            }
+        }
+        if ok && cfg.min_util > cfg.max_util {
+            errors.push(ConfigError {
+                at: at(min_line, &g.name),
+                message: format!(
+                    "MinUtil {} is greater than MaxUtil {}: the guaranteed share cannot exceed the ceiling",
+                    cfg.min_util, cfg.max_util
+                ),
+            });
+        }
+        if ok && cfg.max_util == 0.0 {
+            warnings.push(Warning {
+                at: at(g.line, &g.name),
+                message: "MaxUtil is 0: programs of this group will never run a kernel".into(),
+            });
+        }
+        groups.insert(g.name.clone(), cfg);
+    }
+    let sum: f64 = groups.values().map(|g| g.min_util).sum();
+    if sum > 1.0 + SUM_EPSILON {
+        let parts: Vec<String> = groups
+            .values()
+            .filter(|g| g.min_util > 0.0)
+            .map(|g| format!("{} {} (line {})", g.name, g.min_util, g.line))
+            .collect();
+        errors.push(ConfigError {
+            at: Location { file: file.to_path_buf(), line: None, group: None },
+            message: format!(
+                "MinUtil over all groups adds up to {sum:.3}, more than 1: {}; lower them so the guarantees can all be met",
+                parts.join(", ")
+            ),
+        });
+    }
+    if groups.is_empty() {
+        warnings.push(Warning {
+            at: Location {
+                file: file.to_path_buf(),
+                line: None,
+                group: None,
+            },
+            message: "no groups defined: every client will be refused".into(),
+        });
+    }
+    if !errors.is_empty() {
+        errors.sort_by_key(|e| e.at.line.unwrap_or(usize::MAX));
+        return Err(ConfigErrors(errors));
+    }
+    Ok((
+        ResourceConfig {
+            path: file.to_path_buf(),
+            groups,
+        },
+        warnings,
+    ))
+}
+
+/// One difference between two configurations, for the reload log.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// A new group.
+    Added(String),
+    /// A group that is gone (its running clients keep their old limits
+    /// until they leave, but no new client may join it).
+    Removed(String),
+    /// A setting of a group changed.
+    Modified {
+        /// The group.
+        group: String,
+        /// The key.
+        key: &'static str,
+        /// Old value, formatted.
+        old: String,
+        /// New value, formatted.
+        new: String,
+    },
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::Added(g) => write!(f, "[{g}] added"),
+            Change::Removed(g) => write!(f, "[{g}] removed"),
+            Change::Modified {
+                group,
+                key,
+                old,
+                new,
+            } => write!(f, "[{group}] {key}: {old} -> {new}"),
+        }
+    }
+}
+
+/// What changed from `old` to `new`.
+pub fn diff(old: &ResourceConfig, new: &ResourceConfig) -> Vec<Change> {
+    let mut out = Vec::new();
+    for (name, n) in &new.groups {
+        let Some(o) = old.groups.get(name) else {
+            out.push(Change::Added(name.clone()));
+            continue;
+        };
+        let mut field = |key, a: String, b: String| {
+            if a != b {
+                out.push(Change::Modified {
+                    group: name.clone(),
+                    key,
+                    old: a,
+                    new: b,
+                });
+            }
+        };
+        field(MIN_UTIL, o.min_util.to_string(), n.min_util.to_string());
+        field(MAX_UTIL, o.max_util.to_string(), n.max_util.to_string());
+        field(
+            MEMORY_LIMIT,
+            format_size(o.memory_limit),
+            format_size(n.memory_limit),
+        );
+    }
+    for name in old.groups.keys() {
+        if !new.groups.contains_key(name) {
+            out.push(Change::Removed(name.clone()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,219 @@
+use super::*;
+
+fn parse(text: &str) -> Result<(ResourceConfig, Vec<Warning>), ConfigErrors> {
+    parse_resource(text, Path::new("/etc/gemini/resource.conf"))
+}
+
+fn errors(text: &str) -> Vec<String> {
+    parse(text)
+        .expect_err("expected an error")
+        .0
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[test]
+fn reads_groups_with_defaults() {
+    let (cfg, warnings) =
+        parse("[a]\nMinUtil=0.3\nMaxUtil=0.8\nMemoryLimit=2GiB\n\n[b]\n").unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let a = cfg.group("a").unwrap();
+    assert_eq!(
+        (a.min_util, a.max_util, a.memory_limit, a.line),
+        (0.3, 0.8, 2 << 30, 1)
+    );
+    let b = cfg.group("b").unwrap();
+    assert_eq!(
+        (b.min_util, b.max_util, b.memory_limit, b.line),
+        (0.0, 1.0, DEFAULT_MEMORY_LIMIT, 6)
+    );
+}
+
+#[test]
+fn trailing_comments_after_values_are_stripped() {
+    let text = "# groups\n[user1]\nMinUtil=0.5   # half the GPU\nMemoryLimit=1GB # decimal\n";
+    let (cfg, _) = parse(text).unwrap();
+    let g = cfg.group("user1").unwrap();
+    assert_eq!((g.min_util, g.memory_limit), (0.5, 1_000_000_000));
+}
+
+#[test]
+fn percentages_are_shares() {
+    let (cfg, _) = parse("[a]\nMinUtil=25%\nMaxUtil=50 %\n").unwrap();
+    assert_eq!(
+        cfg.group("a").map(|g| (g.min_util, g.max_util)),
+        Some((0.25, 0.5))
+    );
+}
+
+#[test]
+fn min_above_max_names_file_line_and_group() {
+    let e = errors("[a]\nMaxUtil=0.2\nMinUtil=0.5\n");
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with(
+            "/etc/gemini/resource.conf:3: [a]: MinUtil 0.5 is greater than MaxUtil 0.2"
+        ),
+        "{}",
+        e[0]
+    );
+}
+
+#[test]
+fn values_outside_zero_to_one_are_refused() {
+    for (text, line) in [
+        ("[a]\nMinUtil=1.5\n", 2),
+        ("[a]\n\nMaxUtil=-0.1\n", 3),
+        ("[a]\nMaxUtil=nan\n", 2),
+        ("[a]\nMinUtil=lots\n", 2),
+    ] {
+        let e = errors(text);
+        assert_eq!(e.len(), 1, "{text}: {e:?}");
+        assert!(
+            e[0].starts_with(&format!("/etc/gemini/resource.conf:{line}: [a]: ")),
+            "{}",
+            e[0]
+        );
+        assert!(e[0].contains("expected a number from 0 to 1"), "{}", e[0]);
+    }
+}
+
+#[test]
+fn sum_of_min_util_above_one_is_refused() {
+    let e = errors("[a]\nMinUtil=0.6\n[b]\nMinUtil=0.5\n");
+    assert_eq!(e.len(), 1);
+    assert!(e[0].contains("adds up to 1.100"), "{}", e[0]);
+    assert!(
+        e[0].contains("a 0.6 (line 1)") && e[0].contains("b 0.5 (line 3)"),
+        "{}",
+        e[0]
+    );
+    // Exactly one is fine, despite 0.1 + 0.2 + 0.7 != 1.0 in binary.
+    assert!(parse("[a]\nMinUtil=0.1\n[b]\nMinUtil=0.2\n[c]\nMinUtil=0.7\n").is_ok());
+}
+
+#[test]
+fn unknown_size_suffix_is_refused_with_its_line() {
+    let e = errors("[a]\nMinUtil=0.1\nMemoryLimit=4GX\n");
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with("/etc/gemini/resource.conf:3: [a]: MemoryLimit: expected a size"),
+        "{}",
+        e[0]
+    );
+    assert!(e[0].contains("\"4GX\""), "{}", e[0]);
+}
+
+#[test]
+fn unknown_key_is_a_warning_with_a_suggestion() {
+    let (cfg, w) = parse("[a]\nminutil=0.3\nColour=blue\n").unwrap();
+    assert_eq!(cfg.group("a").map(|g| g.min_util), Some(0.0));
+    let w: Vec<String> = w.iter().map(ToString::to_string).collect();
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(
+        w.iter()
+            .any(|m| m.contains(":2: [a]: warning: unknown key `minutil`")
+                && m.contains("did you mean `MinUtil`")),
+        "{w:?}"
+    );
+    assert!(
+        w.iter()
+            .any(|m| m.contains(":3: [a]: warning: unknown key `Colour`")
+                && m.contains("known keys are")),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn every_error_in_a_file_is_reported_in_line_order() {
+    let e = errors("[a]\nMinUtil=2\n[b]\nMemoryLimit=1Q\nMaxUtil=x\n");
+    let lines: Vec<&str> = e.iter().map(|m| m.split(": ").next().unwrap()).collect();
+    assert_eq!(
+        lines,
+        [
+            "/etc/gemini/resource.conf:2",
+            "/etc/gemini/resource.conf:4",
+            "/etc/gemini/resource.conf:5"
+        ]
+    );
+}
+
+#[test]
+fn structural_errors_have_lines() {
+    let e = errors("MinUtil=0.1\n[a]\n");
+    assert!(
+        e[0].starts_with("/etc/gemini/resource.conf:1: a key outside any section"),
+        "{}",
+        e[0]
+    );
+    let e = errors("[a]\nMinUtil 0.3\n");
+    assert!(
+        e[0].starts_with("/etc/gemini/resource.conf:2: expected `Key=value`"),
+        "{}",
+        e[0]
+    );
+    let e = errors("[a]\n[b\n");
+    assert!(
+        e[0].starts_with("/etc/gemini/resource.conf:2: expected a section header"),
+        "{}",
+        e[0]
+    );
+}
+
+#[test]
+fn empty_file_is_valid_but_warned() {
+    let (cfg, w) = parse("# nothing yet\n").unwrap();
+    assert!(cfg.groups.is_empty());
+    assert!(w[0].message.contains("no groups"));
+}
+
+#[test]
+fn repeated_sections_and_keys_are_warned() {
+    let (cfg, w) = parse("[a]\nMinUtil=0.1\n[b]\n[a]\nMinUtil=0.2\n").unwrap();
+    assert_eq!(cfg.group("a").map(|g| g.min_util), Some(0.2));
+    let w: Vec<String> = w.iter().map(ToString::to_string).collect();
+    assert!(
+        w.iter()
+            .any(|m| m.contains(":4: [a]: warning: section also starts at line 1")),
+        "{w:?}"
+    );
+    assert!(
+        w.iter()
+            .any(|m| m.contains(":5: [a]: warning: `MinUtil` is set more than once")),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn unlimited_memory() {
+    let (cfg, _) = parse("[a]\nMemoryLimit=unlimited\n").unwrap();
+    assert_eq!(cfg.group("a").map(|g| g.memory_limit), Some(u64::MAX));
+}
+
+#[test]
+fn diff_lists_added_removed_and_modified() {
+    let (old, _) = parse("[a]\nMinUtil=0.1\n[b]\n").unwrap();
+    let (new, _) = parse("[a]\nMinUtil=0.2\nMemoryLimit=2GiB\n[c]\n").unwrap();
+    let d: Vec<String> = diff(&old, &new).iter().map(ToString::to_string).collect();
+    assert_eq!(
+        d,
+        [
+            "[a] MinUtil: 0.1 -> 0.2",
+            "[a] MemoryLimit: 1.0 GiB -> 2.0 GiB",
+            "[c] added",
+            "[b] removed"
+        ]
+    );
+    assert!(diff(&new, &new).is_empty());
+}
+
+#[test]
+fn unreadable_file_names_the_path() {
+    let e = load_resource(Path::new("/nonexistent/resource.conf")).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/resource.conf: cannot read the file"),
+        "{e}"
+    );
+}

@@ -1,0 +1,270 @@
+//! `gemini.toml`: the daemon's own settings. Every field is optional in the
+//! file and can also be given as a flag (flags win).
+//!
+//! ```toml
+//! config = "/etc/gemini/resource.conf"
+//! ipc_dir = "/tmp/gemini/ipc"
+//! window = "10s"        # accounting window for shares
+//! base_quota = "30ms"   # token length before a burst has been observed
+//! min_quota = "10ms"    # shortest token
+//! max_quota = "100ms"   # longest token
+//! log_level = "info"    # error, warn, info, debug, trace
+//! ```
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default `resource.conf`.
+pub const DEFAULT_CONFIG: &str = "/etc/gemini/resource.conf";
+
+/// The file as written: everything optional, durations as text.
+#[derive(Debug, Default, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawSettings {
+    /// Path of `resource.conf`.
+    pub config: Option<PathBuf>,
+    /// IPC directory.
+    pub ipc_dir: Option<PathBuf>,
+    /// Accounting window.
+    pub window: Option<String>,
+    /// Initial token length.
+    pub base_quota: Option<String>,
+    /// Shortest token.
+    pub min_quota: Option<String>,
+    /// Longest token.
+    pub max_quota: Option<String>,
+    /// Log level.
+    pub log_level: Option<String>,
+}
+
+/// Values given on the command line; they replace the file's.
+pub type Overrides = RawSettings;
+
+/// Validated settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Path of `resource.conf`.
+    pub config: PathBuf,
+    /// IPC directory (`None`: `GEMINI_IPC_DIR` or the default).
+    pub ipc_dir: Option<PathBuf>,
+    /// Accounting window.
+    pub window: Duration,
+    /// Initial token length.
+    pub base_quota: Duration,
+    /// Shortest token.
+    pub min_quota: Duration,
+    /// Longest token.
+    pub max_quota: Duration,
+    /// Log level.
+    pub log_level: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            config: PathBuf::from(DEFAULT_CONFIG),
+            ipc_dir: None,
+            window: Duration::from_secs(10),
+            base_quota: Duration::from_millis(30),
+            min_quota: Duration::from_millis(10),
+            max_quota: Duration::from_millis(100),
+            log_level: "info".into(),
+        }
+    }
+}
+
+/// Invalid settings.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{file}: {message}")]
+pub struct SettingsError {
+    /// The file (or `command line`).
+    pub file: String,
+    /// What was expected.
+    pub message: String,
+}
+
+const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+
+fn duration(file: &str, key: &str, text: &str) -> Result<Duration, SettingsError> {
+    humantime::parse_duration(text.trim()).map_err(|e| SettingsError {
+        file: file.into(),
+        message: format!(
+            "{key}: expected a duration such as \"10s\" or \"20ms\", got {text:?} ({e})"
+        ),
+    })
+}
+
+impl RawSettings {
+    /// Fields set in `over` replace those of `self`.
+    pub fn merge(self, over: Overrides) -> RawSettings {
+        RawSettings {
+            config: over.config.or(self.config),
+            ipc_dir: over.ipc_dir.or(self.ipc_dir),
+            window: over.window.or(self.window),
+            base_quota: over.base_quota.or(self.base_quota),
+            min_quota: over.min_quota.or(self.min_quota),
+            max_quota: over.max_quota.or(self.max_quota),
+            log_level: over.log_level.or(self.log_level),
+        }
+    }
+
+    /// Validates; `file` names the source in messages.
+    pub fn validate(self, file: &str) -> Result<Settings, SettingsError> {
+        let d = Settings::default();
+        let err = |message: String| SettingsError {
+            file: file.into(),
+            message,
+        };
+        let dur = |key, v: Option<String>, default| match v {
+            Some(t) => duration(file, key, &t),
+            None => Ok(default),
+        };
+        let s = Settings {
+            config: self.config.unwrap_or(d.config),
+            ipc_dir: self.ipc_dir,
+            window: dur("window", self.window, d.window)?,
+            base_quota: dur("base_quota", self.base_quota, d.base_quota)?,
+            min_quota: dur("min_quota", self.min_quota, d.min_quota)?,
+            max_quota: dur("max_quota", self.max_quota, d.max_quota)?,
+            log_level: self.log_level.unwrap_or(d.log_level).to_ascii_lowercase(),
+        };
+        if !LOG_LEVELS.contains(&s.log_level.as_str()) {
+            return Err(err(format!(
+                "log_level: expected one of {}, got {:?}",
+                LOG_LEVELS.join(", "),
+                s.log_level
+            )));
+        }
+        if s.min_quota.is_zero() {
+            return Err(err("min_quota: must be longer than 0".into()));
+        }
+        if !(s.min_quota <= s.base_quota && s.base_quota <= s.max_quota) {
+            return Err(err(format!(
+                "quotas must satisfy min_quota <= base_quota <= max_quota, got {:?} <= {:?} <= {:?}",
+                s.min_quota, s.base_quota, s.max_quota
+            )));
+        }
+        if s.window < s.max_quota * 10 {
+            return Err(err(format!(
+                "window {:?} must be at least 10 times max_quota {:?} for shares to be measured meaningfully",
+                s.window, s.max_quota
+            )));
+        }
+        Ok(s)
+    }
+}
+
+/// Parses the text of a `gemini.toml` into its raw form.
+pub fn parse_settings(text: &str, file: &str) -> Result<RawSettings, SettingsError> {
+    toml::from_str(text).map_err(|e| SettingsError {
+        file: file.into(),
+        message: e.to_string(),
+    })
+}
+
+/// Reads `path` (if given) and applies `over`, then validates.
+pub fn load_settings(path: Option<&Path>, over: Overrides) -> Result<Settings, SettingsError> {
+    let (raw, name) = match path {
+        Some(p) => {
+            let name = p.display().to_string();
+            let text = std::fs::read_to_string(p).map_err(|e| SettingsError {
+                file: name.clone(),
+                message: format!("cannot read the file: {e}"),
+            })?;
+            (parse_settings(&text, &name)?, name)
+        }
+        None => (RawSettings::default(), "command line".to_string()),
+    };
+    raw.merge(over).validate(&name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let s = parse_settings("", "g.toml")
+            .unwrap()
+            .validate("g.toml")
+            .unwrap();
+        assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn reads_every_field() {
+        let text = "config = \"/x/r.conf\"\nipc_dir = \"/run/g\"\nwindow = \"20s\"\nbase_quota = \"40ms\"\nmin_quota = \"5ms\"\nmax_quota = \"200ms\"\nlog_level = \"DEBUG\"\n";
+        let s = parse_settings(text, "g.toml")
+            .unwrap()
+            .validate("g.toml")
+            .unwrap();
+        assert_eq!(s.config, PathBuf::from("/x/r.conf"));
+        assert_eq!(s.ipc_dir, Some(PathBuf::from("/run/g")));
+        assert_eq!(s.window, Duration::from_secs(20));
+        assert_eq!(
+            (s.base_quota, s.min_quota, s.max_quota),
+            (
+                Duration::from_millis(40),
+                Duration::from_millis(5),
+                Duration::from_millis(200)
+            )
+        );
+        assert_eq!(s.log_level, "debug");
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let raw = parse_settings("window = \"20s\"\nmin_quota = \"5ms\"\n", "g.toml").unwrap();
+        let over = Overrides {
+            window: Some("30s".into()),
+            ..Default::default()
+        };
+        let s = raw.merge(over).validate("g.toml").unwrap();
+        assert_eq!(
+            (s.window, s.min_quota),
+            (Duration::from_secs(30), Duration::from_millis(5))
+        );
+    }
+
+    #[test]
+    fn unknown_field_names_file_and_line() {
+        let e = parse_settings("window = \"10s\"\nwindoe = \"5s\"\n", "g.toml").unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.starts_with("g.toml: ") && m.contains("line 2") && m.contains("windoe"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_explained() {
+        let cases = [
+            ("window = \"ten\"", "window: expected a duration"),
+            ("log_level = \"loud\"", "log_level: expected one of"),
+            (
+                "min_quota = \"50ms\"\nbase_quota = \"20ms\"",
+                "min_quota <= base_quota",
+            ),
+            ("min_quota = \"0s\"", "min_quota: must be longer than 0"),
+            ("window = \"500ms\"", "at least 10 times max_quota"),
+        ];
+        for (text, want) in cases {
+            let e = parse_settings(text, "g.toml")
+                .unwrap()
+                .validate("g.toml")
+                .unwrap_err();
+            assert!(e.to_string().contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn missing_file_is_an_error_naming_it() {
+        let e =
+            load_settings(Some(Path::new("/nope/gemini.toml")), Overrides::default()).unwrap_err();
+        assert!(
+            e.to_string().starts_with("/nope/gemini.toml: cannot read"),
+            "{e}"
+        );
+    }
+}
