@@ -1,1 +1,6 @@
-//! placeholder
+//! `gem-schd`, the gemini scheduler: the pure policy core ([`policy`]) and
+//! the daemon around it ([`daemon`]), plus the client used by the CLI and
+//! the tests ([`client`]).
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod policy;

@@ -1,0 +1,800 @@
+//! The scheduling policy: a pure state machine, `(event, now) -> actions`.
+//! No I/O, no clock, no threads: the daemon's event loop feeds it decoded
+//! requests and the current time, and the tests drive it in virtual time.
+//!
+//! Rules (DESIGN.md):
+//! - One token per device; a client launches work only while it holds it.
+//! - Usage is what clients report they really used (overuse included),
+//!   summed per group and device over a sliding window.
+//! - Among waiting groups, those below `MinUtil` go first (most behind,
+//!   relative to their minimum, first), then the least used.
+//! - `MaxUtil` is a rate: a group earns device time at `MaxUtil` per second
+//!   (credit capped at one `max_quota`) and waits, even on an idle device,
+//!   while its credit is negative. Over any window it gets at most
+//!   `MaxUtil` of the time plus one quota.
+//! - Otherwise work-conserving: a lone client runs back to back.
+//! - Token length adapts to the client's predicted burst within
+//!   `[min_quota, max_quota]`; a token not returned within its quota plus
+//!   a grace of `max_quota` is revoked.
+//! - Memory is reserved per group and device across processes and refused
+//!   beyond `MemoryLimit`.
+//! - The holder is served only when no eligible client waits.
+
+mod usage;
+
+use gemini_config::{GroupConfig, ResourceConfig};
+use gemini_protocol::{
+    ClientId, ClientStatus, DeviceId, DeviceStatus, ErrorKind, ErrorReply, GroupDeviceStatus,
+    GroupStatus, HeldMemory, Reply, Request, Role, StatusReport,
+};
+use std::collections::BTreeMap;
+use usage::Usage;
+
+/// Time in microseconds since the policy was created.
+pub type Micros = u64;
+
+/// Highest device index accepted (a bound on what a client can make the
+/// daemon allocate).
+pub const MAX_DEVICES: DeviceId = 1024;
+
+/// Internal group key of the holder (no configured group can be empty).
+const HOLDER: &str = "";
+
+/// Timing parameters, from `gemini.toml`.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// Accounting window.
+    pub window: Micros,
+    /// Token length when the client predicts nothing.
+    pub base_quota: Micros,
+    /// Shortest token.
+    pub min_quota: Micros,
+    /// Longest token.
+    pub max_quota: Micros,
+}
+
+impl Params {
+    /// From validated settings.
+    pub fn from_settings(s: &gemini_config::Settings) -> Params {
+        let us = |d: std::time::Duration| d.as_micros().min(u64::MAX as u128) as u64;
+        Params {
+            window: us(s.window),
+            base_quota: us(s.base_quota),
+            min_quota: us(s.min_quota),
+            max_quota: us(s.max_quota),
+        }
+    }
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params::from_settings(&gemini_config::Settings::default())
+    }
+}
+
+/// What the policy is told.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A decoded request from connection `client`, whose process is `pid`
+    /// (from the kernel where the transport tells, else as claimed).
+    Request {
+        /// Connection.
+        client: ClientId,
+        /// Sequence number to answer with.
+        seq: u32,
+        /// The request.
+        req: Request,
+    },
+    /// The connection is gone (process exited or was killed).
+    Disconnected {
+        /// Connection.
+        client: ClientId,
+    },
+    /// A new, valid `resource.conf`.
+    Reconfigure(ResourceConfig),
+    /// Time passed (a deadline from [`Policy::next_deadline`] was reached).
+    Tick,
+}
+
+/// What the policy asks the I/O shell to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Send `reply` to `client` with sequence number `seq`.
+    Reply {
+        /// Connection.
+        client: ClientId,
+        /// Sequence number of the request answered.
+        seq: u32,
+        /// The reply.
+        reply: Reply,
+    },
+}
+
+#[derive(Debug)]
+struct Client {
+    role: Role,
+    group: String,
+    pid: u32,
+    memory: BTreeMap<DeviceId, u64>,
+    /// Per device, the last grant not yet charged: (granted_at, quota).
+    uncharged: BTreeMap<DeviceId, (Micros, Micros)>,
+}
+
+#[derive(Debug, Clone)]
+struct Waiter {
+    client: ClientId,
+    seq: u32,
+    since: Micros,
+    burst: Micros,
+}
+
+#[derive(Debug, Clone)]
+struct Grant {
+    client: ClientId,
+    expires_at: Micros,
+}
+
+#[derive(Debug, Default)]
+struct GroupUse {
+    usage: Usage,
+    /// Credit (µs of device time) at `credit_at`, for `MaxUtil`.
+    credit: i64,
+    credit_at: Micros,
+    /// Start of the group's current period of activity on the device.
+    active_since: Micros,
+}
+
+#[derive(Debug, Default)]
+struct Device {
+    token: Option<Grant>,
+    waiters: Vec<Waiter>,
+    groups: BTreeMap<String, GroupUse>,
+    busy: Usage,
+}
+
+/// The scheduler's whole state.
+#[derive(Debug)]
+pub struct Policy {
+    params: Params,
+    config: ResourceConfig,
+    /// Groups removed from the file that still have clients: they keep
+    /// their last settings until the last one leaves.
+    retired: BTreeMap<String, GroupConfig>,
+    clients: BTreeMap<ClientId, Client>,
+    devices: BTreeMap<DeviceId, Device>,
+    /// Bytes reserved per (group, device).
+    memory: BTreeMap<(String, DeviceId), u64>,
+}
+
+fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
+    Reply::Error(ErrorReply {
+        kind,
+        message: message.into(),
+    })
+}
+
+fn holder_config() -> GroupConfig {
+    GroupConfig {
+        name: "(holder)".into(),
+        min_util: 0.0,
+        max_util: 1.0,
+        memory_limit: u64::MAX,
+        line: 0,
+    }
+}
+
+impl GroupUse {
+    /// Credit at `now`, refilled at `max_util` per µs, capped at `cap`.
+    fn credit_now(&self, now: Micros, max_util: f64, cap: Micros) -> i64 {
+        let earned = (now.saturating_sub(self.credit_at) as f64 * max_util) as i64;
+        self.credit.saturating_add(earned).min(cap as i64)
+    }
+
+    /// When the group may next be granted the device (`None`: never).
+    fn eligible_at(&self, now: Micros, max_util: f64, cap: Micros) -> Option<Micros> {
+        if max_util <= 0.0 {
+            return None;
+        }
+        let c = self.credit_now(now, max_util, cap);
+        if c >= 0 {
+            Some(now)
+        } else {
+            Some(now + ((-c) as f64 / max_util).ceil() as Micros)
+        }
+    }
+
+    fn charge(&mut self, now: Micros, used: Micros, max_util: f64, cap: Micros) {
+        self.credit = self
+            .credit_now(now, max_util, cap)
+            .saturating_sub(used as i64);
+        self.credit_at = now;
+    }
+
+    /// Share of the time since the group became active (at most a window)
+    /// that it used.
+    fn share(&mut self, now: Micros, window: Micros) -> f64 {
+        let span = now
+            .saturating_sub(self.active_since)
+            .clamp(1, window.max(1));
+        self.usage.used(now, window) as f64 / span as f64
+    }
+}
+
+impl Policy {
+    /// A policy with no clients.
+    pub fn new(params: Params, config: ResourceConfig) -> Policy {
+        Policy {
+            params,
+            config,
+            retired: BTreeMap::new(),
+            clients: BTreeMap::new(),
+            devices: BTreeMap::new(),
+            memory: BTreeMap::new(),
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ResourceConfig {
+        &self.config
+    }
+
+    fn group_config(&self, group: &str) -> GroupConfig {
+        if group == HOLDER {
+            return holder_config();
+        }
+        self.config
+            .groups
+            .get(group)
+            .or_else(|| self.retired.get(group))
+            .cloned()
+            .unwrap_or_else(|| GroupConfig {
+                name: group.to_string(),
+                min_util: 0.0,
+                max_util: 0.0,
+                memory_limit: 0,
+                line: 0,
+            })
+    }
+
+    /// Handles one event at time `now` (µs, never decreasing).
+    pub fn handle(&mut self, event: Event, now: Micros) -> Vec<Action> {
+        let mut out = Vec::new();
+        match event {
+            Event::Request { client, seq, req } => self.request(client, seq, req, now, &mut out),
+            Event::Disconnected { client } => self.disconnect(client, now),
+            Event::Reconfigure(cfg) => self.reconfigure(cfg),
+            Event::Tick => {}
+        }
+        self.schedule_all(now, &mut out);
+        out
+    }
+
+    fn request(
+        &mut self,
+        client: ClientId,
+        seq: u32,
+        req: Request,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        let mut reply = |reply: Reply| out.push(Action::Reply { client, seq, reply });
+        if let Request::Hello {
+            role,
+            group,
+            pid,
+            held,
+        } = req
+        {
+            reply(self.hello(client, role, group, pid, held));
+            return;
+        }
+        if matches!(req, Request::Status | Request::Shutdown) {
+            // Answered by the shell, which knows the process-level facts.
+            reply(error(
+                ErrorKind::Unexpected,
+                "status and shutdown are handled by the daemon",
+            ));
+            return;
+        }
+        let Some(c) = self.clients.get(&client) else {
+            reply(error(
+                ErrorKind::NotRegistered,
+                "say hello first: this connection has not registered",
+            ));
+            return;
+        };
+        let role = c.role;
+        let device = match &req {
+            Request::AcquireToken { device, .. }
+            | Request::ReleaseToken { device, .. }
+            | Request::ReserveMemory { device, .. }
+            | Request::ReleaseMemory { device, .. }
+            | Request::MemoryInfo { device } => Some(*device),
+            _ => None,
+        };
+        if let Some(d) = device
+            && d >= MAX_DEVICES
+        {
+            reply(error(
+                ErrorKind::BadRequest,
+                format!("device {d} is out of range (at most {MAX_DEVICES} devices)"),
+            ));
+            return;
+        }
+        match req {
+            Request::AcquireToken {
+                device,
+                used_us,
+                burst_us,
+            } => {
+                if role == Role::Control {
+                    reply(error(
+                        ErrorKind::Unexpected,
+                        "a control connection cannot take tokens",
+                    ));
+                    return;
+                }
+                self.report(client, device, used_us, now);
+                let dev = self.devices.entry(device).or_default();
+                if let Some(old) = dev.waiters.iter_mut().find(|w| w.client == client) {
+                    // A second request while one waits: answer the old one.
+                    let old_seq = std::mem::replace(&mut old.seq, seq);
+                    old.burst = burst_us;
+                    out.push(Action::Reply {
+                        client,
+                        seq: old_seq,
+                        reply: error(ErrorKind::Unexpected, "superseded by a newer token request"),
+                    });
+                } else {
+                    dev.waiters.push(Waiter {
+                        client,
+                        seq,
+                        since: now,
+                        burst: burst_us,
+                    });
+                }
+            }
+            Request::ReleaseToken { device, used_us } => {
+                self.report(client, device, used_us, now);
+                reply(Reply::Done);
+            }
+            Request::ReserveMemory { device, bytes } => reply(self.reserve(client, device, bytes)),
+            Request::ReleaseMemory { device, bytes } => {
+                reply(self.release_memory(client, device, bytes))
+            }
+            Request::MemoryInfo { device } => reply(self.memory_view(client, device)),
+            Request::Goodbye => {
+                self.disconnect(client, now);
+                reply(Reply::Done);
+            }
+            Request::Hello { .. } | Request::Status | Request::Shutdown => {}
+        }
+    }
+
+    fn hello(
+        &mut self,
+        client: ClientId,
+        role: Role,
+        group: String,
+        pid: u32,
+        held: Vec<HeldMemory>,
+    ) -> Reply {
+        if self.clients.contains_key(&client) {
+            return error(
+                ErrorKind::AlreadyRegistered,
+                "this connection has already said hello",
+            );
+        }
+        let group = match role {
+            Role::Client => {
+                if !self.config.groups.contains_key(&group) {
+                    let known: Vec<&str> = self.config.groups.keys().map(String::as_str).collect();
+                    return error(
+                        ErrorKind::UnknownGroup,
+                        format!(
+                            "group {group:?} is not defined in {}; add a [{group}] section there or set GEMINI_GROUP_NAME to one of: {}",
+                            self.config.path.display(),
+                            if known.is_empty() {
+                                "(no groups defined)".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                    );
+                }
+                group
+            }
+            Role::Holder => HOLDER.to_string(),
+            Role::Control => String::new(),
+        };
+        let mut memory = BTreeMap::new();
+        if role != Role::Control {
+            for h in held.iter().filter(|h| h.device < MAX_DEVICES) {
+                let m: &mut u64 = memory.entry(h.device).or_default();
+                *m = m.saturating_add(h.bytes);
+                let g = self.memory.entry((group.clone(), h.device)).or_default();
+                *g = g.saturating_add(h.bytes);
+            }
+        }
+        self.clients.insert(
+            client,
+            Client {
+                role,
+                group,
+                pid,
+                memory,
+                uncharged: BTreeMap::new(),
+            },
+        );
+        Reply::Welcome {
+            client,
+            server: env!("CARGO_PKG_VERSION").to_string(),
+            config_path: self.config.path.display().to_string(),
+        }
+    }
+
+    /// Charges the device time `client` reports for its last token on
+    /// `device`, and frees the device if it still holds the token.
+    fn report(&mut self, client: ClientId, device: DeviceId, used: Micros, now: Micros) {
+        let Some(c) = self.clients.get_mut(&client) else {
+            return;
+        };
+        let group = c.group.clone();
+        let Some((granted_at, _quota)) = c.uncharged.remove(&device) else {
+            return;
+        };
+        // A client cannot have used more than the time since the grant.
+        let used = used.min(now.saturating_sub(granted_at));
+        let max_util = self.group_config(&group).max_util;
+        let cap = self.params.max_quota;
+        let dev = self.devices.entry(device).or_default();
+        if dev.token.as_ref().is_some_and(|t| t.client == client) {
+            dev.token = None;
+        }
+        let g = dev.groups.entry(group).or_default();
+        g.usage.add(granted_at, granted_at + used);
+        g.charge(now, used, max_util, cap);
+        dev.busy.add(granted_at, granted_at + used);
+    }
+
+    fn reserve(&mut self, client: ClientId, device: DeviceId, bytes: u64) -> Reply {
+        let Some(c) = self.clients.get(&client) else {
+            return error(ErrorKind::NotRegistered, "say hello first");
+        };
+        if c.role == Role::Control {
+            return error(
+                ErrorKind::Unexpected,
+                "a control connection holds no memory",
+            );
+        }
+        let group = c.group.clone();
+        let limit = self.group_config(&group).memory_limit;
+        let used = self
+            .memory
+            .get(&(group.clone(), device))
+            .copied()
+            .unwrap_or(0);
+        match used.checked_add(bytes) {
+            Some(total) if total <= limit => {
+                self.memory.insert((group, device), total);
+                if let Some(c) = self.clients.get_mut(&client) {
+                    let m = c.memory.entry(device).or_default();
+                    *m = m.saturating_add(bytes);
+                }
+                Reply::Memory {
+                    device,
+                    used: total,
+                    limit,
+                }
+            }
+            _ => error(
+                ErrorKind::OutOfMemory,
+                format!(
+                    "group {:?} would use {} bytes on device {device}, over its MemoryLimit of {limit} (in use: {used}, asked: {bytes})",
+                    self.group_config(&group).name,
+                    used.saturating_add(bytes)
+                ),
+            ),
+        }
+    }
+
+    fn release_memory(&mut self, client: ClientId, device: DeviceId, bytes: u64) -> Reply {
+        let Some(c) = self.clients.get_mut(&client) else {
+            return error(ErrorKind::NotRegistered, "say hello first");
+        };
+        let held = c.memory.entry(device).or_default();
+        // Never release more than this client reserved: a confused client
+        // must not free its group-mates' reservations.
+        let bytes = bytes.min(*held);
+        *held -= bytes;
+        let group = c.group.clone();
+        let used = self.memory.entry((group.clone(), device)).or_default();
+        *used = used.saturating_sub(bytes);
+        Reply::Memory {
+            device,
+            used: *used,
+            limit: self.group_config(&group).memory_limit,
+        }
+    }
+
+    fn memory_view(&self, client: ClientId, device: DeviceId) -> Reply {
+        let Some(c) = self.clients.get(&client) else {
+            return error(ErrorKind::NotRegistered, "say hello first");
+        };
+        let used = self
+            .memory
+            .get(&(c.group.clone(), device))
+            .copied()
+            .unwrap_or(0);
+        Reply::Memory {
+            device,
+            used,
+            limit: self.group_config(&c.group).memory_limit,
+        }
+    }
+
+    fn disconnect(&mut self, client: ClientId, now: Micros) {
+        let Some(c) = self.clients.remove(&client) else {
+            return;
+        };
+        for (device, bytes) in &c.memory {
+            if let Some(m) = self.memory.get_mut(&(c.group.clone(), *device)) {
+                *m = m.saturating_sub(*bytes);
+            }
+        }
+        let max_util = self.group_config(&c.group).max_util;
+        for (device, dev) in self.devices.iter_mut() {
+            dev.waiters.retain(|w| w.client != client);
+            if dev.token.as_ref().is_some_and(|t| t.client == client) {
+                dev.token = None;
+                // It cannot report any more: charge the time it held the
+                // token, up to its quota.
+                if let Some((granted_at, quota)) = c.uncharged.get(device) {
+                    let used = now.saturating_sub(*granted_at).min(*quota);
+                    let g = dev.groups.entry(c.group.clone()).or_default();
+                    g.usage.add(*granted_at, granted_at + used);
+                    g.charge(now, used, max_util, self.params.max_quota);
+                    dev.busy.add(*granted_at, granted_at + used);
+                }
+            }
+        }
+        if !self.clients.values().any(|o| o.group == c.group) {
+            self.retired.remove(&c.group);
+        }
+    }
+
+    fn reconfigure(&mut self, cfg: ResourceConfig) {
+        for (name, old) in &self.config.groups {
+            if !cfg.groups.contains_key(name) && self.clients.values().any(|c| &c.group == name) {
+                self.retired.insert(name.clone(), old.clone());
+            }
+        }
+        self.retired
+            .retain(|name, _| !cfg.groups.contains_key(name));
+        self.config = cfg;
+    }
+
+    fn schedule_all(&mut self, now: Micros, out: &mut Vec<Action>) {
+        let ids: Vec<DeviceId> = self.devices.keys().copied().collect();
+        for d in ids {
+            self.schedule(d, now, out);
+        }
+    }
+
+    /// Revokes an expired token and grants a free one.
+    fn schedule(&mut self, device: DeviceId, now: Micros, out: &mut Vec<Action>) {
+        let params = self.params;
+        let configs: BTreeMap<String, GroupConfig> = {
+            let Some(dev) = self.devices.get(&device) else {
+                return;
+            };
+            dev.waiters
+                .iter()
+                .filter_map(|w| self.clients.get(&w.client))
+                .map(|c| (c.group.clone(), self.group_config(&c.group)))
+                .collect()
+        };
+        let Some(dev) = self.devices.get_mut(&device) else {
+            return;
+        };
+        if dev.token.as_ref().is_some_and(|t| now >= t.expires_at) {
+            dev.token = None;
+        }
+        if dev.token.is_some() || dev.waiters.is_empty() {
+            return;
+        }
+        // Rank the waiters: (class, key, since). Class 0: real group below
+        // MinUtil (key: share/min); 1: other real group (key: share);
+        // 2: holder. Ineligible (capped) groups are skipped.
+        let mut best: Option<((u8, f64, Micros, ClientId), usize)> = None;
+        for (i, w) in dev.waiters.iter().enumerate() {
+            let Some(c) = self.clients.get(&w.client) else {
+                continue;
+            };
+            let Some(cfg) = configs.get(&c.group) else {
+                continue;
+            };
+            let g = dev.groups.entry(c.group.clone()).or_default();
+            if g.eligible_at(now, cfg.max_util, params.max_quota) != Some(now) {
+                continue;
+            }
+            let fresh = g.usage.is_empty(now, params.window);
+            let share = if fresh {
+                0.0
+            } else {
+                g.share(now, params.window)
+            };
+            let (class, key) = if c.group == HOLDER {
+                (2, share)
+            } else if share < cfg.min_util {
+                (0, share / cfg.min_util)
+            } else {
+                (1, share)
+            };
+            let rank = (class, key, w.since, w.client);
+            if best
+                .as_ref()
+                .is_none_or(|(b, _)| rank.partial_cmp(b) == Some(std::cmp::Ordering::Less))
+            {
+                best = Some((rank, i));
+            }
+        }
+        let Some((_, i)) = best else { return };
+        let w = dev.waiters.remove(i);
+        let Some(c) = self.clients.get_mut(&w.client) else {
+            return;
+        };
+        let burst = if w.burst == 0 {
+            params.base_quota
+        } else {
+            w.burst
+        };
+        let quota = burst.clamp(params.min_quota, params.max_quota);
+        let g = dev.groups.entry(c.group.clone()).or_default();
+        if g.usage.is_empty(now, params.window) {
+            g.active_since = now;
+        }
+        c.uncharged.insert(device, (now, quota));
+        dev.token = Some(Grant {
+            client: w.client,
+            expires_at: now + quota + params.max_quota,
+        });
+        out.push(Action::Reply {
+            client: w.client,
+            seq: w.seq,
+            reply: Reply::Token {
+                device,
+                quota_us: quota,
+            },
+        });
+    }
+
+    /// The earliest time at which [`Event::Tick`] may change something: a
+    /// token expiring, or a capped group becoming eligible.
+    pub fn next_deadline(&mut self, now: Micros) -> Option<Micros> {
+        let cap = self.params.max_quota;
+        let mut next: Option<Micros> = None;
+        let mut consider = |t: Micros| next = Some(next.map_or(t, |n: Micros| n.min(t)));
+        for dev in self.devices.values_mut() {
+            if let Some(t) = &dev.token {
+                consider(t.expires_at);
+                continue;
+            }
+            for w in &dev.waiters {
+                let Some(c) = self.clients.get(&w.client) else {
+                    continue;
+                };
+                let max_util = if c.group == HOLDER {
+                    1.0
+                } else {
+                    self.config
+                        .groups
+                        .get(&c.group)
+                        .or_else(|| self.retired.get(&c.group))
+                        .map_or(0.0, |g| g.max_util)
+                };
+                if let Some(t) = dev
+                    .groups
+                    .get(&c.group)
+                    .and_then(|g| g.eligible_at(now, max_util, cap))
+                {
+                    consider(t.max(now));
+                }
+            }
+        }
+        next
+    }
+
+    /// Figures for `gem-schd status`.
+    pub fn status(&mut self, now: Micros) -> StatusReport {
+        let window = self.params.window;
+        let span = now.clamp(1, window.max(1)) as f64;
+        let mut groups: Vec<GroupStatus> = self
+            .config
+            .groups
+            .values()
+            .chain(self.retired.values())
+            .map(|g| GroupStatus {
+                name: g.name.clone(),
+                min_util: g.min_util,
+                max_util: g.max_util,
+                memory_limit: g.memory_limit,
+                clients: self.clients.values().filter(|c| c.group == g.name).count() as u32,
+            })
+            .collect();
+        groups.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut devices = Vec::new();
+        for (&id, dev) in self.devices.iter_mut() {
+            let mut rows = Vec::new();
+            for (name, g) in dev.groups.iter_mut() {
+                let limit = if name == HOLDER {
+                    u64::MAX
+                } else {
+                    self.config
+                        .groups
+                        .get(name)
+                        .or_else(|| self.retired.get(name))
+                        .map_or(0, |c| c.memory_limit)
+                };
+                rows.push(GroupDeviceStatus {
+                    group: if name == HOLDER {
+                        "(holder)".into()
+                    } else {
+                        name.clone()
+                    },
+                    share: g.usage.used(now, window) as f64 / span,
+                    memory_used: self.memory.get(&(name.clone(), id)).copied().unwrap_or(0),
+                    memory_limit: limit,
+                    waiting: dev
+                        .waiters
+                        .iter()
+                        .filter(|w| {
+                            self.clients
+                                .get(&w.client)
+                                .is_some_and(|c| &c.group == name)
+                        })
+                        .count() as u32,
+                });
+            }
+            devices.push(DeviceStatus {
+                device: id,
+                busy: dev.busy.used(now, window) as f64 / span,
+                holder: dev.token.as_ref().map(|t| t.client),
+                waiting: dev.waiters.len() as u32,
+                groups: rows,
+            });
+        }
+        let clients = self
+            .clients
+            .iter()
+            .map(|(&id, c)| ClientStatus {
+                id,
+                pid: c.pid,
+                role: c.role,
+                group: if c.group == HOLDER {
+                    String::new()
+                } else {
+                    c.group.clone()
+                },
+            })
+            .collect();
+        StatusReport {
+            server: env!("CARGO_PKG_VERSION").to_string(),
+            config_path: self.config.path.display().to_string(),
+            config_error: None,
+            window_us: window,
+            uptime_us: now,
+            groups,
+            devices,
+            clients,
+        }
+    }
+
+    /// Process ids of registered clients, for the liveness check.
+    pub fn client_pids(&self) -> impl Iterator<Item = (ClientId, u32)> + '_ {
+        self.clients.iter().map(|(&id, c)| (id, c.pid))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,974 @@
+//! The policy in virtual time: simulated clients use the device for the
+//! tokens they are granted, and shares are measured from the simulation's
+//! own busy log, not from the policy's accounting.
+
+use super::*;
+use gemini_config::parse_resource;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::path::Path;
+
+const SEC: Micros = 1_000_000;
+const MS: Micros = 1_000;
+
+fn config(text: &str) -> ResourceConfig {
+    parse_resource(text, Path::new("/etc/gemini/resource.conf"))
+        .expect("valid config")
+        .0
+}
+
+/// How a simulated client behaves.
+#[derive(Clone, Copy, Debug)]
+enum Demand {
+    /// Always wants the device.
+    Saturating,
+    /// Wants the device until `stop`, then leaves.
+    Until(Micros),
+    /// Works `burst` (device time), then idles `gap`, releasing the token.
+    Bursty { burst: Micros, gap: Micros },
+    /// Takes the token and never returns it.
+    Hog,
+}
+
+#[derive(Debug)]
+struct SimClient {
+    id: ClientId,
+    group: String,
+    demand: Demand,
+    busy: Vec<(Micros, Micros)>,
+    /// Device time left in the current burst (Bursty).
+    left: Micros,
+    seq: u32,
+    gone: bool,
+}
+
+/// Events of the simulation: at `time`, `client` finished using its token.
+struct Sim {
+    policy: Policy,
+    now: Micros,
+    clients: Vec<SimClient>,
+    queue: BinaryHeap<Reverse<(Micros, usize, u8)>>,
+    device_free_at: Micros,
+}
+
+const DONE: u8 = 0; // token use finished
+const WAKE: u8 = 1; // idle gap finished, ask again
+
+impl Sim {
+    fn new(text: &str) -> Sim {
+        Sim::with_params(text, Params::default())
+    }
+
+    fn with_params(text: &str, params: Params) -> Sim {
+        Sim {
+            policy: Policy::new(params, config(text)),
+            now: 0,
+            clients: Vec::new(),
+            queue: BinaryHeap::new(),
+            device_free_at: 0,
+        }
+    }
+
+    fn add(&mut self, group: &str, demand: Demand) -> usize {
+        self.add_role(group, demand, Role::Client)
+    }
+
+    fn add_role(&mut self, group: &str, demand: Demand, role: Role) -> usize {
+        let idx = self.clients.len();
+        let id = 100 + idx as ClientId;
+        let acts = self.policy.handle(
+            Event::Request {
+                client: id,
+                seq: 0,
+                req: Request::Hello {
+                    role,
+                    group: group.into(),
+                    pid: 1000 + idx as u32,
+                    held: vec![],
+                },
+            },
+            self.now,
+        );
+        assert!(
+            matches!(
+                acts.as_slice(),
+                [Action::Reply {
+                    reply: Reply::Welcome { .. },
+                    ..
+                }]
+            ),
+            "{acts:?}"
+        );
+        let left = match demand {
+            Demand::Bursty { burst, .. } => burst,
+            _ => 0,
+        };
+        self.clients.push(SimClient {
+            id,
+            group: group.into(),
+            demand,
+            busy: vec![],
+            left,
+            seq: 0,
+            gone: false,
+        });
+        self.queue.push(Reverse((self.now, idx, WAKE)));
+        idx
+    }
+
+    fn send(&mut self, idx: usize, req: Request) {
+        self.clients[idx].seq += 1;
+        let ev = Event::Request {
+            client: self.clients[idx].id,
+            seq: self.clients[idx].seq,
+            req,
+        };
+        let acts = self.policy.handle(ev, self.now);
+        self.apply(acts);
+    }
+
+    fn apply(&mut self, acts: Vec<Action>) {
+        for Action::Reply { client, reply, .. } in acts {
+            let idx = (client - 100) as usize;
+            if let Reply::Token { quota_us, .. } = reply {
+                // The device runs one client at a time: work starts when the
+                // previous holder's last kernel is done (overuse).
+                let start = self.now.max(self.device_free_at);
+                let c = &mut self.clients[idx];
+                let used = match c.demand {
+                    Demand::Bursty { .. } => quota_us.min(c.left),
+                    Demand::Hog => 10 * SEC,
+                    _ => quota_us,
+                };
+                c.busy.push((start, start + used));
+                self.device_free_at = start + used;
+                if !matches!(c.demand, Demand::Hog) {
+                    self.queue.push(Reverse((start + used, idx, DONE)));
+                }
+            }
+        }
+    }
+
+    fn step_client(&mut self, idx: usize, kind: u8) {
+        let c = &mut self.clients[idx];
+        if c.gone {
+            return;
+        }
+        let used = c
+            .busy
+            .last()
+            .map_or(0, |&(s, e)| if kind == DONE { e - s } else { 0 });
+        match c.demand {
+            Demand::Until(stop) if self.now >= stop => {
+                c.gone = true;
+                let id = c.id;
+                self.send(
+                    idx,
+                    Request::ReleaseToken {
+                        device: 0,
+                        used_us: used,
+                    },
+                );
+                let acts = self
+                    .policy
+                    .handle(Event::Disconnected { client: id }, self.now);
+                self.apply(acts);
+            }
+            Demand::Bursty { burst, gap } if kind == DONE => {
+                c.left -= used.min(c.left);
+                if c.left == 0 {
+                    c.left = burst;
+                    self.send(
+                        idx,
+                        Request::ReleaseToken {
+                            device: 0,
+                            used_us: used,
+                        },
+                    );
+                    self.queue.push(Reverse((self.now + gap, idx, WAKE)));
+                } else {
+                    let left = c.left;
+                    self.send(
+                        idx,
+                        Request::AcquireToken {
+                            device: 0,
+                            used_us: used,
+                            burst_us: left,
+                        },
+                    );
+                }
+            }
+            _ => {
+                let burst = match c.demand {
+                    Demand::Bursty { .. } => c.left,
+                    _ => 0,
+                };
+                self.send(
+                    idx,
+                    Request::AcquireToken {
+                        device: 0,
+                        used_us: used,
+                        burst_us: burst,
+                    },
+                );
+            }
+        }
+    }
+
+    fn run_until(&mut self, end: Micros) {
+        loop {
+            let next_client = self.queue.peek().map(|Reverse((t, _, _))| *t);
+            let deadline = self.policy.next_deadline(self.now);
+            let next = match (next_client, deadline) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => break,
+            };
+            if next > end {
+                break;
+            }
+            self.now = next.max(self.now);
+            if next_client == Some(next) {
+                let Some(Reverse((_, idx, kind))) = self.queue.pop() else {
+                    break;
+                };
+                self.step_client(idx, kind);
+            } else {
+                let acts = self.policy.handle(Event::Tick, self.now);
+                self.apply(acts);
+            }
+        }
+        self.now = end;
+    }
+
+    /// Share of `[from, to)` each group used, from the simulated busy log.
+    fn group_share(&self, group: &str, from: Micros, to: Micros) -> f64 {
+        let used: Micros = self
+            .clients
+            .iter()
+            .filter(|c| c.group == group)
+            .flat_map(|c| c.busy.iter())
+            .map(|&(s, e)| e.min(to).saturating_sub(s.max(from)))
+            .sum();
+        used as f64 / (to - from) as f64
+    }
+}
+
+/// Entitlements of saturating groups: each gets a common level clamped to
+/// [min, max], the level chosen so the device is fully used (or every
+/// group is at its max).
+fn entitlements(groups: &[(f64, f64)]) -> Vec<f64> {
+    let at = |l: f64| {
+        groups
+            .iter()
+            .map(|&(lo, hi)| l.clamp(lo, hi))
+            .collect::<Vec<_>>()
+    };
+    let (mut lo, mut hi) = (0.0, 1.0);
+    for _ in 0..60 {
+        let mid = (lo + hi) / 2.0;
+        if at(mid).iter().sum::<f64>() < 1.0 {
+            lo = mid
+        } else {
+            hi = mid
+        }
+    }
+    at(hi)
+}
+
+fn check_shares(groups: &[(f64, f64)]) {
+    let mut text = String::new();
+    for (i, (min, max)) in groups.iter().enumerate() {
+        text += &format!("[g{i}]\nMinUtil={min}\nMaxUtil={max}\n");
+    }
+    let mut sim = Sim::new(&text);
+    for i in 0..groups.len() {
+        sim.add(&format!("g{i}"), Demand::Saturating);
+    }
+    sim.run_until(30 * SEC);
+    let want = entitlements(groups);
+    for (i, w) in want.iter().enumerate() {
+        let got = sim.group_share(&format!("g{i}"), 20 * SEC, 30 * SEC);
+        assert!(
+            (got - w).abs() <= 0.02,
+            "groups {groups:?}: g{i} got {got:.4}, entitled to {w:.4}"
+        );
+    }
+}
+
+#[test]
+fn entitlement_helper_is_water_filling() {
+    let e = entitlements(&[(0.1, 1.0), (0.6, 1.0)]);
+    assert!(
+        (e[0] - 0.4).abs() < 1e-6 && (e[1] - 0.6).abs() < 1e-6,
+        "{e:?}"
+    );
+    let e = entitlements(&[(0.0, 0.2), (0.0, 0.3)]);
+    assert!(
+        (e[0] - 0.2).abs() < 1e-6 && (e[1] - 0.3).abs() < 1e-6,
+        "{e:?}"
+    );
+}
+
+#[test]
+fn two_groups_reach_their_entitlements() {
+    check_shares(&[(0.3, 1.0), (0.7, 1.0)]);
+    check_shares(&[(0.2, 1.0), (0.3, 1.0)]);
+    check_shares(&[(0.1, 1.0), (0.6, 1.0)]);
+    check_shares(&[(0.0, 0.3), (0.0, 1.0)]);
+    check_shares(&[(0.0, 0.25), (0.0, 0.5)]);
+}
+
+#[test]
+fn three_groups_reach_their_entitlements() {
+    check_shares(&[(0.2, 1.0), (0.3, 1.0), (0.5, 1.0)]);
+    check_shares(&[(0.1, 0.2), (0.1, 1.0), (0.0, 1.0)]);
+    check_shares(&[(0.5, 0.6), (0.0, 0.1), (0.0, 1.0)]);
+}
+
+#[test]
+fn four_groups_reach_their_entitlements() {
+    check_shares(&[(0.1, 1.0), (0.2, 1.0), (0.3, 1.0), (0.4, 1.0)]);
+    check_shares(&[(0.0, 0.1), (0.25, 0.5), (0.0, 1.0), (0.05, 0.15)]);
+    check_shares(&[(0.0, 1.0), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0)]);
+}
+
+#[test]
+fn lone_group_is_capped_at_max_util() {
+    let mut sim = Sim::new("[a]\nMaxUtil=0.4\n");
+    sim.add("a", Demand::Saturating);
+    sim.run_until(20 * SEC);
+    for start in [0, 5 * SEC, 10 * SEC] {
+        let got = sim.group_share("a", start, start + 10 * SEC);
+        assert!((got - 0.4).abs() <= 0.02, "window at {start}: {got}");
+    }
+    // The cap is smooth, not a burst followed by a long stall: every
+    // second gets its share.
+    for s in 1..20 {
+        let got = sim.group_share("a", s * SEC, (s + 1) * SEC);
+        assert!((got - 0.4).abs() <= 0.05, "second {s}: {got}");
+    }
+}
+
+#[test]
+fn lone_group_without_cap_runs_back_to_back() {
+    let mut sim = Sim::new("[a]\nMinUtil=0.1\n");
+    sim.add("a", Demand::Saturating);
+    sim.run_until(10 * SEC);
+    let got = sim.group_share("a", 0, 10 * SEC);
+    assert!(got >= 0.97, "{got}");
+}
+
+#[test]
+fn idle_group_leaves_its_share_to_others() {
+    let mut sim = Sim::new("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n");
+    sim.add("a", Demand::Saturating);
+    sim.add("b", Demand::Until(10 * SEC));
+    sim.run_until(25 * SEC);
+    let (a, b) = (
+        sim.group_share("a", 0, 10 * SEC),
+        sim.group_share("b", 0, 10 * SEC),
+    );
+    assert!(
+        (a - 0.5).abs() <= 0.02 && (b - 0.5).abs() <= 0.02,
+        "{a} {b}"
+    );
+    let a = sim.group_share("a", 11 * SEC, 25 * SEC);
+    assert!(a >= 0.97, "after b left, a got {a}");
+}
+
+#[test]
+fn processes_of_one_group_share_its_entitlement() {
+    let mut sim = Sim::new("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n");
+    sim.add("a", Demand::Saturating);
+    sim.add("a", Demand::Saturating);
+    sim.add("a", Demand::Saturating);
+    sim.add("b", Demand::Saturating);
+    sim.run_until(30 * SEC);
+    let (a, b) = (
+        sim.group_share("a", 20 * SEC, 30 * SEC),
+        sim.group_share("b", 20 * SEC, 30 * SEC),
+    );
+    assert!(
+        (a - 0.5).abs() <= 0.02 && (b - 0.5).abs() <= 0.02,
+        "{a} {b}"
+    );
+    // Within the group, the processes take turns.
+    for c in sim.clients.iter().filter(|c| c.group == "a") {
+        let own: Micros = c
+            .busy
+            .iter()
+            .map(|&(s, e)| e.min(30 * SEC).saturating_sub(s.max(20 * SEC)))
+            .sum();
+        let share = own as f64 / (10 * SEC) as f64;
+        assert!(
+            (share - 0.5 / 3.0).abs() <= 0.03,
+            "process {} got {share}",
+            c.id
+        );
+    }
+}
+
+#[test]
+fn bursty_group_gets_its_minimum_when_it_asks() {
+    // A group that needs 40 % at bursts of 20 ms every 30 ms competes with a
+    // saturating one; its minimum is 0.4, so it must get all it asks for.
+    let mut sim = Sim::new("[a]\nMinUtil=0.4\n[b]\nMinUtil=0.1\n");
+    sim.add(
+        "a",
+        Demand::Bursty {
+            burst: 20 * MS,
+            gap: 30 * MS,
+        },
+    );
+    sim.add("b", Demand::Saturating);
+    sim.run_until(20 * SEC);
+    let a = sim.group_share("a", 10 * SEC, 20 * SEC);
+    let b = sim.group_share("b", 10 * SEC, 20 * SEC);
+    assert!(a >= 0.3, "a got {a}");
+    assert!(a + b >= 0.97, "device idle: a {a} b {b}");
+}
+
+#[test]
+fn quota_follows_predicted_burst_within_bounds() {
+    let params = Params {
+        window: 10 * SEC,
+        base_quota: 30 * MS,
+        min_quota: 10 * MS,
+        max_quota: 100 * MS,
+    };
+    let mut p = Policy::new(params, config("[a]\n"));
+    let hello = Request::Hello {
+        role: Role::Client,
+        group: "a".into(),
+        pid: 1,
+        held: vec![],
+    };
+    p.handle(
+        Event::Request {
+            client: 1,
+            seq: 0,
+            req: hello,
+        },
+        0,
+    );
+    let mut quota_for = |burst, now| {
+        let req = Request::AcquireToken {
+            device: 0,
+            used_us: 0,
+            burst_us: burst,
+        };
+        match p
+            .handle(
+                Event::Request {
+                    client: 1,
+                    seq: 1,
+                    req,
+                },
+                now,
+            )
+            .as_slice()
+        {
+            [
+                Action::Reply {
+                    reply: Reply::Token { quota_us, .. },
+                    ..
+                },
+            ] => *quota_us,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(quota_for(0, 0), 30 * MS);
+    assert_eq!(quota_for(25 * MS, 1), 25 * MS);
+    assert_eq!(quota_for(1, 2), 10 * MS);
+    assert_eq!(quota_for(10 * SEC, 3), 100 * MS);
+}
+
+#[test]
+fn token_not_returned_is_revoked_after_quota_and_grace() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[a]\n[b]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let acquire = Request::AcquireToken {
+        device: 0,
+        used_us: 0,
+        burst_us: 0,
+    };
+    let acts = p.handle(
+        Event::Request {
+            client: 1,
+            seq: 1,
+            req: acquire.clone(),
+        },
+        0,
+    );
+    assert!(matches!(
+        acts.as_slice(),
+        [Action::Reply {
+            client: 1,
+            reply: Reply::Token { .. },
+            ..
+        }]
+    ));
+    assert!(
+        p.handle(
+            Event::Request {
+                client: 2,
+                seq: 1,
+                req: acquire
+            },
+            1
+        )
+        .is_empty()
+    );
+    let expiry = params.base_quota + params.max_quota;
+    assert_eq!(p.next_deadline(1), Some(expiry));
+    assert!(
+        p.handle(Event::Tick, expiry - 1).is_empty(),
+        "revoked too early"
+    );
+    let acts = p.handle(Event::Tick, expiry);
+    assert!(
+        matches!(
+            acts.as_slice(),
+            [Action::Reply {
+                client: 2,
+                reply: Reply::Token { .. },
+                ..
+            }]
+        ),
+        "{acts:?}"
+    );
+    // The late report of the hog is still charged to its group.
+    let late = Request::AcquireToken {
+        device: 0,
+        used_us: expiry,
+        burst_us: 0,
+    };
+    p.handle(
+        Event::Request {
+            client: 1,
+            seq: 2,
+            req: late,
+        },
+        expiry + 10,
+    );
+    let st = p.status(expiry + 10);
+    let a = st.devices[0]
+        .groups
+        .iter()
+        .find(|g| g.group == "a")
+        .map(|g| g.share)
+        .unwrap_or(0.0);
+    assert!(a > 0.9, "a's overuse not charged: {a}");
+}
+
+#[test]
+fn holder_runs_only_when_no_real_client_waits() {
+    let mut sim = Sim::new("[a]\nMaxUtil=0.5\n");
+    sim.add_role("", Demand::Saturating, Role::Holder);
+    sim.run_until(SEC);
+    let holder_alone: Micros = sim.clients[0].busy.iter().map(|&(s, e)| e - s).sum();
+    assert!(holder_alone as f64 >= 0.97 * SEC as f64, "{holder_alone}");
+    sim.add("a", Demand::Saturating);
+    sim.run_until(11 * SEC);
+    let a = sim.group_share("a", SEC, 11 * SEC);
+    assert!((a - 0.5).abs() <= 0.02, "a got {a}");
+    // The holder fills what a's cap leaves.
+    let holder: Micros = sim.clients[0]
+        .busy
+        .iter()
+        .map(|&(s, e)| e.min(11 * SEC).saturating_sub(s.max(SEC)))
+        .sum();
+    assert!(holder as f64 / (10 * SEC) as f64 >= 0.45, "{holder}");
+}
+
+fn hello(p: &mut Policy, client: ClientId, group: &str) -> Reply {
+    let req = Request::Hello {
+        role: Role::Client,
+        group: group.into(),
+        pid: client as u32,
+        held: vec![],
+    };
+    match p
+        .handle(
+            Event::Request {
+                client,
+                seq: 0,
+                req,
+            },
+            0,
+        )
+        .pop()
+    {
+        Some(Action::Reply { reply, .. }) => reply,
+        None => panic!("no reply"),
+    }
+}
+
+fn ask(p: &mut Policy, client: ClientId, req: Request) -> Reply {
+    match p
+        .handle(
+            Event::Request {
+                client,
+                seq: 7,
+                req,
+            },
+            0,
+        )
+        .pop()
+    {
+        Some(Action::Reply { reply, seq, .. }) => {
+            assert_eq!(seq, 7);
+            reply
+        }
+        None => panic!("no reply"),
+    }
+}
+
+fn kind(r: &Reply) -> Option<ErrorKind> {
+    match r {
+        Reply::Error(e) => Some(e.kind),
+        _ => None,
+    }
+}
+
+#[test]
+fn memory_is_capped_per_group_across_processes() {
+    let mut p = Policy::new(
+        Params::default(),
+        config("[a]\nMemoryLimit=1GiB\n[b]\nMemoryLimit=1GiB\n"),
+    );
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "a");
+    hello(&mut p, 3, "b");
+    let r = ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 600 << 20,
+        },
+    );
+    assert_eq!(
+        r,
+        Reply::Memory {
+            device: 0,
+            used: 600 << 20,
+            limit: 1 << 30
+        }
+    );
+    let r = ask(
+        &mut p,
+        2,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 600 << 20,
+        },
+    );
+    assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory));
+    // Another group and another device are not affected.
+    assert!(matches!(
+        ask(
+            &mut p,
+            3,
+            Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 30
+            }
+        ),
+        Reply::Memory { .. }
+    ));
+    assert!(matches!(
+        ask(
+            &mut p,
+            2,
+            Request::ReserveMemory {
+                device: 1,
+                bytes: 1 << 30
+            }
+        ),
+        Reply::Memory { .. }
+    ));
+    let r = ask(&mut p, 2, Request::MemoryInfo { device: 0 });
+    assert_eq!(
+        r,
+        Reply::Memory {
+            device: 0,
+            used: 600 << 20,
+            limit: 1 << 30
+        }
+    );
+    // The process dies: its reservation goes with it.
+    p.handle(Event::Disconnected { client: 1 }, 1);
+    let r = ask(
+        &mut p,
+        2,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 600 << 20,
+        },
+    );
+    assert_eq!(
+        r,
+        Reply::Memory {
+            device: 0,
+            used: 600 << 20,
+            limit: 1 << 30
+        }
+    );
+}
+
+#[test]
+fn memory_release_never_underflows_or_frees_others() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "a");
+    ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 100,
+        },
+    );
+    ask(
+        &mut p,
+        2,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 100,
+        },
+    );
+    let r = ask(
+        &mut p,
+        1,
+        Request::ReleaseMemory {
+            device: 0,
+            bytes: u64::MAX,
+        },
+    );
+    assert_eq!(
+        r,
+        Reply::Memory {
+            device: 0,
+            used: 100,
+            limit: 1 << 30
+        }
+    );
+    let r = ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: u64::MAX,
+        },
+    );
+    assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory));
+}
+
+#[test]
+fn lowered_limit_applies_to_new_reservations_and_reload_keeps_usage() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=2GiB\n"));
+    hello(&mut p, 1, "a");
+    ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 1 << 30,
+        },
+    );
+    p.handle(Event::Reconfigure(config("[a]\nMemoryLimit=1GiB\n")), 1);
+    let r = ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 1,
+        },
+    );
+    assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory));
+    assert_eq!(
+        ask(&mut p, 1, Request::MemoryInfo { device: 0 }),
+        Reply::Memory {
+            device: 0,
+            used: 1 << 30,
+            limit: 1 << 30
+        }
+    );
+}
+
+#[test]
+fn removed_group_keeps_running_clients_but_refuses_new_ones() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=2GiB\n[b]\n"));
+    hello(&mut p, 1, "a");
+    p.handle(Event::Reconfigure(config("[b]\n")), 1);
+    assert!(
+        matches!(ask(&mut p, 1, Request::ReserveMemory { device: 0, bytes: 1 << 30 }), Reply::Memory { limit, .. } if limit == 2 << 30)
+    );
+    assert_eq!(kind(&hello(&mut p, 2, "a")), Some(ErrorKind::UnknownGroup));
+    assert!(p.status(1).groups.iter().any(|g| g.name == "a"));
+    p.handle(Event::Disconnected { client: 1 }, 2);
+    assert!(!p.status(2).groups.iter().any(|g| g.name == "a"));
+}
+
+#[test]
+fn unknown_group_error_names_the_config_file_and_known_groups() {
+    let mut p = Policy::new(Params::default(), config("[train]\n[infer]\n"));
+    match hello(&mut p, 1, "trian") {
+        Reply::Error(e) => {
+            assert_eq!(e.kind, ErrorKind::UnknownGroup);
+            assert!(
+                e.message.contains("/etc/gemini/resource.conf"),
+                "{}",
+                e.message
+            );
+            assert!(e.message.contains("infer, train"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn requests_before_hello_and_bad_devices_are_refused() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    let r = ask(
+        &mut p,
+        9,
+        Request::AcquireToken {
+            device: 0,
+            used_us: 0,
+            burst_us: 0,
+        },
+    );
+    assert_eq!(kind(&r), Some(ErrorKind::NotRegistered));
+    hello(&mut p, 9, "a");
+    assert_eq!(
+        kind(&hello(&mut p, 9, "a")),
+        Some(ErrorKind::AlreadyRegistered)
+    );
+    let r = ask(
+        &mut p,
+        9,
+        Request::ReserveMemory {
+            device: MAX_DEVICES,
+            bytes: 1,
+        },
+    );
+    assert_eq!(kind(&r), Some(ErrorKind::BadRequest));
+}
+
+#[test]
+fn disconnect_while_holding_the_token_frees_the_device() {
+    let mut p = Policy::new(Params::default(), config("[a]\n[b]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let acts = p.handle(
+        Event::Request {
+            client: 1,
+            seq: 1,
+            req: Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 0,
+            },
+        },
+        0,
+    );
+    assert!(matches!(
+        acts[0],
+        Action::Reply {
+            client: 1,
+            reply: Reply::Token { .. },
+            ..
+        }
+    ));
+    let acts = p.handle(
+        Event::Request {
+            client: 2,
+            seq: 1,
+            req: Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 0,
+            },
+        },
+        10,
+    );
+    assert!(acts.is_empty(), "{acts:?}");
+    let acts = p.handle(Event::Disconnected { client: 1 }, 20);
+    assert!(
+        matches!(
+            acts.as_slice(),
+            [Action::Reply {
+                client: 2,
+                reply: Reply::Token { .. },
+                ..
+            }]
+        ),
+        "{acts:?}"
+    );
+}
+
+#[test]
+fn overuse_is_charged() {
+    // a reports 3x its quota each time: it must end up with about the same
+    // device time as b, not three times as much.
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[a]\n[b]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let mut now = 0;
+    let mut used = [0u64; 2];
+    let mut pending: Vec<(ClientId, Micros)> = Vec::new();
+    let grant = |acts: Vec<Action>, pending: &mut Vec<(ClientId, Micros)>| {
+        for a in acts {
+            if let Action::Reply {
+                client,
+                reply: Reply::Token { quota_us, .. },
+                ..
+            } = a
+            {
+                pending.push((client, quota_us));
+            }
+        }
+    };
+    for c in [1, 2] {
+        let acts = p.handle(
+            Event::Request {
+                client: c,
+                seq: 0,
+                req: Request::AcquireToken {
+                    device: 0,
+                    used_us: 0,
+                    burst_us: 0,
+                },
+            },
+            now,
+        );
+        grant(acts, &mut pending);
+    }
+    for _ in 0..400 {
+        let (c, q) = pending.remove(0);
+        let u = if c == 1 { 3 * q } else { q };
+        now += u;
+        used[(c - 1) as usize] += u;
+        let acts = p.handle(
+            Event::Request {
+                client: c,
+                seq: 0,
+                req: Request::AcquireToken {
+                    device: 0,
+                    used_us: u,
+                    burst_us: 0,
+                },
+            },
+            now,
+        );
+        grant(acts, &mut pending);
+    }
+    let ratio = used[0] as f64 / used[1] as f64;
+    assert!((0.8..1.25).contains(&ratio), "a/b = {ratio}");
+}
