@@ -3,4 +3,7 @@
 //! the tests ([`client`]).
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod client;
+pub mod daemon;
 pub mod policy;
+pub mod status;

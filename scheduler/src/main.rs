@@ -1,1 +1,199 @@
-fn main() {}
+//! `gem-schd`: run the scheduler, check a configuration, show its status,
+//! stop it.
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use gemini_config::{Overrides, format_size, load_resource, load_settings};
+use gemini_protocol::{Reply, Request, StatusReport, endpoint::ipc_dir_or_default, env};
+use gemini_scheduler::client::{Client, ClientError};
+use gemini_scheduler::daemon::Daemon;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+/// Exit code when the configuration is invalid.
+const EXIT_INVALID: u8 = 1;
+/// Exit code when the scheduler cannot be reached.
+const EXIT_UNREACHABLE: u8 = 3;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gem-schd",
+    version,
+    about = "gemini scheduler: guaranteed shares of GPU time and memory caps per group of CUDA processes",
+    long_about = "Runs the gemini token scheduler in the foreground (without a subcommand), or talks to a running one.\n\nGroups, their MinUtil/MaxUtil shares and MemoryLimit come from resource.conf, reloaded live when it is edited."
+)]
+struct Cli {
+    /// IPC directory holding the scheduler's socket.
+    #[arg(long, global = true, env = env::IPC_DIR, value_name = "DIR")]
+    ipc_dir: Option<PathBuf>,
+
+    #[command(flatten)]
+    run: RunArgs,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// resource.conf with one [group] section per group [default: /etc/gemini/resource.conf]
+    #[arg(long, env = env::CONFIG, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// gemini.toml with the daemon settings (flags override it)
+    #[arg(long, env = env::SETTINGS, value_name = "FILE")]
+    settings: Option<PathBuf>,
+    /// Accounting window for shares, e.g. 10s
+    #[arg(long, value_name = "DURATION")]
+    window: Option<String>,
+    /// Token length before a client's bursts are known, e.g. 30ms
+    #[arg(long, value_name = "DURATION")]
+    base_quota: Option<String>,
+    /// Shortest token, e.g. 10ms
+    #[arg(long, value_name = "DURATION")]
+    min_quota: Option<String>,
+    /// Longest token, e.g. 100ms
+    #[arg(long, value_name = "DURATION")]
+    max_quota: Option<String>,
+    /// error, warn, info, debug or trace
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Validate a resource.conf and print its groups; exits 1 if it is invalid
+    Check {
+        /// The file to check
+        file: PathBuf,
+    },
+    /// Show devices, groups, shares, memory and clients of the running scheduler
+    Status {
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+        /// Refresh every N seconds until interrupted
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1")]
+        watch: Option<f64>,
+    },
+    /// Stop the running scheduler
+    Shutdown,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let ipc_dir = ipc_dir_or_default(cli.ipc_dir.as_deref().map(|p| p.as_os_str()));
+    let result = match cli.command {
+        None => run(cli.run, cli.ipc_dir),
+        Some(Command::Check { file }) => return check(&file),
+        Some(Command::Status { json, watch }) => status(&ipc_dir, json, watch),
+        Some(Command::Shutdown) => shutdown(&ipc_dir),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gem-schd: {e:#}");
+            if e.downcast_ref::<ClientError>().is_some() {
+                ExitCode::from(EXIT_UNREACHABLE)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn run(args: RunArgs, ipc_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let over = Overrides {
+        config: args.config,
+        ipc_dir,
+        window: args.window,
+        base_quota: args.base_quota,
+        min_quota: args.min_quota,
+        max_quota: args.max_quota,
+        log_level: args.log_level,
+    };
+    let settings = load_settings(args.settings.as_deref(), over)?;
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(format!(
+            "gemini_scheduler={0},gem_schd={0}",
+            settings.log_level
+        )))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let ipc_dir = settings
+        .ipc_dir
+        .clone()
+        .unwrap_or_else(|| ipc_dir_or_default(None));
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("cannot install signal handler")?;
+    }
+    Daemon::start(&settings, &ipc_dir, stop)?.run()
+}
+
+fn check(file: &std::path::Path) -> ExitCode {
+    match load_resource(file) {
+        Ok((cfg, warnings)) => {
+            for w in &warnings {
+                eprintln!("{w}");
+            }
+            println!("{}: OK, {} group(s)", file.display(), cfg.groups.len());
+            for g in cfg.groups.values() {
+                println!(
+                    "  [{}] MinUtil={} MaxUtil={} MemoryLimit={}",
+                    g.name,
+                    g.min_util,
+                    g.max_util,
+                    format_size(g.memory_limit)
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(EXIT_INVALID)
+        }
+    }
+}
+
+fn fetch_status(client: &mut Client) -> anyhow::Result<StatusReport> {
+    match client.request(&Request::Status, Duration::from_secs(2))? {
+        Reply::Status(s) => Ok(*s),
+        other => anyhow::bail!("unexpected answer to status: {other:?}"),
+    }
+}
+
+fn status(ipc_dir: &std::path::Path, json: bool, watch: Option<f64>) -> anyhow::Result<()> {
+    let mut client = Client::connect(ipc_dir)?;
+    loop {
+        let report = fetch_status(&mut client)?;
+        if watch.is_some() {
+            print!("\x1b[2J\x1b[H");
+        }
+        if json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", gemini_scheduler::status::render(&report));
+        }
+        match watch {
+            Some(secs) => std::thread::sleep(Duration::from_secs_f64(secs.max(0.1))),
+            None => return Ok(()),
+        }
+    }
+}
+
+fn shutdown(ipc_dir: &std::path::Path) -> anyhow::Result<()> {
+    let mut client = Client::connect(ipc_dir)?;
+    match client.request(&Request::Shutdown, Duration::from_secs(2))? {
+        Reply::Done => {
+            println!("gem-schd in {} is stopping", ipc_dir.display());
+            Ok(())
+        }
+        Reply::Error(e) => anyhow::bail!("{}", e.message),
+        other => anyhow::bail!("unexpected answer to shutdown: {other:?}"),
+    }
+}

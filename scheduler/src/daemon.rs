@@ -1,0 +1,608 @@
+//! The daemon: one ZeroMQ ROUTER socket on `ipc://$GEMINI_IPC_DIR/
+//! scheduler.sock`, an event loop that decodes requests, feeds them to the
+//! [`Policy`] and sends its replies, a watcher that reloads `resource.conf`
+//! when it changes, and a liveness check that releases what dead clients
+//! held. A bad frame gets an error reply and a log line, never a panic.
+
+use crate::policy::{Action, Event, Micros, Params, Policy};
+use anyhow::{Context as _, bail};
+use gemini_config::{Settings, diff, load_resource};
+use gemini_protocol::{
+    ClientId, CodecError, ErrorKind, ErrorReply, MAX_FRAME_BYTES, Reply, Request, codec::peek_seq,
+    decode_request, encode_reply, endpoint::scheduler_socket_path, scheduler_endpoint,
+};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tracing::{debug, error, info, warn};
+
+/// Quiet time after a change of `resource.conf` before it is read: an
+/// editor's save is several events.
+const RELOAD_DEBOUNCE: Duration = Duration::from_millis(100);
+/// Longest sleep of the loop (signals, pid checks without pidfd).
+const MAX_POLL: Duration = Duration::from_millis(250);
+
+/// Credentials of a peer, from the kernel (`SO_PEERCRED`) where libzmq
+/// passes them on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PeerCred {
+    uid: u32,
+    pid: u32,
+}
+
+/// Parses libzmq's `Peer-Address` property of an ipc peer: `:uid:gid:pid`.
+fn parse_peer_address(s: &str) -> Option<PeerCred> {
+    let mut it = s.rsplit(':');
+    let pid = it.next()?.parse().ok()?;
+    let _gid: u32 = it.next()?.parse().ok()?;
+    let uid = it.next()?.parse().ok()?;
+    Some(PeerCred { uid, pid })
+}
+
+#[derive(Debug)]
+struct Conn {
+    id: ClientId,
+    /// REQ peers put an empty delimiter frame before the body.
+    delimited: bool,
+    cred: Option<PeerCred>,
+    /// Process watched for liveness (after hello).
+    pid: Option<u32>,
+}
+
+/// Watches a process: a pidfd when the kernel has them, else polling.
+#[derive(Debug)]
+struct Watched {
+    pidfd: Option<OwnedFd>,
+}
+
+/// The running daemon.
+pub struct Daemon {
+    _ctx: zmq::Context,
+    sock: zmq::Socket,
+    socket_path: PathBuf,
+    policy: Policy,
+    config_path: PathBuf,
+    config_error: Option<String>,
+    start: Instant,
+    conns: HashMap<Vec<u8>, Conn>,
+    ids: HashMap<ClientId, Vec<u8>>,
+    next_id: ClientId,
+    watched: HashMap<u32, Watched>,
+    last_pid_poll: Instant,
+    _watcher: Option<notify::RecommendedWatcher>,
+    reload_rx: mpsc::Receiver<()>,
+    reload_due: Option<Instant>,
+    stop: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("socket", &self.socket_path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Creates the IPC directory with mode 0700 if it is missing.
+fn prepare_ipc_dir(dir: &Path) -> anyhow::Result<()> {
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create IPC directory {}", dir.display()))?;
+        // `recursive` applies the mode through the umask; set it exactly.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot set mode 0700 on {}", dir.display()))?;
+    } else if !dir.is_dir() {
+        bail!("IPC path {} exists and is not a directory", dir.display());
+    }
+    Ok(())
+}
+
+/// True if a scheduler already answers in `dir`.
+fn scheduler_alive(dir: &Path) -> bool {
+    if !scheduler_socket_path(dir).exists() {
+        return false;
+    }
+    crate::client::Client::connect(dir)
+        .and_then(|mut c| c.request(&Request::Status, Duration::from_millis(500)))
+        .is_ok()
+}
+
+fn watch_config(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
+    use notify::{EventKind, RecursiveMode, Watcher};
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path.file_name().map(|n| n.to_os_string());
+    let (tx, rx) = mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        let Ok(ev) = res else { return };
+        if matches!(ev.kind, EventKind::Access(_)) {
+            return;
+        }
+        if ev
+            .paths
+            .iter()
+            .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
+        {
+            let _ = tx.send(());
+        }
+    })
+    .context("cannot start the file watcher")?;
+    // Watch the directory, not the file: an editor's save replaces the
+    // file (write to a temporary, rename), which a file watch loses.
+    watcher
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .with_context(|| format!("cannot watch {}", dir.display()))?;
+    Ok((watcher, rx))
+}
+
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
+    // no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn process_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+impl Daemon {
+    /// Reads the configuration, binds the socket and starts watching.
+    pub fn start(
+        settings: &Settings,
+        ipc_dir: &Path,
+        stop: Arc<AtomicBool>,
+    ) -> anyhow::Result<Daemon> {
+        let config_path = settings.config.clone();
+        let (config, warnings) = load_resource(&config_path)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("invalid configuration; gem-schd did not start")?;
+        for w in &warnings {
+            warn!("{w}");
+        }
+        prepare_ipc_dir(ipc_dir)?;
+        if scheduler_alive(ipc_dir) {
+            bail!(
+                "another gem-schd is already running in {} (stop it with `gem-schd shutdown`)",
+                ipc_dir.display()
+            );
+        }
+        let endpoint = scheduler_endpoint(ipc_dir)?;
+        let ctx = zmq::Context::new();
+        let sock = ctx.socket(zmq::ROUTER)?;
+        sock.set_linger(0)?;
+        sock.set_maxmsgsize(MAX_FRAME_BYTES as i64)?;
+        // A reply to a peer that vanished is dropped, not an error.
+        sock.set_router_mandatory(false)?;
+        sock.bind(&endpoint)
+            .with_context(|| format!("cannot bind {endpoint}"))?;
+        let socket_path = scheduler_socket_path(ipc_dir);
+        // Only this user may connect; the directory is 0700 already when
+        // we created it.
+        let _ = std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o700));
+        let (watcher, reload_rx) = match watch_config(&config_path) {
+            Ok((w, rx)) => (Some(w), rx),
+            Err(e) => {
+                warn!("{e:#}; resource.conf will not be reloaded live");
+                (None, mpsc::channel().1)
+            }
+        };
+        info!(
+            "gem-schd {} listening on {endpoint}; {} group(s) from {}",
+            env!("CARGO_PKG_VERSION"),
+            config.groups.len(),
+            config_path.display()
+        );
+        Ok(Daemon {
+            _ctx: ctx,
+            sock,
+            socket_path,
+            policy: Policy::new(Params::from_settings(settings), config),
+            config_path,
+            config_error: None,
+            start: Instant::now(),
+            conns: HashMap::new(),
+            ids: HashMap::new(),
+            next_id: 1,
+            watched: HashMap::new(),
+            last_pid_poll: Instant::now(),
+            _watcher: watcher,
+            reload_rx,
+            reload_due: None,
+            stop,
+        })
+    }
+
+    fn now(&self) -> Micros {
+        self.start.elapsed().as_micros() as Micros
+    }
+
+    /// Runs until shutdown is asked or a signal arrives.
+    pub fn run(mut self) -> anyhow::Result<()> {
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = self.now();
+            let mut timeout = MAX_POLL;
+            if let Some(d) = self.policy.next_deadline(now) {
+                timeout = timeout.min(Duration::from_micros(d.saturating_sub(now)));
+            }
+            if let Some(due) = self.reload_due {
+                timeout = timeout.min(due.saturating_duration_since(Instant::now()));
+            }
+            let pids: Vec<(u32, i32)> = self
+                .watched
+                .iter()
+                .filter_map(|(&pid, w)| w.pidfd.as_ref().map(|fd| (pid, fd.as_raw_fd())))
+                .collect();
+            let (sock_ready, dead) = {
+                let mut items = Vec::with_capacity(1 + pids.len());
+                items.push(self.sock.as_poll_item(zmq::POLLIN));
+                for &(_, fd) in &pids {
+                    items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
+                }
+                // Round up so a deadline less than 1 ms away does not spin.
+                let ms = (timeout.as_micros().div_ceil(1000)) as i64;
+                match zmq::poll(&mut items, ms) {
+                    Ok(_) | Err(zmq::Error::EINTR) => {}
+                    Err(e) => return Err(e).context("poll failed"),
+                }
+                let dead: Vec<u32> = pids
+                    .iter()
+                    .zip(&items[1..])
+                    .filter(|(_, it)| it.is_readable())
+                    .map(|(p, _)| p.0)
+                    .collect();
+                (items[0].is_readable(), dead)
+            };
+            if sock_ready && self.drain_socket()? {
+                break;
+            }
+            for pid in dead {
+                self.process_gone(pid);
+            }
+            self.poll_pids_without_fd();
+            self.check_reload();
+            let now = self.now();
+            let actions = self.policy.handle(Event::Tick, now);
+            self.send_actions(actions);
+        }
+        info!("gem-schd stopping");
+        Ok(())
+    }
+
+    /// Reads every pending frame. Returns true when shutdown was asked.
+    fn drain_socket(&mut self) -> anyhow::Result<bool> {
+        loop {
+            let mut frames: Vec<zmq::Message> = Vec::with_capacity(3);
+            loop {
+                let mut msg = zmq::Message::new();
+                match self.sock.recv(&mut msg, zmq::DONTWAIT) {
+                    Ok(()) => {}
+                    Err(zmq::Error::EAGAIN) if frames.is_empty() => return Ok(false),
+                    Err(zmq::Error::EINTR) => continue,
+                    Err(e) => return Err(e).context("receive failed"),
+                }
+                let more = msg.get_more();
+                frames.push(msg);
+                if !more {
+                    break;
+                }
+            }
+            if self.on_message(frames) {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Handles one multipart message: `[identity, (empty,) body]`.
+    fn on_message(&mut self, mut frames: Vec<zmq::Message>) -> bool {
+        if frames.len() < 2 {
+            return false;
+        }
+        let identity = frames[0].to_vec();
+        let delimited = frames.len() == 3 && frames[1].is_empty();
+        if frames.len() > 3 || (frames.len() == 3 && !delimited) {
+            warn!("dropping a message of {} frames from a peer", frames.len());
+            return false;
+        }
+        let last = frames.len() - 1;
+        let cred = frames[last]
+            .gets("Peer-Address")
+            .and_then(parse_peer_address);
+        let body = frames[last].to_vec();
+        let conn = self.conns.entry(identity.clone()).or_insert_with(|| {
+            let id = self.next_id;
+            self.next_id += 1;
+            self.ids.insert(id, identity.clone());
+            Conn {
+                id,
+                delimited,
+                cred,
+                pid: None,
+            }
+        });
+        let client = conn.id;
+        match decode_request(&body) {
+            Ok((seq, req)) => self.on_request(client, seq, req),
+            Err(e) => {
+                let kind = match e {
+                    CodecError::VersionMismatch { .. } => ErrorKind::ProtocolMismatch,
+                    _ => ErrorKind::Malformed,
+                };
+                warn!("client {client}: {e}");
+                let seq = peek_seq(&body).unwrap_or(0);
+                self.reply(
+                    client,
+                    seq,
+                    &Reply::Error(ErrorReply {
+                        kind,
+                        message: e.to_string(),
+                    }),
+                );
+                false
+            }
+        }
+    }
+
+    fn on_request(&mut self, client: ClientId, seq: u32, req: Request) -> bool {
+        debug!("client {client} #{seq}: {req:?}");
+        match req {
+            Request::Status => {
+                let mut report = self.policy.status(self.now());
+                report.config_error = self.config_error.clone();
+                self.reply(client, seq, &Reply::Status(Box::new(report)));
+                false
+            }
+            Request::Shutdown => {
+                let cred = self.conn(client).and_then(|c| c.cred);
+                let me = euid();
+                match cred {
+                    Some(c) if c.uid != me && c.uid != 0 => {
+                        warn!("refused shutdown from uid {} (pid {})", c.uid, c.pid);
+                        let message = format!(
+                            "only uid {me} (the daemon's user) or root may stop the scheduler"
+                        );
+                        self.reply(
+                            client,
+                            seq,
+                            &Reply::Error(ErrorReply {
+                                kind: ErrorKind::PermissionDenied,
+                                message,
+                            }),
+                        );
+                        false
+                    }
+                    _ => {
+                        info!(
+                            "shutdown requested by {}",
+                            cred.map_or("a peer".into(), |c| format!("pid {}", c.pid))
+                        );
+                        self.reply(client, seq, &Reply::Done);
+                        true
+                    }
+                }
+            }
+            Request::Hello {
+                role,
+                group,
+                pid,
+                held,
+            } => {
+                // The kernel's word wins over the claim.
+                let pid = self
+                    .conn(client)
+                    .and_then(|c| c.cred)
+                    .map_or(pid, |c| c.pid);
+                let req = Request::Hello {
+                    role,
+                    group: group.clone(),
+                    pid,
+                    held,
+                };
+                let actions = self
+                    .policy
+                    .handle(Event::Request { client, seq, req }, self.now());
+                let welcomed = actions
+                    .iter()
+                    .any(|Action::Reply { reply, .. }| matches!(reply, Reply::Welcome { .. }));
+                match actions
+                    .iter()
+                    .find_map(|Action::Reply { reply, .. }| match reply {
+                        Reply::Error(e) => Some(e),
+                        _ => None,
+                    }) {
+                    Some(e) => warn!("client {client} (pid {pid}) refused: {}", e.message),
+                    None => info!("client {client} joined: pid {pid}, {role:?}, group {group:?}"),
+                }
+                if welcomed {
+                    self.watch(client, pid);
+                }
+                self.send_actions(actions);
+                false
+            }
+            req => {
+                let actions = self
+                    .policy
+                    .handle(Event::Request { client, seq, req }, self.now());
+                self.send_actions(actions);
+                false
+            }
+        }
+    }
+
+    fn conn(&self, client: ClientId) -> Option<&Conn> {
+        self.ids.get(&client).and_then(|i| self.conns.get(i))
+    }
+
+    fn watch(&mut self, client: ClientId, pid: u32) {
+        if let Some(conn) = self.ids.get(&client).and_then(|i| self.conns.get_mut(i)) {
+            conn.pid = Some(pid);
+        }
+        if pid == 0 || self.watched.contains_key(&pid) {
+            return;
+        }
+        let pidfd = match pidfd_open(pid) {
+            Ok(fd) => Some(fd),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                // Already gone (or in another pid namespace): the periodic
+                // check decides.
+                None
+            }
+            Err(e) => {
+                debug!("pidfd_open({pid}): {e}; polling instead");
+                None
+            }
+        };
+        self.watched.insert(pid, Watched { pidfd });
+    }
+
+    fn poll_pids_without_fd(&mut self) {
+        if self.last_pid_poll.elapsed() < Duration::from_millis(500) {
+            return;
+        }
+        self.last_pid_poll = Instant::now();
+        let dead: Vec<u32> = self
+            .watched
+            .iter()
+            .filter(|(pid, w)| w.pidfd.is_none() && !process_alive(**pid))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in dead {
+            self.process_gone(pid);
+        }
+    }
+
+    /// Releases everything held by the connections of process `pid`.
+    fn process_gone(&mut self, pid: u32) {
+        self.watched.remove(&pid);
+        let gone: Vec<(Vec<u8>, ClientId)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.pid == Some(pid))
+            .map(|(i, c)| (i.clone(), c.id))
+            .collect();
+        for (identity, id) in gone {
+            info!("client {id} (pid {pid}) is gone; releasing its token and memory");
+            self.conns.remove(&identity);
+            self.ids.remove(&id);
+            let actions = self
+                .policy
+                .handle(Event::Disconnected { client: id }, self.now());
+            self.send_actions(actions);
+        }
+    }
+
+    fn check_reload(&mut self) {
+        let mut changed = false;
+        while self.reload_rx.try_recv().is_ok() {
+            changed = true;
+        }
+        if changed {
+            self.reload_due = Some(Instant::now() + RELOAD_DEBOUNCE);
+            return;
+        }
+        match self.reload_due {
+            Some(due) if Instant::now() >= due => self.reload_due = None,
+            _ => return,
+        }
+        match load_resource(&self.config_path) {
+            Ok((cfg, warnings)) => {
+                for w in &warnings {
+                    warn!("{w}");
+                }
+                let changes = diff(self.policy.config(), &cfg);
+                if changes.is_empty() {
+                    info!("{} reloaded: no change", self.config_path.display());
+                }
+                for c in &changes {
+                    info!("{} reloaded: {c}", self.config_path.display());
+                }
+                self.config_error = None;
+                let actions = self.policy.handle(Event::Reconfigure(cfg), self.now());
+                self.send_actions(actions);
+            }
+            Err(e) => {
+                for err in &e.0 {
+                    error!("{err}");
+                }
+                error!(
+                    "{} is invalid; keeping the previous configuration",
+                    self.config_path.display()
+                );
+                self.config_error = Some(e.to_string());
+            }
+        }
+    }
+
+    fn send_actions(&mut self, actions: Vec<Action>) {
+        for Action::Reply { client, seq, reply } in actions {
+            self.reply(client, seq, &reply);
+        }
+    }
+
+    fn reply(&mut self, client: ClientId, seq: u32, reply: &Reply) {
+        let Some(identity) = self.ids.get(&client) else {
+            return;
+        };
+        let delimited = self.conns.get(identity).is_some_and(|c| c.delimited);
+        let body = encode_reply(seq, reply);
+        let result = if delimited {
+            self.sock
+                .send_multipart([identity.as_slice(), &[], &body], zmq::DONTWAIT)
+        } else {
+            self.sock
+                .send_multipart([identity.as_slice(), &body], zmq::DONTWAIT)
+        };
+        if let Err(e) = result {
+            debug!("reply to client {client} dropped: {e}");
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket_path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_address_of_ipc_peer() {
+        assert_eq!(
+            parse_peer_address(":1000:100:4242"),
+            Some(PeerCred {
+                uid: 1000,
+                pid: 4242
+            })
+        );
+        assert_eq!(
+            parse_peer_address("/tmp/x.sock:0:0:1"),
+            Some(PeerCred { uid: 0, pid: 1 })
+        );
+        assert_eq!(parse_peer_address(""), None);
+        assert_eq!(parse_peer_address("127.0.0.1"), None);
+    }
+}
