@@ -26,8 +26,6 @@ enum Demand {
     Until(Micros),
     /// Works `burst` (device time), then idles `gap`, releasing the token.
     Bursty { burst: Micros, gap: Micros },
-    /// Takes the token and never returns it.
-    Hog,
 }
 
 #[derive(Debug)]
@@ -137,14 +135,11 @@ impl Sim {
                 let c = &mut self.clients[idx];
                 let used = match c.demand {
                     Demand::Bursty { .. } => quota_us.min(c.left),
-                    Demand::Hog => 10 * SEC,
                     _ => quota_us,
                 };
                 c.busy.push((start, start + used));
                 self.device_free_at = start + used;
-                if !matches!(c.demand, Demand::Hog) {
-                    self.queue.push(Reverse((start + used, idx, DONE)));
-                }
+                self.queue.push(Reverse((start + used, idx, DONE)));
             }
         }
     }

@@ -1,0 +1,662 @@
+//! Integration tests of the real `gem-schd` binary: each test gets a fresh
+//! temporary directory with its own `resource.conf` and IPC directory, and
+//! talks to the daemon with the protocol client.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use gemini_protocol::{
+    ErrorKind, PROTOCOL_VERSION, Reply, Request, Role, StatusReport, encode_request,
+};
+use gemini_scheduler::client::Client;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gem-schd");
+const T: Duration = Duration::from_secs(3);
+
+/// A running daemon in a private directory.
+struct Schd {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Schd {
+    fn start(conf: &str) -> Schd {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("resource.conf"), conf).unwrap();
+        Schd::start_in(dir, &[])
+    }
+
+    fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Schd {
+        let child = Schd::spawn(dir.path(), extra);
+        let s = Schd { child, dir };
+        s.wait_ready();
+        s
+    }
+
+    fn spawn(dir: &Path, extra: &[&str]) -> Child {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("schd.log"))
+            .unwrap();
+        Command::new(BIN)
+            .arg("--config")
+            .arg(dir.join("resource.conf"))
+            .arg("--ipc-dir")
+            .arg(dir.join("ipc"))
+            .args(["--log-level", "debug"])
+            .args(extra)
+            .env_remove("GEMINI_IPC_DIR")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.ipc().join("scheduler.sock").exists()
+                && let Ok(mut c) = Client::connect(&self.ipc())
+                && c.request(&Request::Status, Duration::from_millis(200))
+                    .is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("gem-schd did not come up; log:\n{}", self.log());
+    }
+
+    fn ipc(&self) -> PathBuf {
+        self.dir.path().join("ipc")
+    }
+
+    fn conf(&self) -> PathBuf {
+        self.dir.path().join("resource.conf")
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("schd.log")).unwrap_or_default()
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.ipc()).unwrap()
+    }
+
+    fn status(&self) -> StatusReport {
+        match self.client().request(&Request::Status, T).unwrap() {
+            Reply::Status(s) => *s,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Polls `status` until `pred` holds (live reload and liveness are
+    /// asynchronous), failing after 5 s.
+    fn wait_status(&self, what: &str, pred: impl Fn(&StatusReport) -> bool) -> StatusReport {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let s = self.status();
+            if pred(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; status: {s:#?}\nlog:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Schd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn hello(c: &mut Client, group: &str) -> Reply {
+    let req = Request::Hello {
+        role: Role::Client,
+        group: group.into(),
+        pid: std::process::id(),
+        held: vec![],
+    };
+    c.request(&req, T).unwrap()
+}
+
+fn error_kind(r: &Reply) -> Option<ErrorKind> {
+    match r {
+        Reply::Error(e) => Some(e.kind),
+        _ => None,
+    }
+}
+
+/// Replaces a file the way editors do: write a temporary, rename it over.
+fn save_like_an_editor(path: &Path, text: &str) {
+    let tmp = path.with_extension("conf.swp");
+    fs::write(&tmp, text).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+fn group_min(s: &StatusReport, name: &str) -> Option<f64> {
+    s.groups.iter().find(|g| g.name == name).map(|g| g.min_util)
+}
+
+#[test]
+fn status_lists_configured_groups_and_ipc_dir_is_private() {
+    let s = Schd::start(
+        "[train]\nMinUtil=0.7\nMemoryLimit=8GiB\n[notebook]\nMinUtil=0.3\nMaxUtil=0.5\n",
+    );
+    let st = s.status();
+    let names: Vec<&str> = st.groups.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(names, ["notebook", "train"]);
+    assert_eq!(st.groups[1].memory_limit, 8 << 30);
+    assert_eq!(st.groups[0].max_util, 0.5);
+    let mode = fs::metadata(s.ipc()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "IPC dir mode {mode:o}");
+}
+
+#[test]
+fn status_cli_prints_table_and_json() {
+    let s = Schd::start("[train]\nMinUtil=0.5\n");
+    let out = Command::new(BIN)
+        .arg("status")
+        .arg("--ipc-dir")
+        .arg(s.ipc())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("train") && text.contains("50.0%"), "{text}");
+    let out = Command::new(BIN)
+        .args(["status", "--json"])
+        .env("GEMINI_IPC_DIR", s.ipc())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["groups"][0]["name"], "train");
+}
+
+#[test]
+fn status_without_a_daemon_fails_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .arg("status")
+        .arg("--ipc-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is gem-schd running?"), "{err}");
+}
+
+#[test]
+fn unknown_group_is_refused_naming_the_config_file() {
+    let s = Schd::start("[train]\n");
+    let mut c = s.client();
+    match hello(&mut c, "nobody") {
+        Reply::Error(e) => {
+            assert_eq!(e.kind, ErrorKind::UnknownGroup);
+            assert!(
+                e.message.contains(&s.conf().display().to_string()),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn tokens_and_memory_through_the_daemon() {
+    let s = Schd::start("[a]\nMemoryLimit=1GiB\n[b]\n");
+    let mut a = s.client();
+    let mut b = s.client();
+    assert!(matches!(hello(&mut a, "a"), Reply::Welcome { .. }));
+    assert!(matches!(hello(&mut b, "b"), Reply::Welcome { .. }));
+    let acquire = Request::AcquireToken {
+        device: 0,
+        used_us: 0,
+        burst_us: 20_000,
+    };
+    assert_eq!(
+        a.request(&acquire, T).unwrap(),
+        Reply::Token {
+            device: 0,
+            quota_us: 20_000
+        }
+    );
+    // b waits while a holds the token...
+    let seq = b.send(&acquire).unwrap();
+    assert!(
+        b.recv(Duration::from_millis(5)).is_err(),
+        "b got a token while a held it"
+    );
+    // ...and gets it when a gives it back.
+    assert_eq!(
+        a.request(
+            &Request::ReleaseToken {
+                device: 0,
+                used_us: 5_000
+            },
+            T
+        )
+        .unwrap(),
+        Reply::Done
+    );
+    let (s2, r) = b.recv(T).unwrap();
+    assert_eq!(
+        (s2, r),
+        (
+            seq,
+            Reply::Token {
+                device: 0,
+                quota_us: 20_000
+            }
+        )
+    );
+    let r = a
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 30,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(
+        r,
+        Reply::Memory {
+            device: 0,
+            used: 1 << 30,
+            limit: 1 << 30
+        }
+    );
+    let r = a
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(error_kind(&r), Some(ErrorKind::OutOfMemory));
+    let st = s.status();
+    assert_eq!(
+        st.devices[0]
+            .groups
+            .iter()
+            .find(|g| g.group == "a")
+            .unwrap()
+            .memory_used,
+        1 << 30
+    );
+    assert_eq!(st.clients.len(), 2);
+}
+
+#[test]
+fn edit_of_resource_conf_applies_live() {
+    let s = Schd::start("[a]\nMinUtil=0.2\n");
+    fs::write(s.conf(), "[a]\nMinUtil=0.4\n").unwrap();
+    s.wait_status("in-place edit", |st| group_min(st, "a") == Some(0.4));
+    save_like_an_editor(&s.conf(), "[a]\nMinUtil=0.6\n[b]\n");
+    s.wait_status("write-and-rename", |st| {
+        group_min(st, "a") == Some(0.6) && group_min(st, "b") == Some(0.0)
+    });
+    // And again, after the rename replaced the watched file.
+    save_like_an_editor(&s.conf(), "[b]\nMinUtil=0.1\n");
+    s.wait_status("second rename", |st| {
+        group_min(st, "a").is_none() && group_min(st, "b") == Some(0.1)
+    });
+    assert!(s.log().contains("[b] MinUtil: 0 -> 0.1"), "{}", s.log());
+}
+
+#[test]
+fn lowered_memory_limit_applies_to_running_clients() {
+    let s = Schd::start("[a]\nMemoryLimit=2GiB\n");
+    let mut c = s.client();
+    hello(&mut c, "a");
+    let r = c
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 30,
+            },
+            T,
+        )
+        .unwrap();
+    assert!(matches!(r, Reply::Memory { .. }));
+    save_like_an_editor(&s.conf(), "[a]\nMemoryLimit=1GiB\n");
+    s.wait_status("new limit", |st| st.groups[0].memory_limit == 1 << 30);
+    let r = c
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(error_kind(&r), Some(ErrorKind::OutOfMemory));
+}
+
+#[test]
+fn broken_edit_keeps_the_last_good_config_and_logs_file_and_line() {
+    let s = Schd::start("[a]\nMinUtil=0.2\n");
+    save_like_an_editor(&s.conf(), "[a]\nMinUtil=0.2\nMaxUtil=0.1\n");
+    let st = s.wait_status("config error", |st| st.config_error.is_some());
+    assert_eq!(group_min(&st, "a"), Some(0.2));
+    let want = format!(
+        "{}:2: [a]: MinUtil 0.2 is greater than MaxUtil 0.1",
+        s.conf().display()
+    );
+    assert!(
+        st.config_error.as_deref().unwrap().contains(&want),
+        "{:?}",
+        st.config_error
+    );
+    let deadline = Instant::now() + T;
+    while !s.log().contains(&want) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(s.log().contains(&want), "log lacks the error:\n{}", s.log());
+    assert!(s.log().contains("keeping the previous configuration"));
+    // Clients of the old configuration are still served.
+    let mut c = s.client();
+    assert!(matches!(hello(&mut c, "a"), Reply::Welcome { .. }));
+    // Deleted, then garbage, then fixed: only the fix applies.
+    fs::remove_file(s.conf()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    fs::write(s.conf(), "\u{0}\u{1}garbage\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(group_min(&s.status(), "a"), Some(0.2));
+    fs::write(s.conf(), "[a]\nMinUtil=0.3\n").unwrap();
+    let st = s.wait_status("fixed config", |st| group_min(st, "a") == Some(0.3));
+    assert!(st.config_error.is_none());
+}
+
+#[test]
+fn garbage_and_foreign_versions_get_error_replies_and_the_daemon_lives() {
+    let mut s = Schd::start("[a]\n");
+    let mut c = s.client();
+    for junk in [
+        &b""[..],
+        b"x",
+        b"GET / HTTP/1.1\r\n\r\n",
+        &[0xff; 300],
+        b"GM\x01\x00\xff\xff\xff\xff\xff",
+    ] {
+        c.send_raw(junk).unwrap();
+        let (_, r) = c.recv(T).unwrap();
+        assert_eq!(error_kind(&r), Some(ErrorKind::Malformed), "{junk:?}");
+    }
+    let mut frame = encode_request(5, &Request::Status);
+    frame[2..4].copy_from_slice(&(PROTOCOL_VERSION + 7).to_le_bytes());
+    c.send_raw(&frame).unwrap();
+    let (_, r) = c.recv(T).unwrap();
+    assert_eq!(error_kind(&r), Some(ErrorKind::ProtocolMismatch));
+    // A frame larger than the limit is dropped by libzmq (the connection
+    // is closed); the daemon carries on.
+    let mut big = s.client();
+    big.send_raw(&vec![0u8; 2 << 20]).unwrap();
+    // Requests that make no sense in the client's state.
+    let r = c
+        .request(
+            &Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 0,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(error_kind(&r), Some(ErrorKind::NotRegistered));
+    hello(&mut c, "a");
+    assert_eq!(
+        error_kind(&hello(&mut c, "a")),
+        Some(ErrorKind::AlreadyRegistered)
+    );
+    let r = c
+        .request(
+            &Request::ReserveMemory {
+                device: u32::MAX,
+                bytes: 1,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(error_kind(&r), Some(ErrorKind::BadRequest));
+    // A REQ socket (delimiter frame) is answered too.
+    let ctx = zmq::Context::new();
+    let req = ctx.socket(zmq::REQ).unwrap();
+    req.connect(&gemini_protocol::scheduler_endpoint(&s.ipc()).unwrap())
+        .unwrap();
+    req.send(encode_request(1, &Request::Status), 0).unwrap();
+    assert_eq!(req.poll(zmq::POLLIN, 3000).unwrap(), 1);
+    let (_, r) = gemini_protocol::decode_reply(&req.recv_bytes(0).unwrap()).unwrap();
+    assert!(matches!(r, Reply::Status(_)));
+    assert!(s.alive());
+    assert!(matches!(
+        s.client().request(&Request::Status, T).unwrap(),
+        Reply::Status(_)
+    ));
+}
+
+#[test]
+fn dead_client_releases_token_and_memory() {
+    let s = Schd::start("[a]\nMemoryLimit=1GiB\n");
+    // A child process (this test binary, in helper mode) joins, reserves
+    // 1 GiB and takes the token, then is killed.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_client_process",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("GEM_TEST_HELPER_IPC", s.ipc())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    s.wait_status("helper registered", |st| {
+        st.devices.first().is_some_and(|d| {
+            d.holder.is_some() && d.groups.iter().any(|g| g.memory_used == 1 << 30)
+        })
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    s.wait_status("release", |st| {
+        st.clients.is_empty()
+            && st.devices[0].holder.is_none()
+            && st.devices[0].groups[0].memory_used == 0
+    });
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "released after {:?}",
+        killed.elapsed()
+    );
+    let mut c = s.client();
+    hello(&mut c, "a");
+    let r = c
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 30,
+            },
+            T,
+        )
+        .unwrap();
+    assert!(matches!(r, Reply::Memory { .. }), "{r:?}");
+}
+
+/// Not a test: the client process of `dead_client_releases_token_and_memory`.
+#[test]
+#[ignore = "helper process, run by another test"]
+fn helper_client_process() {
+    let Some(ipc) = std::env::var_os("GEM_TEST_HELPER_IPC") else {
+        return;
+    };
+    let mut c = Client::connect(Path::new(&ipc)).unwrap();
+    assert!(matches!(hello(&mut c, "a"), Reply::Welcome { .. }));
+    let r = c
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 30,
+            },
+            T,
+        )
+        .unwrap();
+    assert!(matches!(r, Reply::Memory { .. }));
+    let r = c
+        .request(
+            &Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 100_000,
+            },
+            T,
+        )
+        .unwrap();
+    assert!(matches!(r, Reply::Token { .. }));
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn second_daemon_on_the_same_dir_is_refused() {
+    let s = Schd::start("[a]\n");
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(s.conf())
+        .arg("--ipc-dir")
+        .arg(s.ipc())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already running"));
+    assert!(matches!(
+        s.client().request(&Request::Status, T).unwrap(),
+        Reply::Status(_)
+    ));
+}
+
+#[test]
+fn invalid_config_at_start_is_refused_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("resource.conf");
+    fs::write(&conf, "[a]\nMinUtil=0.8\n[b]\nMinUtil=0.8\n").unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&conf)
+        .arg("--ipc-dir")
+        .arg(dir.path().join("ipc"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&conf.display().to_string()) && err.contains("adds up to 1.600"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_subcommand_validates_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.conf");
+    fs::write(&good, "[a]\nMinUtil=0.5 # half\n").unwrap();
+    let out = Command::new(BIN).arg("check").arg(&good).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("[a] MinUtil=0.5"));
+    let bad = dir.path().join("bad.conf");
+    fs::write(&bad, "[a]\n\nMemoryLimit=3 bananas\n").unwrap();
+    let out = Command::new(BIN).arg("check").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(&format!("{}:3: [a]: MemoryLimit", bad.display())),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .arg("check")
+        .arg(dir.path().join("missing.conf"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn shutdown_stops_the_daemon_and_removes_the_socket() {
+    let mut s = Schd::start("[a]\n");
+    let out = Command::new(BIN)
+        .arg("shutdown")
+        .arg("--ipc-dir")
+        .arg(s.ipc())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = s.child.wait().unwrap();
+    assert!(status.success());
+    assert!(!s.ipc().join("scheduler.sock").exists());
+}
+
+#[test]
+fn sigterm_stops_the_daemon_cleanly() {
+    let mut s = Schd::start("[a]\n");
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!s.ipc().join("scheduler.sock").exists());
+}
+
+#[test]
+fn settings_file_and_flags_are_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("resource.conf"), "[a]\n").unwrap();
+    fs::write(
+        dir.path().join("gemini.toml"),
+        "window = \"20s\"\nmax_quota = \"50ms\"\n",
+    )
+    .unwrap();
+    let settings = dir.path().join("gemini.toml").display().to_string();
+    let s = Schd::start_in(dir, &["--settings", &settings, "--window", "30s"]);
+    assert_eq!(s.status().window_us, 30_000_000);
+    let mut c = s.client();
+    hello(&mut c, "a");
+    let r = c
+        .request(
+            &Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 10_000_000,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(
+        r,
+        Reply::Token {
+            device: 0,
+            quota_us: 50_000
+        }
+    );
+}
