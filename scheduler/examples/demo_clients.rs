@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    anyhow::ensure!(args.len() >= 4, "usage: demo_clients IPC_DIR SECONDS GROUP[xN] ...");
+    anyhow::ensure!(
+        args.len() >= 4,
+        "usage: demo_clients IPC_DIR SECONDS GROUP[xN] ..."
+    );
     let ipc = PathBuf::from(&args[1]);
     let secs: f64 = args[2].parse()?;
     let mut threads = Vec::new();
@@ -40,10 +43,16 @@ fn main() -> anyhow::Result<()> {
     let Reply::Status(status) = c.request(&Request::Status, Duration::from_secs(2))? else {
         anyhow::bail!("no status");
     };
-    println!("\n{:<12} {:>8} {:>8} {:>14}", "GROUP", "MinUtil", "MaxUtil", "achieved share");
+    println!(
+        "\n{:<12} {:>8} {:>8} {:>14}",
+        "GROUP", "MinUtil", "MaxUtil", "achieved share"
+    );
     for g in &status.groups {
         let share = used.get(&g.name).map_or(0.0, |d| d.as_secs_f64() / secs);
-        println!("{:<12} {:>8.2} {:>8.2} {:>14.3}", g.name, g.min_util, g.max_util, share);
+        println!(
+            "{:<12} {:>8.2} {:>8.2} {:>14.3}",
+            g.name, g.min_util, g.max_util, share
+        );
     }
     Ok(())
 }
@@ -51,7 +60,12 @@ fn main() -> anyhow::Result<()> {
 fn run_client(ipc: &std::path::Path, group: &str, secs: f64) -> anyhow::Result<(String, Duration)> {
     let mut c = Client::connect(ipc)?;
     let t = Duration::from_secs(5);
-    let hello = Request::Hello { role: Role::Client, group: group.into(), pid: std::process::id(), held: vec![] };
+    let hello = Request::Hello {
+        role: Role::Client,
+        group: group.into(),
+        pid: std::process::id(),
+        held: vec![],
+    };
     match c.request(&hello, t)? {
         Reply::Welcome { .. } => {}
         Reply::Error(e) => anyhow::bail!("{}", e.message),
@@ -61,8 +75,17 @@ fn run_client(ipc: &std::path::Path, group: &str, secs: f64) -> anyhow::Result<(
     let mut total = Duration::ZERO;
     let mut last = 0u64;
     while Instant::now() < end {
-        let r = c.request(&Request::AcquireToken { device: 0, used_us: last, burst_us: 0 }, Duration::from_secs(30))?;
-        let Reply::Token { quota_us, .. } = r else { anyhow::bail!("unexpected {r:?}") };
+        let r = c.request(
+            &Request::AcquireToken {
+                device: 0,
+                used_us: last,
+                burst_us: 0,
+            },
+            Duration::from_secs(30),
+        )?;
+        let Reply::Token { quota_us, .. } = r else {
+            anyhow::bail!("unexpected {r:?}")
+        };
         let start = Instant::now();
         let left = end.saturating_duration_since(start);
         std::thread::sleep(Duration::from_micros(quota_us).min(left));
@@ -70,6 +93,12 @@ fn run_client(ipc: &std::path::Path, group: &str, secs: f64) -> anyhow::Result<(
         total += used;
         last = used.as_micros() as u64;
     }
-    c.request(&Request::ReleaseToken { device: 0, used_us: last }, t)?;
+    c.request(
+        &Request::ReleaseToken {
+            device: 0,
+            used_us: last,
+        },
+        t,
+    )?;
     Ok((group.to_string(), total))
 }
