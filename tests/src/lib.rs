@@ -1,4 +1,164 @@
-//! Home of the driver simulator (`fakecuda/`), the test workloads
-//! (`workload/`) and the integration tests that run several real binaries
-//! together. Empty until the simulator issue; the scheduler's own
-//! integration tests live in `scheduler/tests/`.
+//! Harness for the tests that run several real binaries together: a
+//! private simulated GPU machine per test ([`SimEnv`]: a directory with the
+//! simulator installed as `libcuda.so.1`, its shared state and busy logs),
+//! the workloads, and readers for what they print.
+//!
+//! Binaries are found in `GEMINI_BIN_DIR` when set, else in the cargo
+//! target directory this test executable was built into
+//! (`target/<profile>/`); `make test` builds them all first.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub use fakecuda_log::{Busy, busy, now_ns};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Directory holding the workspace's binaries and libraries.
+pub fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("GEMINI_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    // target/<profile>/deps/<test-exe>
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// A binary of the workspace, checked to exist.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `make test` (or `cargo build --workspace`) first",
+        p.display()
+    );
+    p
+}
+
+/// The C workload, compiled once per test run against the simulator.
+pub fn c_workload() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workload/workload.c");
+        let link = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(bin("libfakecuda.so"), link.path().join("libcuda.so")).unwrap();
+        let out = bin_dir().join(format!("gem-workload-c.{}", std::process::id()));
+        let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .arg(format!("-L{}", link.path().display()))
+            .arg("-lcuda")
+            .status()
+            .expect("cannot run the C compiler (cc)");
+        assert!(status.success(), "compiling {} failed", src.display());
+        let fixed = bin_dir().join("gem-workload-c");
+        std::fs::rename(&out, &fixed).unwrap();
+        fixed
+    })
+    .clone()
+}
+
+/// A private simulated machine.
+#[derive(Debug)]
+pub struct SimEnv {
+    dir: tempfile::TempDir,
+    /// Devices (`FAKECUDA_DEVICES`).
+    pub devices: u32,
+    /// Memory per device (`FAKECUDA_MEM`).
+    pub mem: String,
+    /// Launch queue depth per process (`FAKECUDA_QUEUE_DEPTH`).
+    pub queue_depth: u32,
+}
+
+impl Default for SimEnv {
+    fn default() -> Self {
+        SimEnv::new(1, "16GiB")
+    }
+}
+
+impl SimEnv {
+    /// `devices` devices of `mem` each.
+    pub fn new(devices: u32, mem: &str) -> SimEnv {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("lib");
+        std::fs::create_dir(&lib).unwrap();
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            std::os::unix::fs::symlink(bin("libfakecuda.so"), lib.join(name)).unwrap();
+        }
+        SimEnv {
+            dir,
+            devices,
+            mem: mem.into(),
+            queue_depth: 128,
+        }
+    }
+
+    /// The temporary directory of this environment.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Where `libcuda.so.1` is.
+    pub fn lib_dir(&self) -> PathBuf {
+        self.dir.path().join("lib")
+    }
+
+    /// `FAKECUDA_DIR`.
+    pub fn sim_dir(&self) -> PathBuf {
+        self.dir.path().join("sim")
+    }
+
+    /// A command for `program` running on this machine's simulated GPUs.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.env("LD_LIBRARY_PATH", self.lib_dir())
+            .env("FAKECUDA_DIR", self.sim_dir())
+            .env("FAKECUDA_DEVICES", self.devices.to_string())
+            .env("FAKECUDA_MEM", &self.mem)
+            .env("FAKECUDA_QUEUE_DEPTH", self.queue_depth.to_string());
+        c
+    }
+
+    /// The Rust workload (dlopen + cuGetProcAddress_v2).
+    pub fn workload(&self) -> Command {
+        self.command(bin("gem-workload"))
+    }
+
+    /// The C workload (linked against libcuda.so.1).
+    pub fn c_workload(&self) -> Command {
+        self.command(c_workload())
+    }
+
+    /// Busy figures of `device` over `[from, to)` ns.
+    pub fn busy(&self, device: u32, from: u64, to: u64) -> Busy {
+        let recs = fakecuda_log::read(&self.sim_dir(), device).unwrap();
+        busy(&recs, from, to)
+    }
+}
+
+/// The `workload key=value ...` lines a workload printed, as maps.
+pub fn reports(stdout: &[u8]) -> Vec<HashMap<String, String>> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| l.starts_with("workload "))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// A numeric field of a report.
+pub fn field(r: &HashMap<String, String>, key: &str) -> u64 {
+    r.get(key)
+        .unwrap_or_else(|| panic!("report lacks {key}: {r:?}"))
+        .parse()
+        .unwrap()
+}

@@ -1,0 +1,231 @@
+//! The busy log of the driver simulator: every kernel the simulated device
+//! runs, as `[start, end)` in `CLOCK_MONOTONIC` nanoseconds with the pid
+//! that launched it, one file per device (`busy-<device>.log` in
+//! `FAKECUDA_DIR`). It is the tests' ground truth for shares, independent
+//! of the scheduler's own accounting.
+//!
+//! A record is 24 bytes, little endian: start u64, end u64, pid u32,
+//! kind u32. Records are appended with one `write` on an `O_APPEND` file,
+//! so concurrent processes never interleave inside a record.
+
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Size of one record in bytes.
+pub const RECORD: usize = 24;
+
+/// What the device ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Kind {
+    /// A kernel launch.
+    Kernel = 0,
+    /// A graph launch.
+    Graph = 1,
+    /// A cooperative kernel launch.
+    Cooperative = 2,
+}
+
+/// One busy interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    /// Start, ns on `CLOCK_MONOTONIC`.
+    pub start: u64,
+    /// End, ns on `CLOCK_MONOTONIC`.
+    pub end: u64,
+    /// Launching process.
+    pub pid: u32,
+    /// Raw kind (see [`Kind`]).
+    pub kind: u32,
+}
+
+impl Record {
+    /// Encodes the record.
+    pub fn to_bytes(&self) -> [u8; RECORD] {
+        let mut b = [0u8; RECORD];
+        b[0..8].copy_from_slice(&self.start.to_le_bytes());
+        b[8..16].copy_from_slice(&self.end.to_le_bytes());
+        b[16..20].copy_from_slice(&self.pid.to_le_bytes());
+        b[20..24].copy_from_slice(&self.kind.to_le_bytes());
+        b
+    }
+
+    /// Decodes a record.
+    pub fn from_bytes(b: &[u8; RECORD]) -> Record {
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(a)
+        };
+        let u32_at = |i: usize| {
+            let mut a = [0u8; 4];
+            a.copy_from_slice(&b[i..i + 4]);
+            u32::from_le_bytes(a)
+        };
+        Record {
+            start: u64_at(0),
+            end: u64_at(8),
+            pid: u32_at(16),
+            kind: u32_at(20),
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, in ns: the clock of the log, the same in every
+/// process of the machine.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Path of the log of `device` in `dir`.
+pub fn log_path(dir: &Path, device: u32) -> PathBuf {
+    dir.join(format!("busy-{device}.log"))
+}
+
+/// Appends one record.
+pub fn append(dir: &Path, device: u32, rec: &Record) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path(dir, device))?;
+    f.write_all(&rec.to_bytes())
+}
+
+/// Reads every record of `device` (missing log: none).
+pub fn read(dir: &Path, device: u32) -> std::io::Result<Vec<Record>> {
+    let bytes = match std::fs::read(log_path(dir, device)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(bytes
+        .chunks_exact(RECORD)
+        .map(|c| {
+            let mut a = [0u8; RECORD];
+            a.copy_from_slice(c);
+            Record::from_bytes(&a)
+        })
+        .collect())
+}
+
+/// Busy time within `[from, to)` of each pid, and of the device as a whole
+/// (overlapping intervals counted once), in ns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Busy {
+    /// Per launching pid.
+    pub per_pid: BTreeMap<u32, u64>,
+    /// The device: the union of all intervals.
+    pub device: u64,
+    /// Length of the interval.
+    pub span: u64,
+}
+
+impl Busy {
+    /// Share of the interval `pid` kept the device busy.
+    pub fn share(&self, pid: u32) -> f64 {
+        self.per_pid.get(&pid).copied().unwrap_or(0) as f64 / self.span.max(1) as f64
+    }
+
+    /// Share of the interval the device was busy.
+    pub fn device_share(&self) -> f64 {
+        self.device as f64 / self.span.max(1) as f64
+    }
+
+    /// Sum of the shares of `pids`.
+    pub fn share_of(&self, pids: &[u32]) -> f64 {
+        pids.iter().map(|p| self.share(*p)).sum()
+    }
+}
+
+/// Busy figures over `[from, to)`.
+pub fn busy(records: &[Record], from: u64, to: u64) -> Busy {
+    let clip = |r: &Record| (r.start.max(from), r.end.min(to));
+    let mut out = Busy {
+        span: to.saturating_sub(from),
+        ..Busy::default()
+    };
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for r in records {
+        let (s, e) = clip(r);
+        if e > s {
+            *out.per_pid.entry(r.pid).or_default() += e - s;
+            spans.push((s, e));
+        }
+    }
+    spans.sort_unstable();
+    let mut cur: Option<(u64, u64)> = None;
+    for (s, e) in spans {
+        match cur {
+            Some((cs, ce)) if s <= ce => cur = Some((cs, ce.max(e))),
+            Some((cs, ce)) => {
+                out.device += ce - cs;
+                cur = Some((s, e));
+            }
+            None => cur = Some((s, e)),
+        }
+    }
+    if let Some((cs, ce)) = cur {
+        out.device += ce - cs;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_through_a_file() {
+        let dir = std::env::temp_dir().join(format!("busylog-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = Record {
+            start: 1,
+            end: 5,
+            pid: 7,
+            kind: Kind::Graph as u32,
+        };
+        append(&dir, 3, &a).unwrap();
+        append(
+            &dir,
+            3,
+            &Record {
+                start: 5,
+                end: 9,
+                pid: 8,
+                kind: 0,
+            },
+        )
+        .unwrap();
+        let got = read(&dir, 3).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0], a);
+        assert!(read(&dir, 4).unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn busy_clips_and_unions() {
+        let r = |start, end, pid| Record {
+            start,
+            end,
+            pid,
+            kind: 0,
+        };
+        let recs = [r(0, 10, 1), r(5, 15, 2), r(20, 40, 1), r(90, 200, 2)];
+        let b = busy(&recs, 0, 100);
+        assert_eq!(b.per_pid[&1], 30);
+        assert_eq!(b.per_pid[&2], 20);
+        assert_eq!(b.device, 15 + 20 + 10);
+        assert!((b.share(1) - 0.3).abs() < 1e-9);
+        assert!((b.device_share() - 0.45).abs() < 1e-9);
+    }
+}

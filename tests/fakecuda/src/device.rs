@@ -1,0 +1,366 @@
+//! The simulated devices, shared by every process that loads the
+//! simulator with the same `FAKECUDA_DIR`: a memory-mapped state file holds
+//! each device's timeline (when it will next be free) and each process's
+//! memory, so kernels from several processes queue on one device and
+//! allocations from several processes share its memory.
+//!
+//! Settings (read when a process first initialises):
+//! - `FAKECUDA_DIR`: directory of the state file and busy logs (default
+//!   `/tmp/fakecuda-$UID`).
+//! - `FAKECUDA_DEVICES`: number of devices, 1..=16 (default 1).
+//! - `FAKECUDA_MEM`: memory per device, e.g. `16GiB` (default 16GiB).
+//! - `FAKECUDA_QUEUE_DEPTH`: kernels a process may have queued on a device
+//!   before a launch blocks, as the real launch queue does (default 1024).
+//! - `FAKECUDA_POOLS`: `0` to report no memory-pool support (attribute
+//!   115), so cudarc allocates with `cuMemAlloc_v2` (default 1).
+//!
+//! The first process to create the state file fixes devices and memory;
+//! later ones use what the file says.
+
+use crate::types::*;
+use fakecuda_log::{Record, append, now_ns};
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+pub const MAX_DEVICES: usize = 16;
+const MAX_PROCS: usize = 1024;
+const MAGIC: u64 = 0x4641_4b45_4355_4401; // "FAKECUD" v1
+
+#[repr(C)]
+struct Slot {
+    pid: AtomicU32,
+    _pad: u32,
+    mem: [AtomicU64; MAX_DEVICES],
+}
+
+#[repr(C)]
+struct Shared {
+    magic: AtomicU64,
+    devices: AtomicU32,
+    _pad: u32,
+    mem_total: [AtomicU64; MAX_DEVICES],
+    busy_until: [AtomicU64; MAX_DEVICES],
+    slots: [Slot; MAX_PROCS],
+}
+
+/// This process's view of the simulator.
+pub struct Sim {
+    shared: &'static Shared,
+    file: std::fs::File,
+    pub dir: PathBuf,
+    pub pid: u32,
+    pub queue_depth: usize,
+    pub pools: bool,
+    /// Ends of this process's queued kernels, per device.
+    pending: Vec<Mutex<VecDeque<u64>>>,
+    /// Latest end of any work of this process, per device.
+    pub last_end: Vec<AtomicU64>,
+    /// Legacy default stream tail, per device.
+    pub legacy_tail: Vec<std::sync::Arc<AtomicU64>>,
+    mem_lock: Mutex<()>,
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid as i32, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Sleeps until `CLOCK_MONOTONIC` reaches `t` ns.
+pub fn sleep_until(t: u64) {
+    while now_ns() < t {
+        let ts = libc::timespec {
+            tv_sec: (t / 1_000_000_000) as i64,
+            tv_nsec: (t % 1_000_000_000) as i64,
+        };
+        // SAFETY: `ts` is a valid timespec; the remaining-time pointer may
+        // be null with TIMER_ABSTIME.
+        unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        };
+    }
+}
+
+struct FileLock<'a>(&'a std::fs::File);
+
+impl<'a> FileLock<'a> {
+    fn new(f: &'a std::fs::File) -> FileLock<'a> {
+        // SAFETY: flock on an fd we own; blocks until the lock is ours.
+        while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {}
+        FileLock(f)
+    }
+}
+
+impl Drop for FileLock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: unlocking the fd we locked.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+impl Sim {
+    fn open() -> Result<Sim, String> {
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let dir = PathBuf::from(env_or("FAKECUDA_DIR", &format!("/tmp/fakecuda-{uid}")));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join("state");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let size = std::mem::size_of::<Shared>();
+        let guard = FileLock::new(&file);
+        let fresh = file.metadata().map_err(|e| e.to_string())?.len() == 0;
+        if fresh {
+            file.set_len(size as u64).map_err(|e| e.to_string())?;
+        }
+        // SAFETY: mapping `size` bytes of a file of at least that size,
+        // shared and writable; the mapping lives for the rest of the
+        // process (never unmapped), so the 'static reference is valid.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(format!(
+                "mmap {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: the mapping is page-aligned, large enough, and every
+        // field of `Shared` is an atomic or padding, valid for any bytes.
+        let shared: &'static Shared = unsafe { &*(ptr as *const Shared) };
+        if fresh || shared.magic.load(Ordering::Acquire) != MAGIC {
+            let devices: u32 = env_or("FAKECUDA_DEVICES", "1")
+                .parse()
+                .unwrap_or(1)
+                .clamp(1, MAX_DEVICES as u32);
+            let mem = parse_size::parse_size(env_or("FAKECUDA_MEM", "16GiB")).unwrap_or(16 << 30);
+            shared.devices.store(devices, Ordering::Relaxed);
+            for m in &shared.mem_total {
+                m.store(mem, Ordering::Relaxed);
+            }
+            shared.magic.store(MAGIC, Ordering::Release);
+        }
+        drop(guard);
+        let n = MAX_DEVICES;
+        Ok(Sim {
+            shared,
+            file,
+            dir,
+            pid: std::process::id(),
+            queue_depth: env_or("FAKECUDA_QUEUE_DEPTH", "1024")
+                .parse()
+                .unwrap_or(1024)
+                .max(1),
+            pools: env_or("FAKECUDA_POOLS", "1") != "0",
+            pending: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
+            last_end: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            legacy_tail: (0..n)
+                .map(|_| std::sync::Arc::new(AtomicU64::new(0)))
+                .collect(),
+            mem_lock: Mutex::new(()),
+        })
+    }
+
+    /// Number of devices.
+    pub fn devices(&self) -> i32 {
+        self.shared.devices.load(Ordering::Relaxed) as i32
+    }
+
+    /// Memory of `dev`.
+    pub fn mem_total(&self, dev: usize) -> u64 {
+        self.shared.mem_total[dev].load(Ordering::Relaxed)
+    }
+
+    /// Runs `dur_ns` of work on `dev` after what `tail` already holds;
+    /// blocks while this process has `queue_depth` kernels queued there.
+    /// Returns the end of the work.
+    pub fn run(&self, dev: usize, dur_ns: u64, tail: &AtomicU64, kind: u32) -> u64 {
+        {
+            let mut q = lock(&self.pending[dev]);
+            loop {
+                let now = now_ns();
+                while q.front().is_some_and(|&e| e <= now) {
+                    q.pop_front();
+                }
+                if q.len() < self.queue_depth {
+                    break;
+                }
+                let first = q.front().copied().unwrap_or(now);
+                sleep_until(first);
+            }
+        }
+        let busy = &self.shared.busy_until[dev];
+        let (start, end) = loop {
+            let cur = busy.load(Ordering::Acquire);
+            let start = now_ns().max(cur).max(tail.load(Ordering::Acquire));
+            let end = start + dur_ns;
+            if busy
+                .compare_exchange(cur, end, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                break (start, end);
+            }
+        };
+        tail.fetch_max(end, Ordering::AcqRel);
+        self.last_end[dev].fetch_max(end, Ordering::AcqRel);
+        lock(&self.pending[dev]).push_back(end);
+        if dur_ns > 0 {
+            let _ = append(
+                &self.dir,
+                dev as u32,
+                &Record {
+                    start,
+                    end,
+                    pid: self.pid,
+                    kind,
+                },
+            );
+        }
+        end
+    }
+
+    fn my_slot(&self) -> Option<&Slot> {
+        let slots = &self.shared.slots;
+        if let Some(s) = slots
+            .iter()
+            .find(|s| s.pid.load(Ordering::Relaxed) == self.pid)
+        {
+            return Some(s);
+        }
+        let free = slots.iter().find(|s| {
+            let p = s.pid.load(Ordering::Relaxed);
+            p == 0 || !pid_alive(p)
+        })?;
+        for m in &free.mem {
+            m.store(0, Ordering::Relaxed);
+        }
+        free.pid.store(self.pid, Ordering::Relaxed);
+        Some(free)
+    }
+
+    /// Memory in use on `dev` by living processes (dead ones are freed, as
+    /// the real driver frees a process's memory when it exits).
+    fn used_locked(&self, dev: usize) -> u64 {
+        let mut used = 0u64;
+        for s in &self.shared.slots {
+            let p = s.pid.load(Ordering::Relaxed);
+            if p == 0 {
+                continue;
+            }
+            if p != self.pid && !pid_alive(p) {
+                s.pid.store(0, Ordering::Relaxed);
+                continue;
+            }
+            used = used.saturating_add(s.mem[dev].load(Ordering::Relaxed));
+        }
+        used
+    }
+
+    /// Takes `bytes` of `dev`'s memory, or fails with out-of-memory.
+    pub fn alloc(&self, dev: usize, bytes: u64) -> Result<(), CUresult> {
+        let _g = lock(&self.mem_lock);
+        let _f = FileLock::new(&self.file);
+        let used = self.used_locked(dev);
+        if used
+            .checked_add(bytes)
+            .is_none_or(|t| t > self.mem_total(dev))
+        {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let slot = self.my_slot().ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        slot.mem[dev].fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Gives `bytes` of `dev`'s memory back.
+    pub fn free(&self, dev: usize, bytes: u64) {
+        let _g = lock(&self.mem_lock);
+        let _f = FileLock::new(&self.file);
+        if let Some(slot) = self.my_slot() {
+            let m = &slot.mem[dev];
+            let cur = m.load(Ordering::Relaxed);
+            m.store(cur.saturating_sub(bytes), Ordering::Relaxed);
+        }
+    }
+
+    /// (free, total) of `dev`.
+    pub fn mem_info(&self, dev: usize) -> (u64, u64) {
+        let _g = lock(&self.mem_lock);
+        let _f = FileLock::new(&self.file);
+        let total = self.mem_total(dev);
+        (total.saturating_sub(self.used_locked(dev)), total)
+    }
+}
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim")
+            .field("dir", &self.dir)
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+struct PerProcess {
+    pid: u32,
+    sim: &'static Sim,
+}
+
+static SIM: Mutex<Option<PerProcess>> = Mutex::new(None);
+static INIT_ERROR: OnceLock<String> = OnceLock::new();
+
+/// The simulator of this process, opened on first use and again in a
+/// forked child (which must not share the parent's lock or queues).
+pub fn sim() -> Result<&'static Sim, CUresult> {
+    let mut g = lock(&SIM);
+    let pid = std::process::id();
+    if let Some(p) = g.as_ref()
+        && p.pid == pid
+    {
+        return Ok(p.sim);
+    }
+    match Sim::open() {
+        Ok(s) => {
+            let s: &'static Sim = Box::leak(Box::new(s));
+            *g = Some(PerProcess { pid, sim: s });
+            Ok(s)
+        }
+        Err(e) => {
+            let _ = INIT_ERROR.set(e.clone());
+            eprintln!("fakecuda: cannot open the simulator state: {e}");
+            Err(CUDA_ERROR_NOT_INITIALIZED)
+        }
+    }
+}

@@ -1,0 +1,916 @@
+//! `fakecuda`: a CUDA driver simulator, installed by the tests as
+//! `libcuda.so.1` (and `libcuda.so`) in a directory put on
+//! `LD_LIBRARY_PATH`. It has the real driver's C signatures, result codes
+//! and versioned names, and behaves like a device: launches are
+//! asynchronous and queue on a timeline shared by every process using the
+//! device, synchronisation waits for it, memory is finite and shared, and
+//! every kernel's busy interval is logged with its pid (see
+//! `fakecuda-log`). Device settings: see [`device`].
+//!
+//! Kernel durations come from the function's name:
+//! - `fake_spin`: the first kernel parameter, a `u64`, is the duration in
+//!   microseconds;
+//! - `fixed_<N>us` (e.g. `fixed_500us`): N microseconds;
+//! - any other name: `FAKECUDA_KERNEL_US` microseconds (default 100).
+//!
+//! A graph's duration is the sum of its kernel nodes'. Copies and memsets
+//! take no device time. Device memory has no backing store: copies from
+//! it read zeros.
+//!
+//! A process is initialised by `cuInit`; a forked child starts
+//! uninitialised, with no contexts, and must call `cuInit` again.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+pub mod device;
+pub mod procaddr;
+pub mod types;
+
+use device::{MAX_DEVICES, Sim, sim, sleep_until};
+use fakecuda_log::{Kind, now_ns};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use types::*;
+
+type R = Result<(), CUresult>;
+
+fn guard(f: impl FnOnce() -> R) -> CUresult {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => CUDA_SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => CUDA_ERROR_UNKNOWN,
+    }
+}
+
+/// Writes `v` through an out-pointer the program passed.
+fn put<T>(p: *mut T, v: T) -> R {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and the driver API contract makes the caller pass
+    // a pointer to writable storage of the right type.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+/// Reads a value through a pointer the program passed.
+fn get<T: Copy>(p: *const T) -> Result<T, CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and the caller passes a readable `T` by contract.
+    Ok(unsafe { p.read() })
+}
+
+#[derive(Debug, Clone)]
+enum Func {
+    Spin,
+    Fixed(u64),
+}
+
+#[derive(Debug)]
+enum Obj {
+    Ctx { device: usize },
+    Stream { device: usize, tail: Arc<AtomicU64> },
+    Event { time: Option<u64> },
+    Module,
+    Function(Func),
+    Graph { nodes: Vec<u64> },
+    Exec { total: u64 },
+    Pool,
+}
+
+/// Per-process driver state, reset in a forked child.
+#[derive(Debug, Default)]
+struct Proc {
+    pid: u32,
+    objects: HashMap<usize, Obj>,
+    /// Primary context per device: (handle, retain count).
+    primary: HashMap<usize, (usize, u32)>,
+    /// Device pointer → (device, bytes).
+    allocs: HashMap<u64, (usize, u64)>,
+    /// `cuMemCreate` handle → (device, bytes).
+    physical: HashMap<u64, (usize, u64)>,
+    next_handle: usize,
+    next_ptr: [u64; MAX_DEVICES],
+}
+
+static PROC: Mutex<Option<Proc>> = Mutex::new(None);
+static INIT_PID: AtomicU32 = AtomicU32::new(0);
+
+fn proc_lock() -> MutexGuard<'static, Option<Proc>> {
+    PROC.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn with_proc<T>(f: impl FnOnce(&mut Proc) -> T) -> T {
+    let mut g = proc_lock();
+    let pid = std::process::id();
+    if g.as_ref().is_none_or(|p| p.pid != pid) {
+        *g = Some(Proc {
+            pid,
+            next_handle: 0x1000,
+            ..Proc::default()
+        });
+    }
+    match g.as_mut() {
+        Some(p) => f(p),
+        None => unreachable!("set above"),
+    }
+}
+
+impl Proc {
+    fn add(&mut self, obj: Obj) -> usize {
+        self.next_handle += 16;
+        self.objects.insert(self.next_handle, obj);
+        self.next_handle
+    }
+}
+
+thread_local! {
+    /// (pid, context stack) of this thread.
+    static CTX: RefCell<(u32, Vec<usize>)> = const { RefCell::new((0, Vec::new())) };
+    /// Per-thread default stream tails.
+    static PT_TAIL: Vec<Arc<AtomicU64>> = (0..MAX_DEVICES).map(|_| Arc::new(AtomicU64::new(0))).collect();
+}
+
+fn ctx_stack<T>(f: impl FnOnce(&mut Vec<usize>) -> T) -> T {
+    CTX.with(|c| {
+        let mut c = c.borrow_mut();
+        let pid = std::process::id();
+        if c.0 != pid {
+            *c = (pid, Vec::new());
+        }
+        f(&mut c.1)
+    })
+}
+
+fn initialised() -> Result<&'static Sim, CUresult> {
+    if INIT_PID.load(Ordering::Acquire) != std::process::id() {
+        return Err(CUDA_ERROR_NOT_INITIALIZED);
+    }
+    sim()
+}
+
+fn check_device(s: &Sim, dev: CUdevice) -> Result<usize, CUresult> {
+    if dev < 0 || dev >= s.devices() {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    Ok(dev as usize)
+}
+
+fn ctx_device(ctx: usize) -> Result<usize, CUresult> {
+    with_proc(|p| match p.objects.get(&ctx) {
+        Some(Obj::Ctx { device }) => Ok(*device),
+        _ => Err(CUDA_ERROR_INVALID_CONTEXT),
+    })
+}
+
+fn current_device() -> Result<usize, CUresult> {
+    let top = ctx_stack(|s| s.last().copied()).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    ctx_device(top)
+}
+
+/// Device and queue tail of a stream handle; `ptsz` makes the null stream
+/// the per-thread one.
+fn stream(s: &Sim, h: CUstream, ptsz: bool) -> Result<(usize, Arc<AtomicU64>), CUresult> {
+    let h = h as usize;
+    let per_thread = |dev: usize| PT_TAIL.with(|t| Arc::clone(&t[dev]));
+    match h {
+        0 if ptsz => current_device().map(|d| (d, per_thread(d))),
+        0 | CU_STREAM_LEGACY => current_device().map(|d| (d, Arc::clone(&s.legacy_tail[d]))),
+        CU_STREAM_PER_THREAD => current_device().map(|d| (d, per_thread(d))),
+        _ => with_proc(|p| match p.objects.get(&h) {
+            Some(Obj::Stream { device, tail }) => Ok((*device, Arc::clone(tail))),
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        }),
+    }
+}
+
+fn default_kernel_us() -> u64 {
+    std::env::var("FAKECUDA_KERNEL_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
+
+fn function_for(name: &str) -> Func {
+    if name == "fake_spin" {
+        return Func::Spin;
+    }
+    let fixed = name
+        .strip_prefix("fixed_")
+        .and_then(|r| r.strip_suffix("us"))
+        .and_then(|n| n.parse().ok());
+    Func::Fixed(fixed.unwrap_or_else(default_kernel_us))
+}
+
+/// Duration in ns of one launch of `f` with `params`.
+fn kernel_ns(f: CUfunction, params: *mut *mut c_void) -> Result<u64, CUresult> {
+    let func = with_proc(|p| match p.objects.get(&(f as usize)) {
+        Some(Obj::Function(func)) => Ok(func.clone()),
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    })?;
+    match func {
+        Func::Fixed(us) => Ok(us * 1000),
+        Func::Spin => {
+            let first = get(params as *const *mut c_void)?;
+            Ok(get(first as *const u64)?.saturating_mul(1000))
+        }
+    }
+}
+
+fn launch(
+    f: CUfunction,
+    grid: [u32; 3],
+    h: CUstream,
+    params: *mut *mut c_void,
+    ptsz: bool,
+    kind: Kind,
+) -> R {
+    let s = initialised()?;
+    if grid.contains(&0) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dur = kernel_ns(f, params)?;
+    let (dev, tail) = stream(s, h, ptsz)?;
+    s.run(dev, dur, &tail, kind as u32);
+    Ok(())
+}
+
+fn sync_stream(h: CUstream, ptsz: bool) -> R {
+    let s = initialised()?;
+    let (_, tail) = stream(s, h, ptsz)?;
+    sleep_until(tail.load(Ordering::Acquire));
+    Ok(())
+}
+
+fn query_stream(h: CUstream, ptsz: bool) -> R {
+    let s = initialised()?;
+    let (_, tail) = stream(s, h, ptsz)?;
+    if tail.load(Ordering::Acquire) > now_ns() {
+        Err(CUDA_ERROR_NOT_READY)
+    } else {
+        Ok(())
+    }
+}
+
+fn record_event(e: CUevent, h: CUstream, ptsz: bool) -> R {
+    let s = initialised()?;
+    let (_, tail) = stream(s, h, ptsz)?;
+    let t = tail.load(Ordering::Acquire).max(now_ns());
+    with_proc(|p| match p.objects.get_mut(&(e as usize)) {
+        Some(Obj::Event { time }) => {
+            *time = Some(t);
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    })
+}
+
+fn event_time(e: CUevent) -> Result<Option<u64>, CUresult> {
+    with_proc(|p| match p.objects.get(&(e as usize)) {
+        Some(Obj::Event { time }) => Ok(*time),
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    })
+}
+
+fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> R {
+    initialised()?;
+    let (Some(a), Some(b)) = (event_time(start)?, event_time(end)?) else {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    };
+    if a.max(b) > now_ns() {
+        return Err(CUDA_ERROR_NOT_READY);
+    }
+    put(ms, (b as f64 - a as f64) as f32 / 1e6)
+}
+
+fn alloc(dev: usize, bytes: u64) -> Result<u64, CUresult> {
+    let s = initialised()?;
+    if bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    s.alloc(dev, bytes)?;
+    Ok(with_proc(|p| {
+        let base = 0x7000_0000_0000u64 + ((dev as u64) << 40);
+        let ptr = base + p.next_ptr[dev];
+        p.next_ptr[dev] += bytes.div_ceil(512) * 512;
+        p.allocs.insert(ptr, (dev, bytes));
+        ptr
+    }))
+}
+
+fn free(ptr: CUdeviceptr) -> R {
+    let s = initialised()?;
+    if ptr == 0 {
+        return Ok(());
+    }
+    let (dev, bytes) = with_proc(|p| p.allocs.remove(&ptr)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    s.free(dev, bytes);
+    Ok(())
+}
+
+fn mem_info(free: *mut usize, total: *mut usize) -> R {
+    let s = initialised()?;
+    let (f, t) = s.mem_info(current_device()?);
+    put(free, f as usize)?;
+    put(total, t as usize)
+}
+
+fn sync_copy() -> R {
+    let s = initialised()?;
+    let dev = current_device()?;
+    sleep_until(s.legacy_tail[dev].load(Ordering::Acquire));
+    Ok(())
+}
+
+fn check_stream(h: CUstream, ptsz: bool) -> R {
+    stream(initialised()?, h, ptsz).map(|_| ())
+}
+
+fn graph_launch(exec: CUgraphExec, h: CUstream, ptsz: bool) -> R {
+    let s = initialised()?;
+    let total = with_proc(|p| match p.objects.get(&(exec as usize)) {
+        Some(Obj::Exec { total }) => Ok(*total),
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    })?;
+    let (dev, tail) = stream(s, h, ptsz)?;
+    s.run(dev, total, &tail, Kind::Graph as u32);
+    Ok(())
+}
+
+fn add_kernel_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    params: *const CudaKernelNodeParams,
+) -> R {
+    initialised()?;
+    let params = params_ref(params)?;
+    let ns = kernel_ns(params.func, params.kernel_params)?;
+    with_proc(|p| match p.objects.get_mut(&(graph as usize)) {
+        Some(Obj::Graph { nodes }) => {
+            nodes.push(ns);
+            Ok(nodes.len())
+        }
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    })
+    .and_then(|n| put(node, (graph as usize + n) as CUgraphNode))
+}
+
+fn params_ref<'a>(p: *const CudaKernelNodeParams) -> Result<&'a CudaKernelNodeParams, CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null; the caller passes a valid struct by contract and
+    // it outlives this call.
+    Ok(unsafe { &*p })
+}
+
+fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> R {
+    initialised()?;
+    let h = with_proc(|p| {
+        let total = match p.objects.get(&(graph as usize)) {
+            Some(Obj::Graph { nodes }) => nodes.iter().sum(),
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        };
+        Ok(p.add(Obj::Exec { total }))
+    })?;
+    put(exec, h as CUgraphExec)
+}
+
+fn destroy(h: *mut c_void, is_kind: fn(&Obj) -> bool) -> R {
+    initialised()?;
+    with_proc(|p| match p.objects.get(&(h as usize)) {
+        Some(o) if is_kind(o) => {
+            p.objects.remove(&(h as usize));
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    })
+}
+
+fn create_ctx(out: *mut CUcontext, dev: CUdevice) -> R {
+    let s = initialised()?;
+    let dev = check_device(s, dev)?;
+    let h = with_proc(|p| p.add(Obj::Ctx { device: dev }));
+    ctx_stack(|st| st.push(h));
+    put(out, h as CUcontext)
+}
+
+fn primary_release(dev: CUdevice) -> R {
+    let s = initialised()?;
+    let dev = check_device(s, dev)?;
+    with_proc(|p| match p.primary.get_mut(&dev) {
+        Some((_, n)) if *n > 0 => {
+            *n -= 1;
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_CONTEXT),
+    })
+}
+
+fn proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: i32,
+    flags: u64,
+    status: *mut i32,
+) -> R {
+    if symbol.is_null() || pfn.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null NUL-terminated string from the caller.
+    let name = unsafe { CStr::from_ptr(symbol) }
+        .to_str()
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
+    let set_status = |v: i32| {
+        if !status.is_null() {
+            let _ = put(status, v);
+        }
+    };
+    match procaddr::resolve(name, version, per_thread, |s| lookup(s).is_some()) {
+        procaddr::Resolved::Symbol(s) => match lookup(&s) {
+            Some(f) => {
+                set_status(CU_GET_PROC_ADDRESS_SUCCESS);
+                put(pfn, f)
+            }
+            None => {
+                set_status(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+                put(pfn, std::ptr::null_mut())?;
+                Err(CUDA_ERROR_NOT_FOUND)
+            }
+        },
+        procaddr::Resolved::VersionNotSufficient => {
+            set_status(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+            put(pfn, std::ptr::null_mut())?;
+            Err(CUDA_ERROR_NOT_FOUND)
+        }
+    }
+}
+
+fn device_attribute(attr: i32, dev: usize, s: &Sim) -> i32 {
+    match attr {
+        1 => 1024,               // MAX_THREADS_PER_BLOCK
+        2 | 3 => 1024,           // MAX_BLOCK_DIM_X/Y
+        4 => 64,                 // MAX_BLOCK_DIM_Z
+        5 => i32::MAX,           // MAX_GRID_DIM_X
+        6 | 7 => 65535,          // MAX_GRID_DIM_Y/Z
+        8 => 49152,              // MAX_SHARED_MEMORY_PER_BLOCK
+        9 => 65536,              // TOTAL_CONSTANT_MEMORY
+        10 => 32,                // WARP_SIZE
+        12 => 65536,             // MAX_REGISTERS_PER_BLOCK
+        13 => 1_980_000,         // CLOCK_RATE (kHz)
+        16 => 132,               // MULTIPROCESSOR_COUNT
+        33 => 0x10 + dev as i32, // PCI_BUS_ID
+        41 | 83 | 89 => 1,       // UNIFIED_ADDRESSING, MANAGED_MEMORY, CONCURRENT_MANAGED_ACCESS
+        75 => 9,                 // COMPUTE_CAPABILITY_MAJOR
+        76 => 0,                 // COMPUTE_CAPABILITY_MINOR
+        ATTR_MEMORY_POOLS_SUPPORTED => s.pools as i32,
+        _ => 0,
+    }
+}
+
+macro_rules! driver_api {
+    ($( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $body:block )*) => {
+        $(
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                guard(move || -> R { $body })
+            }
+        )*
+
+        /// The exported entry point called `name`.
+        pub fn lookup(name: &str) -> Option<*mut c_void> {
+            match name {
+                $( stringify!($name) => Some($name as *const () as *mut c_void), )*
+                _ => None,
+            }
+        }
+    };
+}
+
+driver_api! {
+    fn cuInit(flags: u32) {
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        sim()?;
+        INIT_PID.store(std::process::id(), Ordering::Release);
+        Ok(())
+    }
+    fn cuDriverGetVersion(version: *mut i32) {
+        let v = std::env::var("FAKECUDA_DRIVER_VERSION").ok().and_then(|v| v.parse().ok()).unwrap_or(12080);
+        put(version, v)
+    }
+    fn cuGetErrorName(err: CUresult, out: *mut *const c_char) {
+        match ERRORS.iter().find(|(c, _, _)| *c == err) {
+            Some((_, name, _)) => put(out, name.as_ptr() as *const c_char),
+            None => { put(out, std::ptr::null())?; Err(CUDA_ERROR_INVALID_VALUE) }
+        }
+    }
+    fn cuGetErrorString(err: CUresult, out: *mut *const c_char) {
+        match ERRORS.iter().find(|(c, _, _)| *c == err) {
+            Some((_, _, text)) => put(out, text.as_ptr() as *const c_char),
+            None => { put(out, std::ptr::null())?; Err(CUDA_ERROR_INVALID_VALUE) }
+        }
+    }
+    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) {
+        proc_address(symbol, pfn, version, flags, std::ptr::null_mut())
+    }
+    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64, status: *mut i32) {
+        proc_address(symbol, pfn, version, flags, status)
+    }
+
+    // Devices.
+    fn cuDeviceGetCount(count: *mut i32) {
+        put(count, initialised()?.devices())
+    }
+    fn cuDeviceGet(out: *mut CUdevice, ordinal: i32) {
+        let s = initialised()?;
+        put(out, check_device(s, ordinal)? as CUdevice)
+    }
+    fn cuDeviceGetName(name: *mut c_char, len: i32, dev: CUdevice) {
+        let s = initialised()?;
+        let dev = check_device(s, dev)?;
+        if name.is_null() || len <= 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let text = format!("fakecuda simulated GPU {dev}");
+        let n = text.len().min(len as usize - 1);
+        // SAFETY: the caller's buffer holds `len` bytes; we write n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), name as *mut u8, n);
+            *name.add(n) = 0;
+        }
+        Ok(())
+    }
+    fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) {
+        let s = initialised()?;
+        let dev = check_device(s, dev)?;
+        let mut u = *b"fakecuda-uuid-00";
+        u[15] = b'0' + dev as u8;
+        put(uuid, u)
+    }
+    fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) {
+        // SAFETY: same contract as cuDeviceGetUuid.
+        match unsafe { cuDeviceGetUuid(uuid, dev) } { CUDA_SUCCESS => Ok(()), e => Err(e) }
+    }
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) {
+        let s = initialised()?;
+        put(bytes, s.mem_total(check_device(s, dev)?) as usize)
+    }
+    fn cuDeviceTotalMem(bytes: *mut u32, dev: CUdevice) {
+        let s = initialised()?;
+        put(bytes, s.mem_total(check_device(s, dev)?).min(u32::MAX as u64) as u32)
+    }
+    fn cuDeviceGetAttribute(value: *mut i32, attr: i32, dev: CUdevice) {
+        let s = initialised()?;
+        let dev = check_device(s, dev)?;
+        put(value, device_attribute(attr, dev, s))
+    }
+    fn cuDeviceComputeCapability(major: *mut i32, minor: *mut i32, dev: CUdevice) {
+        let s = initialised()?;
+        check_device(s, dev)?;
+        put(major, 9)?;
+        put(minor, 0)
+    }
+
+    // Contexts.
+    fn cuDevicePrimaryCtxRetain(out: *mut CUcontext, dev: CUdevice) {
+        let s = initialised()?;
+        let dev = check_device(s, dev)?;
+        let h = with_proc(|p| {
+            if let Some((h, n)) = p.primary.get_mut(&dev) {
+                *n += 1;
+                return *h;
+            }
+            let h = p.add(Obj::Ctx { device: dev });
+            p.primary.insert(dev, (h, 1));
+            h
+        });
+        put(out, h as CUcontext)
+    }
+    fn cuDevicePrimaryCtxRelease(dev: CUdevice) { primary_release(dev) }
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) { primary_release(dev) }
+    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut u32, active: *mut i32) {
+        let s = initialised()?;
+        let dev = check_device(s, dev)?;
+        let n = with_proc(|p| p.primary.get(&dev).map_or(0, |(_, n)| *n));
+        put(flags, 0)?;
+        put(active, (n > 0) as i32)
+    }
+    fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, _flags: u32) { check_device(initialised()?, dev).map(|_| ()) }
+    fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, _flags: u32) { check_device(initialised()?, dev).map(|_| ()) }
+    fn cuDevicePrimaryCtxReset(dev: CUdevice) { check_device(initialised()?, dev).map(|_| ()) }
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) { check_device(initialised()?, dev).map(|_| ()) }
+    fn cuCtxCreate_v2(out: *mut CUcontext, _flags: u32, dev: CUdevice) { create_ctx(out, dev) }
+    fn cuCtxDestroy_v2(ctx: CUcontext) {
+        destroy(ctx, |o| matches!(o, Obj::Ctx { .. }))?;
+        ctx_stack(|s| s.retain(|&c| c != ctx as usize));
+        Ok(())
+    }
+    fn cuCtxSetCurrent(ctx: CUcontext) {
+        initialised()?;
+        if !ctx.is_null() {
+            ctx_device(ctx as usize)?;
+        }
+        ctx_stack(|s| {
+            s.pop();
+            if !ctx.is_null() {
+                s.push(ctx as usize);
+            }
+        });
+        Ok(())
+    }
+    fn cuCtxGetCurrent(out: *mut CUcontext) {
+        initialised()?;
+        put(out, ctx_stack(|s| s.last().copied()).unwrap_or(0) as CUcontext)
+    }
+    fn cuCtxPushCurrent_v2(ctx: CUcontext) {
+        initialised()?;
+        ctx_device(ctx as usize)?;
+        ctx_stack(|s| s.push(ctx as usize));
+        Ok(())
+    }
+    fn cuCtxPopCurrent_v2(out: *mut CUcontext) {
+        initialised()?;
+        let top = ctx_stack(|s| s.pop()).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if !out.is_null() {
+            put(out, top as CUcontext)?;
+        }
+        Ok(())
+    }
+    fn cuCtxGetDevice(out: *mut CUdevice) {
+        initialised()?;
+        put(out, current_device()? as CUdevice)
+    }
+    fn cuCtxGetApiVersion(_ctx: CUcontext, version: *mut u32) {
+        initialised()?;
+        put(version, 12080)
+    }
+    fn cuCtxSynchronize() {
+        let s = initialised()?;
+        sleep_until(s.last_end[current_device()?].load(Ordering::Acquire));
+        Ok(())
+    }
+
+    // Streams and events.
+    fn cuStreamCreate(out: *mut CUstream, _flags: u32) {
+        initialised()?;
+        let dev = current_device()?;
+        let h = with_proc(|p| p.add(Obj::Stream { device: dev, tail: Arc::new(AtomicU64::new(0)) }));
+        put(out, h as CUstream)
+    }
+    fn cuStreamCreateWithPriority(out: *mut CUstream, flags: u32, _priority: i32) {
+        // SAFETY: same contract as cuStreamCreate.
+        match unsafe { cuStreamCreate(out, flags) } { CUDA_SUCCESS => Ok(()), e => Err(e) }
+    }
+    fn cuStreamDestroy_v2(h: CUstream) { destroy(h, |o| matches!(o, Obj::Stream { .. })) }
+    fn cuStreamSynchronize(h: CUstream) { sync_stream(h, false) }
+    fn cuStreamSynchronize_ptsz(h: CUstream) { sync_stream(h, true) }
+    fn cuStreamQuery(h: CUstream) { query_stream(h, false) }
+    fn cuStreamQuery_ptsz(h: CUstream) { query_stream(h, true) }
+    fn cuEventCreate(out: *mut CUevent, _flags: u32) {
+        initialised()?;
+        let h = with_proc(|p| p.add(Obj::Event { time: None }));
+        put(out, h as CUevent)
+    }
+    fn cuEventDestroy_v2(e: CUevent) { destroy(e, |o| matches!(o, Obj::Event { .. })) }
+    fn cuEventRecord(e: CUevent, h: CUstream) { record_event(e, h, false) }
+    fn cuEventRecord_ptsz(e: CUevent, h: CUstream) { record_event(e, h, true) }
+    fn cuEventQuery(e: CUevent) {
+        initialised()?;
+        match event_time(e)? {
+            Some(t) if t > now_ns() => Err(CUDA_ERROR_NOT_READY),
+            _ => Ok(()),
+        }
+    }
+    fn cuEventSynchronize(e: CUevent) {
+        initialised()?;
+        if let Some(t) = event_time(e)? {
+            sleep_until(t);
+        }
+        Ok(())
+    }
+    fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
+    fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
+
+    // Modules and launches.
+    fn cuModuleLoadData(out: *mut CUmodule, image: *const c_void) {
+        initialised()?;
+        current_device()?;
+        if image.is_null() {
+            return Err(CUDA_ERROR_INVALID_IMAGE);
+        }
+        let h = with_proc(|p| p.add(Obj::Module));
+        put(out, h as CUmodule)
+    }
+    fn cuModuleUnload(m: CUmodule) { destroy(m, |o| matches!(o, Obj::Module)) }
+    fn cuModuleGetFunction(out: *mut CUfunction, m: CUmodule, name: *const c_char) {
+        initialised()?;
+        if name.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        with_proc(|p| match p.objects.get(&(m as usize)) { Some(Obj::Module) => Ok(()), _ => Err(CUDA_ERROR_INVALID_HANDLE) })?;
+        // SAFETY: non-null NUL-terminated string from the caller.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+        let h = with_proc(|p| p.add(Obj::Function(function_for(&name))));
+        put(out, h as CUfunction)
+    }
+    fn cuLaunchKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, _bx: u32, _by: u32, _bz: u32, _shmem: u32, h: CUstream, params: *mut *mut c_void, _extra: *mut *mut c_void) {
+        launch(f, [gx, gy, gz], h, params, false, Kind::Kernel)
+    }
+    fn cuLaunchKernel_ptsz(f: CUfunction, gx: u32, gy: u32, gz: u32, _bx: u32, _by: u32, _bz: u32, _shmem: u32, h: CUstream, params: *mut *mut c_void, _extra: *mut *mut c_void) {
+        launch(f, [gx, gy, gz], h, params, true, Kind::Kernel)
+    }
+    fn cuLaunchCooperativeKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, _bx: u32, _by: u32, _bz: u32, _shmem: u32, h: CUstream, params: *mut *mut c_void) {
+        launch(f, [gx, gy, gz], h, params, false, Kind::Cooperative)
+    }
+    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: u32, gy: u32, gz: u32, _bx: u32, _by: u32, _bz: u32, _shmem: u32, h: CUstream, params: *mut *mut c_void) {
+        launch(f, [gx, gy, gz], h, params, true, Kind::Cooperative)
+    }
+    fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, _extra: *mut *mut c_void) {
+        let c = config_ref(config)?;
+        launch(f, [c.grid_dim_x, c.grid_dim_y, c.grid_dim_z], c.h_stream, params, false, Kind::Kernel)
+    }
+    fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, _extra: *mut *mut c_void) {
+        let c = config_ref(config)?;
+        launch(f, [c.grid_dim_x, c.grid_dim_y, c.grid_dim_z], c.h_stream, params, true, Kind::Kernel)
+    }
+
+    // Graphs.
+    fn cuGraphCreate(out: *mut CUgraph, _flags: u32) {
+        initialised()?;
+        let h = with_proc(|p| p.add(Obj::Graph { nodes: Vec::new() }));
+        put(out, h as CUgraph)
+    }
+    fn cuGraphAddKernelNode(node: *mut CUgraphNode, graph: CUgraph, _deps: *const CUgraphNode, _n: usize, params: *const CudaKernelNodeParams) {
+        add_kernel_node(node, graph, params)
+    }
+    fn cuGraphAddKernelNode_v2(node: *mut CUgraphNode, graph: CUgraph, _deps: *const CUgraphNode, _n: usize, params: *const CudaKernelNodeParams) {
+        add_kernel_node(node, graph, params)
+    }
+    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, _flags: u64) { instantiate(exec, graph) }
+    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _size: usize) {
+        instantiate(exec, graph)
+    }
+    fn cuGraphLaunch(exec: CUgraphExec, h: CUstream) { graph_launch(exec, h, false) }
+    fn cuGraphLaunch_ptsz(exec: CUgraphExec, h: CUstream) { graph_launch(exec, h, true) }
+    fn cuGraphExecDestroy(exec: CUgraphExec) { destroy(exec, |o| matches!(o, Obj::Exec { .. })) }
+    fn cuGraphDestroy(graph: CUgraph) { destroy(graph, |o| matches!(o, Obj::Graph { .. })) }
+
+    // Memory.
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) { mem_info(free, total) }
+    fn cuMemGetInfo(free: *mut u32, total: *mut u32) {
+        let s = initialised()?;
+        let (f, t) = s.mem_info(current_device()?);
+        put(free, f.min(u32::MAX as u64) as u32)?;
+        put(total, t.min(u32::MAX as u64) as u32)
+    }
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) {
+        initialised()?;
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        put(dptr, alloc(current_device()?, bytes as u64)?)
+    }
+    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: u32) {
+        initialised()?;
+        if dptr.is_null() || pitch.is_null() || !matches!(elem, 4 | 8 | 16) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = width.div_ceil(512) * 512;
+        put(dptr, alloc(current_device()?, (p as u64).saturating_mul(height as u64))?)?;
+        put(pitch, p)
+    }
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, _flags: u32) {
+        initialised()?;
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        put(dptr, alloc(current_device()?, bytes as u64)?)
+    }
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, h: CUstream) {
+        let (dev, _) = stream(initialised()?, h, false)?;
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        put(dptr, alloc(dev, bytes as u64)?)
+    }
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, h: CUstream) {
+        let (dev, _) = stream(initialised()?, h, true)?;
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        put(dptr, alloc(dev, bytes as u64)?)
+    }
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, _pool: CUmemoryPool, h: CUstream) {
+        let (dev, _) = stream(initialised()?, h, false)?;
+        put(dptr, alloc(dev, bytes as u64)?)
+    }
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, _pool: CUmemoryPool, h: CUstream) {
+        let (dev, _) = stream(initialised()?, h, true)?;
+        put(dptr, alloc(dev, bytes as u64)?)
+    }
+    fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
+        let s = initialised()?;
+        check_device(s, dev)?;
+        let h = with_proc(|p| p.add(Obj::Pool));
+        put(pool, h as CUmemoryPool)
+    }
+    fn cuMemPoolSetAttribute(_pool: CUmemoryPool, _attr: i32, _value: *mut c_void) { initialised().map(|_| ()) }
+    fn cuMemFree_v2(ptr: CUdeviceptr) { free(ptr) }
+    fn cuMemFreeAsync(ptr: CUdeviceptr, h: CUstream) {
+        check_stream(h, false)?;
+        free(ptr)
+    }
+    fn cuMemFreeAsync_ptsz(ptr: CUdeviceptr, h: CUstream) {
+        check_stream(h, true)?;
+        free(ptr)
+    }
+    fn cuMemCreate(handle: *mut u64, size: usize, prop: *const CUmemAllocationProp, _flags: u64) {
+        let s = initialised()?;
+        let prop = get(prop as *const [u32; 4])?;
+        let dev = check_device(s, prop[3] as i32)?;
+        if handle.is_null() || size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        s.alloc(dev, size as u64)?;
+        let h = with_proc(|p| {
+            let h = p.add(Obj::Pool) as u64;
+            p.physical.insert(h, (dev, size as u64));
+            h
+        });
+        put(handle, h)
+    }
+    fn cuMemRelease(handle: u64) {
+        let s = initialised()?;
+        let (dev, size) = with_proc(|p| {
+            p.objects.remove(&(handle as usize));
+            p.physical.remove(&handle)
+        })
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        s.free(dev, size);
+        Ok(())
+    }
+    fn cuMemcpyHtoD_v2(_dst: CUdeviceptr, _src: *const c_void, _n: usize) { sync_copy() }
+    fn cuMemcpyHtoD_v2_ptds(_dst: CUdeviceptr, _src: *const c_void, _n: usize) { sync_copy() }
+    fn cuMemcpyDtoH_v2(dst: *mut c_void, _src: CUdeviceptr, n: usize) {
+        sync_copy()?;
+        zero(dst, n)
+    }
+    fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, _src: CUdeviceptr, n: usize) {
+        sync_copy()?;
+        zero(dst, n)
+    }
+    fn cuMemcpyDtoD_v2(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy() }
+    fn cuMemcpyDtoD_v2_ptds(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy() }
+    fn cuMemcpy(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy() }
+    fn cuMemcpy_ptds(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy() }
+    fn cuMemcpyHtoDAsync_v2(_dst: CUdeviceptr, _src: *const c_void, _n: usize, h: CUstream) { check_stream(h, false) }
+    fn cuMemcpyHtoDAsync_v2_ptsz(_dst: CUdeviceptr, _src: *const c_void, _n: usize, h: CUstream) { check_stream(h, true) }
+    fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, _src: CUdeviceptr, n: usize, h: CUstream) {
+        check_stream(h, false)?;
+        zero(dst, n)
+    }
+    fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, _src: CUdeviceptr, n: usize, h: CUstream) {
+        check_stream(h, true)?;
+        zero(dst, n)
+    }
+    fn cuMemcpyAsync(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize, h: CUstream) { check_stream(h, false) }
+    fn cuMemcpyAsync_ptsz(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize, h: CUstream) { check_stream(h, true) }
+    fn cuMemsetD8_v2(_dst: CUdeviceptr, _v: u8, _n: usize) { sync_copy() }
+    fn cuMemsetD8_v2_ptds(_dst: CUdeviceptr, _v: u8, _n: usize) { sync_copy() }
+    fn cuMemsetD32_v2(_dst: CUdeviceptr, _v: u32, _n: usize) { sync_copy() }
+    fn cuMemsetD32_v2_ptds(_dst: CUdeviceptr, _v: u32, _n: usize) { sync_copy() }
+    fn cuMemsetD8Async(_dst: CUdeviceptr, _v: u8, _n: usize, h: CUstream) { check_stream(h, false) }
+    fn cuMemsetD8Async_ptsz(_dst: CUdeviceptr, _v: u8, _n: usize, h: CUstream) { check_stream(h, true) }
+    fn cuMemsetD32Async(_dst: CUdeviceptr, _v: u32, _n: usize, h: CUstream) { check_stream(h, false) }
+    fn cuMemsetD32Async_ptsz(_dst: CUdeviceptr, _v: u32, _n: usize, h: CUstream) { check_stream(h, true) }
+}
+
+fn config_ref<'a>(c: *const CUlaunchConfig) -> Result<&'a CUlaunchConfig, CUresult> {
+    if c.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null; the caller passes a valid config by contract.
+    Ok(unsafe { &*c })
+}
+
+/// Device memory has no contents: copies from it read zeros.
+fn zero(dst: *mut c_void, n: usize) -> R {
+    if n == 0 {
+        return Ok(());
+    }
+    if dst.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's host buffer holds `n` bytes by contract.
+    unsafe { std::ptr::write_bytes(dst as *mut u8, 0, n) };
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! `cuGetProcAddress`: from a base name, the requested CUDA version and
+//! the per-thread-default-stream flag to the versioned entry point, as the
+//! real driver does (a `cuMemAlloc` asked for at version ≥ 3020 is
+//! `cuMemAlloc_v2`; with the per-thread flag, `cuLaunchKernel` is
+//! `cuLaunchKernel_ptsz`).
+
+/// (base name, first CUDA version of the variant, the variant's symbol).
+/// For each base name, the entry with the highest version not above the
+/// requested one wins; without one the base name itself is the symbol.
+pub const VERSIONED: &[(&str, i32, &str)] = &[
+    ("cuCtxCreate", 3020, "cuCtxCreate_v2"),
+    ("cuCtxDestroy", 4000, "cuCtxDestroy_v2"),
+    ("cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"),
+    ("cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2"),
+    (
+        "cuDevicePrimaryCtxRelease",
+        11000,
+        "cuDevicePrimaryCtxRelease_v2",
+    ),
+    (
+        "cuDevicePrimaryCtxReset",
+        11000,
+        "cuDevicePrimaryCtxReset_v2",
+    ),
+    (
+        "cuDevicePrimaryCtxSetFlags",
+        11000,
+        "cuDevicePrimaryCtxSetFlags_v2",
+    ),
+    ("cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2"),
+    ("cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2"),
+    ("cuEventDestroy", 4000, "cuEventDestroy_v2"),
+    ("cuEventElapsedTime", 12080, "cuEventElapsedTime_v2"),
+    ("cuGetProcAddress", 12000, "cuGetProcAddress_v2"),
+    ("cuGraphAddKernelNode", 12000, "cuGraphAddKernelNode_v2"),
+    ("cuGraphInstantiate", 11000, "cuGraphInstantiate_v2"),
+    ("cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"),
+    ("cuMemAlloc", 3020, "cuMemAlloc_v2"),
+    ("cuMemAllocPitch", 3020, "cuMemAllocPitch_v2"),
+    ("cuMemFree", 3020, "cuMemFree_v2"),
+    ("cuMemGetInfo", 3020, "cuMemGetInfo_v2"),
+    ("cuMemcpyDtoD", 3020, "cuMemcpyDtoD_v2"),
+    ("cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2"),
+    ("cuMemcpyDtoHAsync", 3020, "cuMemcpyDtoHAsync_v2"),
+    ("cuMemcpyHtoD", 3020, "cuMemcpyHtoD_v2"),
+    ("cuMemcpyHtoDAsync", 3020, "cuMemcpyHtoDAsync_v2"),
+    ("cuMemsetD32", 3020, "cuMemsetD32_v2"),
+    ("cuMemsetD8", 3020, "cuMemsetD8_v2"),
+    ("cuStreamDestroy", 4000, "cuStreamDestroy_v2"),
+];
+
+/// First CUDA version that has `name` at all (functions not listed exist
+/// in every version the simulator reports).
+pub const INTRODUCED: &[(&str, i32)] = &[
+    ("cuGetProcAddress", 11030),
+    ("cuLaunchKernelEx", 11080),
+    ("cuMemAllocAsync", 11020),
+    ("cuMemFreeAsync", 11020),
+    ("cuMemAllocFromPoolAsync", 11020),
+    ("cuMemCreate", 10020),
+    ("cuMemRelease", 10020),
+    ("cuGraphInstantiateWithFlags", 11040),
+];
+
+/// Outcome of a lookup.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Resolved {
+    /// The symbol to return.
+    Symbol(String),
+    /// The function exists only in later versions.
+    VersionNotSufficient,
+}
+
+/// The symbol `cuGetProcAddress(name, version, flags)` stands for;
+/// `exists` tells whether the simulator exports a symbol.
+pub fn resolve(
+    name: &str,
+    version: i32,
+    per_thread: bool,
+    exists: impl Fn(&str) -> bool,
+) -> Resolved {
+    if let Some((_, v)) = INTRODUCED.iter().find(|(n, _)| *n == name)
+        && version < *v
+    {
+        return Resolved::VersionNotSufficient;
+    }
+    let base = VERSIONED
+        .iter()
+        .filter(|(n, v, _)| *n == name && *v <= version)
+        .max_by_key(|(_, v, _)| *v)
+        .map_or(name, |(_, _, s)| *s);
+    if per_thread {
+        for suffix in ["_ptsz", "_ptds"] {
+            let s = format!("{base}{suffix}");
+            if exists(&s) {
+                return Resolved::Symbol(s);
+            }
+        }
+    }
+    Resolved::Symbol(base.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(name: &str, v: i32, pt: bool) -> Resolved {
+        resolve(name, v, pt, |s| {
+            s.ends_with("_ptsz") && s.starts_with("cuLaunchKernel") || s == "cuMemcpyHtoD_v2_ptds"
+        })
+    }
+
+    #[test]
+    fn versions_pick_the_right_variant() {
+        assert_eq!(
+            r("cuMemAlloc", 12000, false),
+            Resolved::Symbol("cuMemAlloc_v2".into())
+        );
+        assert_eq!(
+            r("cuMemAlloc", 3010, false),
+            Resolved::Symbol("cuMemAlloc".into())
+        );
+        assert_eq!(
+            r("cuGraphInstantiate", 11000, false),
+            Resolved::Symbol("cuGraphInstantiate_v2".into())
+        );
+        assert_eq!(
+            r("cuGraphInstantiate", 12040, false),
+            Resolved::Symbol("cuGraphInstantiateWithFlags".into())
+        );
+        assert_eq!(r("cuInit", 12000, false), Resolved::Symbol("cuInit".into()));
+        assert_eq!(
+            r("cuMemAllocAsync", 11000, false),
+            Resolved::VersionNotSufficient
+        );
+    }
+
+    #[test]
+    fn per_thread_flag_picks_ptsz_and_ptds() {
+        assert_eq!(
+            r("cuLaunchKernel", 12000, true),
+            Resolved::Symbol("cuLaunchKernel_ptsz".into())
+        );
+        assert_eq!(
+            r("cuLaunchKernel", 12000, false),
+            Resolved::Symbol("cuLaunchKernel".into())
+        );
+        assert_eq!(
+            r("cuMemcpyHtoD", 12000, true),
+            Resolved::Symbol("cuMemcpyHtoD_v2_ptds".into())
+        );
+        assert_eq!(r("cuInit", 12000, true), Resolved::Symbol("cuInit".into()));
+    }
+}

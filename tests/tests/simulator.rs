@@ -1,0 +1,424 @@
+//! The driver simulator behaves like a shared device, for both workloads:
+//! the Rust one (dlopen + cuGetProcAddress_v2) and the C one (linked
+//! against libcuda.so.1).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use gemini_tests::{SimEnv, field, now_ns, reports};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const SEC: u64 = 1_000_000_000;
+
+fn run(mut c: Command) -> Output {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{c:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn pids(outs: &[&Output]) -> Vec<u32> {
+    outs.iter()
+        .flat_map(|o| reports(&o.stdout))
+        .map(|r| field(&r, "pid") as u32)
+        .collect()
+}
+
+/// Two saturating processes share the device half and half; measured over
+/// the middle second, when both have work queued.
+fn two_saturating(a: Command, b: Command, sim: &SimEnv) {
+    let t0 = now_ns();
+    let (mut a, mut b) = (a, b);
+    let ca = a.stdout(Stdio::piped()).spawn().unwrap();
+    let cb = b.stdout(Stdio::piped()).spawn().unwrap();
+    let (oa, ob) = (
+        ca.wait_with_output().unwrap(),
+        cb.wait_with_output().unwrap(),
+    );
+    assert!(oa.status.success() && ob.status.success());
+    let busy = sim.busy(0, t0 + SEC / 2, t0 + 3 * SEC / 2);
+    let (pa, pb) = (pids(&[&oa])[0], pids(&[&ob])[0]);
+    let (sa, sb) = (busy.share(pa), busy.share(pb));
+    assert!(
+        (sa - 0.5).abs() <= 0.03 && (sb - 0.5).abs() <= 0.03,
+        "shares {sa:.3} / {sb:.3}"
+    );
+    assert!(
+        busy.device_share() >= 0.97,
+        "device busy {:.3}",
+        busy.device_share()
+    );
+}
+
+#[test]
+fn two_rust_workloads_share_a_device_evenly() {
+    let sim = SimEnv::default();
+    let w = || {
+        let mut c = sim.workload();
+        c.args(["--seconds", "2", "--kernel-us", "1000"]);
+        c
+    };
+    two_saturating(w(), w(), &sim);
+}
+
+#[test]
+fn rust_and_c_workloads_share_a_device_evenly() {
+    let sim = SimEnv::default();
+    let mut a = sim.workload();
+    a.args(["--seconds", "2", "--kernel-us", "1000"]);
+    let mut b = sim.c_workload();
+    b.args(["-s", "2", "-k", "1000"]);
+    two_saturating(a, b, &sim);
+}
+
+#[test]
+fn a_lone_workload_keeps_the_device_busy() {
+    let sim = SimEnv::default();
+    for (mut c, name) in [(sim.workload(), "rust"), (sim.c_workload(), "c")] {
+        if name == "rust" {
+            c.args(["--seconds", "1", "--kernel-us", "500"]);
+        } else {
+            c.args(["-s", "1", "-k", "500"]);
+        }
+        let t0 = now_ns();
+        let out = run(c);
+        let pid = pids(&[&out])[0];
+        let busy = sim.busy(0, t0 + SEC / 5, t0 + SEC);
+        assert!(busy.share(pid) >= 0.97, "{name}: {:.3}", busy.share(pid));
+    }
+}
+
+#[test]
+fn allocation_beyond_device_memory_fails_and_mem_info_stays_consistent() {
+    let sim = SimEnv::new(1, "1GiB");
+    let mut c = sim.workload();
+    c.args(["--seconds", "0", "--mem", "2GiB", "--chunk", "256MiB"]);
+    let r = &reports(&run(c).stdout)[0];
+    assert_eq!(field(r, "allocated"), 1 << 30);
+    assert_eq!(field(r, "alloc_error"), 2, "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!((field(r, "free"), field(r, "total")), (0, 1 << 30));
+    // The C workload sees the memory the Rust one held freed again, and
+    // a single allocation larger than the device fails cleanly.
+    let mut c = sim.c_workload();
+    c.args(["-s", "0", "-m", &(3u64 << 29).to_string()]);
+    let r = &reports(&run(c).stdout)[0];
+    assert_eq!((field(r, "allocated"), field(r, "alloc_error")), (0, 2));
+    assert_eq!(field(r, "free"), 1 << 30);
+}
+
+#[test]
+fn memory_of_several_processes_adds_up_and_dies_with_them() {
+    let sim = SimEnv::new(1, "1GiB");
+    let mut holder = sim.workload();
+    holder
+        .args([
+            "--seconds",
+            "30",
+            "--mem",
+            "768MiB",
+            "--kernel-us",
+            "100000",
+        ])
+        .stdout(Stdio::piped());
+    let mut child = holder.spawn().unwrap();
+    // Wait until its memory shows.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut c = sim.workload();
+        c.args(["--seconds", "0", "--mem", "512MiB"]);
+        let r = &reports(&run(c).stdout)[0];
+        if field(r, "alloc_error") == 2 {
+            assert_eq!(field(r, "free"), 256 << 20);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holder's memory never showed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut c = sim.workload();
+    c.args(["--seconds", "0", "--mem", "1GiB"]);
+    let r = &reports(&run(c).stdout)[0];
+    assert_eq!(
+        (field(r, "allocated"), field(r, "alloc_error")),
+        (1 << 30, 0),
+        "killed process's memory not freed"
+    );
+}
+
+#[test]
+fn every_allocation_api_counts_against_device_memory() {
+    let sim = SimEnv::new(1, "1GiB");
+    for api in ["v2", "pitch", "managed", "async", "create"] {
+        let mut c = sim.workload();
+        c.args(["--seconds", "0", "--mem", "768MiB", "--alloc-api", api]);
+        let r = &reports(&run(c).stdout)[0];
+        assert_eq!(field(r, "alloc_error"), 0, "{api}");
+        assert!(
+            field(r, "free") <= 256 << 20,
+            "{api}: free {}",
+            field(r, "free")
+        );
+        let mut c = sim.workload();
+        c.args(["--seconds", "0", "--mem", "2GiB", "--alloc-api", api]);
+        assert_eq!(
+            field(&reports(&run(c).stdout)[0], "alloc_error"),
+            2,
+            "{api}"
+        );
+    }
+}
+
+#[test]
+fn every_launch_api_and_ptsz_variant_runs_on_the_device() {
+    let sim = SimEnv::default();
+    for api in ["kernel", "ex", "coop", "graph"] {
+        for ptsz in [false, true] {
+            let mut c = sim.workload();
+            c.args([
+                "--seconds",
+                "0.3",
+                "--kernel-us",
+                "1000",
+                "--launch-api",
+                api,
+            ]);
+            if ptsz {
+                c.arg("--ptsz");
+            }
+            let t0 = now_ns();
+            let out = run(c);
+            let r = &reports(&out.stdout)[0];
+            assert!(
+                field(r, "kernels") > 100 && field(r, "launch_errors") == 0,
+                "{api} {ptsz}: {r:?}"
+            );
+            let busy = sim.busy(0, t0, now_ns());
+            let pid = field(r, "pid") as u32;
+            let got = busy.per_pid[&pid] / 1000;
+            assert_eq!(
+                got,
+                field(r, "kernels") * 1000,
+                "{api} {ptsz}: logged {got} us"
+            );
+        }
+    }
+}
+
+#[test]
+fn two_devices_are_independent() {
+    let sim = SimEnv::new(2, "16GiB");
+    let w = |dev: &str| {
+        let mut c = sim.workload();
+        c.args(["--seconds", "1", "--kernel-us", "1000", "--device", dev])
+            .stdout(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let t0 = now_ns();
+    let (a, b) = (w("0"), w("1"));
+    let (oa, ob) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let (pa, pb) = (pids(&[&oa])[0], pids(&[&ob])[0]);
+    let (b0, b1) = (
+        sim.busy(0, t0 + SEC / 5, t0 + SEC),
+        sim.busy(1, t0 + SEC / 5, t0 + SEC),
+    );
+    assert!(
+        b0.share(pa) >= 0.97 && b1.share(pb) >= 0.97,
+        "{:.3} {:.3}",
+        b0.share(pa),
+        b1.share(pb)
+    );
+    assert_eq!(b0.share(pb), 0.0);
+    assert_eq!(b1.share(pa), 0.0);
+    let mut bad = sim.workload();
+    bad.args(["--seconds", "0", "--device", "2"]);
+    let out = bad.output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cuDeviceGet failed with CUresult 101"));
+}
+
+#[test]
+fn a_forked_child_launches_too() {
+    let sim = SimEnv::default();
+    let mut rust = sim.workload();
+    rust.args(["--seconds", "0.5", "--kernel-us", "1000", "--fork"]);
+    let mut c = sim.c_workload();
+    c.args(["-s", "0.5", "-k", "1000", "-f"]);
+    for cmd in [rust, c] {
+        let t0 = now_ns();
+        let out = run(cmd);
+        let rs = reports(&out.stdout);
+        assert_eq!(rs.len(), 2, "{rs:?}");
+        let busy = sim.busy(0, t0, now_ns());
+        for r in &rs {
+            assert!(busy.share(field(r, "pid") as u32) > 0.2, "{r:?}: {busy:?}");
+        }
+    }
+}
+
+#[test]
+fn get_proc_address_honours_version_and_per_thread_flag() {
+    let sim = SimEnv::default();
+    let exe = std::env::current_exe().unwrap();
+    let mut c = sim.command(exe);
+    c.args([
+        "--exact",
+        "api_checks_in_a_fresh_process",
+        "--include-ignored",
+        "--nocapture",
+    ])
+    .env("GEM_API_CHECKS", "1");
+    let out = run(c);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("api checks passed"), "{text}");
+}
+
+/// Runs in its own process (started by the test above) with the simulator
+/// on `LD_LIBRARY_PATH`.
+#[test]
+#[ignore = "helper process, run by get_proc_address_honours_version_and_per_thread_flag"]
+fn api_checks_in_a_fresh_process() {
+    if std::env::var_os("GEM_API_CHECKS").is_none() {
+        return;
+    }
+    type GetProc =
+        unsafe extern "C" fn(*const i8, *mut *mut std::ffi::c_void, i32, u64, *mut i32) -> u32;
+    type Alloc = unsafe extern "C" fn(*mut u64, usize) -> u32;
+    type Init = unsafe extern "C" fn(u32) -> u32;
+    // SAFETY: loading the simulator and calling its entry points with
+    // their C signatures and valid pointers.
+    unsafe {
+        let lib = libloading::Library::new("libcuda.so.1").unwrap();
+        let sym = |name: &str| {
+            *lib.get::<*mut std::ffi::c_void>(format!("{name}\0").as_bytes())
+                .unwrap()
+        };
+        let get_proc: GetProc = *lib.get(b"cuGetProcAddress_v2\0").unwrap();
+        let resolve = |name: &std::ffi::CStr, version: i32, flags: u64| {
+            let mut p = std::ptr::null_mut();
+            let mut status = -1;
+            let r = get_proc(name.as_ptr(), &mut p, version, flags, &mut status);
+            (r, p, status)
+        };
+        assert_eq!(
+            resolve(c"cuMemAlloc", 12000, 0),
+            (0, sym("cuMemAlloc_v2"), 0)
+        );
+        assert_eq!(
+            resolve(c"cuMemGetInfo", 11000, 0),
+            (0, sym("cuMemGetInfo_v2"), 0)
+        );
+        assert_eq!(
+            resolve(c"cuLaunchKernel", 12000, 2),
+            (0, sym("cuLaunchKernel_ptsz"), 0)
+        );
+        assert_eq!(
+            resolve(c"cuLaunchKernel", 12000, 0),
+            (0, sym("cuLaunchKernel"), 0)
+        );
+        assert_eq!(
+            resolve(c"cuGraphLaunch", 12000, 2),
+            (0, sym("cuGraphLaunch_ptsz"), 0)
+        );
+        assert_eq!(
+            resolve(c"cuMemcpyHtoD", 12000, 2),
+            (0, sym("cuMemcpyHtoD_v2_ptds"), 0)
+        );
+        assert_eq!(
+            resolve(c"cuGetProcAddress", 12000, 0),
+            (0, sym("cuGetProcAddress_v2"), 0)
+        );
+        assert_eq!(
+            resolve(c"cuMemAllocAsync", 11000, 0),
+            (500, std::ptr::null_mut(), 2)
+        );
+        assert_eq!(
+            resolve(c"cuNoSuchThing", 12000, 0),
+            (500, std::ptr::null_mut(), 1)
+        );
+        // Real error codes for misuse.
+        let alloc: Alloc = std::mem::transmute(sym("cuMemAlloc_v2"));
+        let mut p = 0u64;
+        assert_eq!(
+            alloc(&mut p, 1024),
+            3,
+            "before cuInit: CUDA_ERROR_NOT_INITIALIZED"
+        );
+        let init: Init = std::mem::transmute(sym("cuInit"));
+        assert_eq!(init(0), 0);
+        assert_eq!(
+            alloc(&mut p, 1024),
+            201,
+            "no context: CUDA_ERROR_INVALID_CONTEXT"
+        );
+        type DevGet = unsafe extern "C" fn(*mut i32, i32) -> u32;
+        type Retain = unsafe extern "C" fn(*mut *mut std::ffi::c_void, i32) -> u32;
+        type SetCur = unsafe extern "C" fn(*mut std::ffi::c_void) -> u32;
+        type Free = unsafe extern "C" fn(u64) -> u32;
+        type Launch = unsafe extern "C" fn(
+            *mut std::ffi::c_void,
+            u32,
+            u32,
+            u32,
+            u32,
+            u32,
+            u32,
+            u32,
+            *mut std::ffi::c_void,
+            *mut *mut std::ffi::c_void,
+            *mut *mut std::ffi::c_void,
+        ) -> u32;
+        let dev_get: DevGet = std::mem::transmute(sym("cuDeviceGet"));
+        let mut d = 0;
+        assert_eq!(dev_get(&mut d, 7), 101, "CUDA_ERROR_INVALID_DEVICE");
+        let retain: Retain = std::mem::transmute(sym("cuDevicePrimaryCtxRetain"));
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(retain(&mut ctx, 0), 0);
+        let set: SetCur = std::mem::transmute(sym("cuCtxSetCurrent"));
+        assert_eq!(set(ctx), 0);
+        assert_eq!(alloc(&mut p, 0), 1, "zero bytes: CUDA_ERROR_INVALID_VALUE");
+        assert_eq!(alloc(&mut p, 1024), 0);
+        let free: Free = std::mem::transmute(sym("cuMemFree_v2"));
+        assert_eq!(
+            free(p + 8),
+            1,
+            "not an allocation: CUDA_ERROR_INVALID_VALUE"
+        );
+        assert_eq!(free(p), 0);
+        assert_eq!(free(p), 1, "double free");
+        let launch: Launch = std::mem::transmute(sym("cuLaunchKernel"));
+        let null = std::ptr::null_mut();
+        assert_eq!(
+            launch(
+                0xdead0 as *mut _,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                null,
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            400,
+            "bad function: CUDA_ERROR_INVALID_HANDLE"
+        );
+        type ErrName = unsafe extern "C" fn(u32, *mut *const i8) -> u32;
+        let name: ErrName = std::mem::transmute(sym("cuGetErrorName"));
+        let mut s = std::ptr::null();
+        assert_eq!(name(2, &mut s), 0);
+        assert_eq!(
+            std::ffi::CStr::from_ptr(s).to_str().unwrap(),
+            "CUDA_ERROR_OUT_OF_MEMORY"
+        );
+    }
+    println!("api checks passed");
+}

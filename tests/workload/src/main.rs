@@ -1,0 +1,426 @@
+//! `gem-workload`: a CUDA client program for the tests. It loads the driver
+//! the way the CUDA runtime ≥ 11.3 does — `dlopen("libcuda.so.1")`, then
+//! every entry point through `cuGetProcAddress_v2` with a CUDA version and
+//! the per-thread-stream flag — launches kernels in bursts, allocates
+//! memory, and prints what it achieved as one `key=value` line per
+//! process.
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use std::ffi::{CString, c_char, c_void};
+use std::time::{Duration, Instant};
+
+type CUresult = u32;
+type Ptr = *mut c_void;
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "CUDA test workload (dlopen + cuGetProcAddress_v2)")]
+struct Args {
+    /// Length of one kernel, microseconds
+    #[arg(long, default_value_t = 1000)]
+    kernel_us: u64,
+    /// Launch kernels for this long, then synchronise and idle (0: never idle)
+    #[arg(long, default_value_t = 0.0)]
+    burst_ms: f64,
+    /// Idle time between bursts, milliseconds
+    #[arg(long, default_value_t = 0.0)]
+    gap_ms: f64,
+    /// Run time, seconds
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Device memory to allocate, e.g. 512MiB (0: none)
+    #[arg(long, default_value = "0", value_parser = |s: &str| parse_size::parse_size(s))]
+    mem: u64,
+    /// Allocate the memory in chunks of this size (default: one chunk)
+    #[arg(long, value_parser = |s: &str| parse_size::parse_size(s))]
+    chunk: Option<u64>,
+    /// Allocation API: v2, pitch, managed, async, create
+    #[arg(long, default_value = "v2")]
+    alloc_api: String,
+    /// Launch API: kernel, ex, coop, graph
+    #[arg(long, default_value = "kernel")]
+    launch_api: String,
+    /// Device ordinal
+    #[arg(long, default_value_t = 0)]
+    device: i32,
+    /// Ask for the per-thread-default-stream variants (_ptsz)
+    #[arg(long)]
+    ptsz: bool,
+    /// CUDA version passed to cuGetProcAddress_v2
+    #[arg(long, default_value_t = 12080)]
+    cuda_version: i32,
+    /// Fork a child before initialising CUDA; it runs the same workload
+    #[arg(long)]
+    fork: bool,
+    /// Driver library to dlopen
+    #[arg(long, default_value = "libcuda.so.1")]
+    driver: String,
+}
+
+type FnGetProc = unsafe extern "C" fn(*const c_char, *mut Ptr, i32, u64, *mut i32) -> CUresult;
+
+/// The driver entry points the workload uses, all from cuGetProcAddress_v2.
+struct Driver {
+    _lib: libloading::Library,
+    init: unsafe extern "C" fn(u32) -> CUresult,
+    device_get: unsafe extern "C" fn(*mut i32, i32) -> CUresult,
+    primary_retain: unsafe extern "C" fn(*mut Ptr, i32) -> CUresult,
+    ctx_set_current: unsafe extern "C" fn(Ptr) -> CUresult,
+    ctx_sync: unsafe extern "C" fn() -> CUresult,
+    module_load: unsafe extern "C" fn(*mut Ptr, *const c_void) -> CUresult,
+    get_function: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> CUresult,
+    launch: unsafe extern "C" fn(
+        Ptr,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        Ptr,
+        *mut Ptr,
+        *mut Ptr,
+    ) -> CUresult,
+    launch_ex: unsafe extern "C" fn(*const LaunchConfig, Ptr, *mut Ptr, *mut Ptr) -> CUresult,
+    launch_coop:
+        unsafe extern "C" fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr) -> CUresult,
+    graph_create: unsafe extern "C" fn(*mut Ptr, u32) -> CUresult,
+    graph_add_kernel:
+        unsafe extern "C" fn(*mut Ptr, Ptr, *const Ptr, usize, *const KernelNodeParams) -> CUresult,
+    graph_instantiate: unsafe extern "C" fn(*mut Ptr, Ptr, u64) -> CUresult,
+    graph_launch: unsafe extern "C" fn(Ptr, Ptr) -> CUresult,
+    mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CUresult,
+    mem_alloc_pitch: unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, u32) -> CUresult,
+    mem_alloc_managed: unsafe extern "C" fn(*mut u64, usize, u32) -> CUresult,
+    mem_alloc_async: unsafe extern "C" fn(*mut u64, usize, Ptr) -> CUresult,
+    mem_free_async: unsafe extern "C" fn(u64, Ptr) -> CUresult,
+    mem_create: unsafe extern "C" fn(*mut u64, usize, *const [u32; 8], u64) -> CUresult,
+    mem_release: unsafe extern "C" fn(u64) -> CUresult,
+    mem_free: unsafe extern "C" fn(u64) -> CUresult,
+    mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult,
+    stream_sync: unsafe extern "C" fn(Ptr) -> CUresult,
+}
+
+#[repr(C)]
+struct LaunchConfig {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shmem: u32,
+    stream: Ptr,
+    attrs: Ptr,
+    num_attrs: u32,
+}
+
+#[repr(C)]
+struct KernelNodeParams {
+    func: Ptr,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shmem: u32,
+    params: *mut Ptr,
+    extra: *mut Ptr,
+    kern: Ptr,
+    ctx: Ptr,
+}
+
+fn check(what: &str, r: CUresult) -> anyhow::Result<()> {
+    if r != 0 {
+        bail!("{what} failed with CUresult {r}");
+    }
+    Ok(())
+}
+
+impl Driver {
+    // Each transmute's target is the field's type: spelled once there.
+    #[allow(clippy::missing_transmute_annotations)]
+    fn load(args: &Args) -> anyhow::Result<Driver> {
+        // SAFETY: loading the driver library; its initialisers are the
+        // driver's own.
+        let lib = unsafe { libloading::Library::new(&args.driver) }
+            .with_context(|| format!("dlopen {}", args.driver))?;
+        // SAFETY: the symbol has cuGetProcAddress_v2's C signature.
+        let get_proc: FnGetProc = *unsafe { lib.get::<FnGetProc>(b"cuGetProcAddress_v2\0") }?;
+        let flags = if args.ptsz { 2 } else { 0 };
+        let version = args.cuda_version;
+        let resolve = |name: &str| -> anyhow::Result<Ptr> {
+            let c = CString::new(name)?;
+            let mut p: Ptr = std::ptr::null_mut();
+            let mut status = -1i32;
+            // SAFETY: valid name, out-pointers to locals.
+            let r = unsafe { get_proc(c.as_ptr(), &mut p, version, flags, &mut status) };
+            if r != 0 || p.is_null() {
+                bail!(
+                    "cuGetProcAddress_v2({name}, {version}, {flags}) failed: {r}, status {status}"
+                );
+            }
+            Ok(p)
+        };
+        macro_rules! f {
+            ($name:literal) => {
+                // SAFETY: the driver returns the entry point of that name,
+                // whose C signature the field's type spells out (which is
+                // also why the target type is left to inference).
+                unsafe { std::mem::transmute::<Ptr, _>(resolve($name)?) }
+            };
+        }
+        Ok(Driver {
+            init: f!("cuInit"),
+            device_get: f!("cuDeviceGet"),
+            primary_retain: f!("cuDevicePrimaryCtxRetain"),
+            ctx_set_current: f!("cuCtxSetCurrent"),
+            ctx_sync: f!("cuCtxSynchronize"),
+            module_load: f!("cuModuleLoadData"),
+            get_function: f!("cuModuleGetFunction"),
+            launch: f!("cuLaunchKernel"),
+            launch_ex: f!("cuLaunchKernelEx"),
+            launch_coop: f!("cuLaunchCooperativeKernel"),
+            graph_create: f!("cuGraphCreate"),
+            graph_add_kernel: f!("cuGraphAddKernelNode"),
+            graph_instantiate: f!("cuGraphInstantiateWithFlags"),
+            graph_launch: f!("cuGraphLaunch"),
+            mem_alloc: f!("cuMemAlloc"),
+            mem_alloc_pitch: f!("cuMemAllocPitch"),
+            mem_alloc_managed: f!("cuMemAllocManaged"),
+            mem_alloc_async: f!("cuMemAllocAsync"),
+            mem_free_async: f!("cuMemFreeAsync"),
+            mem_create: f!("cuMemCreate"),
+            mem_release: f!("cuMemRelease"),
+            mem_free: f!("cuMemFree"),
+            mem_get_info: f!("cuMemGetInfo"),
+            stream_sync: f!("cuStreamSynchronize"),
+            _lib: lib,
+        })
+    }
+}
+
+struct Report {
+    kernels: u64,
+    launch_errors: u64,
+    allocated: u64,
+    alloc_error: CUresult,
+    free: usize,
+    total: usize,
+}
+
+fn run(args: &Args) -> anyhow::Result<Report> {
+    let d = Driver::load(args)?;
+    // SAFETY: all driver calls below get valid handles from the driver
+    // and pointers to live locals, per the driver API.
+    unsafe {
+        check("cuInit", (d.init)(0))?;
+        let mut dev = 0;
+        check("cuDeviceGet", (d.device_get)(&mut dev, args.device))?;
+        let mut ctx: Ptr = std::ptr::null_mut();
+        check(
+            "cuDevicePrimaryCtxRetain",
+            (d.primary_retain)(&mut ctx, dev),
+        )?;
+        check("cuCtxSetCurrent", (d.ctx_set_current)(ctx))?;
+        let mut module: Ptr = std::ptr::null_mut();
+        check(
+            "cuModuleLoadData",
+            (d.module_load)(&mut module, c"fakecuda".as_ptr() as *const c_void),
+        )?;
+        let mut func: Ptr = std::ptr::null_mut();
+        check(
+            "cuModuleGetFunction",
+            (d.get_function)(&mut func, module, c"fake_spin".as_ptr()),
+        )?;
+
+        let mut report = Report {
+            kernels: 0,
+            launch_errors: 0,
+            allocated: 0,
+            alloc_error: 0,
+            free: 0,
+            total: 0,
+        };
+        let mut ptrs: Vec<u64> = Vec::new();
+        let mut handles: Vec<u64> = Vec::new();
+        if args.mem > 0 {
+            let chunk = args.chunk.unwrap_or(args.mem).max(1);
+            while report.allocated < args.mem {
+                let n = chunk.min(args.mem - report.allocated) as usize;
+                let mut p = 0u64;
+                let r = match args.alloc_api.as_str() {
+                    "v2" => (d.mem_alloc)(&mut p, n),
+                    "pitch" => {
+                        let mut pitch = 0usize;
+                        (d.mem_alloc_pitch)(&mut p, &mut pitch, 512, n.div_ceil(512), 4)
+                    }
+                    "managed" => (d.mem_alloc_managed)(&mut p, n, 1),
+                    "async" => (d.mem_alloc_async)(&mut p, n, std::ptr::null_mut()),
+                    "create" => {
+                        let prop: [u32; 8] = [1, 0, 1, dev as u32, 0, 0, 0, 0];
+                        let r = (d.mem_create)(&mut p, n, &prop, 0);
+                        if r == 0 {
+                            handles.push(p);
+                        }
+                        r
+                    }
+                    other => bail!("unknown --alloc-api {other}"),
+                };
+                if r != 0 {
+                    report.alloc_error = r;
+                    break;
+                }
+                if args.alloc_api != "create" {
+                    ptrs.push(p);
+                }
+                report.allocated += n as u64;
+            }
+        }
+        check(
+            "cuMemGetInfo",
+            (d.mem_get_info)(&mut report.free, &mut report.total),
+        )?;
+
+        let mut dur = args.kernel_us;
+        let mut params: [Ptr; 1] = [&mut dur as *mut u64 as Ptr];
+        let mut exec: Ptr = std::ptr::null_mut();
+        if args.launch_api == "graph" {
+            let mut graph: Ptr = std::ptr::null_mut();
+            check("cuGraphCreate", (d.graph_create)(&mut graph, 0))?;
+            let node_params = KernelNodeParams {
+                func,
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shmem: 0,
+                params: params.as_mut_ptr(),
+                extra: std::ptr::null_mut(),
+                kern: std::ptr::null_mut(),
+                ctx: std::ptr::null_mut(),
+            };
+            let mut node: Ptr = std::ptr::null_mut();
+            check(
+                "cuGraphAddKernelNode",
+                (d.graph_add_kernel)(&mut node, graph, std::ptr::null(), 0, &node_params),
+            )?;
+            check(
+                "cuGraphInstantiate",
+                (d.graph_instantiate)(&mut exec, graph, 0),
+            )?;
+        }
+        let config = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shmem: 0,
+            stream: std::ptr::null_mut(),
+            attrs: std::ptr::null_mut(),
+            num_attrs: 0,
+        };
+        let stream: Ptr = std::ptr::null_mut();
+        let end = Instant::now() + Duration::from_secs_f64(args.seconds);
+        while Instant::now() < end {
+            let burst_end = if args.burst_ms > 0.0 {
+                Instant::now() + Duration::from_secs_f64(args.burst_ms / 1e3)
+            } else {
+                end
+            };
+            while Instant::now() < burst_end.min(end) {
+                let r = match args.launch_api.as_str() {
+                    "kernel" => (d.launch)(
+                        func,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        0,
+                        stream,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                    "ex" => (d.launch_ex)(&config, func, params.as_mut_ptr(), std::ptr::null_mut()),
+                    "coop" => {
+                        (d.launch_coop)(func, 1, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr())
+                    }
+                    "graph" => (d.graph_launch)(exec, stream),
+                    other => bail!("unknown --launch-api {other}"),
+                };
+                if r == 0 {
+                    report.kernels += 1
+                } else {
+                    report.launch_errors += 1
+                }
+            }
+            check("cuStreamSynchronize", (d.stream_sync)(stream))?;
+            if args.gap_ms > 0.0 && Instant::now() < end {
+                std::thread::sleep(
+                    Duration::from_secs_f64(args.gap_ms / 1e3)
+                        .min(end.saturating_duration_since(Instant::now())),
+                );
+            }
+        }
+        check("cuCtxSynchronize", (d.ctx_sync)())?;
+        for p in ptrs {
+            if args.alloc_api == "async" {
+                check(
+                    "cuMemFreeAsync",
+                    (d.mem_free_async)(p, std::ptr::null_mut()),
+                )?;
+            } else {
+                check("cuMemFree", (d.mem_free)(p))?;
+            }
+        }
+        for h in handles {
+            check("cuMemRelease", (d.mem_release)(h))?;
+        }
+        Ok(report)
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut child = None;
+    if args.fork {
+        // SAFETY: fork before any thread or driver state exists; both
+        // processes continue as single-threaded programs.
+        match unsafe { libc::fork() } {
+            -1 => bail!("fork failed: {}", std::io::Error::last_os_error()),
+            0 => {}
+            pid => child = Some(pid),
+        }
+    }
+    let start = Instant::now();
+    let result = run(&args);
+    let role = if args.fork && child.is_none() {
+        "child"
+    } else {
+        "parent"
+    };
+    let code = match &result {
+        Ok(r) => {
+            println!(
+                "workload pid={} role={role} kernels={} launch_errors={} kernel_us={} seconds={:.3} allocated={} alloc_error={} free={} total={}",
+                std::process::id(),
+                r.kernels,
+                r.launch_errors,
+                args.kernel_us,
+                start.elapsed().as_secs_f64(),
+                r.allocated,
+                r.alloc_error,
+                r.free,
+                r.total
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("gem-workload: {e:#}");
+            1
+        }
+    };
+    if let Some(pid) = child {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        if status != 0 {
+            std::process::exit(1);
+        }
+    } else if args.fork {
+        std::process::exit(code);
+    }
+    std::process::exit(code)
+}
