@@ -422,3 +422,31 @@ fn api_checks_in_a_fresh_process() {
     }
     println!("api checks passed");
 }
+
+#[test]
+fn cudarc_loads_the_simulator_with_and_without_memory_pools() {
+    let sim = SimEnv::new(1, "1GiB");
+    for pools in ["1", "0"] {
+        let mut c = sim.command(gemini_tests::bin("cudarc_probe"));
+        c.env("FAKECUDA_POOLS", pools);
+        let out = run(c);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!(
+                "cudarc-probe ok pools={pools} free={}",
+                (1u64 << 30) - (64 << 20)
+            )),
+            "{text}"
+        );
+    }
+    let recs = fakecuda_log_records(&sim);
+    assert_eq!(
+        recs.iter().filter(|r| r.end - r.start == 2_000_000).count(),
+        2,
+        "{recs:?}"
+    );
+}
+
+fn fakecuda_log_records(sim: &SimEnv) -> Vec<fakecuda_log::Record> {
+    fakecuda_log::read(&sim.sim_dir(), 0).unwrap()
+}
