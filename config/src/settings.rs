@@ -8,6 +8,7 @@
 //! base_quota = "30ms"   # token length before a burst has been observed
 //! min_quota = "10ms"    # shortest token
 //! max_quota = "100ms"   # longest token
+//! token_grace = "1s"    # how long past its end a token may be kept (draining queued work) before it is revoked
 //! log_level = "info"    # error, warn, info, debug, trace
 //! ```
 
@@ -34,6 +35,8 @@ pub struct RawSettings {
     pub min_quota: Option<String>,
     /// Longest token.
     pub max_quota: Option<String>,
+    /// Time a token may be kept past its end before it is revoked.
+    pub token_grace: Option<String>,
     /// Log level.
     pub log_level: Option<String>,
 }
@@ -56,6 +59,9 @@ pub struct Settings {
     pub min_quota: Duration,
     /// Longest token.
     pub max_quota: Duration,
+    /// Time a token may be kept past its end (its holder waits for its
+    /// queued work to finish) before it is revoked.
+    pub token_grace: Duration,
     /// Log level.
     pub log_level: String,
 }
@@ -69,6 +75,7 @@ impl Default for Settings {
             base_quota: Duration::from_millis(30),
             min_quota: Duration::from_millis(10),
             max_quota: Duration::from_millis(100),
+            token_grace: Duration::from_secs(1),
             log_level: "info".into(),
         }
     }
@@ -105,6 +112,7 @@ impl RawSettings {
             base_quota: over.base_quota.or(self.base_quota),
             min_quota: over.min_quota.or(self.min_quota),
             max_quota: over.max_quota.or(self.max_quota),
+            token_grace: over.token_grace.or(self.token_grace),
             log_level: over.log_level.or(self.log_level),
         }
     }
@@ -127,6 +135,7 @@ impl RawSettings {
             base_quota: dur("base_quota", self.base_quota, d.base_quota)?,
             min_quota: dur("min_quota", self.min_quota, d.min_quota)?,
             max_quota: dur("max_quota", self.max_quota, d.max_quota)?,
+            token_grace: dur("token_grace", self.token_grace, d.token_grace)?,
             log_level: self.log_level.unwrap_or(d.log_level).to_ascii_lowercase(),
         };
         if !LOG_LEVELS.contains(&s.log_level.as_str()) {

@@ -1,4 +1,99 @@
-//! `libgemhook.so`, the LD_PRELOAD library that intercepts the CUDA driver
-//! API. Not built yet: it arrives with the hook issue. This crate is an
-//! empty workspace member so the layout of DESIGN.md is in place; it
-//! exports nothing and intercepts nothing.
+//! `libgemhook.so`: loaded into unmodified CUDA programs with `LD_PRELOAD`,
+//! it intercepts the CUDA driver API so that a program's group gets the
+//! share of GPU time and the memory that `gem-schd` allows it.
+//!
+//! - [`table`]: the one table of hooked entry points, which drives the
+//!   exported symbols, our `dlsym` and our `cuGetProcAddress[_v2]`;
+//! - [`gate`]: token-gated launches (fast path: an atomic compare);
+//! - [`memory`]: allocations reserved against the group's `MemoryLimit`,
+//!   memory queries answered with the group's view;
+//! - [`conn`]: the scheduler connection (lazy, shared by threads,
+//!   re-registering after a scheduler restart);
+//! - [`state`]: settings from the environment, per-process state, fork.
+//!
+//! Environment: `GEMINI_GROUP_NAME` (required), `GEMINI_IPC_DIR`,
+//! `GEMINI_LOG`, `GEMINI_CONNECT_TIMEOUT`, `GEMINI_IDLE_MS`.
+
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod conn;
+mod driver;
+mod gate;
+mod log;
+mod memory;
+mod real;
+mod state;
+mod table;
+
+use std::ffi::{CStr, c_char, c_void};
+
+/// The decision half of our `dlsym`: our function for a hooked `cu*`
+/// name, or null to let glibc's `dlsym` answer. Runs inside every `dlsym`
+/// call of the process (Rust's std's included): it allocates nothing,
+/// takes no lock and reads no environment. It also makes sure the real
+/// `dlsym` is known before returning null, since the caller jumps to it.
+///
+/// # Safety
+/// `symbol` is null or a NUL-terminated string, as for `dlsym`.
+unsafe extern "C" fn gemhook_dlsym_filter(_handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    real::real_dlsym_addr();
+    if symbol.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: dlsym's contract: a NUL-terminated name.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    if !name.starts_with(b"cu") {
+        return std::ptr::null_mut();
+    }
+    table::lookup(name).unwrap_or(std::ptr::null_mut())
+}
+
+/// Our `dlsym`. glibc resolves `RTLD_NEXT` relative to the caller's return
+/// address, so this must not be an ordinary function that calls the real
+/// one (every other library's `dlsym(RTLD_NEXT, …)` would then resolve
+/// relative to us). It asks the filter, and either returns its answer or
+/// tail-jumps to glibc's `dlsym` with the caller's arguments and return
+/// address untouched.
+///
+/// # Safety
+/// As glibc's `dlsym`: a valid handle and a NUL-terminated name.
+#[cfg(all(target_arch = "x86_64", not(test)))]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        // On entry rsp is 8 mod 16; two pushes and 8 bytes realign it.
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {filter}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jnz 2f",
+        "jmp qword ptr [rip + {real}]",
+        "2:",
+        "ret",
+        filter = sym gemhook_dlsym_filter,
+        real = sym real::GEMHOOK_REAL_DLSYM,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dlsym_filter_answers_hooked_cu_names_only() {
+        // SAFETY: NUL-terminated names.
+        unsafe {
+            let ours = gemhook_dlsym_filter(std::ptr::null_mut(), c"cuLaunchKernel".as_ptr());
+            assert_eq!(ours, table::lookup(b"cuLaunchKernel").unwrap());
+            assert!(gemhook_dlsym_filter(std::ptr::null_mut(), c"cuInit".as_ptr()).is_null());
+            assert!(gemhook_dlsym_filter(std::ptr::null_mut(), c"malloc".as_ptr()).is_null());
+            assert!(gemhook_dlsym_filter(std::ptr::null_mut(), std::ptr::null()).is_null());
+        }
+        assert_ne!(real::real_dlsym_addr(), 0, "glibc's dlsym found");
+    }
+}

@@ -57,6 +57,9 @@ struct RunArgs {
     /// Longest token, e.g. 100ms
     #[arg(long, value_name = "DURATION")]
     max_quota: Option<String>,
+    /// How long a token may be kept past its end before it is revoked, e.g. 1s
+    #[arg(long, value_name = "DURATION")]
+    token_grace: Option<String>,
     /// error, warn, info, debug or trace
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
@@ -112,6 +115,7 @@ fn run(args: RunArgs, ipc_dir: Option<PathBuf>) -> anyhow::Result<()> {
         base_quota: args.base_quota,
         min_quota: args.min_quota,
         max_quota: args.max_quota,
+        token_grace: args.token_grace,
         log_level: args.log_level,
     };
     let settings = load_settings(args.settings.as_deref(), over)?;

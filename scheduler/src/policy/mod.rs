@@ -15,7 +15,9 @@
 //! - Otherwise work-conserving: a lone client runs back to back.
 //! - Token length adapts to the client's predicted burst within
 //!   `[min_quota, max_quota]`; a token not returned within its quota plus
-//!   a grace of `max_quota` is revoked.
+//!   `token_grace` is revoked (the grace covers a holder waiting for its
+//!   queued work to finish, so that work is charged to it and does not
+//!   delay the next holder unnoticed).
 //! - Memory is reserved per group and device across processes and refused
 //!   beyond `MemoryLimit`.
 //! - The holder is served only when no eligible client waits.
@@ -51,6 +53,8 @@ pub struct Params {
     pub min_quota: Micros,
     /// Longest token.
     pub max_quota: Micros,
+    /// Time past a token's end before it is revoked.
+    pub grace: Micros,
 }
 
 impl Params {
@@ -62,6 +66,7 @@ impl Params {
             base_quota: us(s.base_quota),
             min_quota: us(s.min_quota),
             max_quota: us(s.max_quota),
+            grace: us(s.token_grace),
         }
     }
 }
@@ -195,6 +200,9 @@ impl GroupUse {
         if max_util <= 0.0 {
             return None;
         }
+        if max_util >= 1.0 {
+            return Some(now);
+        }
         let c = self.credit_now(now, max_util, cap);
         if c >= 0 {
             Some(now)
@@ -203,10 +211,24 @@ impl GroupUse {
         }
     }
 
-    fn charge(&mut self, now: Micros, used: Micros, max_util: f64, cap: Micros) {
-        self.credit = self
-            .credit_now(now, max_util, cap)
-            .saturating_sub(used as i64);
+    /// Charges `used` µs of a token granted at `granted_at`. Credit is
+    /// capped as it stood at the grant; what was earned while the token was
+    /// held counts in full, so a holder's own token time is never lost to
+    /// the cap (with `MaxUtil` 1 the credit never goes negative).
+    fn charge(
+        &mut self,
+        granted_at: Micros,
+        now: Micros,
+        used: Micros,
+        max_util: f64,
+        cap: Micros,
+    ) {
+        let at_grant = self.credit_now(granted_at.max(self.credit_at), max_util, cap);
+        let earned = (now.saturating_sub(granted_at.max(self.credit_at)) as f64 * max_util) as i64;
+        self.credit = at_grant
+            .saturating_add(earned)
+            .saturating_sub(used as i64)
+            .min(cap as i64);
         self.credit_at = now;
     }
 
@@ -453,7 +475,7 @@ impl Policy {
         }
         let g = dev.groups.entry(group).or_default();
         g.usage.add(granted_at, granted_at + used);
-        g.charge(now, used, max_util, cap);
+        g.charge(granted_at, now, used, max_util, cap);
         dev.busy.add(granted_at, granted_at + used);
     }
 
@@ -553,7 +575,7 @@ impl Policy {
                     let used = now.saturating_sub(*granted_at).min(*quota);
                     let g = dev.groups.entry(c.group.clone()).or_default();
                     g.usage.add(*granted_at, granted_at + used);
-                    g.charge(now, used, max_util, self.params.max_quota);
+                    g.charge(*granted_at, now, used, max_util, self.params.max_quota);
                     dev.busy.add(*granted_at, granted_at + used);
                 }
             }
@@ -657,7 +679,7 @@ impl Policy {
         c.uncharged.insert(device, (now, quota));
         dev.token = Some(Grant {
             client: w.client,
-            expires_at: now + quota + params.max_quota,
+            expires_at: now + quota + params.grace,
         });
         out.push(Action::Reply {
             client: w.client,

@@ -431,6 +431,7 @@ fn quota_follows_predicted_burst_within_bounds() {
         base_quota: 30 * MS,
         min_quota: 10 * MS,
         max_quota: 100 * MS,
+        grace: SEC,
     };
     let mut p = Policy::new(params, config("[a]\n"));
     let hello = Request::Hello {
@@ -517,7 +518,7 @@ fn token_not_returned_is_revoked_after_quota_and_grace() {
         )
         .is_empty()
     );
-    let expiry = params.base_quota + params.max_quota;
+    let expiry = params.base_quota + params.grace;
     assert_eq!(p.next_deadline(1), Some(expiry));
     assert!(
         p.handle(Event::Tick, expiry - 1).is_empty(),
@@ -966,4 +967,73 @@ fn overuse_is_charged() {
     }
     let ratio = used[0] as f64 / used[1] as f64;
     assert!((0.8..1.25).contains(&ratio), "a/b = {ratio}");
+}
+
+#[test]
+fn overuse_beyond_the_credit_cap_does_not_pause_an_uncapped_group() {
+    // a always reports 178 ms for a 100 ms token (deep queues); with
+    // MaxUtil 1 it must stay eligible, so its MinUtil 0.7 holds against b.
+    let mut p = Policy::new(
+        Params::default(),
+        config("[a]\nMinUtil=0.7\n[b]\nMinUtil=0.3\n"),
+    );
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let mut now = 0;
+    let mut used = [0u64; 2];
+    let mut holder: Option<ClientId> = None;
+    for c in [1, 2] {
+        let req = Request::AcquireToken {
+            device: 0,
+            used_us: 0,
+            burst_us: 100 * MS,
+        };
+        for a in p.handle(
+            Event::Request {
+                client: c,
+                seq: 0,
+                req,
+            },
+            now,
+        ) {
+            if let Action::Reply {
+                client,
+                reply: Reply::Token { .. },
+                ..
+            } = a
+            {
+                holder = Some(client);
+            }
+        }
+    }
+    for _ in 0..200 {
+        let c = holder.take().expect("someone holds the token");
+        let u = 178 * MS;
+        now += u;
+        used[(c - 1) as usize] += u;
+        let req = Request::AcquireToken {
+            device: 0,
+            used_us: u,
+            burst_us: 100 * MS,
+        };
+        for a in p.handle(
+            Event::Request {
+                client: c,
+                seq: 0,
+                req,
+            },
+            now,
+        ) {
+            if let Action::Reply {
+                client,
+                reply: Reply::Token { .. },
+                ..
+            } = a
+            {
+                holder = Some(client);
+            }
+        }
+    }
+    let share = used[0] as f64 / (used[0] + used[1]) as f64;
+    assert!((share - 0.7).abs() <= 0.02, "a got {share}");
 }

@@ -1,0 +1,303 @@
+//! The connection to `gem-schd`: one DEALER socket per process, shared by
+//! its threads (requests carry sequence numbers; a reply for another
+//! thread is kept until that thread looks). Created on first use, never in
+//! a load-time constructor. Handles the scheduler being absent at start
+//! (a clear message, then wait, up to `GEMINI_CONNECT_TIMEOUT`), being
+//! restarted (the new one does not know us: say hello again with the memory
+//! we hold, then repeat the request), and refusing us (unknown group,
+//! protocol mismatch: one line on stderr, then every gated call fails).
+
+use crate::log::{debug, error};
+use crate::state::{State, lock};
+use gemini_protocol::{
+    CodecError, ErrorKind, HeldMemory, Reply, Request, Role, decode_reply, encode_request,
+    scheduler_endpoint,
+};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// `CUDA_ERROR_NOT_INITIALIZED`: no scheduler could be reached in time.
+pub const CUDA_ERROR_NOT_INITIALIZED: u32 = 3;
+/// `CUDA_ERROR_NOT_PERMITTED`: the scheduler refused this process.
+pub const CUDA_ERROR_NOT_PERMITTED: u32 = 800;
+
+/// How long one poll holds the socket lock.
+const POLL_MS: i64 = 1;
+/// Silence after which a waiting request checks the scheduler still knows
+/// us (it may have restarted and forgotten the request).
+const PING_AFTER: Duration = Duration::from_secs(1);
+
+/// The socket and the replies not yet claimed.
+pub struct Conn {
+    _ctx: zmq::Context,
+    sock: zmq::Socket,
+    seq: u32,
+    stash: HashMap<u32, Result<Reply, CodecError>>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("seq", &self.seq)
+            .field("stashed", &self.stash.len())
+            .finish()
+    }
+}
+
+/// Why a request got no usable answer.
+enum Failure {
+    /// The scheduler forgot us: register again and repeat.
+    Forgotten,
+    /// Give up with this CUDA result.
+    Refused(u32),
+}
+
+impl State {
+    fn refuse(&self, code: u32) -> u32 {
+        self.refused.store(code, Ordering::Release);
+        code
+    }
+
+    fn open(&self) -> Result<(), u32> {
+        let mut g = lock(&self.conn);
+        if g.is_some() {
+            return Ok(());
+        }
+        let endpoint = match scheduler_endpoint(&self.settings.ipc_dir) {
+            Ok(e) => e,
+            Err(e) => {
+                error!("{e}; CUDA launches and allocations will fail");
+                return Err(self.refuse(CUDA_ERROR_NOT_INITIALIZED));
+            }
+        };
+        let ctx = zmq::Context::new();
+        let sock = ctx.socket(zmq::DEALER).and_then(|s| {
+            s.set_linger(0)?;
+            s.connect(&endpoint)?;
+            Ok(s)
+        });
+        match sock {
+            Ok(sock) => {
+                *g = Some(Conn {
+                    _ctx: ctx,
+                    sock,
+                    seq: 0,
+                    stash: HashMap::new(),
+                });
+                Ok(())
+            }
+            Err(e) => {
+                error!(
+                    "cannot open a socket to {endpoint}: {e}; CUDA launches and allocations will fail"
+                );
+                Err(self.refuse(CUDA_ERROR_NOT_INITIALIZED))
+            }
+        }
+    }
+
+    fn send(&self, req: &Request) -> Result<u32, u32> {
+        let mut g = lock(&self.conn);
+        let Some(c) = g.as_mut() else {
+            return Err(CUDA_ERROR_NOT_INITIALIZED);
+        };
+        c.seq = c.seq.wrapping_add(1);
+        let seq = c.seq;
+        if let Err(e) = c.sock.send(encode_request(seq, req), 0) {
+            error!("cannot send to the scheduler: {e}");
+            return Err(CUDA_ERROR_NOT_INITIALIZED);
+        }
+        Ok(seq)
+    }
+
+    /// The reply to `seq` if it has arrived (polling the socket briefly).
+    fn take(&self, seq: u32) -> Option<Result<Reply, CodecError>> {
+        let mut g = lock(&self.conn);
+        let c = g.as_mut()?;
+        if let Some(r) = c.stash.remove(&seq) {
+            return Some(r);
+        }
+        if c.sock.poll(zmq::POLLIN, POLL_MS).unwrap_or(0) > 0 {
+            while let Ok(frame) = c.sock.recv_bytes(zmq::DONTWAIT) {
+                match decode_reply(&frame) {
+                    Ok((s, r)) => {
+                        c.stash.insert(s, Ok(r));
+                    }
+                    // A reply we cannot read: of another protocol version,
+                    // or damaged. Its sequence number is unknowable, so it
+                    // answers whichever request is waiting.
+                    Err(e) => {
+                        c.stash.insert(seq, Err(e));
+                    }
+                }
+            }
+            // Replies nobody will claim (answers to a repeated hello or a
+            // late ping) must not pile up.
+            if c.stash.len() > 256 {
+                let now = c.seq;
+                c.stash.retain(|s, _| now.wrapping_sub(*s) < 128);
+            }
+        }
+        c.stash.remove(&seq)
+    }
+
+    fn held_memory(&self) -> Vec<HeldMemory> {
+        let mut per: HashMap<u32, u64> = HashMap::new();
+        for &(dev, bytes) in lock(&self.memory).values() {
+            *per.entry(dev).or_default() += bytes;
+        }
+        per.into_iter()
+            .map(|(device, bytes)| HeldMemory { device, bytes })
+            .collect()
+    }
+
+    /// Says hello until the scheduler answers (or the connect timeout
+    /// passes).
+    fn register(&self) -> Result<(), u32> {
+        let _g = lock(&self.register);
+        if self.registered.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let code = self.refused.load(Ordering::Acquire);
+        if code != 0 {
+            return Err(code);
+        }
+        let Some(group) = self.settings.group.clone() else {
+            error!(
+                "GEMINI_GROUP_NAME is not set: set it to a group of the scheduler's resource.conf (see `gem-schd status`); CUDA launches and allocations will fail with CUDA_ERROR_NOT_PERMITTED"
+            );
+            return Err(self.refuse(CUDA_ERROR_NOT_PERMITTED));
+        };
+        self.open()?;
+        let start = Instant::now();
+        let mut warned = false;
+        loop {
+            let hello = Request::Hello {
+                role: Role::Client,
+                group: group.clone(),
+                pid: std::process::id(),
+                held: self.held_memory(),
+            };
+            let seq = self.send(&hello)?;
+            let asked = Instant::now();
+            while asked.elapsed() < Duration::from_secs(1) {
+                match self.take(seq) {
+                    None => continue,
+                    Some(Ok(Reply::Welcome { config_path, .. })) => {
+                        debug!("registered with the scheduler as group {group:?} ({config_path})");
+                        self.registered.store(true, Ordering::Release);
+                        return Ok(());
+                    }
+                    Some(Ok(Reply::Error(e))) => {
+                        let what = match e.kind {
+                            ErrorKind::UnknownGroup => "unknown group",
+                            ErrorKind::ProtocolMismatch => "protocol mismatch",
+                            _ => "refused by the scheduler",
+                        };
+                        error!(
+                            "{what}: {}; CUDA launches and allocations will fail with CUDA_ERROR_NOT_PERMITTED",
+                            e.message
+                        );
+                        return Err(self.refuse(CUDA_ERROR_NOT_PERMITTED));
+                    }
+                    Some(Ok(other)) => {
+                        error!("unexpected answer to hello: {other:?}");
+                        return Err(self.refuse(CUDA_ERROR_NOT_PERMITTED));
+                    }
+                    Some(Err(e)) => {
+                        error!(
+                            "{e}; CUDA launches and allocations will fail with CUDA_ERROR_NOT_PERMITTED"
+                        );
+                        return Err(self.refuse(CUDA_ERROR_NOT_PERMITTED));
+                    }
+                }
+            }
+            if !warned {
+                warned = true;
+                error!(
+                    "no scheduler answers at {} (start it with `gem-schd --config /etc/gemini/resource.conf`); waiting{}",
+                    self.settings
+                        .ipc_dir
+                        .join(gemini_protocol::SCHEDULER_SOCKET)
+                        .display(),
+                    match self.settings.connect_timeout {
+                        Some(t) => format!(" up to {t:?} (GEMINI_CONNECT_TIMEOUT)"),
+                        None =>
+                            " (set GEMINI_CONNECT_TIMEOUT to give up after a while)".to_string(),
+                    }
+                );
+            }
+            if self
+                .settings
+                .connect_timeout
+                .is_some_and(|t| start.elapsed() >= t)
+            {
+                error!(
+                    "gave up waiting for the scheduler; CUDA launches and allocations will fail with CUDA_ERROR_NOT_INITIALIZED"
+                );
+                return Err(self.refuse(CUDA_ERROR_NOT_INITIALIZED));
+            }
+            // The unanswered hello stays queued in the socket; a scheduler
+            // that comes up answers it and the next one, which is harmless
+            // (the second gets AlreadyRegistered, stashed and dropped).
+        }
+    }
+
+    fn roundtrip(&self, req: &Request, device: u32) -> Result<Reply, Failure> {
+        let seq = self.send(req).map_err(Failure::Refused)?;
+        let mut last = Instant::now();
+        let mut ping: Option<u32> = None;
+        let mut warned = false;
+        loop {
+            match self.take(seq) {
+                Some(Ok(Reply::Error(e))) if e.kind == ErrorKind::NotRegistered => {
+                    return Err(Failure::Forgotten);
+                }
+                Some(Ok(r)) => return Ok(r),
+                Some(Err(e)) => {
+                    error!("unreadable answer from the scheduler: {e}");
+                    return Err(Failure::Refused(self.refuse(CUDA_ERROR_NOT_PERMITTED)));
+                }
+                None => {}
+            }
+            if let Some(p) = ping {
+                match self.take(p) {
+                    Some(Ok(Reply::Error(e))) if e.kind == ErrorKind::NotRegistered => {
+                        return Err(Failure::Forgotten);
+                    }
+                    Some(_) => {
+                        ping = None;
+                        last = Instant::now();
+                    }
+                    None => {}
+                }
+            }
+            if ping.is_none() && last.elapsed() >= PING_AFTER {
+                ping = self.send(&Request::MemoryInfo { device }).ok();
+                last = Instant::now();
+            }
+            if ping.is_some() && last.elapsed() >= 5 * PING_AFTER && !warned {
+                warned = true;
+                error!("the scheduler does not answer; waiting for it to come back");
+            }
+        }
+    }
+
+    /// Sends `req` and waits for its reply, registering first and again
+    /// after a scheduler restart. `Err` is the CUDA result to return.
+    pub fn call(&self, req: &Request, device: u32) -> Result<Reply, u32> {
+        loop {
+            if !self.registered.load(Ordering::Acquire) {
+                self.register()?;
+            }
+            match self.roundtrip(req, device) {
+                Ok(r) => return Ok(r),
+                Err(Failure::Refused(code)) => return Err(code),
+                Err(Failure::Forgotten) => {
+                    error!("the scheduler restarted; registering again");
+                    self.registered.store(false, Ordering::Release);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The real driver functions the hook calls for itself (never through its
+//! own exports), resolved once each.
+
+use crate::real::real_fn;
+use std::ffi::{CStr, c_void};
+use std::sync::atomic::AtomicUsize;
+
+/// `CUresult`.
+pub type CUresult = u32;
+/// Returned when the real driver lacks a function.
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+
+/// Resolves `name` into a function pointer of type `F`.
+///
+/// # Safety
+/// `F` must be the C signature of the driver function `name`.
+#[inline]
+pub unsafe fn resolve<F: Copy>(slot: &AtomicUsize, name: &CStr) -> Option<F> {
+    let addr = real_fn(slot, name);
+    // SAFETY: non-zero addresses are driver functions of signature F (the
+    // caller's promise); F is a function pointer of usize's size.
+    (addr != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&addr) })
+}
+
+macro_rules! real_call {
+    ($name:literal, fn($($t:ty),*) $(, $arg:expr)*) => {{
+        static SLOT: AtomicUsize = AtomicUsize::new(0);
+        type F = unsafe extern "C" fn($($t),*) -> CUresult;
+        // SAFETY: F is the C signature of the named driver function.
+        match unsafe { resolve::<F>(&SLOT, $name) } {
+            // SAFETY: arguments as the caller passed them to us.
+            Some(f) => unsafe { f($($arg),*) },
+            None => CUDA_ERROR_NOT_FOUND,
+        }
+    }};
+}
+
+/// `cuCtxGetDevice`.
+///
+/// # Safety
+/// `dev` must be writable.
+#[inline]
+pub unsafe fn ctx_get_device(dev: *mut i32) -> CUresult {
+    real_call!(c"cuCtxGetDevice", fn(*mut i32), dev)
+}
+
+/// `cuCtxGetCurrent`.
+///
+/// # Safety
+/// `ctx` must be writable.
+pub unsafe fn ctx_get_current(ctx: *mut *mut c_void) -> CUresult {
+    real_call!(c"cuCtxGetCurrent", fn(*mut *mut c_void), ctx)
+}
+
+/// `cuCtxSynchronize`.
+///
+/// # Safety
+/// Always safe to call; unsafe for uniformity with the driver API.
+pub unsafe fn ctx_synchronize() -> CUresult {
+    real_call!(c"cuCtxSynchronize", fn())
+}
+
+/// `cuCtxPushCurrent_v2`.
+///
+/// # Safety
+/// `ctx` must be a context of this process.
+pub unsafe fn ctx_push(ctx: *mut c_void) -> CUresult {
+    real_call!(c"cuCtxPushCurrent_v2", fn(*mut c_void), ctx)
+}
+
+/// `cuCtxPopCurrent_v2`.
+///
+/// # Safety
+/// `ctx` must be writable.
+pub unsafe fn ctx_pop(ctx: *mut *mut c_void) -> CUresult {
+    real_call!(c"cuCtxPopCurrent_v2", fn(*mut *mut c_void), ctx)
+}
+
+/// `cuMemGetInfo_v2`.
+///
+/// # Safety
+/// Both pointers must be writable.
+pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
+    real_call!(c"cuMemGetInfo_v2", fn(*mut usize, *mut usize), free, total)
+}
+
+/// `cuDeviceTotalMem_v2`.
+///
+/// # Safety
+/// `bytes` must be writable.
+pub unsafe fn device_total_mem(bytes: *mut usize, dev: i32) -> CUresult {
+    real_call!(c"cuDeviceTotalMem_v2", fn(*mut usize, i32), bytes, dev)
+}

@@ -1,0 +1,130 @@
+//! Device memory against the group's `MemoryLimit`: every allocation is
+//! reserved through the scheduler before the real call (refused:
+//! `CUDA_ERROR_OUT_OF_MEMORY`, never a crash), recorded by pointer or
+//! handle, and released on the matching free. Memory queries report the
+//! group's view, with saturating arithmetic.
+
+use crate::driver::CUresult;
+use crate::state::{self, lock};
+use gemini_protocol::{ErrorKind, Reply, Request};
+use std::sync::atomic::Ordering;
+
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+
+/// Device ordinal of the current context, if any.
+pub fn current_ordinal() -> Option<u32> {
+    let mut dev: i32 = -1;
+    // SAFETY: out-pointer to a local.
+    let r = unsafe { crate::driver::ctx_get_device(&mut dev) };
+    (r == 0 && dev >= 0).then_some(dev as u32)
+}
+
+/// Reserves `bytes` on ordinal `dev` for this process's group. Returns the
+/// physical device to record with the allocation.
+pub fn reserve(dev: u32, bytes: u64) -> Result<u32, CUresult> {
+    let st = state::get();
+    let refused = st.refused.load(Ordering::Acquire);
+    if refused != 0 {
+        return Err(refused);
+    }
+    let device = st.settings.physical(dev);
+    match st.call(&Request::ReserveMemory { device, bytes }, device)? {
+        Reply::Memory { .. } => Ok(device),
+        Reply::Error(e) if e.kind == ErrorKind::OutOfMemory => {
+            crate::log::debug!("allocation of {bytes} bytes refused: {}", e.message);
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+        other => {
+            crate::log::error!("unexpected answer to a memory reservation: {other:?}");
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    }
+}
+
+/// Returns a reservation (the real allocation failed, or was freed).
+pub fn unreserve(device: u32, bytes: u64) {
+    let st = state::get();
+    let _ = st.call(&Request::ReleaseMemory { device, bytes }, device);
+}
+
+/// Remembers that `key` (a pointer or handle) holds a reservation.
+pub fn record(key: u64, device: u32, bytes: u64) {
+    lock(&state::get().memory).insert(key, (device, bytes));
+}
+
+/// Releases the reservation of `key`, if it has one (memory allocated
+/// before the hook was active has none).
+pub fn release(key: u64) {
+    let Some(st) = state::current() else { return };
+    let found = lock(&st.memory).remove(&key);
+    if let Some((device, bytes)) = found {
+        unreserve(device, bytes);
+    }
+}
+
+/// Reserves, calls `alloc` (which returns the real result and the key of
+/// what it allocated), records or rolls back.
+pub fn guarded_alloc(bytes: u64, alloc: impl FnOnce() -> (CUresult, u64)) -> CUresult {
+    guarded_alloc_on(current_ordinal(), bytes, alloc)
+}
+
+/// [`guarded_alloc`] on an explicit device ordinal (`None`: let the real
+/// call run unaccounted; it fails without a context anyway).
+pub fn guarded_alloc_on(
+    dev: Option<u32>,
+    bytes: u64,
+    alloc: impl FnOnce() -> (CUresult, u64),
+) -> CUresult {
+    let Some(dev) = dev else { return alloc().0 };
+    if bytes == 0 {
+        return alloc().0; // the driver reports the invalid size
+    }
+    let device = match reserve(dev, bytes) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let (r, key) = alloc();
+    if r == 0 {
+        record(key, device, bytes);
+    } else {
+        unreserve(device, bytes);
+    }
+    r
+}
+
+/// The group's (used, limit) on ordinal `dev`, if the scheduler answers.
+pub fn view(dev: u32) -> Option<(u64, u64)> {
+    let st = state::get();
+    if st.refused.load(Ordering::Acquire) != 0 {
+        return None;
+    }
+    let device = st.settings.physical(dev);
+    match st.call(&Request::MemoryInfo { device }, device).ok()? {
+        Reply::Memory { used, limit, .. } => Some((used, limit)),
+        _ => None,
+    }
+}
+
+/// The group's view of physical (free, total): total = min(limit,
+/// physical), free = min(limit − used, physical free).
+pub fn group_view(free: u64, total: u64, used: u64, limit: u64) -> (u64, u64) {
+    (limit.saturating_sub(used).min(free), limit.min(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_view_saturates() {
+        assert_eq!(group_view(80, 100, 10, 50), (40, 50));
+        assert_eq!(group_view(20, 100, 10, 50), (20, 50));
+        assert_eq!(
+            group_view(80, 100, 70, 50),
+            (0, 50),
+            "used above a lowered limit"
+        );
+        assert_eq!(group_view(80, 100, 0, u64::MAX), (80, 100));
+    }
+}

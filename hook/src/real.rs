@@ -1,0 +1,81 @@
+//! Finding the real driver functions without going through our own
+//! exports: the real `dlsym` (glibc's, found with `dlvsym`), and the
+//! driver's handle (`libcuda.so.1`, already loaded by the program — also
+//! when it was `dlopen`ed with `RTLD_LOCAL`, which `RTLD_NEXT` cannot see).
+
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// glibc's `dlsym`; read by the naked `dlsym` export to tail-jump to it.
+pub static GEMHOOK_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// Resolves glibc's `dlsym` once. Allocates nothing, takes no lock (Rust's
+/// std calls `dlsym` itself, possibly from inside an allocator or a lock).
+pub fn real_dlsym_addr() -> usize {
+    let cur = GEMHOOK_REAL_DLSYM.load(Ordering::Acquire);
+    if cur != 0 {
+        return cur;
+    }
+    let mut f: *mut c_void = std::ptr::null_mut();
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated names; dlvsym is
+        // not interposed by this library.
+        f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+        if !f.is_null() {
+            break;
+        }
+    }
+    GEMHOOK_REAL_DLSYM.store(f as usize, Ordering::Release);
+    f as usize
+}
+
+/// Calls the real `dlsym`.
+pub(crate) fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    let addr = real_dlsym_addr();
+    if addr == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `addr` is glibc's dlsym, whose C signature DlsymFn is.
+    let f: DlsymFn = unsafe { std::mem::transmute::<usize, DlsymFn>(addr) };
+    // SAFETY: a valid handle (or pseudo-handle) and a NUL-terminated name.
+    unsafe { f(handle, name.as_ptr()) }
+}
+
+/// The driver's handle: the loaded `libcuda.so.1`, or loaded now.
+fn driver_handle() -> *mut c_void {
+    static HANDLE: AtomicUsize = AtomicUsize::new(0);
+    let h = HANDLE.load(Ordering::Acquire);
+    if h != 0 {
+        return h as *mut c_void;
+    }
+    // SAFETY: dlopen with a NUL-terminated name; NOLOAD only looks.
+    let mut h = unsafe {
+        libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+        )
+    };
+    if h.is_null() {
+        // SAFETY: as above; the program is calling the driver, so loading
+        // it is what it wants.
+        h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY) };
+    }
+    HANDLE.store(h as usize, Ordering::Release);
+    h
+}
+
+/// The real driver function `name`, cached in `slot`; 0 if missing.
+pub fn real_fn(slot: &AtomicUsize, name: &CStr) -> usize {
+    let cur = slot.load(Ordering::Acquire);
+    if cur != 0 {
+        return cur;
+    }
+    let mut f = real_dlsym(driver_handle(), name);
+    if f.is_null() {
+        f = real_dlsym(libc::RTLD_NEXT, name);
+    }
+    slot.store(f as usize, Ordering::Release);
+    f as usize
+}

@@ -1,0 +1,191 @@
+//! The hook's per-process state: settings read once from the environment,
+//! the scheduler connection, the per-device launch gates and the memory
+//! this process has reserved. Created on the first intercepted call that
+//! needs it; a forked child drops its parent's state (without touching it:
+//! its locks may be held by threads that do not exist in the child) and
+//! starts clean.
+
+use crate::conn::Conn;
+use crate::gate::Gate;
+use gemini_protocol::env;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, Once};
+use std::time::Duration;
+
+/// Devices the gates cover (ordinals at or above are passed ungated).
+pub const MAX_GATES: usize = 64;
+
+/// What the environment says, read once per process.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `GEMINI_GROUP_NAME`.
+    pub group: Option<String>,
+    /// `GEMINI_IPC_DIR` or the default.
+    pub ipc_dir: PathBuf,
+    /// `GEMINI_CONNECT_TIMEOUT`: how long to wait for an absent scheduler
+    /// before failing calls (`None`: forever).
+    pub connect_timeout: Option<Duration>,
+    /// `GEMINI_IDLE_MS`: a token unused this long is given back.
+    pub idle: Duration,
+    /// `CUDA_VISIBLE_DEVICES` as physical indices, when numeric.
+    pub visible: Vec<u32>,
+}
+
+fn parse_seconds(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (v, 1.0)
+    };
+    num.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .map(|x| Duration::from_secs_f64(x * scale))
+}
+
+impl Settings {
+    /// Reads the environment.
+    pub fn from_env() -> Settings {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let connect_timeout = var(env::CONNECT_TIMEOUT)
+            .and_then(|v| parse_seconds(&v))
+            .filter(|d| !d.is_zero());
+        let idle = var("GEMINI_IDLE_MS")
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(Duration::from_millis(5), |ms| {
+                Duration::from_secs_f64(ms.max(0.1) / 1e3)
+            });
+        let visible = var("CUDA_VISIBLE_DEVICES")
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().parse::<u32>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default();
+        Settings {
+            group: var(env::GROUP_NAME),
+            ipc_dir: gemini_protocol::endpoint::ipc_dir_or_default(
+                std::env::var_os(env::IPC_DIR).as_deref(),
+            ),
+            connect_timeout,
+            idle,
+            visible,
+        }
+    }
+
+    /// The scheduler's device index for the driver's ordinal `dev`.
+    pub fn physical(&self, dev: u32) -> u32 {
+        self.visible.get(dev as usize).copied().unwrap_or(dev)
+    }
+}
+
+/// Per-process state.
+#[derive(Debug)]
+pub struct State {
+    /// Settings.
+    pub settings: Settings,
+    /// The connection, once made.
+    pub conn: Mutex<Option<Conn>>,
+    /// Serialises registration.
+    pub register: Mutex<()>,
+    /// Whether the scheduler knows this process.
+    pub registered: AtomicBool,
+    /// Non-zero once the hook has given up: every gated call fails with
+    /// this result code.
+    pub refused: AtomicU32,
+    /// Launch gates per device ordinal.
+    pub gates: Vec<Gate>,
+    /// Device memory reserved through the scheduler: pointer or handle →
+    /// (physical device, bytes).
+    pub memory: Mutex<HashMap<u64, (u32, u64)>>,
+    /// Whether the idle watcher thread runs.
+    pub watcher: AtomicBool,
+}
+
+static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
+static ATFORK: Once = Once::new();
+
+extern "C" fn in_child_after_fork() {
+    // The parent's state stays allocated (leaked): its mutexes may be held
+    // by threads that the child does not have, and its ZeroMQ context must
+    // not be touched in the child.
+    STATE.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// Locks a mutex, ignoring poisoning (a panic in another thread must not
+/// take the program's CUDA calls down).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The state, if it exists already (fast path: one atomic load).
+#[inline]
+pub fn current() -> Option<&'static State> {
+    let p = STATE.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer came from Box::leak below and is never
+    // freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// The state, created on first use.
+pub fn get() -> &'static State {
+    if let Some(s) = current() {
+        return s;
+    }
+    ATFORK.call_once(|| {
+        // SAFETY: registers a child handler that only stores an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(in_child_after_fork)) };
+    });
+    let settings = Settings::from_env();
+    crate::log::set_verbose(std::env::var_os(env::LOG).is_some_and(|v| !v.is_empty() && v != "0"));
+    let fresh = Box::into_raw(Box::new(State {
+        settings,
+        conn: Mutex::new(None),
+        register: Mutex::new(()),
+        registered: AtomicBool::new(false),
+        refused: AtomicU32::new(0),
+        gates: (0..MAX_GATES).map(|_| Gate::default()).collect(),
+        memory: Mutex::new(HashMap::new()),
+        watcher: AtomicBool::new(false),
+    }));
+    match STATE.compare_exchange(
+        std::ptr::null_mut(),
+        fresh,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: we just published `fresh`; it lives for the process.
+        Ok(_) => unsafe { &*fresh },
+        Err(winner) => {
+            // SAFETY: `fresh` was never shared; `winner` is a leaked Box.
+            unsafe {
+                drop(Box::from_raw(fresh));
+                &*winner
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_with_units() {
+        assert_eq!(parse_seconds("30"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_seconds("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_seconds("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_seconds("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_seconds("soon"), None);
+        assert_eq!(parse_seconds("-1"), None);
+    }
+}

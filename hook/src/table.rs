@@ -1,0 +1,381 @@
+//! The one table of hooked driver entry points. Each line gives the
+//! exported symbol, the base name `cuGetProcAddress` asks for, the first
+//! CUDA version at which that base name means this symbol, whether it is
+//! the per-thread-default-stream variant, the C signature and the body.
+//! From it come all three ways a program reaches the driver: the exported
+//! symbols, the answer of our `dlsym`, and the answer of
+//! `cuGetProcAddress[_v2]`.
+//!
+//! The hook never calls its own exports (it calls the real functions
+//! through resolved pointers), so no re-entrancy guard is needed here.
+
+use crate::driver::{self, CUDA_ERROR_NOT_FOUND, CUresult};
+use crate::gate;
+use crate::memory::{self, guarded_alloc, guarded_alloc_on};
+use std::ffi::{CStr, c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::AtomicUsize;
+
+type Ptr = *mut c_void;
+type CUdeviceptr = u64;
+
+/// `CUDA_ERROR_UNKNOWN`: returned if the hook itself failed unexpectedly.
+const CUDA_ERROR_UNKNOWN: CUresult = 999;
+/// `cuGetProcAddress` flag for per-thread default stream variants.
+const PER_THREAD: u64 = 2;
+
+/// A line of the table, without the code.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    /// Exported symbol.
+    pub symbol: &'static str,
+    /// Name `cuGetProcAddress` is asked for.
+    pub base: &'static str,
+    /// First CUDA version at which `base` means `symbol`.
+    pub since: i32,
+    /// The `_ptsz`/`_ptds` variant.
+    pub per_thread: bool,
+}
+
+macro_rules! hooks {
+    ($(
+        $name:ident [$base:literal, $since:literal, $pt:literal]
+        ($($arg:ident : $ty:ty),* $(,)?) => |$real:ident| $body:block
+    )*) => {
+        $(
+            #[cfg_attr(not(test), unsafe(no_mangle))]
+            #[allow(non_snake_case, clippy::missing_safety_doc)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                static SLOT: AtomicUsize = AtomicUsize::new(0);
+                type Real = unsafe extern "C" fn($($ty),*) -> CUresult;
+                // SAFETY: Real is the C signature of this driver function.
+                let Some($real) = (unsafe { driver::resolve::<Real>(&SLOT, {
+                    const NAME: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                        Ok(c) => c,
+                        Err(_) => panic!("symbol names have no NUL"),
+                    };
+                    NAME
+                }) }) else {
+                    return CUDA_ERROR_NOT_FOUND;
+                };
+                catch_unwind(AssertUnwindSafe(move || -> CUresult { $body })).unwrap_or(CUDA_ERROR_UNKNOWN)
+            }
+        )*
+
+        /// Every line of the table.
+        pub const ENTRIES: &[Entry] = &[
+            $( Entry { symbol: stringify!($name), base: $base, since: $since, per_thread: $pt }, )*
+        ];
+
+        /// Our function for the exported symbol `name`. Allocates nothing
+        /// and takes no lock: called from our `dlsym`.
+        pub fn lookup(name: &[u8]) -> Option<Ptr> {
+            $( if name == stringify!($name).as_bytes() { return Some($name as *const () as Ptr); } )*
+            None
+        }
+    };
+}
+
+/// Launches `$call` if the gate admits this process to the device.
+macro_rules! gated {
+    ($call:expr) => {
+        match gate::admit() {
+            Ok(_in_launch) => {
+                // SAFETY: the program's own arguments, passed on unchanged.
+                unsafe { $call }
+            }
+            Err(e) => e,
+        }
+    };
+}
+
+/// The symbol `cuGetProcAddress(base, version, flags)` stands for, when it
+/// is one of ours.
+pub fn resolve(base: &str, version: i32, flags: u64) -> Option<&'static Entry> {
+    let candidates = || {
+        ENTRIES
+            .iter()
+            .filter(move |e| e.base == base && e.since <= version)
+    };
+    if flags & PER_THREAD != 0
+        && let Some(e) = candidates()
+            .filter(|e| e.per_thread)
+            .max_by_key(|e| e.since)
+    {
+        return Some(e);
+    }
+    candidates()
+        .filter(|e| !e.per_thread)
+        .max_by_key(|e| e.since)
+}
+
+fn proc_address(
+    symbol: *const c_char,
+    pfn: *mut Ptr,
+    version: i32,
+    flags: u64,
+    r: CUresult,
+) -> CUresult {
+    if r != 0 || symbol.is_null() || pfn.is_null() {
+        return r;
+    }
+    // SAFETY: non-null NUL-terminated name from the caller.
+    let name = unsafe { CStr::from_ptr(symbol) };
+    let Ok(name) = name.to_str() else { return r };
+    if let Some(e) = resolve(name, version, flags)
+        && let Some(f) = lookup(e.symbol.as_bytes())
+    {
+        // SAFETY: pfn is the caller's non-null out-pointer.
+        unsafe { *pfn = f };
+    }
+    r
+}
+
+fn ptr_key(p: *mut CUdeviceptr) -> u64 {
+    // SAFETY: read only after the real call succeeded and filled it.
+    if p.is_null() { 0 } else { unsafe { *p } }
+}
+
+hooks! {
+    // Launches.
+    cuLaunchKernel ["cuLaunchKernel", 4000, false]
+    (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| {
+        gated!(real(f, gx, gy, gz, bx, by, bz, sh, s, p, e))
+    }
+    cuLaunchKernel_ptsz ["cuLaunchKernel", 7000, true]
+    (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| {
+        gated!(real(f, gx, gy, gz, bx, by, bz, sh, s, p, e))
+    }
+    cuLaunchKernelEx ["cuLaunchKernelEx", 11060, false]
+    (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| { gated!(real(config, f, p, e)) }
+    cuLaunchKernelEx_ptsz ["cuLaunchKernelEx", 11060, true]
+    (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| { gated!(real(config, f, p, e)) }
+    cuLaunchCooperativeKernel ["cuLaunchCooperativeKernel", 9000, false]
+    (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |real| {
+        gated!(real(f, gx, gy, gz, bx, by, bz, sh, s, p))
+    }
+    cuLaunchCooperativeKernel_ptsz ["cuLaunchCooperativeKernel", 9000, true]
+    (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |real| {
+        gated!(real(f, gx, gy, gz, bx, by, bz, sh, s, p))
+    }
+    cuGraphLaunch ["cuGraphLaunch", 10000, false]
+    (exec: Ptr, s: Ptr) => |real| { gated!(real(exec, s)) }
+    cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, true]
+    (exec: Ptr, s: Ptr) => |real| { gated!(real(exec, s)) }
+
+    // Allocations and frees.
+    cuMemAlloc_v2 ["cuMemAlloc", 3020, false]
+    (dptr: *mut CUdeviceptr, bytes: usize) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes) }, ptr_key(dptr)))
+    }
+    cuMemAllocPitch_v2 ["cuMemAllocPitch", 3020, false]
+    (dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: u32) => |real| {
+        // The real pitch is known only afterwards: reserve the width
+        // rounded up to the driver's 512-byte pitch alignment.
+        let bytes = (width.div_ceil(512) * 512) as u64 * height as u64;
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc(bytes, || (unsafe { real(dptr, pitch, width, height, elem) }, ptr_key(dptr)))
+    }
+    cuMemAllocManaged ["cuMemAllocManaged", 6000, false]
+    (dptr: *mut CUdeviceptr, bytes: usize, flags: u32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, flags) }, ptr_key(dptr)))
+    }
+    cuMemAllocAsync ["cuMemAllocAsync", 11020, false]
+    (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
+    }
+    cuMemAllocAsync_ptsz ["cuMemAllocAsync", 11020, true]
+    (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
+    }
+    cuMemAllocFromPoolAsync ["cuMemAllocFromPoolAsync", 11020, false]
+    (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
+    }
+    cuMemAllocFromPoolAsync_ptsz ["cuMemAllocFromPoolAsync", 11020, true]
+    (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
+    }
+    cuMemCreate ["cuMemCreate", 10020, false]
+    (handle: *mut u64, bytes: usize, prop: *const [i32; 4], flags: u64) => |real| {
+        // CUmemAllocationProp: type, handle types, location type, location id.
+        // SAFETY: the caller passes a valid property struct.
+        let dev = (!prop.is_null()).then(|| unsafe { (*prop)[3] }).filter(|d| *d >= 0).map(|d| d as u32);
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc_on(dev, bytes as u64, || (unsafe { real(handle, bytes, prop, flags) }, ptr_key(handle)))
+    }
+    cuMemFree_v2 ["cuMemFree", 3020, false]
+    (ptr: CUdeviceptr) => |real| {
+        // SAFETY: the program's argument, passed on unchanged.
+        let r = unsafe { real(ptr) };
+        if r == 0 {
+            memory::release(ptr);
+        }
+        r
+    }
+    cuMemFreeAsync ["cuMemFreeAsync", 11020, false]
+    (ptr: CUdeviceptr, s: Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(ptr, s) };
+        if r == 0 {
+            memory::release(ptr);
+        }
+        r
+    }
+    cuMemFreeAsync_ptsz ["cuMemFreeAsync", 11020, true]
+    (ptr: CUdeviceptr, s: Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(ptr, s) };
+        if r == 0 {
+            memory::release(ptr);
+        }
+        r
+    }
+    cuMemRelease ["cuMemRelease", 10020, false]
+    (handle: u64) => |real| {
+        // SAFETY: the program's argument, passed on unchanged.
+        let r = unsafe { real(handle) };
+        if r == 0 {
+            memory::release(handle);
+        }
+        r
+    }
+
+    // Memory queries: the group's view.
+    cuMemGetInfo_v2 ["cuMemGetInfo", 3020, false]
+    (free: *mut usize, total: *mut usize) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(free, total) };
+        if r == 0 && !free.is_null() && !total.is_null()
+            && let Some(dev) = memory::current_ordinal()
+            && let Some((used, limit)) = memory::view(dev)
+        {
+            // SAFETY: filled by the real call just now.
+            let (f, t) = unsafe { memory::group_view(*free as u64, *total as u64, used, limit) };
+            // SAFETY: the caller's out-pointers.
+            unsafe {
+                *free = f as usize;
+                *total = t as usize;
+            }
+        }
+        r
+    }
+    cuMemGetInfo ["cuMemGetInfo", 2000, false]
+    (free: *mut u32, total: *mut u32) => |real| {
+        let (mut f, mut t) = (0usize, 0usize);
+        // SAFETY: the 64-bit query into locals; the 32-bit one as asked.
+        let r = unsafe { driver::mem_get_info(&mut f, &mut t) };
+        if r != 0 {
+            // SAFETY: the program's arguments, passed on unchanged.
+            return unsafe { real(free, total) };
+        }
+        let (mut f, mut t) = (f as u64, t as u64);
+        if let Some(dev) = memory::current_ordinal()
+            && let Some((used, limit)) = memory::view(dev)
+        {
+            (f, t) = memory::group_view(f, t, used, limit);
+        }
+        if free.is_null() || total.is_null() {
+            return 1; // CUDA_ERROR_INVALID_VALUE
+        }
+        // SAFETY: the caller's non-null out-pointers.
+        unsafe {
+            *free = f.min(u32::MAX as u64) as u32;
+            *total = t.min(u32::MAX as u64) as u32;
+        }
+        0
+    }
+    cuDeviceTotalMem_v2 ["cuDeviceTotalMem", 3020, false]
+    (bytes: *mut usize, dev: i32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(bytes, dev) };
+        if r == 0 && !bytes.is_null() && dev >= 0
+            && let Some((_, limit)) = memory::view(dev as u32)
+        {
+            // SAFETY: filled by the real call just now.
+            unsafe { *bytes = (*bytes as u64).min(limit) as usize };
+        }
+        r
+    }
+    cuDeviceTotalMem ["cuDeviceTotalMem", 2000, false]
+    (bytes: *mut u32, dev: i32) => |real| {
+        let mut b = 0usize;
+        // SAFETY: the 64-bit query into a local.
+        if unsafe { driver::device_total_mem(&mut b, dev) } != 0 || bytes.is_null() || dev < 0 {
+            // SAFETY: the program's arguments, passed on unchanged.
+            return unsafe { real(bytes, dev) };
+        }
+        let limit = memory::view(dev as u32).map_or(u64::MAX, |(_, l)| l);
+        // SAFETY: the caller's non-null out-pointer.
+        unsafe { *bytes = (b as u64).min(limit).min(u32::MAX as u64) as u32 };
+        0
+    }
+
+    // Entry points: answer with ours.
+    cuGetProcAddress ["cuGetProcAddress", 11030, false]
+    (symbol: *const c_char, pfn: *mut Ptr, version: i32, flags: u64) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(symbol, pfn, version, flags) };
+        proc_address(symbol, pfn, version, flags, r)
+    }
+    cuGetProcAddress_v2 ["cuGetProcAddress", 12000, false]
+    (symbol: *const c_char, pfn: *mut Ptr, version: i32, flags: u64, status: *mut i32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(symbol, pfn, version, flags, status) };
+        proc_address(symbol, pfn, version, flags, r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_is_exported_and_found_by_name() {
+        for e in ENTRIES {
+            assert!(lookup(e.symbol.as_bytes()).is_some(), "{}", e.symbol);
+            assert!(e.symbol.starts_with(e.base), "{} / {}", e.symbol, e.base);
+        }
+        assert!(lookup(b"cuInit").is_none());
+        assert!(lookup(b"malloc").is_none());
+    }
+
+    #[test]
+    fn proc_address_follows_version_and_per_thread_flag() {
+        let sym = |base, v, f| resolve(base, v, f).map(|e| e.symbol);
+        assert_eq!(sym("cuMemAlloc", 12000, 0), Some("cuMemAlloc_v2"));
+        assert_eq!(
+            sym("cuMemAlloc", 3010, 0),
+            None,
+            "the 32-bit v1 is not hooked"
+        );
+        assert_eq!(sym("cuLaunchKernel", 12000, 0), Some("cuLaunchKernel"));
+        assert_eq!(sym("cuLaunchKernel", 12000, 2), Some("cuLaunchKernel_ptsz"));
+        assert_eq!(
+            sym("cuLaunchKernel", 12000, 1),
+            Some("cuLaunchKernel"),
+            "legacy-stream flag"
+        );
+        assert_eq!(sym("cuGraphLaunch", 12000, 2), Some("cuGraphLaunch_ptsz"));
+        assert_eq!(
+            sym("cuMemAllocAsync", 12000, 2),
+            Some("cuMemAllocAsync_ptsz")
+        );
+        assert_eq!(sym("cuMemGetInfo", 12000, 0), Some("cuMemGetInfo_v2"));
+        assert_eq!(sym("cuMemGetInfo", 3000, 0), Some("cuMemGetInfo"));
+        assert_eq!(
+            sym("cuGetProcAddress", 12000, 0),
+            Some("cuGetProcAddress_v2")
+        );
+        assert_eq!(sym("cuGetProcAddress", 11040, 0), Some("cuGetProcAddress"));
+        assert_eq!(sym("cuInit", 12000, 0), None);
+        // A function with no per-thread variant keeps its default one.
+        assert_eq!(sym("cuMemAlloc", 12000, 2), Some("cuMemAlloc_v2"));
+    }
+}
