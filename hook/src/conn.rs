@@ -170,21 +170,27 @@ impl State {
         };
         self.open()?;
         let start = Instant::now();
+        let hello = Request::Hello {
+            role: Role::Client,
+            group: group.clone(),
+            pid: std::process::id(),
+            held: self.held_memory(),
+        };
+        // Sent once: a scheduler that is not up yet gets it from the
+        // socket's queue when it starts.
+        let seq = self.send(&hello)?;
         let mut warned = false;
         loop {
-            let hello = Request::Hello {
-                role: Role::Client,
-                group: group.clone(),
-                pid: std::process::id(),
-                held: self.held_memory(),
-            };
-            let seq = self.send(&hello)?;
             let asked = Instant::now();
             while asked.elapsed() < Duration::from_secs(1) {
                 match self.take(seq) {
                     None => continue,
                     Some(Ok(Reply::Welcome { config_path, .. })) => {
                         debug!("registered with the scheduler as group {group:?} ({config_path})");
+                        self.registered.store(true, Ordering::Release);
+                        return Ok(());
+                    }
+                    Some(Ok(Reply::Error(e))) if e.kind == ErrorKind::AlreadyRegistered => {
                         self.registered.store(true, Ordering::Release);
                         return Ok(());
                     }
@@ -237,9 +243,6 @@ impl State {
                 );
                 return Err(self.refuse(CUDA_ERROR_NOT_INITIALIZED));
             }
-            // The unanswered hello stays queued in the socket; a scheduler
-            // that comes up answers it and the next one, which is harmless
-            // (the second gets AlreadyRegistered, stashed and dropped).
         }
     }
 

@@ -35,7 +35,10 @@ use std::ffi::{CStr, c_char, c_void};
 ///
 /// # Safety
 /// `symbol` is null or a NUL-terminated string, as for `dlsym`.
-unsafe extern "C" fn gemhook_dlsym_filter(_handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+unsafe extern "C" fn gemhook_dlsym_filter(
+    _handle: *mut c_void,
+    symbol: *const c_char,
+) -> *mut c_void {
     real::real_dlsym_addr();
     if symbol.is_null() {
         return std::ptr::null_mut();

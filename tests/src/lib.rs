@@ -162,3 +162,134 @@ pub fn field(r: &HashMap<String, String>, key: &str) -> u64 {
         .parse()
         .unwrap()
 }
+
+/// A simulated machine with `gem-schd` running on a private IPC directory.
+#[derive(Debug)]
+pub struct Gemini {
+    /// The simulated GPUs.
+    pub sim: SimEnv,
+    schd: Option<std::process::Child>,
+}
+
+impl Gemini {
+    /// Starts the scheduler with `conf` as resource.conf.
+    pub fn start(sim: SimEnv, conf: &str) -> Gemini {
+        let g = Gemini { sim, schd: None };
+        g.write_conf(conf);
+        let mut g = g;
+        g.start_scheduler();
+        g
+    }
+
+    /// `resource.conf`.
+    pub fn conf(&self) -> PathBuf {
+        self.sim.path().join("resource.conf")
+    }
+
+    /// The IPC directory.
+    pub fn ipc(&self) -> PathBuf {
+        self.sim.path().join("ipc")
+    }
+
+    /// Replaces resource.conf (the scheduler reloads it).
+    pub fn write_conf(&self, text: &str) {
+        let tmp = self.sim.path().join("resource.conf.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.conf()).unwrap();
+    }
+
+    /// The scheduler's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.sim.path().join("schd.log")).unwrap_or_default()
+    }
+
+    /// Starts (or restarts) the scheduler and waits until it answers.
+    pub fn start_scheduler(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.sim.path().join("schd.log"))
+            .unwrap();
+        let child = Command::new(bin("gem-schd"))
+            .arg("--config")
+            .arg(self.conf())
+            .arg("--ipc-dir")
+            .arg(self.ipc())
+            .args(["--log-level", "debug"])
+            .stderr(log)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        self.schd = Some(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if self.try_status().is_some() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("gem-schd did not come up:\n{}", self.log());
+    }
+
+    /// Kills the scheduler with SIGKILL (no clean-up, as a crash).
+    pub fn kill_scheduler(&mut self) {
+        if let Some(mut c) = self.schd.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    fn try_status(&self) -> Option<gemini_protocol::StatusReport> {
+        let mut c = gemini_scheduler::client::Client::connect(&self.ipc()).ok()?;
+        match c
+            .request(
+                &gemini_protocol::Request::Status,
+                std::time::Duration::from_millis(300),
+            )
+            .ok()?
+        {
+            gemini_protocol::Reply::Status(s) => Some(*s),
+            _ => None,
+        }
+    }
+
+    /// The scheduler's status.
+    pub fn status(&self) -> gemini_protocol::StatusReport {
+        self.try_status().expect("scheduler answers status")
+    }
+
+    /// Polls status until `pred` holds, failing after `secs`.
+    pub fn wait_status(
+        &self,
+        secs: f64,
+        what: &str,
+        pred: impl Fn(&gemini_protocol::StatusReport) -> bool,
+    ) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+        loop {
+            if self.try_status().is_some_and(|s| pred(&s)) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}: {:#?}",
+                self.try_status()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `cmd` under the hook as a process of `group`.
+    pub fn hooked(&self, mut cmd: Command, group: &str) -> Command {
+        cmd.env("LD_PRELOAD", bin("libgemhook.so"))
+            .env("GEMINI_GROUP_NAME", group)
+            .env("GEMINI_IPC_DIR", self.ipc());
+        cmd
+    }
+}
+
+impl Drop for Gemini {
+    fn drop(&mut self) {
+        self.kill_scheduler();
+    }
+}

@@ -68,22 +68,22 @@ static int run(uint64_t kernel_us, double seconds, size_t mem, double burst_ms, 
     }
     CHECK(cuMemGetInfo_v2(&free_b, &total_b));
     void *params[1] = {&kernel_us};
-    unsigned long long kernels = 0, errors = 0;
+    unsigned long long kernels = 0;
     double end = start + seconds;
     while (now() < end) {
         double burst_end = burst_ms > 0 ? now() + burst_ms / 1e3 : end;
         while (now() < burst_end && now() < end) {
-            if (cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, params, 0) == 0) kernels++;
-            else errors++;
+            CHECK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+            kernels++;
         }
         CHECK(cuStreamSynchronize(0));
         if (gap_ms > 0 && now() < end) usleep((useconds_t)(gap_ms * 1e3));
     }
     CHECK(cuCtxSynchronize());
     if (ptr) CHECK(cuMemFree_v2(ptr));
-    printf("workload pid=%d role=%s kernels=%llu launch_errors=%llu kernel_us=%llu seconds=%.3f "
+    printf("workload pid=%d role=%s kernels=%llu kernel_us=%llu seconds=%.3f "
            "allocated=%zu alloc_error=%d free=%zu total=%zu\n",
-           (int)getpid(), role, kernels, errors, (unsigned long long)kernel_us, now() - start,
+           (int)getpid(), role, kernels, (unsigned long long)kernel_us, now() - start,
            allocated, alloc_error, free_b, total_b);
     fflush(stdout);
     return 0;

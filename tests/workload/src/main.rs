@@ -55,6 +55,37 @@ struct Args {
     /// Driver library to dlopen
     #[arg(long, default_value = "libcuda.so.1")]
     driver: String,
+    /// How entry points are found: procaddr (cuGetProcAddress_v2, as the
+    /// CUDA runtime does) or dlsym (the versioned symbol names)
+    #[arg(long, default_value = "procaddr")]
+    resolve: String,
+    /// Retry an allocation refused with out-of-memory for up to this many
+    /// seconds (0: no retry)
+    #[arg(long, default_value_t = 0.0)]
+    retry_alloc_seconds: f64,
+}
+
+/// The exported symbol a dlsym-resolving program asks for.
+fn versioned(name: &str, ptsz: bool) -> String {
+    let v2 = ["cuMemAlloc", "cuMemAllocPitch", "cuMemFree", "cuMemGetInfo"];
+    let per_thread = [
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel",
+        "cuGraphLaunch",
+        "cuMemAllocAsync",
+        "cuMemFreeAsync",
+        "cuStreamSynchronize",
+    ];
+    if v2.contains(&name) {
+        format!("{name}_v2")
+    } else if ptsz && per_thread.contains(&name) {
+        format!("{name}_ptsz")
+    } else if name == "cuGraphAddKernelNode" {
+        "cuGraphAddKernelNode_v2".into()
+    } else {
+        name.into()
+    }
 }
 
 type FnGetProc = unsafe extern "C" fn(*const c_char, *mut Ptr, i32, u64, *mut i32) -> CUresult;
@@ -143,7 +174,15 @@ impl Driver {
         let get_proc: FnGetProc = *unsafe { lib.get::<FnGetProc>(b"cuGetProcAddress_v2\0") }?;
         let flags = if args.ptsz { 2 } else { 0 };
         let version = args.cuda_version;
+        let by_dlsym = args.resolve == "dlsym";
         let resolve = |name: &str| -> anyhow::Result<Ptr> {
+            if by_dlsym {
+                let sym = CString::new(versioned(name, args.ptsz))?;
+                // SAFETY: looking up a symbol; the pointer is only used as
+                // the function it names.
+                let p = unsafe { lib.get::<Ptr>(sym.as_bytes_with_nul()) }.map(|s| *s);
+                return p.with_context(|| format!("dlsym {sym:?}"));
+            }
             let c = CString::new(name)?;
             let mut p: Ptr = std::ptr::null_mut();
             let mut status = -1i32;
@@ -196,11 +235,21 @@ impl Driver {
 
 struct Report {
     kernels: u64,
-    launch_errors: u64,
     allocated: u64,
     alloc_error: CUresult,
+    alloc_done_ns: u64,
     free: usize,
     total: usize,
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn run(args: &Args) -> anyhow::Result<Report> {
@@ -230,12 +279,13 @@ fn run(args: &Args) -> anyhow::Result<Report> {
 
         let mut report = Report {
             kernels: 0,
-            launch_errors: 0,
             allocated: 0,
             alloc_error: 0,
+            alloc_done_ns: 0,
             free: 0,
             total: 0,
         };
+        let retry_until = Instant::now() + Duration::from_secs_f64(args.retry_alloc_seconds);
         let mut ptrs: Vec<u64> = Vec::new();
         let mut handles: Vec<u64> = Vec::new();
         if args.mem > 0 {
@@ -261,6 +311,10 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                     }
                     other => bail!("unknown --alloc-api {other}"),
                 };
+                if r == 2 && Instant::now() < retry_until {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
                 if r != 0 {
                     report.alloc_error = r;
                     break;
@@ -271,6 +325,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                 report.allocated += n as u64;
             }
         }
+        report.alloc_done_ns = monotonic_ns();
         check(
             "cuMemGetInfo",
             (d.mem_get_info)(&mut report.free, &mut report.total),
@@ -340,11 +395,10 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                     "graph" => (d.graph_launch)(exec, stream),
                     other => bail!("unknown --launch-api {other}"),
                 };
-                if r == 0 {
-                    report.kernels += 1
-                } else {
-                    report.launch_errors += 1
+                if r != 0 {
+                    bail!("{} launch failed with CUresult {r}", args.launch_api);
                 }
+                report.kernels += 1;
             }
             check("cuStreamSynchronize", (d.stream_sync)(stream))?;
             if args.gap_ms > 0.0 && Instant::now() < end {
@@ -394,14 +448,14 @@ fn main() -> anyhow::Result<()> {
     let code = match &result {
         Ok(r) => {
             println!(
-                "workload pid={} role={role} kernels={} launch_errors={} kernel_us={} seconds={:.3} allocated={} alloc_error={} free={} total={}",
+                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_done_ns={} free={} total={}",
                 std::process::id(),
                 r.kernels,
-                r.launch_errors,
                 args.kernel_us,
                 start.elapsed().as_secs_f64(),
                 r.allocated,
                 r.alloc_error,
+                r.alloc_done_ns,
                 r.free,
                 r.total
             );

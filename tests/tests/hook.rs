@@ -1,0 +1,422 @@
+//! The hook on the simulator, with both workloads: the Rust one (dlopen +
+//! cuGetProcAddress_v2, or plain dlsym) and the C one (linked against
+//! libcuda.so.1). Shares come from the simulator's busy log, not from the
+//! scheduler.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SEC: u64 = 1_000_000_000;
+
+fn spawn(mut c: Command) -> Child {
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn finish(c: Child) -> Output {
+    let out = c.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "workload failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn pid_of(out: &Output) -> u32 {
+    field(&reports(&out.stdout)[0], "pid") as u32
+}
+
+fn rust(g: &Gemini, group: &str, args: &[&str]) -> Command {
+    let mut c = g.hooked(g.sim.workload(), group);
+    c.args(args);
+    c
+}
+
+fn c_prog(g: &Gemini, group: &str, args: &[&str]) -> Command {
+    let mut c = g.hooked(g.sim.c_workload(), group);
+    c.args(args);
+    c
+}
+
+fn assert_share(what: &str, got: f64, want: f64, tol: f64) {
+    assert!(
+        (got - want).abs() <= tol,
+        "{what}: share {got:.3}, want {want:.2} ± {tol}"
+    );
+}
+
+const TWO_GROUPS: &str = "[a]\nMinUtil=0.3\n[b]\nMinUtil=0.7\n";
+
+/// Two saturating groups 0.3 / 0.7 for 8 s, measured over the last 6.
+fn min_util_shares(a: Command, b: Command, g: &Gemini) {
+    let t0 = now_ns();
+    let (ca, cb) = (spawn(a), spawn(b));
+    let (oa, ob) = (finish(ca), finish(cb));
+    let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + 8 * SEC);
+    assert_share("group a (MinUtil 0.3)", busy.share(pid_of(&oa)), 0.30, 0.03);
+    assert_share("group b (MinUtil 0.7)", busy.share(pid_of(&ob)), 0.70, 0.03);
+}
+
+#[test]
+fn min_util_shares_rust_workloads_procaddr_and_dlsym() {
+    let g = Gemini::start(SimEnv::default(), TWO_GROUPS);
+    let a = rust(&g, "a", &["--seconds", "8", "--kernel-us", "500"]);
+    let b = rust(
+        &g,
+        "b",
+        &[
+            "--seconds",
+            "8",
+            "--kernel-us",
+            "500",
+            "--resolve",
+            "dlsym",
+            "--ptsz",
+        ],
+    );
+    min_util_shares(a, b, &g);
+}
+
+#[test]
+fn min_util_shares_c_workloads() {
+    let g = Gemini::start(SimEnv::default(), TWO_GROUPS);
+    let a = c_prog(&g, "a", &["-s", "8", "-k", "500"]);
+    let b = c_prog(&g, "b", &["-s", "8", "-k", "500"]);
+    min_util_shares(a, b, &g);
+}
+
+#[test]
+fn max_util_caps_a_lone_group_and_uncapped_runs_free() {
+    let g = Gemini::start(SimEnv::default(), "[capped]\nMaxUtil=0.4\n[free]\n");
+    for (cmd, name) in [
+        (
+            rust(&g, "capped", &["--seconds", "5", "--kernel-us", "500"]),
+            "rust",
+        ),
+        (c_prog(&g, "capped", &["-s", "5", "-k", "500"]), "c"),
+    ] {
+        let t0 = now_ns();
+        let out = finish(spawn(cmd));
+        let busy = g.sim.busy(0, t0 + SEC, t0 + 5 * SEC);
+        assert_share(
+            &format!("{name} under MaxUtil 0.4"),
+            busy.share(pid_of(&out)),
+            0.40,
+            0.03,
+        );
+    }
+    let t0 = now_ns();
+    let out = finish(spawn(rust(
+        &g,
+        "free",
+        &["--seconds", "2", "--kernel-us", "500"],
+    )));
+    let busy = g.sim.busy(0, t0 + SEC / 2, t0 + 2 * SEC);
+    assert!(
+        busy.share(pid_of(&out)) >= 0.95,
+        "uncapped: {:.3}",
+        busy.share(pid_of(&out))
+    );
+}
+
+#[test]
+fn every_launch_api_is_gated() {
+    let g = Gemini::start(SimEnv::default(), "[capped]\nMaxUtil=0.4\n");
+    for api in ["ex", "coop", "graph"] {
+        for ptsz in [false, true] {
+            let mut args = vec!["--seconds", "3", "--kernel-us", "500", "--launch-api", api];
+            if ptsz {
+                args.push("--ptsz");
+            }
+            let t0 = now_ns();
+            let out = finish(spawn(rust(&g, "capped", &args)));
+            let busy = g.sim.busy(0, t0 + SEC, t0 + 3 * SEC);
+            assert_share(
+                &format!("{api} ptsz={ptsz}"),
+                busy.share(pid_of(&out)),
+                0.40,
+                0.05,
+            );
+        }
+    }
+}
+
+#[test]
+fn group_memory_limit_across_processes_and_release_on_kill() {
+    let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=1GiB\n");
+    // A holds 600 MiB and keeps running.
+    let holder = spawn(rust(
+        &g,
+        "a",
+        &[
+            "--seconds",
+            "60",
+            "--kernel-us",
+            "100000",
+            "--mem",
+            "600MiB",
+        ],
+    ));
+    g.wait_status(10.0, "600 MiB held", |s| {
+        s.devices
+            .first()
+            .is_some_and(|d| d.groups.iter().any(|x| x.memory_used == 600 << 20))
+    });
+    // B, same group: 600 MiB more would pass 1 GiB.
+    let out = finish(spawn(rust(&g, "a", &["--seconds", "0", "--mem", "600MiB"])));
+    let r = &reports(&out.stdout)[0];
+    assert_eq!(
+        (field(r, "allocated"), field(r, "alloc_error")),
+        (0, 2),
+        "CUDA_ERROR_OUT_OF_MEMORY"
+    );
+    assert_eq!(
+        field(r, "total"),
+        1 << 30,
+        "cuMemGetInfo_v2 total = MemoryLimit"
+    );
+    assert_eq!(
+        field(r, "free"),
+        (1 << 30) - (600 << 20),
+        "cuMemGetInfo_v2 free = limit - group use"
+    );
+    // The C program sees the same view and the same refusal.
+    let out = finish(spawn(c_prog(
+        &g,
+        "a",
+        &["-s", "0", "-m", &(600u64 << 20).to_string()],
+    )));
+    let r = &reports(&out.stdout)[0];
+    assert_eq!(
+        (field(r, "alloc_error"), field(r, "total"), field(r, "free")),
+        (2, 1 << 30, (1 << 30) - (600 << 20))
+    );
+    // B waits for the memory; A is killed; B gets it within 2 s.
+    let waiter = spawn(rust(
+        &g,
+        "a",
+        &[
+            "--seconds",
+            "0",
+            "--mem",
+            "600MiB",
+            "--retry-alloc-seconds",
+            "20",
+        ],
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut holder = holder;
+    holder.kill().unwrap();
+    let killed = now_ns();
+    holder.wait().unwrap();
+    let out = finish(waiter);
+    let r = &reports(&out.stdout)[0];
+    assert_eq!(field(r, "allocated"), 600 << 20);
+    let waited = field(r, "alloc_done_ns").saturating_sub(killed);
+    assert!(
+        waited < 2 * SEC,
+        "memory came back {} ms after the kill",
+        waited / 1_000_000
+    );
+}
+
+#[test]
+fn every_allocation_api_is_counted() {
+    let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=512MiB\n");
+    for api in ["v2", "pitch", "managed", "async", "create"] {
+        let out = finish(spawn(rust(
+            &g,
+            "a",
+            &[
+                "--seconds",
+                "0",
+                "--mem",
+                "768MiB",
+                "--chunk",
+                "256MiB",
+                "--alloc-api",
+                api,
+            ],
+        )));
+        let r = &reports(&out.stdout)[0];
+        assert_eq!(
+            (field(r, "allocated"), field(r, "alloc_error")),
+            (512 << 20, 2),
+            "{api}"
+        );
+        assert_eq!(field(r, "free"), 0, "{api}");
+    }
+    // Everything was freed again (frees, async frees and releases are
+    // counted too).
+    g.wait_status(5.0, "all memory released", |s| {
+        s.devices
+            .iter()
+            .all(|d| d.groups.iter().all(|x| x.memory_used == 0))
+    });
+}
+
+#[test]
+fn lowered_limit_applies_to_new_allocations() {
+    let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=1GiB\n");
+    let holder = spawn(rust(
+        &g,
+        "a",
+        &["--seconds", "4", "--kernel-us", "100000", "--mem", "512MiB"],
+    ));
+    g.wait_status(10.0, "memory held", |s| {
+        s.devices
+            .first()
+            .is_some_and(|d| d.groups.iter().any(|x| x.memory_used > 0))
+    });
+    g.write_conf("[a]\nMemoryLimit=512MiB\n");
+    g.wait_status(5.0, "new limit", |s| s.groups[0].memory_limit == 512 << 20);
+    let out = finish(spawn(rust(&g, "a", &["--seconds", "0", "--mem", "1MiB"])));
+    let r = &reports(&out.stdout)[0];
+    assert_eq!(
+        (field(r, "alloc_error"), field(r, "free"), field(r, "total")),
+        (2, 0, 512 << 20)
+    );
+    finish(holder);
+}
+
+#[test]
+fn forked_child_is_gated_too() {
+    let g = Gemini::start(SimEnv::default(), "[half]\nMaxUtil=0.5\n");
+    for cmd in [
+        rust(
+            &g,
+            "half",
+            &["--seconds", "4", "--kernel-us", "500", "--fork"],
+        ),
+        c_prog(&g, "half", &["-s", "4", "-k", "500", "-f"]),
+    ] {
+        let t0 = now_ns();
+        let out = finish(spawn(cmd));
+        let rs = reports(&out.stdout);
+        assert_eq!(rs.len(), 2, "parent and child report: {rs:?}");
+        let busy = g.sim.busy(0, t0 + SEC, t0 + 4 * SEC);
+        let shares: Vec<f64> = rs
+            .iter()
+            .map(|r| busy.share(field(r, "pid") as u32))
+            .collect();
+        assert!(shares.iter().all(|s| *s > 0.1), "both launch: {shares:?}");
+        assert_share(
+            "parent + child under MaxUtil 0.5",
+            shares.iter().sum(),
+            0.5,
+            0.05,
+        );
+    }
+}
+
+#[test]
+fn scheduler_restart_leaves_workloads_running_and_capped() {
+    let mut g = Gemini::start(
+        SimEnv::default(),
+        "[capped]\nMaxUtil=0.4\nMemoryLimit=1GiB\n",
+    );
+    let t0 = now_ns();
+    let w = spawn(rust(
+        &g,
+        "capped",
+        &["--seconds", "8", "--kernel-us", "500", "--mem", "256MiB"],
+    ));
+    let c = spawn(c_prog(&g, "capped", &["-s", "8", "-k", "500"]));
+    std::thread::sleep(Duration::from_secs(2));
+    g.kill_scheduler();
+    std::thread::sleep(Duration::from_millis(500));
+    g.start_scheduler();
+    // The Rust workload re-registers its memory with the new scheduler.
+    g.wait_status(5.0, "memory re-registered", |s| {
+        s.devices
+            .first()
+            .is_some_and(|d| d.groups.iter().any(|x| x.memory_used == 256 << 20))
+    });
+    let (ow, oc) = (finish(w), finish(c));
+    let busy = g.sim.busy(0, t0 + 4 * SEC, t0 + 8 * SEC);
+    let total = busy.share(pid_of(&ow)) + busy.share(pid_of(&oc));
+    assert_share("group after the restart", total, 0.40, 0.04);
+}
+
+fn stderr_lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("gemini["))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn unknown_or_missing_group_fails_cleanly_with_one_line() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let out = rust(&g, "nosuch", &["--seconds", "0.2"]).output().unwrap();
+    assert!(!out.status.success());
+    let lines = stderr_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("unknown group") && lines[0].contains(&g.conf().display().to_string()),
+        "{}",
+        lines[0]
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CUresult 800"));
+
+    let mut c = rust(&g, "a", &["--seconds", "0.2"]);
+    c.env_remove("GEMINI_GROUP_NAME");
+    let out = c.output().unwrap();
+    assert!(!out.status.success());
+    let lines = stderr_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("GEMINI_GROUP_NAME is not set"),
+        "{}",
+        lines[0]
+    );
+
+    let out = c_prog(&g, "nosuch", &["-s", "0.2"]).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(stderr_lines(&out).len(), 1);
+}
+
+#[test]
+fn absent_scheduler_is_reported_and_connect_timeout_gives_up() {
+    let mut g = Gemini::start(SimEnv::default(), "[a]\n");
+    g.kill_scheduler();
+    let mut c = rust(&g, "a", &["--seconds", "0.2"]);
+    c.env("GEMINI_CONNECT_TIMEOUT", "1s");
+    let start = Instant::now();
+    let out = c.output().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(!out.status.success());
+    let lines = stderr_lines(&out);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("no scheduler answers") && l.contains("gem-schd")),
+        "{lines:?}"
+    );
+    assert!(lines.iter().any(|l| l.contains("gave up")), "{lines:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CUresult 3"));
+}
+
+#[test]
+fn program_started_before_the_scheduler_waits_for_it() {
+    let mut g = Gemini::start(SimEnv::default(), "[a]\nMaxUtil=0.5\n");
+    g.kill_scheduler();
+    let w = spawn(rust(&g, "a", &["--seconds", "2", "--kernel-us", "500"]));
+    std::thread::sleep(Duration::from_millis(1500));
+    g.start_scheduler();
+    let out = finish(w);
+    let r = &reports(&out.stdout)[0];
+    assert!(field(r, "kernels") > 100, "{r:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no scheduler answers"));
+}
