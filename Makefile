@@ -1,11 +1,12 @@
-# gemini: `make` builds, `make test` runs the tests, `make demo` shows the
-# scheduler at work, `make install PREFIX=/usr/local` installs.
+# gemini: `make` builds, `make test` runs the tests, `make demo` shows gemini
+# at work on the driver simulator, `make bench` measures, `make install
+# PREFIX=/usr/local` installs.
 
 CARGO ?= cargo
 PREFIX ?= /usr/local
 RELEASE_DIR := target/release
 
-.PHONY: all build release test demo install lint fmt clean
+.PHONY: all build release test demo bench install lint fmt clean
 
 all: build
 
@@ -13,14 +14,17 @@ build:
 	$(CARGO) build --workspace
 
 release:
-	$(CARGO) build --workspace --release --bins --examples
+	$(CARGO) build --workspace --release
 
 test:
 	$(CARGO) build --workspace --all-targets
 	$(CARGO) test --workspace
 
 demo: release
-	BIN=$(RELEASE_DIR) scripts/demo.sh
+	$(RELEASE_DIR)/gem-demo examples/resource.conf
+
+bench: release
+	$(RELEASE_DIR)/gem-bench
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -30,8 +34,10 @@ fmt:
 	$(CARGO) fmt --all
 
 install: release
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)/etc/gemini
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)/etc/gemini
 	install -m 755 $(RELEASE_DIR)/gem-schd $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(RELEASE_DIR)/libgemhook.so $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libgemhook.so $(DESTDIR)$(PREFIX)/lib/libgemhook.so.1
 	sed 's|@PREFIX@|$(PREFIX)|g' dist/gem-schd.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/gem-schd.service
 	test -e $(DESTDIR)/etc/gemini/resource.conf || install -m 644 examples/resource.conf $(DESTDIR)/etc/gemini/resource.conf
 

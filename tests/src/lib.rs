@@ -20,12 +20,15 @@ pub fn bin_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("GEMINI_BIN_DIR") {
         return PathBuf::from(d);
     }
-    // target/<profile>/deps/<test-exe>
+    // target/<profile>/deps/<test-exe>, or target/<profile>/<binary>
     let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
+    let dir = exe.parent().expect("executable has a directory");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().expect("target dir")
+    } else {
+        dir
+    }
+    .to_path_buf()
 }
 
 /// A binary of the workspace, checked to exist.

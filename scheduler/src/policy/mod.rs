@@ -42,6 +42,29 @@ pub const MAX_DEVICES: DeviceId = 1024;
 /// Internal group key of the holder (no configured group can be empty).
 const HOLDER: &str = "";
 
+/// What saturating groups `(MinUtil, MaxUtil)` are entitled to under
+/// these rules: a common level clamped to each group's `[MinUtil,
+/// MaxUtil]`, chosen so the device is fully used (or every group is at its
+/// ceiling) — water filling.
+pub fn entitlements(groups: &[(f64, f64)]) -> Vec<f64> {
+    let at = |l: f64| {
+        groups
+            .iter()
+            .map(|&(lo, hi)| l.clamp(lo, hi.max(lo)))
+            .collect::<Vec<_>>()
+    };
+    let (mut lo, mut hi) = (0.0, 1.0);
+    for _ in 0..60 {
+        let mid = (lo + hi) / 2.0;
+        if at(mid).iter().sum::<f64>() < 1.0 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    at(hi)
+}
+
 /// Timing parameters, from `gemini.toml`.
 #[derive(Debug, Clone, Copy)]
 pub struct Params {

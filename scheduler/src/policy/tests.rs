@@ -249,28 +249,6 @@ impl Sim {
     }
 }
 
-/// Entitlements of saturating groups: each gets a common level clamped to
-/// [min, max], the level chosen so the device is fully used (or every
-/// group is at its max).
-fn entitlements(groups: &[(f64, f64)]) -> Vec<f64> {
-    let at = |l: f64| {
-        groups
-            .iter()
-            .map(|&(lo, hi)| l.clamp(lo, hi))
-            .collect::<Vec<_>>()
-    };
-    let (mut lo, mut hi) = (0.0, 1.0);
-    for _ in 0..60 {
-        let mid = (lo + hi) / 2.0;
-        if at(mid).iter().sum::<f64>() < 1.0 {
-            lo = mid
-        } else {
-            hi = mid
-        }
-    }
-    at(hi)
-}
-
 fn check_shares(groups: &[(f64, f64)]) {
     let mut text = String::new();
     for (i, (min, max)) in groups.iter().enumerate() {
