@@ -76,6 +76,13 @@ pub unsafe fn ctx_pop(ctx: *mut *mut c_void) -> CUresult {
     real_call!(c"cuCtxPopCurrent_v2", fn(*mut *mut c_void), ctx)
 }
 
+/// `cuDeviceGetCount`, if the driver is initialised and answers.
+pub fn device_count() -> Option<i32> {
+    let mut n = 0;
+    let r = real_call!(c"cuDeviceGetCount", fn(*mut i32), &mut n);
+    (r == 0).then_some(n)
+}
+
 /// `cuMemGetInfo_v2`.
 ///
 /// # Safety

@@ -43,8 +43,12 @@ pub struct Gate {
     deadline: AtomicU64,
     /// When the token was granted (ns); 0: no token to account for.
     granted_at: AtomicU64,
-    /// Last launch under the token (ns).
-    last_launch: AtomicU64,
+    /// Launch calls entered and left. Counters, not timestamps, so the
+    /// fast path reads the clock once; the watcher tells activity from
+    /// their changes, and a launch blocked in the driver (its queue full)
+    /// from `entered != exited`.
+    entered: AtomicU64,
+    exited: AtomicU64,
     /// End of the granted quota (ns).
     quota_end: AtomicU64,
     /// Start of the current period of activity (ns); 0: idle.
@@ -54,18 +58,19 @@ pub struct Gate {
     /// Smoothed overuse of past tokens (ns): work still queued when the
     /// token ran out. Launching stops this much before the token's end.
     overuse: AtomicU64,
-    /// Threads inside a real launch call right now (a launch blocks while
-    /// the device's queue is full: that is not idleness).
-    in_launch: AtomicU64,
     /// Context the token's work was launched in (for the watcher's sync).
     ctx: AtomicUsize,
     /// Held by whoever is acquiring or releasing the token.
     slow: Mutex<()>,
 }
 
-/// Device ordinal of the calling thread's current context.
+/// Device ordinal of the calling thread's current context. A process
+/// that sees one device needs no driver call to know it.
 #[inline]
 fn current_device() -> Option<usize> {
+    if state::current().is_some_and(|s| s.single_device) {
+        return Some(0);
+    }
     let mut dev: i32 = -1;
     // SAFETY: out-pointer to a local.
     let r = unsafe { driver::ctx_get_device(&mut dev) };
@@ -80,8 +85,7 @@ impl Drop for InLaunch {
     #[inline]
     fn drop(&mut self) {
         if let Some(g) = self.0 {
-            g.last_launch.store(now_ns(), Ordering::Relaxed);
-            g.in_launch.fetch_sub(1, Ordering::Release);
+            g.exited.fetch_add(1, Ordering::Release);
         }
     }
 }
@@ -98,15 +102,14 @@ pub fn admit() -> Result<InLaunch, CUresult> {
     };
     if let Some(st) = state::current() {
         let g = &st.gates[dev];
-        g.in_launch.fetch_add(1, Ordering::AcqRel);
         if now_ns() < g.deadline.load(Ordering::Acquire) {
+            g.entered.fetch_add(1, Ordering::AcqRel);
             return Ok(InLaunch(Some(g)));
         }
-        g.in_launch.fetch_sub(1, Ordering::Release);
     }
     slow_path(dev)?;
     let g: &'static Gate = &state::get().gates[dev];
-    g.in_launch.fetch_add(1, Ordering::AcqRel);
+    g.entered.fetch_add(1, Ordering::AcqRel);
     Ok(InLaunch(Some(g)))
 }
 
@@ -156,7 +159,6 @@ fn slow_path(dev: usize) -> Result<(), CUresult> {
             // SAFETY: out-pointer to a local.
             unsafe { driver::ctx_get_current(&mut ctx) };
             g.ctx.store(ctx as usize, Ordering::Relaxed);
-            g.last_launch.store(t, Ordering::Relaxed);
             let quota = quota_us * 1000;
             // Stop launching early by the work usually still queued at the
             // end, so the queue drains about when the token ends.
@@ -193,6 +195,8 @@ fn start_watcher(st: &'static State) {
 fn watch(st: &'static State) {
     let idle = st.settings.idle.as_nanos() as u64;
     let tick = Duration::from_nanos((idle / 2).clamp(200_000, 2_000_000));
+    // Per gate: launches entered as last seen, and since when unchanged.
+    let mut seen: Vec<(u64, u64)> = vec![(0, now_ns()); st.gates.len()];
     loop {
         std::thread::sleep(tick);
         if !state::current().is_some_and(|c| std::ptr::eq(c, st)) {
@@ -200,19 +204,21 @@ fn watch(st: &'static State) {
         }
         for (dev, g) in st.gates.iter().enumerate() {
             let now = now_ns();
-            if g.deadline.load(Ordering::Acquire) <= now
-                || g.in_launch.load(Ordering::Acquire) > 0
-                || now.saturating_sub(g.last_launch.load(Ordering::Relaxed)) < idle
-            {
+            let entered = g.entered.load(Ordering::Acquire);
+            let busy = entered != g.exited.load(Ordering::Acquire);
+            if busy || entered != seen[dev].0 {
+                seen[dev] = (entered, now);
+                continue;
+            }
+            let quiet_since = seen[dev].1;
+            if g.deadline.load(Ordering::Acquire) <= now || now - quiet_since < idle {
                 continue;
             }
             let Ok(_slow) = g.slow.try_lock() else {
                 continue;
             };
-            let last = g.last_launch.load(Ordering::Relaxed);
-            if g.deadline.load(Ordering::Acquire) <= now
-                || g.in_launch.load(Ordering::Acquire) > 0
-                || now_ns().saturating_sub(last) < idle
+            if g.deadline.load(Ordering::Acquire) <= now_ns()
+                || g.entered.load(Ordering::Acquire) != entered
             {
                 continue;
             }
@@ -233,11 +239,11 @@ fn watch(st: &'static State) {
             }
             let t1 = now_ns();
             // If the work was still running, it ended now; else it ended
-            // (about) at the last launch.
+            // (about) when the launches stopped.
             let end = if t1.saturating_sub(t0) > 100_000 {
                 t1
             } else {
-                last
+                quiet_since
             };
             let used_us = end.saturating_sub(granted_at) / 1000;
             let burst_start = g.burst_start.swap(0, Ordering::Relaxed);

@@ -109,6 +109,8 @@ pub struct State {
     pub memory: Mutex<HashMap<u64, (u32, u64)>>,
     /// Whether the idle watcher thread runs.
     pub watcher: AtomicBool,
+    /// The driver reports exactly one device: every launch is on ordinal 0.
+    pub single_device: bool,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -156,6 +158,7 @@ pub fn get() -> &'static State {
         gates: (0..MAX_GATES).map(|_| Gate::default()).collect(),
         memory: Mutex::new(HashMap::new()),
         watcher: AtomicBool::new(false),
+        single_device: crate::driver::device_count() == Some(1),
     }));
     match STATE.compare_exchange(
         std::ptr::null_mut(),

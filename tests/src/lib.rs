@@ -172,14 +172,23 @@ pub struct Gemini {
     /// The simulated GPUs.
     pub sim: SimEnv,
     schd: Option<std::process::Child>,
+    flags: Vec<String>,
 }
 
 impl Gemini {
     /// Starts the scheduler with `conf` as resource.conf.
     pub fn start(sim: SimEnv, conf: &str) -> Gemini {
-        let g = Gemini { sim, schd: None };
+        Gemini::start_with(sim, conf, &[])
+    }
+
+    /// Starts the scheduler with `conf` and extra command-line flags.
+    pub fn start_with(sim: SimEnv, conf: &str, flags: &[&str]) -> Gemini {
+        let mut g = Gemini {
+            sim,
+            schd: None,
+            flags: flags.iter().map(|s| s.to_string()).collect(),
+        };
         g.write_conf(conf);
-        let mut g = g;
         g.start_scheduler();
         g
     }
@@ -218,7 +227,12 @@ impl Gemini {
             .arg(self.conf())
             .arg("--ipc-dir")
             .arg(self.ipc())
-            .args(["--log-level", "debug"])
+            .args(if self.flags.iter().any(|f| f == "--log-level") {
+                &[][..]
+            } else {
+                &["--log-level", "debug"][..]
+            })
+            .args(&self.flags)
             .stderr(log)
             .stdout(std::process::Stdio::null())
             .spawn()

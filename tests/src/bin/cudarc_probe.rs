@@ -3,6 +3,9 @@
 //! memory info. Prints `cudarc-probe ok pools=<0|1> free=<bytes>`; the
 //! simulator test runs it to prove cudarc can drive the simulator.
 
+// A tool of the test suite: on failure it stops loudly, which is its job.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -4,6 +4,9 @@
 //! GPU), then one alone, and prints the share each got — measured from the
 //! simulated device's busy log — next to its configured MinUtil/MaxUtil.
 
+// A tool of the test suite: on failure it stops loudly, which is its job.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use gemini_scheduler::policy::entitlements;
 use gemini_tests::{Gemini, SimEnv, bin, field, now_ns, reports};
 use std::process::{Command, Stdio};
