@@ -420,3 +420,57 @@ fn program_started_before_the_scheduler_waits_for_it() {
     assert!(field(r, "kernels") > 100, "{r:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("no scheduler answers"));
 }
+
+#[test]
+fn devices_are_gated_separately_and_visible_devices_are_mapped() {
+    // Two devices. Both workloads use physical device 1: one sees it as
+    // its only device (CUDA_VISIBLE_DEVICES=1, ordinal 0), the other picks
+    // ordinal 1 of two. Their group's cap must hold for the two together,
+    // on device 1, and device 0 must stay idle.
+    let g = Gemini::start(SimEnv::new(2, "16GiB"), "[capped]\nMaxUtil=0.4\n");
+    let mut a = rust(&g, "capped", &["--seconds", "5", "--kernel-us", "500"]);
+    a.env("CUDA_VISIBLE_DEVICES", "1");
+    let b = rust(
+        &g,
+        "capped",
+        &["--seconds", "5", "--kernel-us", "500", "--device", "1"],
+    );
+    let t0 = now_ns();
+    let (ca, cb) = (spawn(a), spawn(b));
+    let (oa, ob) = (finish(ca), finish(cb));
+    let busy1 = g.sim.busy(1, t0 + SEC, t0 + 5 * SEC);
+    let (sa, sb) = (busy1.share(pid_of(&oa)), busy1.share(pid_of(&ob)));
+    assert!(
+        sa > 0.1 && sb > 0.1,
+        "both ran on device 1: {sa:.3} {sb:.3}"
+    );
+    assert_share("the group on device 1", sa + sb, 0.40, 0.04);
+    assert_eq!(g.sim.busy(0, t0, now_ns()).device, 0, "device 0 untouched");
+    let st = g.status();
+    assert_eq!(
+        st.devices.iter().map(|d| d.device).collect::<Vec<_>>(),
+        [1],
+        "scheduler saw physical device 1 only"
+    );
+}
+
+#[test]
+fn threads_of_one_process_share_its_token() {
+    let g = Gemini::start(SimEnv::default(), "[capped]\nMaxUtil=0.4\n");
+    let t0 = now_ns();
+    let out = finish(spawn(rust(
+        &g,
+        "capped",
+        &["--seconds", "4", "--kernel-us", "500", "--threads", "4"],
+    )));
+    let busy = g.sim.busy(0, t0 + SEC, t0 + 4 * SEC);
+    assert_share(
+        "four launching threads under MaxUtil 0.4",
+        busy.share(pid_of(&out)),
+        0.40,
+        0.04,
+    );
+    g.wait_status(2.0, "the process's connection gone", |s| {
+        s.clients.is_empty()
+    });
+}

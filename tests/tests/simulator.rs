@@ -450,3 +450,26 @@ fn cudarc_loads_the_simulator_with_and_without_memory_pools() {
 fn fakecuda_log_records(sim: &SimEnv) -> Vec<fakecuda_log::Record> {
     fakecuda_log::read(&sim.sim_dir(), 0).unwrap()
 }
+
+#[test]
+fn cuda_visible_devices_renumbers_devices() {
+    let sim = SimEnv::new(2, "16GiB");
+    let mut c = sim.workload();
+    c.args(["--seconds", "0.3", "--kernel-us", "1000"])
+        .env("CUDA_VISIBLE_DEVICES", "1");
+    let t0 = now_ns();
+    let out = run(c);
+    let pid = pids(&[&out])[0];
+    assert!(
+        sim.busy(1, t0, now_ns()).share(pid) > 0.5,
+        "ordinal 0 is physical device 1"
+    );
+    assert_eq!(sim.busy(0, t0, now_ns()).device, 0);
+    let mut c = sim.workload();
+    c.args(["--seconds", "0", "--device", "1"])
+        .env("CUDA_VISIBLE_DEVICES", "1");
+    assert!(
+        !c.output().unwrap().status.success(),
+        "only one device is visible"
+    );
+}

@@ -13,6 +13,9 @@
 //!   before a launch blocks, as the real launch queue does (default 1024).
 //! - `FAKECUDA_POOLS`: `0` to report no memory-pool support (attribute
 //!   115), so cudarc allocates with `cuMemAlloc_v2` (default 1).
+//! - `CUDA_VISIBLE_DEVICES`: as with the real driver, a list of device
+//!   indices makes the process see only those, renumbered from 0 in that
+//!   order (the list stops at the first entry that is not a valid index).
 //!
 //! The first process to create the state file fixes devices and memory;
 //! later ones use what the file says.
@@ -54,6 +57,8 @@ pub struct Sim {
     pub pid: u32,
     pub queue_depth: usize,
     pub pools: bool,
+    /// Physical devices this process sees, by ordinal.
+    visible: Vec<usize>,
     /// Ends of this process's queued kernels, per device.
     pending: Vec<Mutex<VecDeque<u64>>>,
     /// Latest end of any work of this process, per device.
@@ -174,6 +179,14 @@ impl Sim {
         }
         drop(guard);
         let n = MAX_DEVICES;
+        let count = shared.devices.load(Ordering::Relaxed) as usize;
+        let visible = match std::env::var("CUDA_VISIBLE_DEVICES") {
+            Ok(list) => list
+                .split(',')
+                .map_while(|s| s.trim().parse::<usize>().ok().filter(|&d| d < count))
+                .collect(),
+            Err(_) => (0..count).collect(),
+        };
         Ok(Sim {
             shared,
             file,
@@ -184,6 +197,7 @@ impl Sim {
                 .unwrap_or(1024)
                 .max(1),
             pools: env_or("FAKECUDA_POOLS", "1") != "0",
+            visible,
             pending: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
             last_end: (0..n).map(|_| AtomicU64::new(0)).collect(),
             legacy_tail: (0..n)
@@ -193,9 +207,19 @@ impl Sim {
         })
     }
 
-    /// Number of devices.
+    /// Number of devices this process sees.
     pub fn devices(&self) -> i32 {
-        self.shared.devices.load(Ordering::Relaxed) as i32
+        self.visible.len() as i32
+    }
+
+    /// The physical device of ordinal `ordinal`.
+    pub fn physical(&self, ordinal: usize) -> Option<usize> {
+        self.visible.get(ordinal).copied()
+    }
+
+    /// The ordinal of physical device `dev` in this process.
+    pub fn ordinal(&self, dev: usize) -> Option<usize> {
+        self.visible.iter().position(|&d| d == dev)
     }
 
     /// Memory of `dev`.

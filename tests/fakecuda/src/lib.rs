@@ -155,11 +155,12 @@ fn initialised() -> Result<&'static Sim, CUresult> {
     sim()
 }
 
+/// The physical device behind the program's device handle (its ordinal).
 fn check_device(s: &Sim, dev: CUdevice) -> Result<usize, CUresult> {
-    if dev < 0 || dev >= s.devices() {
+    if dev < 0 {
         return Err(CUDA_ERROR_INVALID_DEVICE);
     }
-    Ok(dev as usize)
+    s.physical(dev as usize).ok_or(CUDA_ERROR_INVALID_DEVICE)
 }
 
 fn ctx_device(ctx: usize) -> Result<usize, CUresult> {
@@ -532,7 +533,8 @@ driver_api! {
     }
     fn cuDeviceGet(out: *mut CUdevice, ordinal: i32) {
         let s = initialised()?;
-        put(out, check_device(s, ordinal)? as CUdevice)
+        check_device(s, ordinal)?;
+        put(out, ordinal)
     }
     fn cuDeviceGetName(name: *mut c_char, len: i32, dev: CUdevice) {
         let s = initialised()?;
@@ -646,8 +648,9 @@ driver_api! {
         Ok(())
     }
     fn cuCtxGetDevice(out: *mut CUdevice) {
-        initialised()?;
-        put(out, current_device()? as CUdevice)
+        let s = initialised()?;
+        let ordinal = s.ordinal(current_device()?).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        put(out, ordinal as CUdevice)
     }
     fn cuCtxGetApiVersion(_ctx: CUcontext, version: *mut u32) {
         initialised()?;

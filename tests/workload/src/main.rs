@@ -59,6 +59,9 @@ struct Args {
     /// CUDA runtime does) or dlsym (the versioned symbol names)
     #[arg(long, default_value = "procaddr")]
     resolve: String,
+    /// Launch from this many threads at once (same context and device)
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
     /// Retry an allocation refused with out-of-memory for up to this many
     /// seconds (0: no retry)
     #[arg(long, default_value_t = 0.0)]
@@ -357,6 +360,57 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                 (d.graph_instantiate)(&mut exec, graph, 0),
             )?;
         }
+        let (f, e, c) = (func as usize, exec as usize, ctx as usize);
+        report.kernels = if args.threads <= 1 {
+            launch_loop(&d, args, f, e)?
+        } else {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..args.threads)
+                    .map(|_| {
+                        let d = &d;
+                        scope.spawn(move || {
+                            check("cuCtxSetCurrent", (d.ctx_set_current)(c as Ptr))?;
+                            launch_loop(d, args, f, e)
+                        })
+                    })
+                    .collect();
+                let mut total = 0;
+                for h in handles {
+                    total += h
+                        .join()
+                        .map_err(|_| anyhow::anyhow!("launch thread panicked"))??;
+                }
+                anyhow::Ok(total)
+            })?
+        };
+        check("cuCtxSynchronize", (d.ctx_sync)())?;
+        for p in ptrs {
+            if args.alloc_api == "async" {
+                check(
+                    "cuMemFreeAsync",
+                    (d.mem_free_async)(p, std::ptr::null_mut()),
+                )?;
+            } else {
+                check("cuMemFree", (d.mem_free)(p))?;
+            }
+        }
+        for h in handles {
+            check("cuMemRelease", (d.mem_release)(h))?;
+        }
+        Ok(report)
+    }
+}
+
+/// Launches for `--seconds` in bursts; returns the number of launches.
+fn launch_loop(d: &Driver, args: &Args, func: usize, exec: usize) -> anyhow::Result<u64> {
+    let func = func as Ptr;
+    let exec = exec as Ptr;
+    let mut dur = args.kernel_us;
+    let mut params: [Ptr; 1] = [&mut dur as *mut u64 as Ptr];
+    let mut kernels = 0u64;
+    // SAFETY: driver calls with handles from the driver and pointers to
+    // live locals, per the driver API.
+    unsafe {
         let config = LaunchConfig {
             grid: [1, 1, 1],
             block: [1, 1, 1],
@@ -398,7 +452,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                 if r != 0 {
                     bail!("{} launch failed with CUresult {r}", args.launch_api);
                 }
-                report.kernels += 1;
+                kernels += 1;
             }
             check("cuStreamSynchronize", (d.stream_sync)(stream))?;
             if args.gap_ms > 0.0 && Instant::now() < end {
@@ -408,22 +462,8 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                 );
             }
         }
-        check("cuCtxSynchronize", (d.ctx_sync)())?;
-        for p in ptrs {
-            if args.alloc_api == "async" {
-                check(
-                    "cuMemFreeAsync",
-                    (d.mem_free_async)(p, std::ptr::null_mut()),
-                )?;
-            } else {
-                check("cuMemFree", (d.mem_free)(p))?;
-            }
-        }
-        for h in handles {
-            check("cuMemRelease", (d.mem_release)(h))?;
-        }
-        Ok(report)
     }
+    Ok(kernels)
 }
 
 fn main() -> anyhow::Result<()> {
