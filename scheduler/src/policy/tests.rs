@@ -886,132 +886,81 @@ fn disconnect_while_holding_the_token_frees_the_device() {
     );
 }
 
-#[test]
-fn overuse_is_charged() {
-    // a reports 3x its quota each time: it must end up with about the same
-    // device time as b, not three times as much.
-    let params = Params::default();
-    let mut p = Policy::new(params, config("[a]\n[b]\n"));
-    hello(&mut p, 1, "a");
-    hello(&mut p, 2, "b");
+/// Two always-busy clients (1 in group a, 2 in group b) taking turns as
+/// the policy grants; each reports `used(client, quota)` for its token.
+/// Returns the device time each used over `rounds` tokens.
+fn take_turns(
+    p: &mut Policy,
+    rounds: usize,
+    burst: Micros,
+    used: impl Fn(ClientId, Micros) -> Micros,
+) -> [u64; 2] {
     let mut now = 0;
-    let mut used = [0u64; 2];
-    let mut pending: Vec<(ClientId, Micros)> = Vec::new();
-    let grant = |acts: Vec<Action>, pending: &mut Vec<(ClientId, Micros)>| {
-        for a in acts {
+    let mut total = [0u64; 2];
+    let mut holder: Option<(ClientId, Micros)> = None;
+    let mut ask = |p: &mut Policy,
+                   c: ClientId,
+                   u: Micros,
+                   now: Micros,
+                   holder: &mut Option<(ClientId, Micros)>| {
+        let req = Request::AcquireToken {
+            device: 0,
+            used_us: u,
+            burst_us: burst,
+        };
+        for a in p.handle(
+            Event::Request {
+                client: c,
+                seq: 0,
+                req,
+            },
+            now,
+        ) {
             if let Action::Reply {
                 client,
                 reply: Reply::Token { quota_us, .. },
                 ..
             } = a
             {
-                pending.push((client, quota_us));
+                *holder = Some((client, quota_us));
             }
         }
     };
-    for c in [1, 2] {
-        let acts = p.handle(
-            Event::Request {
-                client: c,
-                seq: 0,
-                req: Request::AcquireToken {
-                    device: 0,
-                    used_us: 0,
-                    burst_us: 0,
-                },
-            },
-            now,
-        );
-        grant(acts, &mut pending);
-    }
-    for _ in 0..400 {
-        let (c, q) = pending.remove(0);
-        let u = if c == 1 { 3 * q } else { q };
+    ask(p, 1, 0, now, &mut holder);
+    ask(p, 2, 0, now, &mut holder);
+    for _ in 0..rounds {
+        let (c, q) = holder.take().expect("someone holds the token");
+        let u = used(c, q);
         now += u;
-        used[(c - 1) as usize] += u;
-        let acts = p.handle(
-            Event::Request {
-                client: c,
-                seq: 0,
-                req: Request::AcquireToken {
-                    device: 0,
-                    used_us: u,
-                    burst_us: 0,
-                },
-            },
-            now,
-        );
-        grant(acts, &mut pending);
+        total[(c - 1) as usize] += u;
+        ask(p, c, u, now, &mut holder);
     }
+    total
+}
+
+#[test]
+fn overuse_is_charged() {
+    // a reports 3x its quota each time: it must end up with about the same
+    // device time as b, not three times as much.
+    let mut p = Policy::new(Params::default(), config("[a]\n[b]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let used = take_turns(&mut p, 400, 0, |c, q| if c == 1 { 3 * q } else { q });
     let ratio = used[0] as f64 / used[1] as f64;
     assert!((0.8..1.25).contains(&ratio), "a/b = {ratio}");
 }
 
 #[test]
 fn overuse_beyond_the_credit_cap_does_not_pause_an_uncapped_group() {
-    // a always reports 178 ms for a 100 ms token (deep queues); with
-    // MaxUtil 1 it must stay eligible, so its MinUtil 0.7 holds against b.
+    // Both always report 178 ms for a 100 ms token (deep queues); with
+    // MaxUtil 1, a must stay eligible, so its MinUtil 0.7 holds against b.
     let mut p = Policy::new(
         Params::default(),
         config("[a]\nMinUtil=0.7\n[b]\nMinUtil=0.3\n"),
     );
     hello(&mut p, 1, "a");
     hello(&mut p, 2, "b");
-    let mut now = 0;
-    let mut used = [0u64; 2];
-    let mut holder: Option<ClientId> = None;
-    for c in [1, 2] {
-        let req = Request::AcquireToken {
-            device: 0,
-            used_us: 0,
-            burst_us: 100 * MS,
-        };
-        for a in p.handle(
-            Event::Request {
-                client: c,
-                seq: 0,
-                req,
-            },
-            now,
-        ) {
-            if let Action::Reply {
-                client,
-                reply: Reply::Token { .. },
-                ..
-            } = a
-            {
-                holder = Some(client);
-            }
-        }
-    }
-    for _ in 0..200 {
-        let c = holder.take().expect("someone holds the token");
-        let u = 178 * MS;
-        now += u;
-        used[(c - 1) as usize] += u;
-        let req = Request::AcquireToken {
-            device: 0,
-            used_us: u,
-            burst_us: 100 * MS,
-        };
-        for a in p.handle(
-            Event::Request {
-                client: c,
-                seq: 0,
-                req,
-            },
-            now,
-        ) {
-            if let Action::Reply {
-                client,
-                reply: Reply::Token { .. },
-                ..
-            } = a
-            {
-                holder = Some(client);
-            }
-        }
-    }
+    let used = take_turns(&mut p, 200, 100 * MS, |_, _| 178 * MS);
     let share = used[0] as f64 / (used[0] + used[1]) as f64;
     assert!((share - 0.7).abs() <= 0.02, "a got {share}");
 }
