@@ -898,7 +898,7 @@ fn take_turns(
     let mut now = 0;
     let mut total = [0u64; 2];
     let mut holder: Option<(ClientId, Micros)> = None;
-    let mut ask = |p: &mut Policy,
+    let ask = |p: &mut Policy,
                    c: ClientId,
                    u: Micros,
                    now: Micros,
