@@ -143,6 +143,11 @@ mod tests {
             Request::Status,
             Request::Shutdown,
             Request::Goodbye,
+            Request::NeedMemory {
+                device: 1,
+                bytes: 1 << 30,
+            },
+            Request::HolderPoll { wait_us: 100_000 },
         ]
     }
 
@@ -172,6 +177,15 @@ mod tests {
                 used: 5,
                 limit: 10,
             },
+            Reply::Holder(crate::HolderOrder::FreeMemory {
+                device: 0,
+                bytes: 7,
+            }),
+            Reply::Holder(crate::HolderOrder::Report(vec![crate::DeviceActivity {
+                device: 0,
+                idle_us: u64::MAX,
+            }])),
+            Reply::Holder(crate::HolderOrder::Stop),
         ];
         for r in replies {
             assert_eq!(decode_reply(&encode_reply(9, &r)), Ok((9, r)));

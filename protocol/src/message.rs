@@ -108,6 +108,24 @@ pub enum Request {
     /// The client is leaving: its token and memory are released at once.
     /// Reply: [`Reply::Done`].
     Goodbye,
+    /// A client's real allocation failed for lack of device memory (its
+    /// reservation was granted): ask the holder to give memory back on
+    /// `device`. Reply: [`Reply::Done`] once the holder has freed some
+    /// (retry the allocation), or [`ErrorKind::OutOfMemory`] if the holder
+    /// holds none there or does not answer within a second.
+    NeedMemory {
+        /// The device.
+        device: DeviceId,
+        /// Bytes the failed allocation asked for.
+        bytes: u64,
+    },
+    /// Holder only: wait up to `wait_us` for an order. Reply:
+    /// [`Reply::Holder`] with an order as soon as there is one, else with
+    /// a report when the time is up.
+    HolderPoll {
+        /// Longest wait, in microseconds.
+        wait_us: u64,
+    },
 }
 
 /// Scheduler → client.
@@ -144,6 +162,36 @@ pub enum Reply {
     Status(Box<StatusReport>),
     /// The request was refused.
     Error(ErrorReply),
+    /// Answer to [`Request::HolderPoll`].
+    Holder(HolderOrder),
+}
+
+/// What the scheduler tells the holder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum HolderOrder {
+    /// A real client needs memory on `device`: free at least `bytes` of
+    /// what you hold there (all of it if you hold less), then release the
+    /// reservation.
+    FreeMemory {
+        /// The device.
+        device: DeviceId,
+        /// Bytes needed.
+        bytes: u64,
+    },
+    /// Nothing to do; how long ago real clients last asked for each device.
+    Report(Vec<DeviceActivity>),
+    /// The scheduler is shutting down: release everything.
+    Stop,
+}
+
+/// Real-client activity on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceActivity {
+    /// The device.
+    pub device: DeviceId,
+    /// Microseconds since a real client last asked for a token or memory
+    /// there (`u64::MAX`: never).
+    pub idle_us: u64,
 }
 
 /// Why a request was refused.

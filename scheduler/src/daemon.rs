@@ -287,6 +287,11 @@ impl Daemon {
             self.send_actions(actions);
         }
         info!("gem-schd stopping");
+        // Tell the holder to let go of everything, and give the message
+        // time to leave before the socket closes.
+        let actions = self.policy.shutdown();
+        let _ = self.sock.set_linger(500);
+        self.send_actions(actions);
         Ok(())
     }
 

@@ -22,6 +22,7 @@
 //!   beyond `MemoryLimit`.
 //! - The holder is served only when no eligible client waits.
 
+mod holder;
 mod usage;
 
 use gemini_config::{GroupConfig, ResourceConfig};
@@ -41,6 +42,9 @@ pub const MAX_DEVICES: DeviceId = 1024;
 
 /// Internal group key of the holder (no configured group can be empty).
 const HOLDER: &str = "";
+/// Shortest token the holder is given (its kernels are short so a real
+/// client never waits long behind one).
+pub const HOLDER_MIN_QUOTA: Micros = 100;
 
 /// What saturating groups `(MinUtil, MaxUtil)` are entitled to under
 /// these rules: a common level clamped to each group's `[MinUtil,
@@ -192,6 +196,14 @@ pub struct Policy {
     devices: BTreeMap<DeviceId, Device>,
     /// Bytes reserved per (group, device).
     memory: BTreeMap<(String, DeviceId), u64>,
+    /// When a real client last asked for a token or memory, per device.
+    activity: BTreeMap<DeviceId, Micros>,
+    /// The holder's pending poll for orders.
+    poll: Option<holder::Poll>,
+    /// Orders waiting for the holder's next poll.
+    orders: std::collections::VecDeque<gemini_protocol::HolderOrder>,
+    /// Clients waiting for the holder to free memory.
+    demands: Vec<holder::Demand>,
 }
 
 fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
@@ -275,6 +287,10 @@ impl Policy {
             clients: BTreeMap::new(),
             devices: BTreeMap::new(),
             memory: BTreeMap::new(),
+            activity: BTreeMap::new(),
+            poll: None,
+            orders: Default::default(),
+            demands: Vec::new(),
         }
     }
 
@@ -306,11 +322,12 @@ impl Policy {
         let mut out = Vec::new();
         match event {
             Event::Request { client, seq, req } => self.request(client, seq, req, now, &mut out),
-            Event::Disconnected { client } => self.disconnect(client, now),
+            Event::Disconnected { client } => self.disconnect(client, now, &mut out),
             Event::Reconfigure(cfg) => self.reconfigure(cfg),
             Event::Tick => {}
         }
         self.schedule_all(now, &mut out);
+        self.holder_tick(now, &mut out);
         out
     }
 
@@ -354,6 +371,7 @@ impl Policy {
             | Request::ReleaseToken { device, .. }
             | Request::ReserveMemory { device, .. }
             | Request::ReleaseMemory { device, .. }
+            | Request::NeedMemory { device, .. }
             | Request::MemoryInfo { device } => Some(*device),
             _ => None,
         };
@@ -379,6 +397,9 @@ impl Policy {
                     ));
                     return;
                 }
+                if role == Role::Client {
+                    self.activity.insert(device, now);
+                }
                 self.report(client, device, used_us, now);
                 let dev = self.devices.entry(device).or_default();
                 if let Some(old) = dev.waiters.iter_mut().find(|w| w.client == client) {
@@ -403,14 +424,47 @@ impl Policy {
                 self.report(client, device, used_us, now);
                 reply(Reply::Done);
             }
-            Request::ReserveMemory { device, bytes } => reply(self.reserve(client, device, bytes)),
+            Request::ReserveMemory { device, bytes } => {
+                if role == Role::Client {
+                    self.activity.insert(device, now);
+                }
+                reply(self.reserve(client, device, bytes))
+            }
             Request::ReleaseMemory { device, bytes } => {
-                reply(self.release_memory(client, device, bytes))
+                reply(self.release_memory(client, device, bytes));
+                if role == Role::Holder {
+                    self.holder_released(device, out);
+                }
+            }
+            Request::NeedMemory { device, bytes } => {
+                if role != Role::Client {
+                    reply(error(
+                        ErrorKind::Unexpected,
+                        "only clients ask the holder for memory",
+                    ));
+                    return;
+                }
+                self.activity.insert(device, now);
+                self.need_memory(client, seq, device, bytes, now, out);
+            }
+            Request::HolderPoll { wait_us } => {
+                if role != Role::Holder {
+                    reply(error(
+                        ErrorKind::Unexpected,
+                        "only the holder polls for orders",
+                    ));
+                    return;
+                }
+                self.holder_poll(client, seq, wait_us, now, out);
             }
             Request::MemoryInfo { device } => reply(self.memory_view(client, device)),
             Request::Goodbye => {
-                self.disconnect(client, now);
-                reply(Reply::Done);
+                self.disconnect(client, now, out);
+                out.push(Action::Reply {
+                    client,
+                    seq,
+                    reply: Reply::Done,
+                });
             }
             Request::Hello { .. } | Request::Status | Request::Shutdown => {}
         }
@@ -578,7 +632,7 @@ impl Policy {
         }
     }
 
-    fn disconnect(&mut self, client: ClientId, now: Micros) {
+    fn disconnect(&mut self, client: ClientId, now: Micros, out: &mut Vec<Action>) {
         let Some(c) = self.clients.remove(&client) else {
             return;
         };
@@ -605,6 +659,9 @@ impl Policy {
         }
         if !self.clients.values().any(|o| o.group == c.group) {
             self.retired.remove(&c.group);
+        }
+        if c.role == Role::Holder {
+            self.holder_gone(client, out);
         }
     }
 
@@ -694,7 +751,14 @@ impl Policy {
         } else {
             w.burst
         };
-        let quota = burst.clamp(params.min_quota, params.max_quota);
+        // The holder's tokens are as short as its kernels: a real client
+        // waits at most one of them.
+        let floor = if c.role == Role::Holder {
+            HOLDER_MIN_QUOTA
+        } else {
+            params.min_quota
+        };
+        let quota = burst.clamp(floor.min(params.max_quota), params.max_quota);
         let g = dev.groups.entry(c.group.clone()).or_default();
         if g.usage.is_empty(now, params.window) {
             g.active_since = now;
@@ -747,7 +811,10 @@ impl Policy {
                 }
             }
         }
-        next
+        match (next, self.holder_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Figures for `gem-schd status`.

@@ -4,6 +4,7 @@
 
 use super::*;
 use gemini_config::parse_resource;
+use gemini_protocol::{DeviceActivity, HolderOrder};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::Path;
@@ -899,10 +900,10 @@ fn take_turns(
     let mut total = [0u64; 2];
     let mut holder: Option<(ClientId, Micros)> = None;
     let ask = |p: &mut Policy,
-                   c: ClientId,
-                   u: Micros,
-                   now: Micros,
-                   holder: &mut Option<(ClientId, Micros)>| {
+               c: ClientId,
+               u: Micros,
+               now: Micros,
+               holder: &mut Option<(ClientId, Micros)>| {
         let req = Request::AcquireToken {
             device: 0,
             used_us: u,
@@ -963,4 +964,296 @@ fn overuse_beyond_the_credit_cap_does_not_pause_an_uncapped_group() {
     let used = take_turns(&mut p, 200, 100 * MS, |_, _| 178 * MS);
     let share = used[0] as f64 / (used[0] + used[1]) as f64;
     assert!((share - 0.7).abs() <= 0.02, "a got {share}");
+}
+
+fn hello_holder(p: &mut Policy, client: ClientId) {
+    let req = Request::Hello {
+        role: Role::Holder,
+        group: String::new(),
+        pid: 9,
+        held: vec![],
+    };
+    assert!(matches!(
+        p.handle(
+            Event::Request {
+                client,
+                seq: 0,
+                req
+            },
+            0
+        )
+        .pop(),
+        Some(Action::Reply {
+            reply: Reply::Welcome { .. },
+            ..
+        })
+    ));
+}
+
+fn replies(acts: Vec<Action>) -> Vec<(ClientId, u32, Reply)> {
+    acts.into_iter()
+        .map(|Action::Reply { client, seq, reply }| (client, seq, reply))
+        .collect()
+}
+
+#[test]
+fn holder_gives_memory_back_to_a_client_that_needs_it() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=8GiB\n"));
+    hello(&mut p, 1, "a");
+    hello_holder(&mut p, 50);
+    // Nothing held: the client's need is refused at once.
+    let r = replies(p.handle(
+        Event::Request {
+            client: 1,
+            seq: 3,
+            req: Request::NeedMemory {
+                device: 0,
+                bytes: 1 << 30,
+            },
+        },
+        0,
+    ));
+    assert_eq!(r.len(), 1);
+    assert_eq!(kind(&r[0].2), Some(ErrorKind::OutOfMemory));
+    // The holder holds 6 GiB and polls.
+    let r = replies(p.handle(
+        Event::Request {
+            client: 50,
+            seq: 1,
+            req: Request::ReserveMemory {
+                device: 0,
+                bytes: 6 << 30,
+            },
+        },
+        0,
+    ));
+    assert!(matches!(r[0].2, Reply::Memory { .. }), "{r:?}");
+    assert!(
+        replies(p.handle(
+            Event::Request {
+                client: 50,
+                seq: 2,
+                req: Request::HolderPoll { wait_us: 100_000 }
+            },
+            10
+        ))
+        .is_empty()
+    );
+    // The client needs 1 GiB: the holder is told at once, the client waits.
+    let r = replies(p.handle(
+        Event::Request {
+            client: 1,
+            seq: 4,
+            req: Request::NeedMemory {
+                device: 0,
+                bytes: 1 << 30,
+            },
+        },
+        20,
+    ));
+    assert_eq!(
+        r,
+        vec![(
+            50,
+            2,
+            Reply::Holder(HolderOrder::FreeMemory {
+                device: 0,
+                bytes: 1 << 30
+            })
+        )]
+    );
+    // The holder frees 2 GiB: the client may retry.
+    let r = replies(p.handle(
+        Event::Request {
+            client: 50,
+            seq: 5,
+            req: Request::ReleaseMemory {
+                device: 0,
+                bytes: 2 << 30,
+            },
+        },
+        30,
+    ));
+    assert!(r.contains(&(1, 4, Reply::Done)), "{r:?}");
+}
+
+#[test]
+fn holder_poll_reports_activity_and_unanswered_demands_time_out() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    hello(&mut p, 1, "a");
+    hello_holder(&mut p, 50);
+    p.handle(
+        Event::Request {
+            client: 1,
+            seq: 1,
+            req: Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 0,
+            },
+        },
+        1_000,
+    );
+    p.handle(
+        Event::Request {
+            client: 1,
+            seq: 2,
+            req: Request::ReleaseToken {
+                device: 0,
+                used_us: 10,
+            },
+        },
+        2_000,
+    );
+    p.handle(
+        Event::Request {
+            client: 50,
+            seq: 1,
+            req: Request::HolderPoll { wait_us: 50_000 },
+        },
+        3_000,
+    );
+    assert_eq!(p.next_deadline(3_000), Some(53_000));
+    let r = replies(p.handle(Event::Tick, 53_000));
+    assert_eq!(
+        r,
+        vec![(
+            50,
+            1,
+            Reply::Holder(HolderOrder::Report(vec![DeviceActivity {
+                device: 0,
+                idle_us: 52_000
+            }]))
+        )]
+    );
+    // A demand the holder ignores is refused after a second.
+    p.handle(
+        Event::Request {
+            client: 50,
+            seq: 2,
+            req: Request::ReserveMemory {
+                device: 0,
+                bytes: 100,
+            },
+        },
+        53_000,
+    );
+    assert!(
+        replies(p.handle(
+            Event::Request {
+                client: 1,
+                seq: 3,
+                req: Request::NeedMemory {
+                    device: 0,
+                    bytes: 10
+                }
+            },
+            60_000
+        ))
+        .is_empty()
+    );
+    let r = replies(p.handle(Event::Tick, 60_000 + holder::DEMAND_TIMEOUT));
+    assert_eq!(r.len(), 1);
+    assert_eq!(kind(&r[0].2), Some(ErrorKind::OutOfMemory));
+}
+
+#[test]
+fn holder_leaving_frees_waiting_clients_and_shutdown_stops_it() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    hello(&mut p, 1, "a");
+    hello_holder(&mut p, 50);
+    p.handle(
+        Event::Request {
+            client: 50,
+            seq: 1,
+            req: Request::ReserveMemory {
+                device: 0,
+                bytes: 100,
+            },
+        },
+        0,
+    );
+    p.handle(
+        Event::Request {
+            client: 1,
+            seq: 2,
+            req: Request::NeedMemory {
+                device: 0,
+                bytes: 10,
+            },
+        },
+        0,
+    );
+    let r = replies(p.handle(Event::Disconnected { client: 50 }, 10));
+    assert_eq!(r, vec![(1, 2, Reply::Done)]);
+    hello_holder(&mut p, 51);
+    p.handle(
+        Event::Request {
+            client: 51,
+            seq: 7,
+            req: Request::HolderPoll { wait_us: 1_000_000 },
+        },
+        20,
+    );
+    assert_eq!(
+        replies(p.shutdown()),
+        vec![(51, 7, Reply::Holder(HolderOrder::Stop))]
+    );
+}
+
+#[test]
+fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    hello(&mut p, 1, "a");
+    hello_holder(&mut p, 50);
+    let acquire = |burst| Request::AcquireToken {
+        device: 0,
+        used_us: 0,
+        burst_us: burst,
+    };
+    let r = replies(p.handle(
+        Event::Request {
+            client: 50,
+            seq: 1,
+            req: acquire(2_000),
+        },
+        0,
+    ));
+    assert_eq!(
+        r,
+        vec![(
+            50,
+            1,
+            Reply::Token {
+                device: 0,
+                quota_us: 2_000
+            }
+        )]
+    );
+    // Both wait when the holder's token comes back: the client wins.
+    assert!(
+        replies(p.handle(
+            Event::Request {
+                client: 1,
+                seq: 1,
+                req: acquire(0)
+            },
+            500
+        ))
+        .is_empty()
+    );
+    let r = replies(p.handle(
+        Event::Request {
+            client: 50,
+            seq: 2,
+            req: Request::AcquireToken {
+                device: 0,
+                used_us: 2_000,
+                burst_us: 2_000,
+            },
+        },
+        2_000,
+    ));
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0, 1, "the real client gets the device: {r:?}");
 }
