@@ -65,7 +65,7 @@ pub fn release(key: u64) {
 
 /// Reserves, calls `alloc` (which returns the real result and the key of
 /// what it allocated), records or rolls back.
-pub fn guarded_alloc(bytes: u64, alloc: impl FnOnce() -> (CUresult, u64)) -> CUresult {
+pub fn guarded_alloc(bytes: u64, alloc: impl FnMut() -> (CUresult, u64)) -> CUresult {
     guarded_alloc_on(current_ordinal(), bytes, alloc)
 }
 
@@ -74,7 +74,7 @@ pub fn guarded_alloc(bytes: u64, alloc: impl FnOnce() -> (CUresult, u64)) -> CUr
 pub fn guarded_alloc_on(
     dev: Option<u32>,
     bytes: u64,
-    alloc: impl FnOnce() -> (CUresult, u64),
+    mut alloc: impl FnMut() -> (CUresult, u64),
 ) -> CUresult {
     let Some(dev) = dev else { return alloc().0 };
     if bytes == 0 {
@@ -84,13 +84,31 @@ pub fn guarded_alloc_on(
         Ok(d) => d,
         Err(e) => return e,
     };
-    let (r, key) = alloc();
+    let (mut r, mut key) = alloc();
+    // Within the group's limit but the device is full: the holder may be
+    // sitting on the memory. Ask for it back and try again.
+    for _ in 0..3 {
+        if r != CUDA_ERROR_OUT_OF_MEMORY || !holder_gives_back(device, bytes) {
+            break;
+        }
+        (r, key) = alloc();
+    }
     if r == 0 {
         record(key, device, bytes);
     } else {
         unreserve(device, bytes);
     }
     r
+}
+
+/// Asks the scheduler to have the holder free memory on `device`; true if
+/// it did (retry the allocation).
+fn holder_gives_back(device: u32, bytes: u64) -> bool {
+    let st = state::get();
+    matches!(
+        st.call(&Request::NeedMemory { device, bytes }, device),
+        Ok(Reply::Done)
+    )
 }
 
 /// The group's (used, limit) on ordinal `dev`, if the scheduler answers.

@@ -90,7 +90,7 @@ impl SimEnv {
         let dir = tempfile::tempdir().unwrap();
         let lib = dir.path().join("lib");
         std::fs::create_dir(&lib).unwrap();
-        for name in ["libcuda.so.1", "libcuda.so"] {
+        for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"] {
             std::os::unix::fs::symlink(bin("libfakecuda.so"), lib.join(name)).unwrap();
         }
         SimEnv {
@@ -294,6 +294,22 @@ impl Gemini {
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+    }
+
+    /// `gem-holder` with its arguments, on this machine's simulated GPUs
+    /// and scheduler.
+    pub fn holder(&self, args: &[&str]) -> Command {
+        let mut c = self.sim.command(bin("gem-holder"));
+        c.env("GEMINI_IPC_DIR", self.ipc()).args(args);
+        c
+    }
+
+    /// Asks the running holder for its status (JSON).
+    pub fn holder_status(&self) -> Option<String> {
+        let out = self.holder(&["status", "--json"]).output().ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Runs `cmd` under the hook as a process of `group`.

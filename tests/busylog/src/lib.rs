@@ -117,6 +117,31 @@ pub fn read(dir: &Path, device: u32) -> std::io::Result<Vec<Record>> {
         .collect())
 }
 
+/// Reads at most the last `max` records of `device` (for a recent window
+/// without reading a long log whole).
+pub fn read_tail(dir: &Path, device: u32, max: usize) -> std::io::Result<Vec<Record>> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut f = match std::fs::File::open(log_path(dir, device)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let len = f.metadata()?.len();
+    let whole = len - len % RECORD as u64;
+    let start = whole.saturating_sub((max * RECORD) as u64);
+    f.seek(SeekFrom::Start(start))?;
+    let mut bytes = vec![0u8; (whole - start) as usize];
+    f.read_exact(&mut bytes)?;
+    Ok(bytes
+        .chunks_exact(RECORD)
+        .map(|c| {
+            let mut a = [0u8; RECORD];
+            a.copy_from_slice(c);
+            Record::from_bytes(&a)
+        })
+        .collect())
+}
+
 /// Busy time within `[from, to)` of each pid, and of the device as a whole
 /// (overlapping intervals counted once), in ns.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -207,6 +207,11 @@ impl Sim {
         })
     }
 
+    /// Number of simulated devices, visible or not.
+    pub fn total_devices(&self) -> usize {
+        self.shared.devices.load(Ordering::Relaxed) as usize
+    }
+
     /// Number of devices this process sees.
     pub fn devices(&self) -> i32 {
         self.visible.len() as i32

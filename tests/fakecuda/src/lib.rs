@@ -11,7 +11,12 @@
 //! - `fake_spin`: the first kernel parameter, a `u64`, is the duration in
 //!   microseconds;
 //! - `fixed_<N>us` (e.g. `fixed_500us`): N microseconds;
+//! - `gemini_spin` (the holder's kernel): the first parameter, a `u64`,
+//!   in nanoseconds;
 //! - any other name: `FAKECUDA_KERNEL_US` microseconds (default 100).
+//!
+//! The library also answers the few NVML calls the holder makes
+//! ([`nvml`]), so it can be installed as `libnvidia-ml.so.1` too.
 //!
 //! A graph's duration is the sum of its kernel nodes'. Copies and memsets
 //! take no device time. Device memory has no backing store: copies from
@@ -23,6 +28,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 pub mod device;
+pub mod nvml;
 pub mod procaddr;
 pub mod types;
 
@@ -68,7 +74,10 @@ fn get<T: Copy>(p: *const T) -> Result<T, CUresult> {
 
 #[derive(Debug, Clone)]
 enum Func {
+    /// First parameter: microseconds.
     Spin,
+    /// First parameter: nanoseconds (the holder's `gemini_spin`).
+    SpinNs,
     Fixed(u64),
 }
 
@@ -202,6 +211,9 @@ fn function_for(name: &str) -> Func {
     if name == "fake_spin" {
         return Func::Spin;
     }
+    if name == "gemini_spin" {
+        return Func::SpinNs;
+    }
     let fixed = name
         .strip_prefix("fixed_")
         .and_then(|r| r.strip_suffix("us"))
@@ -220,6 +232,10 @@ fn kernel_ns(f: CUfunction, params: *mut *mut c_void) -> Result<u64, CUresult> {
         Func::Spin => {
             let first = get(params as *const *mut c_void)?;
             Ok(get(first as *const u64)?.saturating_mul(1000))
+        }
+        Func::SpinNs => {
+            let first = get(params as *const *mut c_void)?;
+            get(first as *const u64)
         }
     }
 }
@@ -270,6 +286,16 @@ fn record_event(e: CUevent, h: CUstream, ptsz: bool) -> R {
         }
         _ => Err(CUDA_ERROR_INVALID_HANDLE),
     })
+}
+
+/// Later work on the stream starts after the event's work.
+fn wait_event(h: CUstream, e: CUevent, ptsz: bool) -> R {
+    let s = initialised()?;
+    let (_, tail) = stream(s, h, ptsz)?;
+    if let Some(t) = event_time(e)? {
+        tail.fetch_max(t, Ordering::AcqRel);
+    }
+    Ok(())
 }
 
 fn event_time(e: CUevent) -> Result<Option<u64>, CUresult> {
@@ -700,6 +726,8 @@ driver_api! {
         }
         Ok(())
     }
+    fn cuStreamWaitEvent(h: CUstream, e: CUevent, _flags: u32) { wait_event(h, e, false) }
+    fn cuStreamWaitEvent_ptsz(h: CUstream, e: CUevent, _flags: u32) { wait_event(h, e, true) }
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
     fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
 

@@ -59,6 +59,10 @@ struct Args {
     /// CUDA runtime does) or dlsym (the versioned symbol names)
     #[arg(long, default_value = "procaddr")]
     resolve: String,
+    /// Write the time (CLOCK_MONOTONIC ns) each burst started launching to
+    /// this file, one per line
+    #[arg(long)]
+    bursts_file: Option<std::path::PathBuf>,
     /// Launch from this many threads at once (same context and device)
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -240,6 +244,7 @@ struct Report {
     kernels: u64,
     allocated: u64,
     alloc_error: CUresult,
+    alloc_start_ns: u64,
     alloc_done_ns: u64,
     free: usize,
     total: usize,
@@ -284,6 +289,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             kernels: 0,
             allocated: 0,
             alloc_error: 0,
+            alloc_start_ns: monotonic_ns(),
             alloc_done_ns: 0,
             free: 0,
             total: 0,
@@ -421,7 +427,9 @@ fn launch_loop(d: &Driver, args: &Args, func: usize, exec: usize) -> anyhow::Res
         };
         let stream: Ptr = std::ptr::null_mut();
         let end = Instant::now() + Duration::from_secs_f64(args.seconds);
+        let mut bursts = Vec::new();
         while Instant::now() < end {
+            bursts.push(monotonic_ns());
             let burst_end = if args.burst_ms > 0.0 {
                 Instant::now() + Duration::from_secs_f64(args.burst_ms / 1e3)
             } else {
@@ -462,6 +470,10 @@ fn launch_loop(d: &Driver, args: &Args, func: usize, exec: usize) -> anyhow::Res
                 );
             }
         }
+        if let Some(path) = &args.bursts_file {
+            let text: String = bursts.iter().map(|t| format!("{t}\n")).collect();
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
     }
     Ok(kernels)
 }
@@ -488,13 +500,14 @@ fn main() -> anyhow::Result<()> {
     let code = match &result {
         Ok(r) => {
             println!(
-                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_done_ns={} free={} total={}",
+                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={}",
                 std::process::id(),
                 r.kernels,
                 args.kernel_us,
                 start.elapsed().as_secs_f64(),
                 r.allocated,
                 r.alloc_error,
+                r.alloc_start_ns,
                 r.alloc_done_ns,
                 r.free,
                 r.total

@@ -1,0 +1,472 @@
+//! The holder at work. Per device: a *compute* thread that, while the
+//! device is held, takes the shortest tokens the scheduler gives (one
+//! kernel each; a real client waiting always goes first) and runs spin
+//! kernels at a duty cycle steered by measured utilisation toward
+//! `--hold-util`; and one *orders* thread that long-polls the scheduler,
+//! tells idle devices from its activity reports and the device's memory,
+//! takes and holds memory in chunks, and gives it back when ordered.
+//!
+//! A device is held when, for the whole wait period, no real client asked
+//! for it and the memory others use stayed under `--mem-threshold`. Any
+//! real client's request ends that at once (compute stops; memory is kept
+//! until a client needs it, then freed chunk by chunk) and the wait starts
+//! again.
+
+use crate::control::{DeviceStatus, Status};
+use crate::gpu::{Gpu, Nvml};
+use crate::sched::Sched;
+use crate::settings::Settings;
+use cudarc::driver::CudaSlice;
+use gemini_protocol::{HeldMemory, HolderOrder, Reply, Request};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long one poll for orders waits.
+const POLL: Duration = Duration::from_millis(100);
+/// How often the duty cycle is corrected from measured utilisation.
+const CONTROL_PERIOD: Duration = Duration::from_millis(200);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn f64_load(a: &AtomicU64) -> f64 {
+    f64::from_bits(a.load(Ordering::Relaxed))
+}
+
+fn f64_store(a: &AtomicU64, v: f64) {
+    a.store(v.to_bits(), Ordering::Relaxed);
+}
+
+/// One held device.
+pub struct Device {
+    /// Physical index (= the CUDA ordinal: run the holder without
+    /// `CUDA_VISIBLE_DEVICES`).
+    pub index: u32,
+    gpu: Gpu,
+    /// Compute runs while set.
+    holding: AtomicBool,
+    chunks: Mutex<Vec<CudaSlice<u8>>>,
+    held: AtomicU64,
+    duty: AtomicU64,
+    util: AtomicU64,
+    others: AtomicU64,
+    /// When the device was last seen in use by others (ns since start).
+    busy_at: AtomicU64,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("index", &self.index)
+            .finish_non_exhaustive()
+    }
+}
+
+/// State shared by the holder's threads.
+#[derive(Debug)]
+pub struct Engine {
+    /// Settings in force.
+    pub settings: Mutex<Settings>,
+    /// The devices.
+    pub devices: Vec<Device>,
+    /// `gem-holder stop`: hold nothing until `start`.
+    pub stopped: AtomicBool,
+    /// Everything must be released at the orders thread's next turn.
+    pub release: AtomicBool,
+    /// The process is exiting.
+    pub exit: AtomicBool,
+    /// The scheduler answered the last poll.
+    pub scheduler_up: AtomicBool,
+    ipc: PathBuf,
+    nvml: Option<Nvml>,
+    start: Instant,
+}
+
+impl Engine {
+    /// Opens the devices.
+    pub fn new(settings: Settings, ipc: PathBuf) -> anyhow::Result<Arc<Engine>> {
+        let indices: Vec<u32> = if settings.devices.is_empty() {
+            (0..crate::gpu::device_count()?).collect()
+        } else {
+            settings.devices.clone()
+        };
+        let mut devices = Vec::new();
+        for index in indices {
+            let gpu = Gpu::open(index).map_err(|e| anyhow::anyhow!("device {index}: {e}"))?;
+            devices.push(Device {
+                index,
+                gpu,
+                holding: AtomicBool::new(false),
+                chunks: Mutex::new(Vec::new()),
+                held: AtomicU64::new(0),
+                duty: AtomicU64::new(settings.hold_util.to_bits()),
+                util: AtomicU64::new(f64::NAN.to_bits()),
+                others: AtomicU64::new(0),
+                busy_at: AtomicU64::new(0),
+            });
+        }
+        Ok(Arc::new(Engine {
+            settings: Mutex::new(settings),
+            devices,
+            stopped: AtomicBool::new(false),
+            release: AtomicBool::new(false),
+            exit: AtomicBool::new(false),
+            scheduler_up: AtomicBool::new(false),
+            ipc,
+            nvml: Nvml::load(),
+            start: Instant::now(),
+        }))
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn held_memory(&self) -> Vec<HeldMemory> {
+        self.devices
+            .iter()
+            .map(|d| HeldMemory {
+                device: d.index,
+                bytes: d.held.load(Ordering::Relaxed),
+            })
+            .filter(|h| h.bytes > 0)
+            .collect()
+    }
+
+    /// Starts the threads.
+    pub fn spawn(self: &Arc<Self>) -> Vec<std::thread::JoinHandle<()>> {
+        let mut threads = Vec::new();
+        for i in 0..self.devices.len() {
+            let e = Arc::clone(self);
+            threads.push(std::thread::spawn(move || e.compute(i)));
+        }
+        let e = Arc::clone(self);
+        threads.push(std::thread::spawn(move || e.orders()));
+        threads
+    }
+
+    /// The state for `gem-holder status`.
+    pub fn status(&self) -> Status {
+        let wait = lock(&self.settings).wait_ns();
+        let now = self.now();
+        Status {
+            settings: lock(&self.settings).clone(),
+            stopped: self.stopped.load(Ordering::Relaxed),
+            scheduler: self.scheduler_up.load(Ordering::Relaxed),
+            devices: self
+                .devices
+                .iter()
+                .map(|d| {
+                    let idle = now.saturating_sub(d.busy_at.load(Ordering::Relaxed));
+                    let state = if self.stopped.load(Ordering::Relaxed) {
+                        "stopped"
+                    } else if d.holding.load(Ordering::Relaxed) {
+                        "holding"
+                    } else {
+                        "waiting"
+                    };
+                    let _ = wait;
+                    let util = f64_load(&d.util);
+                    DeviceStatus {
+                        device: d.index,
+                        state: state.into(),
+                        held_bytes: d.held.load(Ordering::Relaxed),
+                        duty: f64_load(&d.duty),
+                        utilisation: (!util.is_nan()).then_some(util),
+                        others_used: d.others.load(Ordering::Relaxed),
+                        idle_seconds: idle as f64 / 1e9,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    // ---- compute -------------------------------------------------------
+
+    fn compute(&self, i: usize) {
+        let d = &self.devices[i];
+        let mut sched = Sched::new(self.ipc.clone());
+        let mut prev: Option<cudarc::driver::CudaEvent> = None;
+        let mut holding_token = false;
+        let mut last_control = Instant::now();
+        while !self.exit.load(Ordering::Relaxed) {
+            if !d.holding.load(Ordering::Relaxed) {
+                if holding_token {
+                    let _ = sched.call(
+                        &Request::ReleaseToken {
+                            device: d.index,
+                            used_us: 0,
+                        },
+                        Duration::from_secs(2),
+                        &[],
+                    );
+                    holding_token = false;
+                }
+                if let Some(e) = prev.take() {
+                    let _ = e.synchronize();
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            let (target, kernel_ns) = {
+                let s = lock(&self.settings);
+                (s.hold_util, s.kernel_ns())
+            };
+            if last_control.elapsed() >= CONTROL_PERIOD {
+                last_control = Instant::now();
+                self.steer(d, target);
+            }
+            let duty = f64_load(&d.duty);
+            let used_us = if holding_token { kernel_ns / 1000 } else { 0 };
+            let req = Request::AcquireToken {
+                device: d.index,
+                used_us,
+                burst_us: kernel_ns / 1000,
+            };
+            match sched.call(&req, Duration::from_secs(5), &[]) {
+                Ok(Reply::Token { .. }) => holding_token = true,
+                _ => {
+                    holding_token = false;
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            }
+            let launched = Instant::now();
+            let ev = match d.gpu.spin(kernel_ns) {
+                Ok(ev) => ev,
+                Err(e) => {
+                    eprintln!("gem-holder: device {}: kernel launch failed: {e}", d.index);
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            if duty < 0.999 {
+                // Below full: let the kernel finish (so the time reported
+                // is the time used), give the token back and rest, one
+                // period per kernel.
+                let _ = ev.synchronize();
+                let _ = sched.call(
+                    &Request::ReleaseToken {
+                        device: d.index,
+                        used_us: kernel_ns / 1000,
+                    },
+                    Duration::from_secs(2),
+                    &[],
+                );
+                holding_token = false;
+                let period = Duration::from_nanos((kernel_ns as f64 / duty.max(0.01)) as u64);
+                let rest = period.saturating_sub(launched.elapsed());
+                std::thread::sleep(rest);
+            } else if let Some(e) = prev.replace(ev) {
+                // Full: the next token is asked for while this kernel runs,
+                // with at most two kernels in flight, so a real client never
+                // waits behind more than that.
+                let _ = e.synchronize();
+            }
+        }
+        if holding_token {
+            let _ = sched.call(
+                &Request::ReleaseToken {
+                    device: d.index,
+                    used_us: 0,
+                },
+                Duration::from_secs(2),
+                &[],
+            );
+        }
+    }
+
+    /// Closed loop: move the duty cycle by the gap between target and the
+    /// utilisation NVML measured (open loop where there is no NVML).
+    fn steer(&self, d: &Device, target: f64) {
+        if target >= 0.999 {
+            f64_store(&d.duty, 1.0);
+            return;
+        }
+        let Some(u) = self.nvml.as_ref().and_then(|n| n.utilisation(d.index)) else {
+            f64_store(&d.duty, target);
+            return;
+        };
+        f64_store(&d.util, u);
+        let duty = (f64_load(&d.duty) + 0.5 * (target - u)).clamp(0.01, 1.0);
+        f64_store(&d.duty, duty);
+    }
+
+    // ---- orders and memory ---------------------------------------------
+
+    fn orders(&self) {
+        let mut sched = Sched::new(self.ipc.clone());
+        while !self.exit.load(Ordering::Relaxed) {
+            if self.release.swap(false, Ordering::AcqRel) {
+                self.release_all(&mut sched);
+            }
+            let req = Request::HolderPoll {
+                wait_us: POLL.as_micros() as u64,
+            };
+            let reply = sched.call(&req, POLL + Duration::from_secs(2), &self.held_memory());
+            match reply {
+                Ok(Reply::Holder(HolderOrder::FreeMemory { device, bytes })) => {
+                    self.scheduler_up.store(true, Ordering::Relaxed);
+                    self.free_memory(&mut sched, device, bytes);
+                }
+                Ok(Reply::Holder(HolderOrder::Report(activity))) => {
+                    self.scheduler_up.store(true, Ordering::Relaxed);
+                    self.update(&mut sched, &activity);
+                }
+                Ok(Reply::Holder(HolderOrder::Stop)) => {
+                    eprintln!("gem-holder: the scheduler is shutting down; releasing everything");
+                    self.release_all(&mut sched);
+                    self.scheduler_up.store(false, Ordering::Relaxed);
+                }
+                Ok(other) => {
+                    eprintln!("gem-holder: unexpected answer from the scheduler: {other:?}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err(e) => {
+                    if self.scheduler_up.swap(false, Ordering::Relaxed) {
+                        eprintln!("gem-holder: {e}; releasing everything until it is back");
+                    }
+                    self.release_all(&mut sched);
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+        }
+        self.release_all(&mut sched);
+    }
+
+    /// Decides, per device, whether to hold it.
+    fn update(&self, sched: &mut Sched, activity: &[gemini_protocol::DeviceActivity]) {
+        let settings = lock(&self.settings).clone();
+        let now = self.now();
+        for d in &self.devices {
+            if let Ok((free, total)) = d.gpu.mem_info() {
+                let others = total
+                    .saturating_sub(free)
+                    .saturating_sub(d.held.load(Ordering::Relaxed));
+                d.others.store(others, Ordering::Relaxed);
+                if others >= settings.mem_threshold {
+                    d.busy_at.store(now, Ordering::Relaxed);
+                }
+            }
+            if let Some(a) = activity.iter().find(|a| a.device == d.index)
+                && a.idle_us != u64::MAX
+            {
+                let last = now.saturating_sub(a.idle_us.saturating_mul(1000));
+                d.busy_at.fetch_max(last, Ordering::Relaxed);
+            }
+            let idle_for = now.saturating_sub(d.busy_at.load(Ordering::Relaxed));
+            let idle = !self.stopped.load(Ordering::Relaxed) && idle_for >= settings.wait_ns();
+            let holding = d.holding.load(Ordering::Relaxed);
+            if idle && !holding {
+                if d.held.load(Ordering::Relaxed) == 0 {
+                    self.take_memory(sched, d, &settings);
+                }
+                d.holding.store(true, Ordering::Relaxed);
+            } else if !idle && holding {
+                // A real client came back: compute stops at once; memory is
+                // kept until one needs it.
+                d.holding.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn take_memory(&self, sched: &mut Sched, d: &Device, settings: &Settings) {
+        let Ok((free, _)) = d.gpu.mem_info() else {
+            return;
+        };
+        let target = settings.hold_mem.bytes(free);
+        let chunk = (target / 16).max(64 << 20);
+        let mut chunks = lock(&d.chunks);
+        let mut held = d.held.load(Ordering::Relaxed);
+        while held < target {
+            let n = chunk.min(target - held);
+            let reserved = sched.call(
+                &Request::ReserveMemory {
+                    device: d.index,
+                    bytes: n,
+                },
+                Duration::from_secs(2),
+                &[],
+            );
+            if !matches!(reserved, Ok(Reply::Memory { .. })) {
+                break;
+            }
+            match d.gpu.alloc(n) {
+                Ok(c) => {
+                    chunks.push(c);
+                    held += n;
+                    d.held.store(held, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    let _ = sched.call(
+                        &Request::ReleaseMemory {
+                            device: d.index,
+                            bytes: n,
+                        },
+                        Duration::from_secs(2),
+                        &[],
+                    );
+                    break;
+                }
+            }
+        }
+    }
+
+    fn free_memory(&self, sched: &mut Sched, device: u32, bytes: u64) {
+        let Some(d) = self.devices.iter().find(|d| d.index == device) else {
+            return;
+        };
+        // The device is wanted: stop holding it and start waiting again.
+        d.holding.store(false, Ordering::Relaxed);
+        d.busy_at.store(self.now(), Ordering::Relaxed);
+        let mut freed = 0u64;
+        {
+            let mut chunks = lock(&d.chunks);
+            while freed < bytes {
+                let Some(c) = chunks.pop() else { break };
+                freed += c.len() as u64;
+                drop(c);
+            }
+            if freed > 0 {
+                let _ = d.gpu.synchronize();
+            }
+            d.held
+                .fetch_sub(freed.min(d.held.load(Ordering::Relaxed)), Ordering::Relaxed);
+        }
+        let _ = sched.call(
+            &Request::ReleaseMemory {
+                device,
+                bytes: freed,
+            },
+            Duration::from_secs(2),
+            &[],
+        );
+    }
+
+    fn release_all(&self, sched: &mut Sched) {
+        for d in &self.devices {
+            d.holding.store(false, Ordering::Relaxed);
+            let freed: u64 = {
+                let mut chunks = lock(&d.chunks);
+                let n = chunks.iter().map(|c| c.len() as u64).sum();
+                chunks.clear();
+                n
+            };
+            let _ = d.gpu.synchronize();
+            d.held.store(0, Ordering::Relaxed);
+            if freed > 0 {
+                let _ = sched.call(
+                    &Request::ReleaseMemory {
+                        device: d.index,
+                        bytes: freed,
+                    },
+                    Duration::from_millis(500),
+                    &[],
+                );
+            }
+        }
+    }
+}

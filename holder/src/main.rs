@@ -1,0 +1,290 @@
+//! `gem-holder`: keeps idle GPUs occupied — a share of their time and
+//! memory — so they do not look idle to a cluster's reclaimers, and hands
+//! both back the moment a real program wants them. A client of `gem-schd`
+//! of the lowest priority.
+//!
+//! ```text
+//! gem-holder run [--devices 0,1] [--wait-minutes 10] [--mem-threshold 0.5GB]
+//!                [--hold-mem 50%] [--hold-util 0.5] [--max-kernel-ms 1]
+//! gem-holder status [--json] | stop | start | restart [flags] | shutdown
+//! ```
+
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod control;
+mod engine;
+mod gpu;
+mod sched;
+mod settings;
+
+use clap::{Args, Parser, Subcommand};
+use control::{Answer, Command, Patch};
+use gemini_protocol::{endpoint::ipc_dir_or_default, env};
+use settings::{HoldMem, Settings};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gem-holder",
+    version,
+    about = "Keeps idle GPUs occupied for gemini; hands them back at once when a real program needs them"
+)]
+struct Cli {
+    /// IPC directory of the scheduler (and of the holder's control socket)
+    #[arg(long, global = true, env = env::IPC_DIR, value_name = "DIR")]
+    ipc_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run the holder in the foreground
+    Run(Flags),
+    /// Show what the running holder holds
+    Status {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release everything and stop holding (the holder keeps running)
+    Stop,
+    /// Start holding again (after the wait period)
+    Start,
+    /// Release everything, apply new settings, hold again
+    Restart(Flags),
+    /// Release everything and exit
+    Shutdown,
+}
+
+#[derive(Args, Debug, Default)]
+struct Flags {
+    /// Devices to hold, e.g. 0,1 [default: all]
+    #[arg(long, value_delimiter = ',')]
+    devices: Option<Vec<u32>>,
+    /// Minutes a device must stay idle before it is held [default: 10]
+    #[arg(long)]
+    wait_minutes: Option<f64>,
+    /// Memory used by others under which a device counts idle [default: 0.5GB]
+    #[arg(long, value_parser = |s: &str| parse_size::parse_size(s))]
+    mem_threshold: Option<u64>,
+    /// Memory to hold: a size (8GiB) or a share of free memory (50%) [default: 50%]
+    #[arg(long, value_parser = |s: &str| HoldMem::parse(s))]
+    hold_mem: Option<HoldMem>,
+    /// Utilisation to keep the device at, real programs included, 0..1 [default: 0.5]
+    #[arg(long)]
+    hold_util: Option<f64>,
+    /// Length of one holder kernel in ms; a real program waits at most about two [default: 1]
+    #[arg(long)]
+    max_kernel_ms: Option<f64>,
+}
+
+impl Flags {
+    fn patch(self) -> Patch {
+        Patch {
+            devices: self.devices,
+            wait_minutes: self.wait_minutes,
+            mem_threshold: self.mem_threshold,
+            hold_mem: self.hold_mem,
+            hold_util: self.hold_util,
+            max_kernel_ms: self.max_kernel_ms,
+        }
+    }
+}
+
+fn defaults() -> Settings {
+    Settings {
+        devices: Vec::new(),
+        wait_minutes: 10.0,
+        mem_threshold: 500_000_000,
+        hold_mem: HoldMem::FractionOfFree(0.5),
+        hold_util: 0.5,
+        max_kernel_ms: 1.0,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let ipc = ipc_dir_or_default(cli.ipc_dir.as_deref().map(Path::as_os_str));
+    let result = match cli.command {
+        Cmd::Run(flags) => run(flags.patch().apply(&defaults()), &ipc),
+        Cmd::Status { json } => ask(&ipc, &Command::Status, json),
+        Cmd::Stop => ask(&ipc, &Command::Stop, false),
+        Cmd::Start => ask(&ipc, &Command::Start, false),
+        Cmd::Restart(flags) => ask(&ipc, &Command::Restart(flags.patch()), false),
+        Cmd::Shutdown => ask(&ipc, &Command::Shutdown, false),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gem-holder: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn ask(ipc: &Path, cmd: &Command, json: bool) -> anyhow::Result<()> {
+    match control::send(ipc, cmd)? {
+        Answer::Status(s) if json => println!("{}", serde_json::to_string_pretty(&s)?),
+        Answer::Status(s) => {
+            println!(
+                "gem-holder: {}; scheduler {}; hold-util {:.2}, hold-mem {:?}, wait {} min, threshold {} B, kernel {} ms",
+                if s.stopped { "stopped" } else { "running" },
+                if s.scheduler {
+                    "answering"
+                } else {
+                    "not answering"
+                },
+                s.settings.hold_util,
+                s.settings.hold_mem,
+                s.settings.wait_minutes,
+                s.settings.mem_threshold,
+                s.settings.max_kernel_ms
+            );
+            println!(
+                "{:<7} {:<8} {:>14} {:>6} {:>6} {:>14} {:>10}",
+                "DEVICE", "STATE", "HELD", "DUTY", "UTIL", "OTHERS USE", "IDLE (s)"
+            );
+            for d in &s.devices {
+                println!(
+                    "{:<7} {:<8} {:>14} {:>6.2} {:>6} {:>14} {:>10.1}",
+                    d.device,
+                    d.state,
+                    d.held_bytes,
+                    d.duty,
+                    d.utilisation
+                        .map_or("-".into(), |u| format!("{:.0}%", u * 100.0)),
+                    d.others_used,
+                    d.idle_seconds
+                );
+            }
+        }
+        Answer::Ok(msg) => println!("{msg}"),
+        Answer::Err(msg) => anyhow::bail!("{msg}"),
+    }
+    Ok(())
+}
+
+fn run(settings: Settings, ipc: &Path) -> anyhow::Result<()> {
+    settings.validate().map_err(anyhow::Error::msg)?;
+    if control::running(ipc) {
+        anyhow::bail!(
+            "a gem-holder is already running in {} (stop it with `gem-holder shutdown`)",
+            ipc.display()
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    }
+    let engine = engine::Engine::new(settings, ipc.to_path_buf())?;
+    let ctx = zmq::Context::new();
+    let sock = ctx.socket(zmq::REP)?;
+    sock.set_linger(100)?;
+    sock.bind(&control::endpoint(ipc))?;
+    let threads = engine.spawn();
+    eprintln!(
+        "gem-holder: holding {} device(s); control at {}",
+        engine.devices.len(),
+        control::endpoint(ipc)
+    );
+    while !stop.load(Ordering::Relaxed) {
+        if sock.poll(zmq::POLLIN, 100).unwrap_or(0) == 0 {
+            continue;
+        }
+        let Ok(msg) = sock.recv_bytes(0) else {
+            continue;
+        };
+        let (answer, quit) = match serde_json::from_slice::<Command>(&msg) {
+            Ok(cmd) => handle(&engine, cmd),
+            Err(e) => (Answer::Err(format!("bad command: {e}")), false),
+        };
+        let _ = sock.send(serde_json::to_vec(&answer)?, 0);
+        if quit {
+            break;
+        }
+    }
+    engine.exit.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    let _ = std::fs::remove_file(ipc.join(control::SOCKET));
+    eprintln!("gem-holder: released everything; exiting");
+    Ok(())
+}
+
+fn handle(engine: &engine::Engine, cmd: Command) -> (Answer, bool) {
+    match cmd {
+        Command::Status => (Answer::Status(engine.status()), false),
+        Command::Stop => {
+            engine.stopped.store(true, Ordering::Relaxed);
+            engine.release.store(true, Ordering::Relaxed);
+            wait_released(engine);
+            (Answer::Ok("gem-holder stopped: nothing held".into()), false)
+        }
+        Command::Start => {
+            engine.stopped.store(false, Ordering::Relaxed);
+            (
+                Answer::Ok(
+                    "gem-holder started: devices are held once idle for the wait period".into(),
+                ),
+                false,
+            )
+        }
+        Command::Restart(patch) => {
+            let new = {
+                let cur = engine.settings.lock().unwrap_or_else(|p| p.into_inner());
+                patch.apply(&cur)
+            };
+            if let Err(e) = new.validate() {
+                return (Answer::Err(e), false);
+            }
+            if new.devices
+                != engine
+                    .settings
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .devices
+            {
+                return (
+                    Answer::Err(
+                        "--devices cannot change on restart; shut down and run again".into(),
+                    ),
+                    false,
+                );
+            }
+            engine.release.store(true, Ordering::Relaxed);
+            wait_released(engine);
+            *engine.settings.lock().unwrap_or_else(|p| p.into_inner()) = new;
+            engine.stopped.store(false, Ordering::Relaxed);
+            (
+                Answer::Ok("gem-holder restarted with the new settings".into()),
+                false,
+            )
+        }
+        Command::Shutdown => {
+            engine.stopped.store(true, Ordering::Relaxed);
+            (Answer::Ok("gem-holder is shutting down".into()), true)
+        }
+    }
+}
+
+/// Waits (briefly) until the orders thread has released everything.
+fn wait_released(engine: &engine::Engine) {
+    for _ in 0..50 {
+        if !engine.release.load(Ordering::Relaxed) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for _ in 0..50 {
+        if engine.status().devices.iter().all(|d| d.held_bytes == 0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,243 @@
+//! `gem-holder` on the simulator: it keeps an idle device at its target
+//! utilisation (measured from the busy log), yields the device to a real
+//! client within a few milliseconds, gives memory back on demand, and
+//! releases everything when stopped.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SEC: u64 = 1_000_000_000;
+const MS: u64 = 1_000_000;
+
+struct Holder {
+    child: Child,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_holder(g: &Gemini, args: &[&str]) -> Holder {
+    let mut all = vec!["run", "--wait-minutes", "0"];
+    all.extend_from_slice(args);
+    let child = g
+        .holder(&all)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let h = Holder { child };
+    wait_holder(g, "holding", |s| s.contains("\"state\": \"holding\""));
+    h
+}
+
+fn wait_holder(g: &Gemini, what: &str, pred: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if g.holder_status().is_some_and(|s| pred(&s)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "holder never {what}: {:?}",
+            g.holder_status()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn run_ok(mut c: Command) -> Output {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{c:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Free memory on device 0 as a program outside gemini sees it.
+fn device_free(g: &Gemini) -> (u64, u64) {
+    let mut c = g.sim.workload();
+    c.args(["--seconds", "0"]);
+    let r = &reports(&run_ok(c).stdout)[0];
+    (field(r, "free"), field(r, "total"))
+}
+
+#[test]
+fn idle_device_is_held_at_the_target_utilisation() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    for (util, lo, hi) in [("0.5", 0.47, 0.53), ("1.0", 0.95, 1.0)] {
+        let h = start_holder(&g, &["--hold-util", util, "--hold-mem", "1GiB"]);
+        std::thread::sleep(Duration::from_secs(2));
+        let t0 = now_ns();
+        std::thread::sleep(Duration::from_secs(3));
+        let busy = g.sim.busy(0, t0, t0 + 3 * SEC).device_share();
+        assert!(
+            (lo..=hi).contains(&busy),
+            "hold-util {util}: device busy {busy:.3}"
+        );
+        drop(h);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn a_real_client_takes_the_device_from_the_holder_within_milliseconds() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let _h = start_holder(&g, &["--hold-util", "1.0", "--hold-mem", "1GiB"]);
+    // Bursts of 20 ms every 150 ms: each one arrives at a device the
+    // holder has taken back in between.
+    let bursts = g.sim.path().join("bursts.txt");
+    let mut c = g.hooked(g.sim.workload(), "a");
+    c.args([
+        "--seconds",
+        "8",
+        "--kernel-us",
+        "500",
+        "--burst-ms",
+        "20",
+        "--gap-ms",
+        "130",
+    ])
+    .arg("--bursts-file")
+    .arg(&bursts);
+    let out = run_ok(c);
+    let pid = field(&reports(&out.stdout)[0], "pid") as u32;
+    let recs = fakecuda_log::read(&g.sim.sim_dir(), 0).unwrap();
+    let arrivals: Vec<u64> = std::fs::read_to_string(&bursts)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let mut waits: Vec<u64> = arrivals
+        .iter()
+        .filter_map(|&t| {
+            recs.iter()
+                .filter(|r| r.pid == pid && r.start >= t)
+                .map(|r| r.start - t)
+                .min()
+        })
+        .collect();
+    assert!(waits.len() >= 30, "{} arrivals", waits.len());
+    // The holder really was running between the bursts.
+    let holder_busy: u64 = recs
+        .iter()
+        .filter(|r| r.pid != pid)
+        .map(|r| r.end - r.start)
+        .sum();
+    assert!(holder_busy > 2 * SEC, "holder ran {} ms", holder_busy / MS);
+    waits.sort_unstable();
+    let p99 = waits[((waits.len() as f64 - 1.0) * 0.99).round() as usize];
+    eprintln!(
+        "first-kernel waits (us): {:?}",
+        waits.iter().map(|w| w / 1000).collect::<Vec<_>>()
+    );
+    assert!(
+        p99 <= 5 * MS,
+        "first kernel waited up to {} us (p99); all: {:?}",
+        p99 / 1000,
+        waits
+    );
+}
+
+#[test]
+fn a_busy_real_client_gets_its_full_entitlement_beside_the_holder() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let _h = start_holder(&g, &["--hold-util", "1.0", "--hold-mem", "1GiB"]);
+    let mut c = g.hooked(g.sim.workload(), "a");
+    c.args(["--seconds", "4", "--kernel-us", "500"]);
+    let t0 = now_ns();
+    let out = run_ok(c);
+    let pid = field(&reports(&out.stdout)[0], "pid") as u32;
+    let share = g.sim.busy(0, t0 + SEC, t0 + 4 * SEC).share(pid);
+    assert!(share >= 0.95, "client got {share:.3}");
+}
+
+#[test]
+fn memory_held_by_the_holder_is_handed_back_within_200_ms() {
+    let g = Gemini::start(SimEnv::new(1, "4GiB"), "[a]\nMemoryLimit=2GiB\n");
+    let _h = start_holder(&g, &["--hold-util", "0.5", "--hold-mem", "3584MiB"]);
+    wait_holder(&g, "holding its memory", |s| {
+        s.contains("\"held_bytes\": 3758096384")
+    });
+    assert_eq!(device_free(&g).0, 512 << 20);
+    let mut c = g.hooked(g.sim.workload(), "a");
+    c.args(["--seconds", "0", "--mem", "1536MiB"]);
+    let r = &reports(&run_ok(c).stdout)[0];
+    assert_eq!(
+        (field(r, "allocated"), field(r, "alloc_error")),
+        (1536 << 20, 0)
+    );
+    let took = field(r, "alloc_done_ns") - field(r, "alloc_start_ns");
+    assert!(took <= 200 * MS, "allocation took {} ms", took / MS);
+}
+
+#[test]
+fn stop_signal_and_scheduler_shutdown_release_everything() {
+    let mut g = Gemini::start(SimEnv::new(1, "4GiB"), "[a]\n");
+    let h = start_holder(&g, &["--hold-mem", "2GiB"]);
+    wait_holder(&g, "holding its memory", |s| {
+        s.contains("\"held_bytes\": 2147483648")
+    });
+    // gem-holder stop: all memory free, compute stops, the process stays.
+    let out = run_ok(g.holder(&["stop"]));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stopped"));
+    let (free, total) = device_free(&g);
+    assert_eq!(free, total, "memory left after stop");
+    wait_holder(&g, "stopped", |s| s.contains("\"state\": \"stopped\""));
+    // start, then SIGTERM.
+    run_ok(g.holder(&["start"]));
+    wait_holder(&g, "holding again", |s| {
+        s.contains("\"held_bytes\": 2147483648")
+    });
+    let mut child = {
+        let mut h = h;
+        std::mem::replace(&mut h.child, Command::new("true").spawn().unwrap())
+    };
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        device_free(&g).0,
+        device_free(&g).1,
+        "memory left after SIGTERM"
+    );
+    // Scheduler shutdown: the holder lets go.
+    let _h = start_holder(&g, &["--hold-mem", "2GiB"]);
+    wait_holder(&g, "holding its memory", |s| {
+        s.contains("\"held_bytes\": 2147483648")
+    });
+    run_ok({
+        let mut c = Command::new(gemini_tests::bin("gem-schd"));
+        c.arg("shutdown").arg("--ipc-dir").arg(g.ipc());
+        c
+    });
+    wait_holder(&g, "released after scheduler shutdown", |s| {
+        s.contains("\"held_bytes\": 0")
+    });
+    assert_eq!(device_free(&g).0, device_free(&g).1);
+    g.kill_scheduler();
+}
+
+#[test]
+fn restart_applies_new_settings_and_bad_ones_are_refused() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let _h = start_holder(&g, &["--hold-util", "0.3", "--hold-mem", "1GiB"]);
+    run_ok(g.holder(&["restart", "--hold-util", "0.8", "--hold-mem", "2GiB"]));
+    wait_holder(&g, "holding with the new settings", |s| {
+        s.contains("\"hold_util\": 0.8") && s.contains("\"held_bytes\": 2147483648")
+    });
+    let out = g.holder(&["restart", "--hold-util", "2"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--hold-util must be from 0 to 1"));
+    let out = g.holder(&["run"]).output().unwrap();
+    assert!(!out.status.success(), "a second holder must not start");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already running"));
+}
