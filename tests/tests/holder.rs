@@ -79,6 +79,7 @@ fn idle_device_is_held_at_the_target_utilisation() {
         let t0 = now_ns();
         std::thread::sleep(Duration::from_secs(3));
         let busy = g.sim.busy(0, t0, t0 + 3 * SEC).device_share();
+        eprintln!("hold-util {util}: device busy {busy:.3}");
         assert!(
             (lo..=hi).contains(&busy),
             "hold-util {util}: device busy {busy:.3}"
@@ -157,6 +158,7 @@ fn a_busy_real_client_gets_its_full_entitlement_beside_the_holder() {
     let out = run_ok(c);
     let pid = field(&reports(&out.stdout)[0], "pid") as u32;
     let share = g.sim.busy(0, t0 + SEC, t0 + 4 * SEC).share(pid);
+    eprintln!("client share beside the holder: {share:.3}");
     assert!(share >= 0.95, "client got {share:.3}");
 }
 
@@ -176,6 +178,7 @@ fn memory_held_by_the_holder_is_handed_back_within_200_ms() {
         (1536 << 20, 0)
     );
     let took = field(r, "alloc_done_ns") - field(r, "alloc_start_ns");
+    eprintln!("allocation beside the holder took {} us", took / 1000);
     assert!(took <= 200 * MS, "allocation took {} ms", took / MS);
 }
 
