@@ -392,12 +392,16 @@ fn broken_edit_keeps_the_last_good_config_and_logs_file_and_line() {
 fn garbage_and_foreign_versions_get_error_replies_and_the_daemon_lives() {
     let mut s = Schd::start("[a]\n");
     let mut c = s.client();
+    // A frame of our version whose body is garbage.
+    let mut bad_body = b"GM".to_vec();
+    bad_body.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    bad_body.extend_from_slice(&[0xff; 5]);
     for junk in [
         &b""[..],
         b"x",
         b"GET / HTTP/1.1\r\n\r\n",
         &[0xff; 300],
-        b"GM\x01\x00\xff\xff\xff\xff\xff",
+        &bad_body,
     ] {
         c.send_raw(junk).unwrap();
         let (_, r) = c.recv(T).unwrap();
