@@ -10,6 +10,7 @@
 //! max_quota = "100ms"   # longest token
 //! token_grace = "1s"    # how long past its end a token may be kept (draining queued work) before it is revoked
 //! log_level = "info"    # error, warn, info, debug, trace
+//! devices = 8           # GPUs gem-launch may reserve (default: as many as /proc/driver/nvidia/gpus lists)
 //! ```
 
 use serde::Deserialize;
@@ -39,6 +40,8 @@ pub struct RawSettings {
     pub token_grace: Option<String>,
     /// Log level.
     pub log_level: Option<String>,
+    /// Number of GPUs for reservations.
+    pub devices: Option<u32>,
 }
 
 /// Values given on the command line; they replace the file's.
@@ -64,6 +67,8 @@ pub struct Settings {
     pub token_grace: Duration,
     /// Log level.
     pub log_level: String,
+    /// Number of GPUs for reservations (`None`: detect).
+    pub devices: Option<u32>,
 }
 
 impl Default for Settings {
@@ -77,6 +82,7 @@ impl Default for Settings {
             max_quota: Duration::from_millis(100),
             token_grace: Duration::from_secs(1),
             log_level: "info".into(),
+            devices: None,
         }
     }
 }
@@ -114,6 +120,7 @@ impl RawSettings {
             max_quota: over.max_quota.or(self.max_quota),
             token_grace: over.token_grace.or(self.token_grace),
             log_level: over.log_level.or(self.log_level),
+            devices: over.devices.or(self.devices),
         }
     }
 
@@ -137,6 +144,7 @@ impl RawSettings {
             max_quota: dur("max_quota", self.max_quota, d.max_quota)?,
             token_grace: dur("token_grace", self.token_grace, d.token_grace)?,
             log_level: self.log_level.unwrap_or(d.log_level).to_ascii_lowercase(),
+            devices: self.devices,
         };
         if !LOG_LEVELS.contains(&s.log_level.as_str()) {
             return Err(err(format!(

@@ -148,6 +148,16 @@ mod tests {
                 bytes: 1 << 30,
             },
             Request::HolderPoll { wait_us: 100_000 },
+            Request::Reserve {
+                group: "train".into(),
+                gpus: crate::GpuRequest::Count(2),
+                wait: true,
+            },
+            Request::Reserve {
+                group: "x".into(),
+                gpus: crate::GpuRequest::Ids(vec![0, 2]),
+                wait: false,
+            },
         ]
     }
 

@@ -119,6 +119,19 @@ pub enum Request {
         /// Bytes the failed allocation asked for.
         bytes: u64,
     },
+    /// Reserve GPUs for a program about to start (`gem-launch`). `group`
+    /// must exist. With `wait`, the request queues (first come, first
+    /// served) until enough devices have room; without, it fails at once.
+    /// Reply: [`Reply::Reserved`], or [`ErrorKind::Unavailable`]. The
+    /// reservation lasts as long as the requesting process.
+    Reserve {
+        /// The group the program will run in.
+        group: String,
+        /// How many devices, or which.
+        gpus: GpuRequest,
+        /// Queue rather than fail when none is free.
+        wait: bool,
+    },
     /// Holder only: wait up to `wait_us` for an order. Reply:
     /// [`Reply::Holder`] with an order as soon as there is one, else with
     /// a report when the time is up.
@@ -164,6 +177,21 @@ pub enum Reply {
     Error(ErrorReply),
     /// Answer to [`Request::HolderPoll`].
     Holder(HolderOrder),
+    /// Answer to [`Request::Reserve`]: the devices, in the order to expose
+    /// them (`CUDA_VISIBLE_DEVICES`).
+    Reserved {
+        /// Physical device indices.
+        devices: Vec<DeviceId>,
+    },
+}
+
+/// Which GPUs a launch wants.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GpuRequest {
+    /// Any `n` devices: the least recently released among those with room.
+    Count(u32),
+    /// These devices.
+    Ids(Vec<DeviceId>),
 }
 
 /// What the scheduler tells the holder.
@@ -209,6 +237,8 @@ pub enum ErrorKind {
     AlreadyRegistered,
     /// The reservation would pass the group's `MemoryLimit`.
     OutOfMemory,
+    /// No device has room (and the request did not ask to wait).
+    Unavailable,
     /// The request does not fit the client's state (e.g. releasing a token
     /// it does not hold, a holder asking for memory as a group).
     Unexpected,
@@ -252,6 +282,27 @@ pub struct StatusReport {
     pub devices: Vec<DeviceStatus>,
     /// Connected clients.
     pub clients: Vec<ClientStatus>,
+    /// GPU reservations held by running programs.
+    pub reservations: Vec<ReservationStatus>,
+    /// Launches waiting for GPUs, first in line first.
+    pub queue: Vec<ReservationStatus>,
+}
+
+/// A reservation, held or waiting.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReservationStatus {
+    /// The launcher's connection.
+    pub client: ClientId,
+    /// Its process (the program, once started).
+    pub pid: u32,
+    /// Group.
+    pub group: String,
+    /// Devices held, or asked for.
+    pub gpus: GpuRequest,
+    /// Devices held (empty while waiting).
+    pub devices: Vec<DeviceId>,
+    /// How long it has held or waited, in microseconds.
+    pub for_us: u64,
 }
 
 /// A group as configured.

@@ -145,6 +145,12 @@ fn watch_config(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc
     Ok((watcher, rx))
 }
 
+/// Number of NVIDIA GPUs the kernel driver lists (no CUDA library needed).
+fn detect_gpus() -> u32 {
+    std::fs::read_dir("/proc/driver/nvidia/gpus")
+        .map_or(0, |d| d.filter_map(Result::ok).count() as u32)
+}
+
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
     // no memory is passed.
@@ -208,17 +214,22 @@ impl Daemon {
                 (None, mpsc::channel().1)
             }
         };
+        let mut params = Params::from_settings(settings);
+        if settings.devices.is_none() {
+            params.devices = detect_gpus();
+        }
         info!(
-            "gem-schd {} listening on {endpoint}; {} group(s) from {}",
+            "gem-schd {} listening on {endpoint}; {} group(s) from {}; {} GPU(s) for reservations",
             env!("CARGO_PKG_VERSION"),
             config.groups.len(),
-            config_path.display()
+            config_path.display(),
+            params.devices
         );
         Ok(Daemon {
             _ctx: ctx,
             sock,
             socket_path,
-            policy: Policy::new(Params::from_settings(settings), config),
+            policy: Policy::new(params, config),
             config_path,
             config_error: None,
             start: Instant::now(),

@@ -63,6 +63,9 @@ struct RunArgs {
     /// error, warn, info, debug or trace
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
+    /// Number of GPUs gem-launch may reserve [default: as many as /proc/driver/nvidia/gpus lists]
+    #[arg(long, value_name = "N")]
+    devices: Option<u32>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -117,6 +120,7 @@ fn run(args: RunArgs, ipc_dir: Option<PathBuf>) -> anyhow::Result<()> {
         max_quota: args.max_quota,
         token_grace: args.token_grace,
         log_level: args.log_level,
+        devices: args.devices,
     };
     let settings = load_settings(args.settings.as_deref(), over)?;
     tracing_subscriber::fmt()

@@ -76,6 +76,25 @@ pub fn render(r: &StatusReport) -> String {
             );
         }
     }
+    if !r.reservations.is_empty() || !r.queue.is_empty() {
+        let _ = writeln!(s, "\nRESERVATIONS (gem-launch)");
+        for (what, list) in [("holds", &r.reservations), ("waits", &r.queue)] {
+            for x in list.iter() {
+                let gpus = match (&x.gpus, what) {
+                    (_, "holds") => format!("GPUs {:?}", x.devices),
+                    (gemini_protocol::GpuRequest::Count(n), _) => format!("{n} GPU(s)"),
+                    (gemini_protocol::GpuRequest::Ids(ids), _) => format!("GPUs {ids:?}"),
+                };
+                let _ = writeln!(
+                    s,
+                    "  pid {:<8} {:<16} {what} {gpus} for {:.0}s",
+                    x.pid,
+                    x.group,
+                    x.for_us as f64 / 1e6
+                );
+            }
+        }
+    }
     let _ = writeln!(s, "\n{} client(s)", r.clients.len());
     for c in &r.clients {
         let _ = writeln!(

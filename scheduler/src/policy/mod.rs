@@ -23,6 +23,7 @@
 //! - The holder is served only when no eligible client waits.
 
 mod holder;
+mod reserve;
 mod usage;
 
 use gemini_config::{GroupConfig, ResourceConfig};
@@ -82,6 +83,8 @@ pub struct Params {
     pub max_quota: Micros,
     /// Time past a token's end before it is revoked.
     pub grace: Micros,
+    /// GPUs that `gem-launch` may reserve (indices 0..devices).
+    pub devices: u32,
 }
 
 impl Params {
@@ -94,6 +97,7 @@ impl Params {
             min_quota: us(s.min_quota),
             max_quota: us(s.max_quota),
             grace: us(s.token_grace),
+            devices: s.devices.unwrap_or(0),
         }
     }
 }
@@ -204,6 +208,12 @@ pub struct Policy {
     orders: std::collections::VecDeque<gemini_protocol::HolderOrder>,
     /// Clients waiting for the holder to free memory.
     demands: Vec<holder::Demand>,
+    /// GPU reservations of running programs.
+    reservations: Vec<reserve::Reservation>,
+    /// Launches waiting for GPUs, first come first served.
+    queue: std::collections::VecDeque<reserve::Waiting>,
+    /// When each device's last reservation ended.
+    released_at: BTreeMap<DeviceId, Micros>,
 }
 
 fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
@@ -291,6 +301,9 @@ impl Policy {
             poll: None,
             orders: Default::default(),
             demands: Vec::new(),
+            reservations: Vec::new(),
+            queue: Default::default(),
+            released_at: BTreeMap::new(),
         }
     }
 
@@ -446,6 +459,9 @@ impl Policy {
                 }
                 self.activity.insert(device, now);
                 self.need_memory(client, seq, device, bytes, now, out);
+            }
+            Request::Reserve { group, gpus, wait } => {
+                self.reserve_gpus(client, seq, group, gpus, wait, now, out);
             }
             Request::HolderPoll { wait_us } => {
                 if role != Role::Holder {
@@ -663,6 +679,7 @@ impl Policy {
         if c.role == Role::Holder {
             self.holder_gone(client, out);
         }
+        self.end_reservations(client, now, out);
     }
 
     fn reconfigure(&mut self, cfg: ResourceConfig) {
@@ -819,6 +836,7 @@ impl Policy {
 
     /// Figures for `gem-schd status`.
     pub fn status(&mut self, now: Micros) -> StatusReport {
+        let (reservations, queue) = self.reservation_status(now);
         let window = self.params.window;
         let span = now.clamp(1, window.max(1)) as f64;
         let mut groups: Vec<GroupStatus> = self
@@ -899,6 +917,8 @@ impl Policy {
             groups,
             devices,
             clients,
+            reservations,
+            queue,
         }
     }
 

@@ -4,7 +4,7 @@
 
 use super::*;
 use gemini_config::parse_resource;
-use gemini_protocol::{DeviceActivity, HolderOrder};
+use gemini_protocol::{DeviceActivity, GpuRequest, HolderOrder};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::Path;
@@ -411,6 +411,7 @@ fn quota_follows_predicted_burst_within_bounds() {
         min_quota: 10 * MS,
         max_quota: 100 * MS,
         grace: SEC,
+        devices: 1,
     };
     let mut p = Policy::new(params, config("[a]\n"));
     let hello = Request::Hello {
@@ -1256,4 +1257,179 @@ fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
     ));
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].0, 1, "the real client gets the device: {r:?}");
+}
+
+fn control(p: &mut Policy, client: ClientId) {
+    let req = Request::Hello {
+        role: Role::Control,
+        group: String::new(),
+        pid: client as u32,
+        held: vec![],
+    };
+    p.handle(
+        Event::Request {
+            client,
+            seq: 0,
+            req,
+        },
+        0,
+    );
+}
+
+fn reserve(
+    p: &mut Policy,
+    client: ClientId,
+    group: &str,
+    gpus: GpuRequest,
+    wait: bool,
+    now: Micros,
+) -> Vec<(ClientId, u32, Reply)> {
+    control(p, client);
+    replies(p.handle(
+        Event::Request {
+            client,
+            seq: 1,
+            req: Request::Reserve {
+                group: group.into(),
+                gpus,
+                wait,
+            },
+        },
+        now,
+    ))
+}
+
+fn two_gpus(conf: &str) -> Policy {
+    Policy::new(
+        Params {
+            devices: 2,
+            ..Params::default()
+        },
+        config(conf),
+    )
+}
+
+#[test]
+fn launches_get_different_gpus_and_a_third_waits_its_turn() {
+    let mut p = two_gpus("[a]\n");
+    assert_eq!(
+        reserve(&mut p, 1, "a", GpuRequest::Count(1), true, 0),
+        vec![(1, 1, Reply::Reserved { devices: vec![0] })]
+    );
+    assert_eq!(
+        reserve(&mut p, 2, "a", GpuRequest::Count(1), true, 0),
+        vec![(2, 1, Reply::Reserved { devices: vec![1] })]
+    );
+    assert!(
+        reserve(&mut p, 3, "a", GpuRequest::Count(1), true, 0).is_empty(),
+        "third waits"
+    );
+    let r = reserve(&mut p, 4, "a", GpuRequest::Count(1), false, 0);
+    assert_eq!(
+        kind(&r[0].2),
+        Some(ErrorKind::Unavailable),
+        "nonblock fails at once"
+    );
+    let st = p.status(1);
+    assert_eq!((st.reservations.len(), st.queue.len()), (2, 1));
+    // The first program exits: the third gets its GPU.
+    let r = replies(p.handle(Event::Disconnected { client: 1 }, 10));
+    assert_eq!(r, vec![(3, 1, Reply::Reserved { devices: vec![0] })]);
+}
+
+#[test]
+fn least_recently_released_gpu_is_chosen_first() {
+    let mut p = two_gpus("[a]\n");
+    reserve(&mut p, 1, "a", GpuRequest::Count(1), true, 0);
+    reserve(&mut p, 2, "a", GpuRequest::Count(1), true, 0);
+    p.handle(Event::Disconnected { client: 2 }, 10); // device 1 released at 10
+    p.handle(Event::Disconnected { client: 1 }, 20); // device 0 released at 20
+    assert_eq!(
+        reserve(&mut p, 3, "a", GpuRequest::Count(1), true, 30),
+        vec![(3, 1, Reply::Reserved { devices: vec![1] })]
+    );
+    assert_eq!(
+        reserve(&mut p, 4, "a", GpuRequest::Count(1), true, 30),
+        vec![(4, 1, Reply::Reserved { devices: vec![0] })]
+    );
+}
+
+#[test]
+fn groups_with_guarantees_share_a_gpu_up_to_their_minimums() {
+    let mut p = Policy::new(
+        Params {
+            devices: 1,
+            ..Params::default()
+        },
+        config("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n[c]\n"),
+    );
+    assert!(matches!(
+        reserve(&mut p, 1, "a", GpuRequest::Count(1), true, 0)[0].2,
+        Reply::Reserved { .. }
+    ));
+    assert!(matches!(
+        reserve(&mut p, 2, "b", GpuRequest::Count(1), true, 0)[0].2,
+        Reply::Reserved { .. }
+    ));
+    assert!(
+        reserve(&mut p, 3, "a", GpuRequest::Count(1), true, 0).is_empty(),
+        "the minimums add up to 1"
+    );
+    // A group without a minimum claims a whole device.
+    let mut p = Policy::new(
+        Params {
+            devices: 1,
+            ..Params::default()
+        },
+        config("[a]\nMinUtil=0.5\n[c]\n"),
+    );
+    reserve(&mut p, 1, "a", GpuRequest::Count(1), true, 0);
+    assert_eq!(
+        kind(&reserve(&mut p, 2, "c", GpuRequest::Count(1), false, 0)[0].2),
+        Some(ErrorKind::Unavailable)
+    );
+}
+
+#[test]
+fn queue_is_first_come_first_served_and_bad_requests_are_refused() {
+    let mut p = two_gpus("[a]\n");
+    reserve(&mut p, 1, "a", GpuRequest::Ids(vec![1]), true, 0);
+    assert!(reserve(&mut p, 2, "a", GpuRequest::Count(2), true, 0).is_empty());
+    // Device 0 is free, but the launch waiting for two is first in line.
+    assert!(reserve(&mut p, 3, "a", GpuRequest::Count(1), true, 0).is_empty());
+    let r = replies(p.handle(Event::Disconnected { client: 1 }, 5));
+    assert_eq!(
+        r,
+        vec![(
+            2,
+            1,
+            Reply::Reserved {
+                devices: vec![0, 1]
+            }
+        )]
+    );
+    for (gpus, what) in [
+        (GpuRequest::Count(3), "has 2"),
+        (GpuRequest::Count(0), "has 2"),
+        (GpuRequest::Ids(vec![2]), "does not exist"),
+        (GpuRequest::Ids(vec![0, 0]), "repeat"),
+    ] {
+        let r = reserve(&mut p, 9, "a", gpus, true, 10);
+        match &r[0].2 {
+            Reply::Error(e) => assert!(
+                e.kind == ErrorKind::BadRequest && e.message.contains(what),
+                "{e:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        p.handle(Event::Disconnected { client: 9 }, 10);
+    }
+    let r = reserve(&mut p, 10, "nosuch", GpuRequest::Count(1), true, 10);
+    assert_eq!(kind(&r[0].2), Some(ErrorKind::UnknownGroup));
+    let mut none = Policy::new(Params::default(), config("[a]\n"));
+    let r = reserve(&mut none, 1, "a", GpuRequest::Count(1), true, 0);
+    match &r[0].2 {
+        Reply::Error(e) => assert!(e.message.contains("knows no GPUs"), "{e:?}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -1,0 +1,265 @@
+//! `gem-launch`: runs a program under gemini — with `LD_PRELOAD` set to
+//! the hook, its group and the scheduler's IPC directory — and, with
+//! `--gpus N` or `--gpu-ids`, on GPUs reserved through the scheduler
+//! (least recently released first, waiting in a first-come-first-served
+//! queue when none is free).
+//!
+//! The program replaces `gem-launch` (`exec`): it keeps the process id,
+//! receives signals directly, and its exit status is the command's. The
+//! reservation belongs to that process and ends when it exits or is
+//! killed; there is nothing to renew.
+
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod duration;
+
+use clap::Parser;
+use gemini_protocol::{GpuRequest, Reply, Request, Role, endpoint::ipc_dir_or_default, env};
+use gemini_scheduler::client::Client;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The hook library was not found.
+const EXIT_NO_HOOK: i32 = 10;
+/// No scheduler answers.
+const EXIT_NO_SCHEDULER: i32 = 11;
+/// The group is not configured (or none could be chosen).
+const EXIT_BAD_GROUP: i32 = 12;
+/// No GPU free (--nonblock) or none became free in time (--timeout).
+const EXIT_NO_GPU: i32 = 13;
+/// The command could not be run.
+const EXIT_NOT_EXECUTABLE: i32 = 126;
+/// The command was not found.
+const EXIT_NOT_FOUND: i32 = 127;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gem-launch",
+    version,
+    about = "Run a program under gemini: its group's GPU share and memory cap, optionally on reserved GPUs",
+    after_help = "Exit status: the program's own; 10 hook library not found, 11 no scheduler, 12 unknown group, 13 no GPU free (or not in time), 126/127 command not executable/found, 2 bad usage."
+)]
+struct Args {
+    /// Group to run in [default: $GEMINI_GROUP_NAME, else a group named after your user name]
+    #[arg(long)]
+    group: Option<String>,
+    /// Reserve this many GPUs and expose only them (CUDA_VISIBLE_DEVICES)
+    #[arg(long, conflicts_with = "gpu_ids")]
+    gpus: Option<u32>,
+    /// Reserve these GPUs, e.g. 0,2
+    #[arg(long, value_delimiter = ',')]
+    gpu_ids: Option<Vec<u32>>,
+    /// Wait in the queue when no GPU is free (the default)
+    #[arg(long, conflicts_with = "nonblock")]
+    wait: bool,
+    /// Fail at once when no GPU is free
+    #[arg(long)]
+    nonblock: bool,
+    /// Give up waiting after this long, e.g. 30m, 2h, 1d, 0.5h
+    #[arg(long, value_parser = duration::parse)]
+    timeout: Option<Duration>,
+    /// IPC directory of the scheduler
+    #[arg(long, env = env::IPC_DIR, value_name = "DIR")]
+    ipc_dir: Option<PathBuf>,
+    /// The hook library [default: libgemhook.so next to this install, or $GEMINI_HOOK]
+    #[arg(long, env = "GEMINI_HOOK", value_name = "PATH")]
+    hook: Option<PathBuf>,
+    /// The program and its arguments
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+fn fail(code: i32, msg: impl std::fmt::Display) -> ! {
+    eprintln!("gem-launch: {msg}");
+    std::process::exit(code)
+}
+
+/// `libgemhook.so` next to this binary's install (`PREFIX/bin/../lib`),
+/// beside it (a build directory), or in the usual prefixes.
+fn find_hook() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [
+        dir.join("../lib/libgemhook.so"),
+        dir.join("libgemhook.so"),
+        "/usr/local/lib/libgemhook.so".into(),
+        "/usr/lib/libgemhook.so".into(),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+}
+
+fn user_name() -> Option<String> {
+    // SAFETY: getpwuid returns a pointer into static storage or null; we
+    // copy the name out at once (single-threaded here).
+    unsafe {
+        let pw = libc::getpwuid(libc::geteuid());
+        if pw.is_null() || (*pw).pw_name.is_null() {
+            return std::env::var("USER").ok();
+        }
+        Some(
+            std::ffi::CStr::from_ptr((*pw).pw_name)
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let ipc = ipc_dir_or_default(args.ipc_dir.as_deref().map(Path::as_os_str));
+
+    let hook = match args.hook.clone().or_else(find_hook) {
+        Some(h) if h.exists() => h,
+        Some(h) => fail(
+            EXIT_NO_HOOK,
+            format!("hook library {} does not exist", h.display()),
+        ),
+        None => fail(
+            EXIT_NO_HOOK,
+            "libgemhook.so not found next to gem-launch or in /usr/local/lib; pass --hook PATH or set GEMINI_HOOK",
+        ),
+    };
+
+    let mut client = Client::connect(&ipc).unwrap_or_else(|e| fail(EXIT_NO_SCHEDULER, e));
+    let status = match client.request(&Request::Status, Duration::from_secs(3)) {
+        Ok(Reply::Status(s)) => s,
+        Ok(other) => fail(
+            EXIT_NO_SCHEDULER,
+            format!("unexpected answer from the scheduler: {other:?}"),
+        ),
+        Err(e) => fail(EXIT_NO_SCHEDULER, e),
+    };
+
+    let known: Vec<&str> = status.groups.iter().map(|g| g.name.as_str()).collect();
+    let group = match args.group.clone().or_else(|| {
+        std::env::var(env::GROUP_NAME)
+            .ok()
+            .filter(|g| !g.is_empty())
+    }) {
+        Some(g) if known.contains(&g.as_str()) => g,
+        Some(g) => fail(
+            EXIT_BAD_GROUP,
+            format!(
+                "group {g:?} is not defined in {}; groups: {}",
+                status.config_path,
+                known.join(", ")
+            ),
+        ),
+        None => match user_name() {
+            Some(u) if known.contains(&u.as_str()) => u,
+            u => fail(
+                EXIT_BAD_GROUP,
+                format!(
+                    "no --group given and no group named after user {:?} in {}; pass --group (groups: {})",
+                    u.unwrap_or_default(),
+                    status.config_path,
+                    known.join(", ")
+                ),
+            ),
+        },
+    };
+
+    let gpus = match (args.gpus, args.gpu_ids.clone()) {
+        (Some(n), _) => Some(GpuRequest::Count(n)),
+        (None, Some(ids)) => Some(GpuRequest::Ids(ids)),
+        (None, None) => None,
+    };
+    let mut cmd = std::process::Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    if let Some(gpus) = gpus {
+        let devices = reserve(&mut client, &group, gpus, !args.nonblock, args.timeout);
+        let list: Vec<String> = devices.iter().map(u32::to_string).collect();
+        cmd.env("CUDA_VISIBLE_DEVICES", list.join(","));
+    }
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(p) if !p.is_empty() => format!("{} {p}", hook.display()),
+        _ => hook.display().to_string(),
+    };
+    cmd.env("LD_PRELOAD", preload)
+        .env(env::GROUP_NAME, &group)
+        .env(env::IPC_DIR, &ipc);
+    let err = cmd.exec();
+    let code = if err.kind() == std::io::ErrorKind::NotFound {
+        EXIT_NOT_FOUND
+    } else {
+        EXIT_NOT_EXECUTABLE
+    };
+    fail(code, format!("cannot run {}: {err}", args.command[0]));
+}
+
+/// Reserves GPUs, waiting in the queue if asked; exits on failure.
+fn reserve(
+    client: &mut Client,
+    group: &str,
+    gpus: GpuRequest,
+    wait: bool,
+    timeout: Option<Duration>,
+) -> Vec<u32> {
+    let hello = Request::Hello {
+        role: Role::Control,
+        group: String::new(),
+        pid: std::process::id(),
+        held: vec![],
+    };
+    if !matches!(
+        client.request(&hello, Duration::from_secs(3)),
+        Ok(Reply::Welcome { .. })
+    ) {
+        fail(
+            EXIT_NO_SCHEDULER,
+            "the scheduler did not accept the connection",
+        );
+    }
+    let seq = client
+        .send(&Request::Reserve {
+            group: group.into(),
+            gpus: gpus.clone(),
+            wait,
+        })
+        .unwrap_or_else(|e| fail(EXIT_NO_SCHEDULER, e));
+    let start = Instant::now();
+    let mut told = false;
+    loop {
+        let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+        if left.is_some_and(|l| l.is_zero()) {
+            fail(
+                EXIT_NO_GPU,
+                format!(
+                    "no GPU became free within {:?} (--timeout)",
+                    timeout.unwrap_or_default()
+                ),
+            );
+        }
+        // Say so soon if the request has to wait, then check once a second.
+        let step = if told {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_millis(200)
+        };
+        let step = left.map_or(step, |l| l.min(step));
+        match client.recv(step) {
+            Ok((s, Reply::Reserved { devices })) if s == seq => {
+                if told {
+                    eprintln!(
+                        "gem-launch: got GPU(s) {devices:?} after {:.1}s",
+                        start.elapsed().as_secs_f64()
+                    );
+                }
+                return devices;
+            }
+            Ok((s, Reply::Error(e))) if s == seq => fail(EXIT_NO_GPU, e.message),
+            Ok(_) => {}
+            Err(gemini_scheduler::client::ClientError::Timeout(_)) => {
+                if !told {
+                    told = true;
+                    eprintln!(
+                        "gem-launch: no GPU free for group {group:?}; waiting in the queue (see `gem-schd status`)"
+                    );
+                }
+            }
+            Err(e) => fail(EXIT_NO_SCHEDULER, e),
+        }
+    }
+}

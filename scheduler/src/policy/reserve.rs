@@ -1,0 +1,261 @@
+//! GPU reservations for `gem-launch --gpus N | --gpu-ids …`: the
+//! scheduler is the single source of truth for which launches hold which
+//! devices, and the queue of those waiting.
+//!
+//! A reservation *claims* its group's `MinUtil` of each device it holds
+//! (a group without a minimum claims the whole device); a device has room
+//! while its claims add up to at most 1. Among devices with room, the least
+//! recently released are chosen first. Waiting launches are served strictly
+//! first come, first served. A reservation ends when its process ends.
+
+use super::{Action, Micros, Policy, error};
+use gemini_protocol::{ClientId, DeviceId, ErrorKind, GpuRequest, Reply, ReservationStatus};
+
+/// A reservation held.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    client: ClientId,
+    group: String,
+    gpus: GpuRequest,
+    devices: Vec<DeviceId>,
+    claim: f64,
+    since: Micros,
+}
+
+/// A launch waiting for devices.
+#[derive(Debug, Clone)]
+pub struct Waiting {
+    client: ClientId,
+    seq: u32,
+    group: String,
+    gpus: GpuRequest,
+    claim: f64,
+    since: Micros,
+}
+
+const EPSILON: f64 = 1e-9;
+
+impl Policy {
+    fn claimed(&self, device: DeviceId) -> f64 {
+        self.reservations
+            .iter()
+            .filter(|r| r.devices.contains(&device))
+            .map(|r| r.claim)
+            .sum()
+    }
+
+    fn has_room(&self, device: DeviceId, claim: f64) -> bool {
+        self.claimed(device) + claim <= 1.0 + EPSILON
+    }
+
+    /// Devices for `gpus` if they have room now.
+    fn pick(&self, gpus: &GpuRequest, claim: f64) -> Option<Vec<DeviceId>> {
+        match gpus {
+            GpuRequest::Count(n) => {
+                let mut free: Vec<DeviceId> = (0..self.params.devices)
+                    .filter(|&d| self.has_room(d, claim))
+                    .collect();
+                free.sort_by_key(|d| (self.released_at.get(d).copied().unwrap_or(0), *d));
+                (free.len() >= *n as usize).then(|| free[..*n as usize].to_vec())
+            }
+            GpuRequest::Ids(ids) => ids
+                .iter()
+                .all(|&d| self.has_room(d, claim))
+                .then(|| ids.clone()),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reserve_gpus(
+        &mut self,
+        client: ClientId,
+        seq: u32,
+        group: String,
+        gpus: GpuRequest,
+        wait: bool,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        let mut answer = |reply| out.push(Action::Reply { client, seq, reply });
+        let Some(cfg) = self.config.groups.get(&group) else {
+            let known: Vec<&str> = self.config.groups.keys().map(String::as_str).collect();
+            return answer(error(
+                ErrorKind::UnknownGroup,
+                format!(
+                    "group {group:?} is not defined in {}; groups: {}",
+                    self.config.path.display(),
+                    known.join(", ")
+                ),
+            ));
+        };
+        let claim = if cfg.min_util > 0.0 {
+            cfg.min_util
+        } else {
+            1.0
+        };
+        let n = self.params.devices;
+        if n == 0 {
+            return answer(error(
+                ErrorKind::Unavailable,
+                "the scheduler knows no GPUs: set `devices` in gemini.toml (or --devices) where /proc/driver/nvidia/gpus is missing",
+            ));
+        }
+        let bad = match &gpus {
+            GpuRequest::Count(k) => {
+                (*k == 0 || *k > n).then(|| format!("asked for {k} GPUs; this machine has {n}"))
+            }
+            GpuRequest::Ids(ids) if ids.is_empty() => Some("no GPU ids given".into()),
+            GpuRequest::Ids(ids) => {
+                let mut sorted = ids.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                if sorted.len() != ids.len() {
+                    Some(format!("GPU ids {ids:?} repeat a device"))
+                } else {
+                    ids.iter().find(|&&d| d >= n).map(|d| {
+                        format!("GPU {d} does not exist; this machine has GPUs 0..{}", n - 1)
+                    })
+                }
+            }
+        };
+        if let Some(msg) = bad {
+            return answer(error(ErrorKind::BadRequest, msg));
+        }
+        if self.reservations.iter().any(|r| r.client == client)
+            || self.queue.iter().any(|w| w.client == client)
+        {
+            return answer(error(
+                ErrorKind::Unexpected,
+                "this connection already holds or waits for a reservation",
+            ));
+        }
+        // First come, first served: nobody overtakes a waiting launch.
+        if self.queue.is_empty()
+            && let Some(devices) = self.pick(&gpus, claim)
+        {
+            self.reservations.push(Reservation {
+                client,
+                group,
+                gpus,
+                devices: devices.clone(),
+                claim,
+                since: now,
+            });
+            return answer(Reply::Reserved { devices });
+        }
+        if wait {
+            self.queue.push_back(Waiting {
+                client,
+                seq,
+                group,
+                gpus,
+                claim,
+                since: now,
+            });
+            return;
+        }
+        let held: Vec<String> = self
+            .reservations
+            .iter()
+            .map(|r| format!("{} holds {:?}", r.group, r.devices))
+            .collect();
+        answer(error(
+            ErrorKind::Unavailable,
+            format!(
+                "no GPU has room for group {:?} now ({}{} waiting); retry, or wait in the queue without --nonblock",
+                cfg.name,
+                if held.is_empty() {
+                    "none held".to_string()
+                } else {
+                    held.join(", ")
+                },
+                format_args!(", {}", self.queue.len())
+            ),
+        ));
+    }
+
+    /// The process of `client` ended: its reservations end, its place in
+    /// the queue is gone, and waiting launches may now fit.
+    pub(super) fn end_reservations(
+        &mut self,
+        client: ClientId,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        let mut ended = false;
+        self.reservations.retain(|r| {
+            if r.client != client {
+                return true;
+            }
+            for &d in &r.devices {
+                self.released_at.insert(d, now);
+            }
+            ended = true;
+            false
+        });
+        let before = self.queue.len();
+        self.queue.retain(|w| w.client != client);
+        if ended || self.queue.len() != before {
+            self.serve_queue(now, out);
+        }
+    }
+
+    fn serve_queue(&mut self, now: Micros, out: &mut Vec<Action>) {
+        while let Some(head) = self.queue.front() {
+            let Some(devices) = self.pick(&head.gpus, head.claim) else {
+                break;
+            };
+            let Some(w) = self.queue.pop_front() else {
+                break;
+            };
+            out.push(Action::Reply {
+                client: w.client,
+                seq: w.seq,
+                reply: Reply::Reserved {
+                    devices: devices.clone(),
+                },
+            });
+            self.reservations.push(Reservation {
+                client: w.client,
+                group: w.group,
+                gpus: w.gpus,
+                devices,
+                claim: w.claim,
+                since: now,
+            });
+        }
+    }
+
+    /// Reservations and queue for `gem-schd status`.
+    pub(super) fn reservation_status(
+        &self,
+        now: Micros,
+    ) -> (Vec<ReservationStatus>, Vec<ReservationStatus>) {
+        let pid = |c: ClientId| self.clients.get(&c).map_or(0, |c| c.pid);
+        let held = self
+            .reservations
+            .iter()
+            .map(|r| ReservationStatus {
+                client: r.client,
+                pid: pid(r.client),
+                group: r.group.clone(),
+                gpus: r.gpus.clone(),
+                devices: r.devices.clone(),
+                for_us: now.saturating_sub(r.since),
+            })
+            .collect();
+        let queue = self
+            .queue
+            .iter()
+            .map(|w| ReservationStatus {
+                client: w.client,
+                pid: pid(w.client),
+                group: w.group.clone(),
+                gpus: w.gpus.clone(),
+                devices: Vec::new(),
+                for_us: now.saturating_sub(w.since),
+            })
+            .collect();
+        (held, queue)
+    }
+}

@@ -1,0 +1,266 @@
+//! `gem-launch` with the real scheduler: GPU reservations (different GPUs,
+//! a queue, least recently released first, --nonblock), exit codes and
+//! signals, the checks before launching, and a workload run through it
+//! being gated on the GPU it was given.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use gemini_tests::{Gemini, SimEnv, bin, field, now_ns, reports};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn machine(conf: &str) -> Gemini {
+    Gemini::start_with(SimEnv::new(2, "16GiB"), conf, &["--devices", "2"])
+}
+
+fn launch(g: &Gemini, args: &[&str], program: &[&str]) -> Command {
+    let mut c = g.sim.command(bin("gem-launch"));
+    c.env("GEMINI_IPC_DIR", g.ipc())
+        .env_remove("GEMINI_GROUP_NAME")
+        .args(args)
+        .arg("--")
+        .args(program);
+    c
+}
+
+/// A program that prints the GPUs it was given, then sleeps.
+fn show_gpus(secs: &str) -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!("echo gpus=$CUDA_VISIBLE_DEVICES group=$GEMINI_GROUP_NAME; sleep {secs}"),
+    ]
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn gpus_of(out: &[u8]) -> String {
+    let text = String::from_utf8_lossy(out);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("gpus="))
+        .unwrap_or_else(|| panic!("no gpus line in {text:?}"));
+    line.split_whitespace()
+        .next()
+        .unwrap()
+        .trim_start_matches("gpus=")
+        .to_string()
+}
+
+#[test]
+fn launches_get_different_gpus_a_third_waits_and_lru_order_holds() {
+    let g = machine("[a]\n");
+    let p1 = show_gpus("2.5");
+    let first = launch(&g, &["--group", "a", "--gpus", "1"], &args(&p1))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    g.wait_status(5.0, "one reservation", |s| s.reservations.len() == 1);
+    let p2 = show_gpus("1");
+    let second = launch(&g, &["--group", "a", "--gpus", "1"], &args(&p2))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    g.wait_status(5.0, "two reservations", |s| s.reservations.len() == 2);
+    // Both GPUs are held: a third queues, shows in status, and starts when
+    // the second ends — on the GPU the second released.
+    let t = Instant::now();
+    let p3 = show_gpus("0");
+    let third = launch(&g, &["--group", "a", "--gpus", "1"], &args(&p3))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    g.wait_status(5.0, "one launch queued", |s| s.queue.len() == 1);
+    let text = Command::new(bin("gem-schd"))
+        .arg("status")
+        .arg("--ipc-dir")
+        .arg(g.ipc())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("RESERVATIONS") && text.contains("waits 1 GPU(s)"),
+        "{text}"
+    );
+    let o3 = third.wait_with_output().unwrap();
+    let waited = t.elapsed();
+    let (o1, o2) = (
+        first.wait_with_output().unwrap(),
+        second.wait_with_output().unwrap(),
+    );
+    let (g1, g2, g3) = (
+        gpus_of(&o1.stdout),
+        gpus_of(&o2.stdout),
+        gpus_of(&o3.stdout),
+    );
+    assert_ne!(g1, g2, "two launches share a GPU");
+    assert_eq!(g3, g2, "the third got the GPU the second released");
+    assert!(
+        waited >= Duration::from_millis(500),
+        "the third did not wait ({waited:?})"
+    );
+    assert!(String::from_utf8_lossy(&o3.stderr).contains("waiting in the queue"));
+    // g2 was released (by the third) about 1.5 s before the first released
+    // g1: least recently released first means g2, whatever its index.
+    g.wait_status(5.0, "all released", |s| s.reservations.is_empty());
+    let p4 = show_gpus("0");
+    let out = launch(&g, &["--group", "a", "--gpus", "1"], &args(&p4))
+        .output()
+        .unwrap();
+    assert_eq!(
+        gpus_of(&out.stdout),
+        g2,
+        "the GPU released longest ago is chosen"
+    );
+}
+
+#[test]
+fn nonblock_and_timeout_fail_with_exit_13() {
+    let g = machine("[a]\n");
+    let p = show_gpus("3");
+    let holder = launch(&g, &["--group", "a", "--gpus", "2"], &args(&p))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    g.wait_status(5.0, "GPUs held", |s| s.reservations.len() == 1);
+    let t = Instant::now();
+    let out = launch(
+        &g,
+        &["--group", "a", "--gpus", "1", "--nonblock"],
+        &["true"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(13));
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no GPU has room"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = launch(
+        &g,
+        &["--group", "a", "--gpu-ids", "1", "--timeout", "0.5s"],
+        &["true"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(13));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--timeout"));
+    let mut holder = holder;
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    g.wait_status(3.0, "released on kill", |s| {
+        s.reservations.is_empty() && s.queue.is_empty()
+    });
+}
+
+#[test]
+fn exit_status_and_signals_are_the_programs() {
+    use std::os::unix::process::ExitStatusExt;
+    let g = machine("[a]\n");
+    let out = launch(&g, &["--group", "a"], &["sh", "-c", "exit 7"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    let mut child = launch(&g, &["--group", "a", "--gpus", "1"], &["sleep", "30"])
+        .spawn()
+        .unwrap();
+    g.wait_status(5.0, "reservation", |s| s.reservations.len() == 1);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+    g.wait_status(3.0, "released after SIGTERM", |s| s.reservations.is_empty());
+    let out = launch(&g, &["--group", "a"], &["/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+}
+
+#[test]
+fn checks_before_launching_have_their_own_exit_codes() {
+    let mut g = machine("[a]\n[b]\n");
+    let marker = g.sim.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    // Unknown group: refused before the program runs.
+    let out = launch(&g, &["--group", "nosuch"], &["sh", "-c", &touch])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(12));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"nosuch\" is not defined") && err.contains("a, b"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the program ran");
+    // No group at all (and no group named after the user).
+    let out = launch(&g, &[], &["true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(12));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no --group given"));
+    // GEMINI_GROUP_NAME is the default.
+    let mut c = launch(
+        &g,
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo group=$GEMINI_GROUP_NAME preload=$LD_PRELOAD",
+        ],
+    );
+    c.env("GEMINI_GROUP_NAME", "b")
+        .env("LD_PRELOAD", "/lib/other.so");
+    let out = c.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("group=b") && text.contains("libgemhook.so /lib/other.so"),
+        "{text}"
+    );
+    // Missing hook library.
+    let out = launch(
+        &g,
+        &["--group", "a", "--hook", "/nonexistent/libgemhook.so"],
+        &["true"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(10));
+    // No scheduler.
+    g.kill_scheduler();
+    let out = launch(&g, &["--group", "a"], &["true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(11));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is gem-schd running?"));
+}
+
+#[test]
+fn a_workload_launched_on_a_reserved_gpu_is_gated_there() {
+    let g = machine("[capped]\nMaxUtil=0.4\n");
+    let t0 = now_ns();
+    let mut c = launch(
+        &g,
+        &["--group", "capped", "--gpu-ids", "1"],
+        &[
+            bin("gem-workload").to_str().unwrap(),
+            "--seconds",
+            "4",
+            "--kernel-us",
+            "500",
+        ],
+    );
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = field(&reports(&out.stdout)[0], "pid") as u32;
+    let share = g
+        .sim
+        .busy(1, t0 + 1_000_000_000, t0 + 4_000_000_000)
+        .share(pid);
+    assert!((share - 0.4).abs() <= 0.04, "share on GPU 1: {share:.3}");
+    assert_eq!(g.sim.busy(0, t0, now_ns()).device, 0, "GPU 0 untouched");
+}
