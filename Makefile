@@ -35,7 +35,7 @@ fmt:
 
 install: release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)/etc/gemini
-	install -m 755 $(RELEASE_DIR)/gem-schd $(RELEASE_DIR)/gem-holder $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(RELEASE_DIR)/gem-schd $(RELEASE_DIR)/gem-holder $(RELEASE_DIR)/gem-launch $(DESTDIR)$(PREFIX)/bin/
 	install -m 755 $(RELEASE_DIR)/libgemhook.so $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libgemhook.so $(DESTDIR)$(PREFIX)/lib/libgemhook.so.1
 	for u in gem-schd gem-holder; do sed 's|@PREFIX@|$(PREFIX)|g' dist/$$u.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$u.service; done
