@@ -24,7 +24,7 @@ demo: release
 	$(RELEASE_DIR)/gem-demo examples/resource.conf
 
 bench: release
-	$(RELEASE_DIR)/gem-bench
+	$(RELEASE_DIR)/gem-bench --write docs/benchmarks.md
 
 lint:
 	$(CARGO) fmt --all -- --check

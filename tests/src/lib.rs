@@ -248,6 +248,11 @@ impl Gemini {
         panic!("gem-schd did not come up:\n{}", self.log());
     }
 
+    /// The scheduler's process id, while it runs.
+    pub fn scheduler_pid(&self) -> Option<u32> {
+        self.schd.as_ref().map(std::process::Child::id)
+    }
+
     /// Kills the scheduler with SIGKILL (no clean-up, as a crash).
     pub fn kill_scheduler(&mut self) {
         if let Some(mut c) = self.schd.take() {

@@ -333,13 +333,27 @@ impl Policy {
     /// Handles one event at time `now` (µs, never decreasing).
     pub fn handle(&mut self, event: Event, now: Micros) -> Vec<Action> {
         let mut out = Vec::new();
+        // A request about one device can only change that device; anything
+        // else may change any.
+        let mut only = None;
         match event {
-            Event::Request { client, seq, req } => self.request(client, seq, req, now, &mut out),
+            Event::Request { client, seq, req } => {
+                only = match &req {
+                    Request::AcquireToken { device, .. } | Request::ReleaseToken { device, .. } => {
+                        Some(*device)
+                    }
+                    _ => None,
+                };
+                self.request(client, seq, req, now, &mut out);
+            }
             Event::Disconnected { client } => self.disconnect(client, now, &mut out),
             Event::Reconfigure(cfg) => self.reconfigure(cfg),
             Event::Tick => {}
         }
-        self.schedule_all(now, &mut out);
+        match only {
+            Some(d) => self.schedule(d, now, &mut out),
+            None => self.schedule_all(now, &mut out),
+        }
         self.holder_tick(now, &mut out);
         out
     }
@@ -551,22 +565,41 @@ impl Policy {
     /// Charges the device time `client` reports for its last token on
     /// `device`, and frees the device if it still holds the token.
     fn report(&mut self, client: ClientId, device: DeviceId, used: Micros, now: Micros) {
-        let Some(c) = self.clients.get_mut(&client) else {
+        // Hot path (every token): no clone of group names or configs.
+        let Policy {
+            clients,
+            devices,
+            config,
+            retired,
+            params,
+            ..
+        } = self;
+        let Some(c) = clients.get_mut(&client) else {
             return;
         };
-        let group = c.group.clone();
         let Some((granted_at, _quota)) = c.uncharged.remove(&device) else {
             return;
         };
         // A client cannot have used more than the time since the grant.
         let used = used.min(now.saturating_sub(granted_at));
-        let max_util = self.group_config(&group).max_util;
-        let cap = self.params.max_quota;
-        let dev = self.devices.entry(device).or_default();
+        let max_util = if c.group == HOLDER {
+            1.0
+        } else {
+            config
+                .groups
+                .get(&c.group)
+                .or_else(|| retired.get(&c.group))
+                .map_or(0.0, |g| g.max_util)
+        };
+        let cap = params.max_quota;
+        let dev = devices.entry(device).or_default();
         if dev.token.as_ref().is_some_and(|t| t.client == client) {
             dev.token = None;
         }
-        let g = dev.groups.entry(group).or_default();
+        let g = match dev.groups.get_mut(&c.group) {
+            Some(g) => g,
+            None => dev.groups.entry(c.group.clone()).or_default(),
+        };
         g.usage.add(granted_at, granted_at + used);
         g.charge(granted_at, now, used, max_util, cap);
         dev.busy.add(granted_at, granted_at + used);
@@ -703,17 +736,14 @@ impl Policy {
     /// Revokes an expired token and grants a free one.
     fn schedule(&mut self, device: DeviceId, now: Micros, out: &mut Vec<Action>) {
         let params = self.params;
-        let configs: BTreeMap<String, GroupConfig> = {
-            let Some(dev) = self.devices.get(&device) else {
-                return;
-            };
-            dev.waiters
-                .iter()
-                .filter_map(|w| self.clients.get(&w.client))
-                .map(|c| (c.group.clone(), self.group_config(&c.group)))
-                .collect()
-        };
-        let Some(dev) = self.devices.get_mut(&device) else {
+        let Policy {
+            devices,
+            clients,
+            config,
+            retired,
+            ..
+        } = self;
+        let Some(dev) = devices.get_mut(&device) else {
             return;
         };
         if dev.token.as_ref().is_some_and(|t| now >= t.expires_at) {
@@ -727,14 +757,26 @@ impl Policy {
         // 2: holder. Ineligible (capped) groups are skipped.
         let mut best: Option<((u8, f64, Micros, ClientId), usize)> = None;
         for (i, w) in dev.waiters.iter().enumerate() {
-            let Some(c) = self.clients.get(&w.client) else {
+            let Some(c) = clients.get(&w.client) else {
                 continue;
             };
-            let Some(cfg) = configs.get(&c.group) else {
-                continue;
+            let (min_util, max_util) = if c.group == HOLDER {
+                (0.0, 1.0)
+            } else {
+                match config
+                    .groups
+                    .get(&c.group)
+                    .or_else(|| retired.get(&c.group))
+                {
+                    Some(g) => (g.min_util, g.max_util),
+                    None => continue,
+                }
             };
-            let g = dev.groups.entry(c.group.clone()).or_default();
-            if g.eligible_at(now, cfg.max_util, params.max_quota) != Some(now) {
+            let g = match dev.groups.get_mut(&c.group) {
+                Some(g) => g,
+                None => dev.groups.entry(c.group.clone()).or_default(),
+            };
+            if g.eligible_at(now, max_util, params.max_quota) != Some(now) {
                 continue;
             }
             let fresh = g.usage.is_empty(now, params.window);
@@ -745,8 +787,8 @@ impl Policy {
             };
             let (class, key) = if c.group == HOLDER {
                 (2, share)
-            } else if share < cfg.min_util {
-                (0, share / cfg.min_util)
+            } else if share < min_util {
+                (0, share / min_util)
             } else {
                 (1, share)
             };
@@ -760,7 +802,7 @@ impl Policy {
         }
         let Some((_, i)) = best else { return };
         let w = dev.waiters.remove(i);
-        let Some(c) = self.clients.get_mut(&w.client) else {
+        let Some(c) = clients.get_mut(&w.client) else {
             return;
         };
         let burst = if w.burst == 0 {
@@ -776,8 +818,9 @@ impl Policy {
             params.min_quota
         };
         let quota = burst.clamp(floor.min(params.max_quota), params.max_quota);
-        let g = dev.groups.entry(c.group.clone()).or_default();
-        if g.usage.is_empty(now, params.window) {
+        if let Some(g) = dev.groups.get_mut(&c.group)
+            && g.usage.is_empty(now, params.window)
+        {
             g.active_since = now;
         }
         c.uncharged.insert(device, (now, quota));

@@ -1,21 +1,36 @@
-//! `make bench`: the figures behind DESIGN.md's targets that exist so far,
-//! measured on this machine with the driver simulator.
+//! `make bench`: every target of DESIGN.md that can be measured without a
+//! GPU, measured on this machine with the driver simulator, printed as a
+//! table and written to `docs/benchmarks.md` (`--write PATH`).
 //!
 //! - hook fast path: launch rate of `gem-workload` (zero-length kernels,
-//!   so the launch call itself is what is timed) with and without
-//!   `libgemhook.so`, the token held throughout (a scheduler with 10 s
-//!   tokens), runs interleaved, median of each;
-//! - token round trip: `AcquireToken` → `Token` between two processes
-//!   over the `ipc://` socket, the token free (a lone client).
+//!   so the launch call itself is timed) with and without `libgemhook.so`,
+//!   the token held throughout, runs interleaved, median of 5 each;
+//! - token round trip: `AcquireToken` → `Token` over `ipc://`, token free;
+//! - share accuracy: 2, 3 and 4 saturating groups (and a lone capped
+//!   group) under the hook, shares over the last 10 s of a 12 s run from
+//!   the simulator's busy log, worst deviation from the entitlement;
+//! - work conservation: device busy share during the 2-group run;
+//! - holder: first-kernel wait of a real client arriving at a held device
+//!   (p50/p99 over ~60 arrivals, the first — which also connects to the
+//!   scheduler — left out) and the time an allocation takes when the
+//!   holder must give memory back;
+//! - policy throughput: grants per second of the pure policy with 256
+//!   always-busy clients on 8 devices, in virtual time;
+//! - scheduler RSS with 256 connected clients.
 
 // A tool of the test suite: on failure it stops loudly, which is its job.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+use gemini_config::parse_resource;
 use gemini_protocol::{Reply, Request, Role};
 use gemini_scheduler::client::Client;
-use gemini_tests::{Gemini, SimEnv, field, reports};
-use std::process::Command;
+use gemini_scheduler::policy::{Action, Event, Params, Policy, entitlements};
+use gemini_tests::{Gemini, SimEnv, bin, field, now_ns, reports};
+use std::collections::BinaryHeap;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+const SEC: u64 = 1_000_000_000;
 
 fn rate(mut c: Command, secs: &str) -> f64 {
     c.args(["--seconds", secs, "--kernel-us", "0"]);
@@ -27,11 +42,6 @@ fn rate(mut c: Command, secs: &str) -> f64 {
     );
     let r = &reports(&out.stdout)[0];
     field(r, "kernels") as f64 / r["seconds"].parse::<f64>().expect("seconds")
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -52,8 +62,30 @@ fn machine() -> String {
     format!("{cpu}, {cores} cores")
 }
 
-fn main() {
-    println!("gem-bench on {}", machine());
+struct Table(Vec<(String, String, String)>);
+
+impl Table {
+    fn row(
+        &mut self,
+        what: impl Into<String>,
+        measured: impl Into<String>,
+        target: impl Into<String>,
+    ) {
+        let (w, m, t) = (what.into(), measured.into(), target.into());
+        eprintln!("  {w}: {m}");
+        self.0.push((w, m, t));
+    }
+
+    fn markdown(&self) -> String {
+        let mut s = String::from("| what | measured | target |\n|---|---|---|\n");
+        for (w, m, t) in &self.0 {
+            s += &format!("| {w} | {m} | {t} |\n");
+        }
+        s
+    }
+}
+
+fn fast_path(t: &mut Table) {
     let g = Gemini::start_with(
         SimEnv::default(),
         "[bench]\n",
@@ -72,19 +104,29 @@ fn main() {
             "10s",
         ],
     );
-
-    // Fast path.
-    let rounds = 5;
     let (mut plain, mut hooked) = (Vec::new(), Vec::new());
-    rate(g.sim.workload(), "0.3"); // warm-up
-    for _ in 0..rounds {
+    rate(g.sim.workload(), "0.3");
+    for _ in 0..5 {
         plain.push(rate(g.sim.workload(), "1"));
         hooked.push(rate(g.hooked(g.sim.workload(), "bench"), "1"));
     }
-    let (p, h) = (median(&mut plain), median(&mut hooked));
-    let added_ns = (1e9 / h - 1e9 / p).max(0.0);
+    let (p, h) = (percentile(&mut plain, 0.5), percentile(&mut hooked, 0.5));
+    t.row(
+        "launch rate without hook / with hook, token held (median of 5)",
+        format!("{:.2} / {:.2} M launches/s", p / 1e6, h / 1e6),
+        "",
+    );
+    t.row(
+        "hook fast path: time added per launch",
+        format!("{:.0} ns", (1e9 / h - 1e9 / p).max(0.0)),
+        "≤ 50 ns",
+    );
+    t.row(
+        "hooked / un-hooked launch rate",
+        format!("{:.1} %", 100.0 * h / p),
+        "≥ 97 %",
+    );
 
-    // Token round trip.
     let mut c = Client::connect(&g.ipc()).expect("connect");
     let hello = Request::Hello {
         role: Role::Client,
@@ -98,7 +140,7 @@ fn main() {
     ));
     let mut rtt = Vec::new();
     for i in 0..3000 {
-        let t = Instant::now();
+        let start = Instant::now();
         let r = c.request(
             &Request::AcquireToken {
                 device: 0,
@@ -107,7 +149,7 @@ fn main() {
             },
             Duration::from_secs(2),
         );
-        let d = t.elapsed().as_secs_f64() * 1e6;
+        let d = start.elapsed().as_secs_f64() * 1e6;
         assert!(matches!(r, Ok(Reply::Token { .. })), "{r:?}");
         let _ = c.request(
             &Request::ReleaseToken {
@@ -120,23 +162,366 @@ fn main() {
             rtt.push(d);
         }
     }
-    let (rtt50, rtt99) = (percentile(&mut rtt, 0.5), percentile(&mut rtt, 0.99));
+    t.row(
+        "token round trip over ipc://, median",
+        format!("{:.0} µs", percentile(&mut rtt, 0.5)),
+        "≤ 50 µs",
+    );
+    t.row(
+        "token round trip over ipc://, p99",
+        format!("{:.0} µs", percentile(&mut rtt, 0.99)),
+        "≤ 200 µs",
+    );
+}
 
-    println!("\n| what | measured | target |");
-    println!("|---|---|---|");
-    println!(
-        "| launch rate without hook (median of {rounds}) | {:.2} M launches/s | |",
-        p / 1e6
+fn spawn_workload(g: &Gemini, group: &str, secs: &str) -> Child {
+    let mut c = g.hooked(g.sim.workload(), group);
+    c.args(["--seconds", secs, "--kernel-us", "500"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    c.spawn().unwrap()
+}
+
+fn pid_of(out: &std::process::Output) -> u32 {
+    field(&reports(&out.stdout)[0], "pid") as u32
+}
+
+/// Saturating groups for 12 s; worst deviation (pp) over the last 10 s and
+/// the device's busy share.
+fn shares(groups: &[(f64, f64)]) -> (f64, f64, Vec<f64>) {
+    let mut conf = String::new();
+    for (i, (min, max)) in groups.iter().enumerate() {
+        conf += &format!("[g{i}]\nMinUtil={min}\nMaxUtil={max}\n");
+    }
+    let g = Gemini::start_with(SimEnv::default(), &conf, &["--log-level", "warn"]);
+    let t0 = now_ns();
+    let children: Vec<Child> = (0..groups.len())
+        .map(|i| spawn_workload(&g, &format!("g{i}"), "12"))
+        .collect();
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + 12 * SEC);
+    let want = entitlements(groups);
+    let got: Vec<f64> = outs.iter().map(|o| busy.share(pid_of(o))).collect();
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs() * 100.0)
+        .fold(0.0, f64::max);
+    (worst, busy.device_share(), got)
+}
+
+fn share_accuracy(t: &mut Table) {
+    for groups in [
+        vec![(0.3, 1.0), (0.7, 1.0)],
+        vec![(0.2, 1.0), (0.3, 1.0), (0.5, 1.0)],
+        vec![(0.1, 1.0), (0.2, 1.0), (0.3, 1.0), (0.4, 1.0)],
+    ] {
+        let (worst, busy, got) = shares(&groups);
+        let mins: Vec<String> = groups.iter().map(|g| format!("{}", g.0)).collect();
+        let gots: Vec<String> = got.iter().map(|g| format!("{g:.3}")).collect();
+        t.row(
+            format!(
+                "share accuracy, {} groups MinUtil {}",
+                groups.len(),
+                mins.join("/")
+            ),
+            format!("worst {worst:.1} pp (got {})", gots.join("/")),
+            "±2 pp",
+        );
+        if groups.len() == 2 {
+            t.row(
+                "work conservation (device busy, 2 groups)",
+                format!("{:.1} %", busy * 100.0),
+                "≥ 97 %",
+            );
+        }
+    }
+    let (worst, _, got) = shares(&[(0.0, 0.4)]);
+    t.row(
+        "MaxUtil 0.4 cap, lone client",
+        format!("{:.3} ({worst:.1} pp off)", got[0]),
+        "cap ± 2 pp",
     );
-    println!(
-        "| launch rate with hook, token held (median of {rounds}) | {:.2} M launches/s | |",
-        h / 1e6
+}
+
+fn holder(t: &mut Table) {
+    let g = Gemini::start_with(
+        SimEnv::new(1, "4GiB"),
+        "[a]\nMemoryLimit=2GiB\n",
+        &["--log-level", "warn"],
     );
-    println!("| hook fast path: time added per launch | {added_ns:.0} ns | ≤ 50 ns |");
-    println!(
-        "| hooked / un-hooked launch rate | {:.1} % | ≥ 97 % |",
-        100.0 * h / p
+    let mut h = g
+        .holder(&[
+            "run",
+            "--wait-minutes",
+            "0",
+            "--hold-util",
+            "1.0",
+            "--hold-mem",
+            "3584MiB",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !g
+        .holder_status()
+        .is_some_and(|s| s.contains("\"held_bytes\": 3758096384"))
+    {
+        assert!(Instant::now() < deadline, "holder did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let bursts = g.sim.path().join("bursts.txt");
+    let mut c = g.hooked(g.sim.workload(), "a");
+    c.args([
+        "--seconds",
+        "12",
+        "--kernel-us",
+        "500",
+        "--burst-ms",
+        "20",
+        "--gap-ms",
+        "130",
+    ])
+    .arg("--bursts-file")
+    .arg(&bursts);
+    let out = c.output().unwrap();
+    let pid = pid_of(&out);
+    let recs = fakecuda_log::read(&g.sim.sim_dir(), 0).unwrap();
+    // The first burst also connects to the scheduler: it measures start-up,
+    // not preemption, and is left out.
+    let mut waits: Vec<f64> = std::fs::read_to_string(&bursts)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.parse::<u64>().ok())
+        .filter_map(|t| {
+            recs.iter()
+                .filter(|r| r.pid == pid && r.start >= t)
+                .map(|r| (r.start - t) as f64 / 1e6)
+                .reduce(f64::min)
+        })
+        .collect();
+    let n = waits.len();
+    t.row(
+        format!("holder at 1.0: a real client's first-kernel wait, p50 / p99 over {n} arrivals"),
+        format!(
+            "{:.2} / {:.2} ms",
+            percentile(&mut waits, 0.5),
+            percentile(&mut waits, 0.99)
+        ),
+        "p99 ≤ 5 ms",
     );
-    println!("| token round trip over ipc://, median | {rtt50:.0} µs | ≤ 50 µs |");
-    println!("| token round trip over ipc://, p99 | {rtt99:.0} µs | ≤ 200 µs |");
+    let mut c = g.hooked(g.sim.workload(), "a");
+    c.args(["--seconds", "0", "--mem", "1536MiB"]);
+    let r = &reports(&c.output().unwrap().stdout)[0];
+    let took = (field(r, "alloc_done_ns") - field(r, "alloc_start_ns")) as f64 / 1e6;
+    assert_eq!(field(r, "alloc_error"), 0);
+    t.row(
+        "memory handed back by the holder (1.5 GiB allocation)",
+        format!("{took:.1} ms"),
+        "≤ 200 ms",
+    );
+    let _ = h.kill();
+    let _ = h.wait();
+}
+
+fn policy_throughput(t: &mut Table) {
+    let mut conf = String::new();
+    for i in 0..8 {
+        conf += &format!("[g{i}]\nMinUtil=0.1\n");
+    }
+    let cfg = parse_resource(&conf, "bench.conf".as_ref()).unwrap().0;
+    let mut p = Policy::new(Params::default(), cfg);
+    let (clients, devices) = (256u64, 8u32);
+    let mut events: BinaryHeap<std::cmp::Reverse<(u64, u64, u64)>> = BinaryHeap::new();
+    let grant = |acts: Vec<Action>, now: u64, events: &mut BinaryHeap<_>| {
+        let mut n = 0;
+        for Action::Reply { client, reply, .. } in acts {
+            if let Reply::Token { quota_us, .. } = reply {
+                events.push(std::cmp::Reverse((now + quota_us, client, quota_us)));
+                n += 1;
+            }
+        }
+        n
+    };
+    let mut grants = 0u64;
+    for c in 0..clients {
+        let hello = Request::Hello {
+            role: Role::Client,
+            group: format!("g{}", c % 8),
+            pid: c as u32,
+            held: vec![],
+        };
+        p.handle(
+            Event::Request {
+                client: c,
+                seq: 0,
+                req: hello,
+            },
+            0,
+        );
+        let acts = p.handle(
+            Event::Request {
+                client: c,
+                seq: 1,
+                req: Request::AcquireToken {
+                    device: (c % devices as u64) as u32,
+                    used_us: 0,
+                    burst_us: 0,
+                },
+            },
+            0,
+        );
+        grants += grant(acts, 0, &mut events);
+    }
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        let Some(std::cmp::Reverse((now, c, used))) = events.pop() else {
+            break;
+        };
+        let req = Request::AcquireToken {
+            device: (c % devices as u64) as u32,
+            used_us: used,
+            burst_us: 0,
+        };
+        let acts = p.handle(
+            Event::Request {
+                client: c,
+                seq: 1,
+                req,
+            },
+            now,
+        );
+        grants += grant(acts, now, &mut events);
+    }
+    let per_sec = grants as f64 / start.elapsed().as_secs_f64();
+    t.row(
+        "policy throughput, 256 clients × 8 devices, virtual time",
+        format!("{:.0} grants/s", per_sec),
+        "≥ 50 000 grants/s",
+    );
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn scheduler_rss(t: &mut Table) {
+    let g = Gemini::start_with(
+        SimEnv::new(8, "16GiB"),
+        "[a]\nMemoryLimit=unlimited\n",
+        &["--log-level", "warn"],
+    );
+    let pid = g.scheduler_pid().expect("scheduler pid");
+    let before = rss_kib(pid);
+    let mut clients = Vec::new();
+    for i in 0..256u32 {
+        let mut c = Client::connect(&g.ipc()).unwrap();
+        let hello = Request::Hello {
+            role: Role::Client,
+            group: "a".into(),
+            pid: std::process::id(),
+            held: vec![],
+        };
+        assert!(matches!(
+            c.request(&hello, Duration::from_secs(5)),
+            Ok(Reply::Welcome { .. })
+        ));
+        let dev = i % 8;
+        c.request(
+            &Request::ReserveMemory {
+                device: dev,
+                bytes: 1 << 20,
+            },
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        c.request(
+            &Request::AcquireToken {
+                device: dev,
+                used_us: 0,
+                burst_us: 0,
+            },
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        c.request(
+            &Request::ReleaseToken {
+                device: dev,
+                used_us: 100,
+            },
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        clients.push(c);
+    }
+    let after = rss_kib(pid);
+    t.row(
+        "scheduler RSS with 256 connected clients (idle → loaded)",
+        format!(
+            "{:.1} → {:.1} MB",
+            before as f64 / 1024.0,
+            after as f64 / 1024.0
+        ),
+        "< 50 MB",
+    );
+}
+
+fn main() {
+    let write = std::env::args().skip_while(|a| a != "--write").nth(1);
+    let machine = machine();
+    eprintln!("gem-bench on {machine}");
+    let mut t = Table(Vec::new());
+    let started = Instant::now();
+    // `--only a,b` runs some of: fast, shares, holder, policy, rss.
+    let only: Option<Vec<String>> = std::env::args()
+        .skip_while(|a| a != "--only")
+        .nth(1)
+        .map(|s| s.split(',').map(str::to_string).collect());
+    let parts: [(&str, fn(&mut Table)); 5] = [
+        ("fast", fast_path),
+        ("shares", share_accuracy),
+        ("holder", holder),
+        ("policy", policy_throughput),
+        ("rss", scheduler_rss),
+    ];
+    for (name, run) in parts {
+        if only.as_ref().is_none_or(|o| o.iter().any(|x| x == name)) {
+            run(&mut t);
+        }
+    }
+    let date = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let table = t.markdown();
+    println!("\n{table}");
+    println!("(took {:.0} s)", started.elapsed().as_secs_f64());
+    if let Some(path) = write {
+        let doc = format!(
+            "# Benchmarks\n\nMeasured by `make bench` on {date} (commit {commit}), on {machine}, with the driver simulator (no GPU).\nEach row is a target of DESIGN.md; `make bench` re-measures them all.\n\n{table}\nNotes:\n\n- Shares are measured from the simulator's busy log (the device side), not from the scheduler's accounting.\n- The simulator's launch takes about 1 µs, so the hooked/un-hooked ratio is lower than on a real GPU, where launches take several µs; the added nanoseconds are the hook's own.\n- Real-GPU figures are in `docs/gpu-results.md` (`make test-gpu`).\n"
+        );
+        std::fs::write(&path, doc).unwrap();
+        eprintln!("wrote {path}");
+    }
+    let _ = bin("gem-schd");
 }
