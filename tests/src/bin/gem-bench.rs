@@ -490,7 +490,8 @@ fn main() {
         .skip_while(|a| a != "--only")
         .nth(1)
         .map(|s| s.split(',').map(str::to_string).collect());
-    let parts: [(&str, fn(&mut Table)); 5] = [
+    type Part = (&'static str, fn(&mut Table));
+    let parts: [Part; 5] = [
         ("fast", fast_path),
         ("shares", share_accuracy),
         ("holder", holder),
