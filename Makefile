@@ -6,7 +6,7 @@ CARGO ?= cargo
 PREFIX ?= /usr/local
 RELEASE_DIR := target/release
 
-.PHONY: all build release test demo bench install lint fmt clean
+.PHONY: all build release test demo bench test-gpu install lint fmt clean
 
 all: build
 
@@ -25,6 +25,13 @@ demo: release
 
 bench: release
 	$(RELEASE_DIR)/gem-bench --write docs/benchmarks.md
+
+# Skips (exit 0) where there is no NVIDIA GPU; needs the release binaries
+# (built here when cargo is available) and PyTorch.
+test-gpu:
+	@if ! nvidia-smi -L >/dev/null 2>&1; then echo "no NVIDIA GPU found, skipped"; exit 0; fi; \
+	if command -v $(CARGO) >/dev/null 2>&1; then $(CARGO) build --workspace --release || exit 1; fi; \
+	GEMINI_BIN_DIR=$(RELEASE_DIR) python3 tests/gpu/gpu_suite.py docs/gpu-results.md
 
 lint:
 	$(CARGO) fmt --all -- --check
