@@ -24,8 +24,18 @@ pub const MIN_UTIL: &str = "MinUtil";
 pub const MAX_UTIL: &str = "MaxUtil";
 /// Key for the memory cap.
 pub const MEMORY_LIMIT: &str = "MemoryLimit";
+/// Key for the users allowed in a group.
+pub const ALLOWED_USERS: &str = "AllowedUsers";
+/// Key for the Unix groups allowed in a group.
+pub const ALLOWED_GROUPS: &str = "AllowedGroups";
 /// Keys this version understands.
-pub const KNOWN_KEYS: [&str; 3] = [MIN_UTIL, MAX_UTIL, MEMORY_LIMIT];
+pub const KNOWN_KEYS: [&str; 5] = [
+    MIN_UTIL,
+    MAX_UTIL,
+    MEMORY_LIMIT,
+    ALLOWED_USERS,
+    ALLOWED_GROUPS,
+];
 /// `MemoryLimit` when the key is absent.
 pub const DEFAULT_MEMORY_LIMIT: u64 = 1 << 30;
 /// Tolerance for the sum of `MinUtil` (decimal fractions do not add up
@@ -45,6 +55,30 @@ pub struct GroupConfig {
     pub memory_limit: u64,
     /// Line of the section header.
     pub line: usize,
+    /// `AllowedUsers`: user names that may run in the group (`None`: no
+    /// restriction by user).
+    pub allowed_users: Option<Vec<String>>,
+    /// `AllowedGroups`: Unix groups whose members may run in the group
+    /// (`None`: no restriction by Unix group).
+    pub allowed_groups: Option<Vec<String>>,
+}
+
+impl GroupConfig {
+    /// Whether a user may join: unrestricted groups admit everyone; a
+    /// restricted one admits the users listed and the members of the Unix
+    /// groups listed.
+    pub fn admits(&self, user: &str, unix_groups: &[String]) -> bool {
+        if self.allowed_users.is_none() && self.allowed_groups.is_none() {
+            return true;
+        }
+        self.allowed_users
+            .as_ref()
+            .is_some_and(|u| u.iter().any(|x| x == user))
+            || self
+                .allowed_groups
+                .as_ref()
+                .is_some_and(|g| g.iter().any(|x| unix_groups.contains(x)))
+    }
 }
 
 /// A validated `resource.conf`.
@@ -310,6 +344,27 @@ fn parse_util(value: &str) -> Result<f64, String> {
     }
 }
 
+/// A list of user or group names: `alice;bob` (the Desktop Entry list
+/// syntax) or `alice, bob`. Names are what `useradd` accepts.
+fn parse_names(value: &str) -> Result<Vec<String>, String> {
+    let names: Vec<String> = value
+        .split([';', ','])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    if names.is_empty() {
+        return Err("expected a list of names such as `alice;bob`, got nothing (remove the key to allow everyone)".into());
+    }
+    if let Some(bad) = names.iter().find(|n| {
+        !n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-$".contains(c))
+    }) {
+        return Err(format!("{bad:?} is not a user or group name"));
+    }
+    Ok(names)
+}
+
 fn suggestion(key: &str) -> String {
     match KNOWN_KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) {
         Some(k) => format!("; did you mean `{k}` (keys are case-sensitive)?"),
@@ -358,6 +413,8 @@ pub fn parse_resource(
             max_util: 1.0,
             memory_limit: DEFAULT_MEMORY_LIMIT,
             line: g.line,
+            allowed_users: None,
+            allowed_groups: None,
         };
         let mut min_line = g.line;
         let mut ok = true;
@@ -369,6 +426,8 @@ pub fn parse_resource(
                 }),
                 MAX_UTIL => parse_util(&e.value).map(|v| cfg.max_util = v),
                 MEMORY_LIMIT => parse_size(&e.value).map(|v| cfg.memory_limit = v),
+                ALLOWED_USERS => parse_names(&e.value).map(|v| cfg.allowed_users = Some(v)),
+                ALLOWED_GROUPS => parse_names(&e.value).map(|v| cfg.allowed_groups = Some(v)),
                 other => {
                     warnings.push(Warning {
                         at: at(e.line, &g.name),

@@ -10,6 +10,7 @@
 //! max_quota = "100ms"   # longest token
 //! token_grace = "1s"    # how long past its end a token may be kept (draining queued work) before it is revoked
 //! log_level = "info"    # error, warn, info, debug, trace
+//! ipc_group = "gemini"  # let members of this Unix group connect (dir 0750, socket 0770); default: only the daemon's user
 //! devices = 8           # GPUs gem-launch may reserve (default: as many as /proc/driver/nvidia/gpus lists)
 //! ```
 
@@ -42,6 +43,8 @@ pub struct RawSettings {
     pub log_level: Option<String>,
     /// Number of GPUs for reservations.
     pub devices: Option<u32>,
+    /// Unix group whose members may connect.
+    pub ipc_group: Option<String>,
 }
 
 /// Values given on the command line; they replace the file's.
@@ -69,6 +72,9 @@ pub struct Settings {
     pub log_level: String,
     /// Number of GPUs for reservations (`None`: detect).
     pub devices: Option<u32>,
+    /// Unix group whose members may connect (`None`: the daemon's user
+    /// only).
+    pub ipc_group: Option<String>,
 }
 
 impl Default for Settings {
@@ -83,6 +89,7 @@ impl Default for Settings {
             token_grace: Duration::from_secs(1),
             log_level: "info".into(),
             devices: None,
+            ipc_group: None,
         }
     }
 }
@@ -121,6 +128,7 @@ impl RawSettings {
             token_grace: over.token_grace.or(self.token_grace),
             log_level: over.log_level.or(self.log_level),
             devices: over.devices.or(self.devices),
+            ipc_group: over.ipc_group.or(self.ipc_group),
         }
     }
 
@@ -145,6 +153,7 @@ impl RawSettings {
             token_grace: dur("token_grace", self.token_grace, d.token_grace)?,
             log_level: self.log_level.unwrap_or(d.log_level).to_ascii_lowercase(),
             devices: self.devices,
+            ipc_group: self.ipc_group,
         };
         if !LOG_LEVELS.contains(&s.log_level.as_str()) {
             return Err(err(format!(

@@ -8,8 +8,9 @@ use crate::policy::{Action, Event, Micros, Params, Policy};
 use anyhow::{Context as _, bail};
 use gemini_config::{Settings, diff, load_resource};
 use gemini_protocol::{
-    ClientId, CodecError, ErrorKind, ErrorReply, MAX_FRAME_BYTES, Reply, Request, codec::peek_seq,
-    decode_request, encode_reply, endpoint::scheduler_socket_path, scheduler_endpoint,
+    ClientId, CodecError, ErrorKind, ErrorReply, MAX_FRAME_BYTES, Reply, Request, Role,
+    codec::peek_seq, decode_request, encode_reply, endpoint::scheduler_socket_path,
+    scheduler_endpoint,
 };
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -32,6 +33,7 @@ const MAX_POLL: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PeerCred {
     uid: u32,
+    gid: u32,
     pid: u32,
 }
 
@@ -39,9 +41,9 @@ struct PeerCred {
 fn parse_peer_address(s: &str) -> Option<PeerCred> {
     let mut it = s.rsplit(':');
     let pid = it.next()?.parse().ok()?;
-    let _gid: u32 = it.next()?.parse().ok()?;
+    let gid = it.next()?.parse().ok()?;
     let uid = it.next()?.parse().ok()?;
-    Some(PeerCred { uid, pid })
+    Some(PeerCred { uid, gid, pid })
 }
 
 #[derive(Debug)]
@@ -78,6 +80,10 @@ pub struct Daemon {
     reload_rx: mpsc::Receiver<()>,
     reload_due: Option<Instant>,
     stop: Arc<AtomicBool>,
+    ipc_dir: PathBuf,
+    endpoint: String,
+    access: IpcAccess,
+    last_socket_check: Instant,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -88,21 +94,72 @@ impl std::fmt::Debug for Daemon {
     }
 }
 
-/// Creates the IPC directory with mode 0700 if it is missing.
-fn prepare_ipc_dir(dir: &Path) -> anyhow::Result<()> {
+/// Who may connect: the daemon's user only (directory 0700, socket 0700),
+/// or also the members of one Unix group (0750 / 0770). Nobody else can
+/// write to either.
+#[derive(Debug, Clone, Copy)]
+struct IpcAccess {
+    group: Option<nix::unistd::Gid>,
+}
+
+impl IpcAccess {
+    fn from_settings(settings: &Settings) -> anyhow::Result<IpcAccess> {
+        let group = match &settings.ipc_group {
+            None => None,
+            Some(name) => Some(
+                nix::unistd::Group::from_name(name)
+                    .with_context(|| format!("cannot look up Unix group {name:?} (ipc_group)"))?
+                    .with_context(|| format!("Unix group {name:?} (ipc_group) does not exist"))?
+                    .gid,
+            ),
+        };
+        Ok(IpcAccess { group })
+    }
+
+    fn dir_mode(&self) -> u32 {
+        if self.group.is_some() { 0o750 } else { 0o700 }
+    }
+
+    fn socket_mode(&self) -> u32 {
+        if self.group.is_some() { 0o770 } else { 0o700 }
+    }
+
+    fn apply(&self, path: &Path, mode: u32) -> anyhow::Result<()> {
+        if let Some(gid) = self.group {
+            nix::unistd::chown(path, None, Some(gid))
+                .with_context(|| format!("cannot give {} to group {gid}", path.display()))?;
+        }
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("cannot set mode {mode:o} on {}", path.display()))
+    }
+}
+
+/// Creates the IPC directory (mode 0700, or 0750 for an `ipc_group`) if it
+/// is missing; refuses one that other users could write to or that
+/// belongs to someone else (they could replace the socket).
+fn prepare_ipc_dir(dir: &Path, access: IpcAccess) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
             .with_context(|| format!("cannot create IPC directory {}", dir.display()))?;
-        // `recursive` applies the mode through the umask; set it exactly.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot set mode 0700 on {}", dir.display()))?;
     } else if !dir.is_dir() {
         bail!("IPC path {} exists and is not a directory", dir.display());
     }
-    Ok(())
+    let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    if meta.uid() != euid() && meta.uid() != 0 {
+        bail!(
+            "IPC directory {} belongs to uid {}, not to this user (uid {}): another user could replace the socket; remove it or choose another --ipc-dir",
+            dir.display(),
+            meta.uid(),
+            euid()
+        );
+    }
+    // `recursive` applies the mode through the umask, and an existing
+    // directory may have any: set it exactly.
+    access.apply(dir, access.dir_mode())
 }
 
 /// True if a scheduler already answers in `dir`.
@@ -168,6 +225,39 @@ fn process_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// The user name and Unix groups of a peer, from the system's databases.
+fn identity(c: PeerCred) -> (String, Vec<String>) {
+    use nix::unistd::{Gid, Group, Uid, User};
+    let user = User::from_uid(Uid::from_raw(c.uid)).ok().flatten();
+    let name = user
+        .as_ref()
+        .map_or_else(|| c.uid.to_string(), |u| u.name.clone());
+    let mut gids = vec![Gid::from_raw(c.gid)];
+    if let Some(u) = &user
+        && let Ok(cname) = std::ffi::CString::new(u.name.clone())
+        && let Ok(list) = nix::unistd::getgrouplist(&cname, u.gid)
+    {
+        gids.extend(list);
+    }
+    let groups = gids
+        .into_iter()
+        .filter_map(|g| Group::from_gid(g).ok().flatten())
+        .map(|g| g.name)
+        .collect();
+    (name, groups)
+}
+
+fn describe_allowed(cfg: &gemini_config::GroupConfig) -> String {
+    let mut parts = Vec::new();
+    if let Some(u) = &cfg.allowed_users {
+        parts.push(format!("users {}", u.join(", ")));
+    }
+    if let Some(g) = &cfg.allowed_groups {
+        parts.push(format!("members of {}", g.join(", ")));
+    }
+    parts.join(" and ")
+}
+
 fn euid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() }
@@ -187,7 +277,8 @@ impl Daemon {
         for w in &warnings {
             warn!("{w}");
         }
-        prepare_ipc_dir(ipc_dir)?;
+        let access = IpcAccess::from_settings(settings)?;
+        prepare_ipc_dir(ipc_dir, access)?;
         if scheduler_alive(ipc_dir) {
             bail!(
                 "another gem-schd is already running in {} (stop it with `gem-schd shutdown`)",
@@ -204,9 +295,7 @@ impl Daemon {
         sock.bind(&endpoint)
             .with_context(|| format!("cannot bind {endpoint}"))?;
         let socket_path = scheduler_socket_path(ipc_dir);
-        // Only this user may connect; the directory is 0700 already when
-        // we created it.
-        let _ = std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o700));
+        access.apply(&socket_path, access.socket_mode())?;
         let (watcher, reload_rx) = match watch_config(&config_path) {
             Ok((w, rx)) => (Some(w), rx),
             Err(e) => {
@@ -242,6 +331,10 @@ impl Daemon {
             reload_rx,
             reload_due: None,
             stop,
+            ipc_dir: ipc_dir.to_path_buf(),
+            endpoint,
+            access,
+            last_socket_check: Instant::now(),
         })
     }
 
@@ -293,6 +386,7 @@ impl Daemon {
             }
             self.poll_pids_without_fd();
             self.check_reload();
+            self.check_socket();
             let now = self.now();
             let actions = self.policy.handle(Event::Tick, now);
             self.send_actions(actions);
@@ -419,6 +513,16 @@ impl Daemon {
                 }
             }
             Request::Hello {
+                ref role,
+                ref group,
+                ..
+            } if self.refuse_access(client, seq, *role, group) => false,
+            Request::Reserve { ref group, .. }
+                if self.refuse_access(client, seq, Role::Control, group) =>
+            {
+                false
+            }
+            Request::Hello {
                 role,
                 group,
                 pid,
@@ -464,6 +568,59 @@ impl Daemon {
                 false
             }
         }
+    }
+
+    /// Checks that the peer may join `group` (its `AllowedUsers` and
+    /// `AllowedGroups`, against the kernel's credentials of the peer) or
+    /// act as the holder (the daemon's user or root only). Answers and
+    /// returns true when refused.
+    fn refuse_access(&mut self, client: ClientId, seq: u32, role: Role, group: &str) -> bool {
+        let cred = self.conn(client).and_then(|c| c.cred);
+        let trusted = |c: &PeerCred| c.uid == 0 || c.uid == euid();
+        let denial = match role {
+            Role::Holder => match cred {
+                Some(c) if !trusted(&c) => Some(format!(
+                    "uid {} may not act as the holder: only the scheduler's user (uid {}) or root",
+                    c.uid,
+                    euid()
+                )),
+                _ => None,
+            },
+            _ => match self.policy.config().group(group) {
+                Some(cfg) if cfg.allowed_users.is_some() || cfg.allowed_groups.is_some() => {
+                    match cred {
+                        None => Some(format!(
+                            "group {group:?} is restricted and this connection's user cannot be verified"
+                        )),
+                        Some(c) if trusted(&c) => None,
+                        Some(c) => {
+                            let (user, groups) = identity(c);
+                            (!cfg.admits(&user, &groups)).then(|| {
+                            format!(
+                                "user {user} (uid {}) may not run in group {group:?}: {} line {} allows {}",
+                                c.uid,
+                                self.config_path.display(),
+                                cfg.line,
+                                describe_allowed(cfg)
+                            )
+                        })
+                        }
+                    }
+                }
+                _ => None,
+            },
+        };
+        let Some(message) = denial else { return false };
+        warn!("client {client}: refused: {message}");
+        self.reply(
+            client,
+            seq,
+            &Reply::Error(ErrorReply {
+                kind: ErrorKind::PermissionDenied,
+                message,
+            }),
+        );
+        true
     }
 
     fn conn(&self, client: ClientId) -> Option<&Conn> {
@@ -525,6 +682,36 @@ impl Daemon {
                 .policy
                 .handle(Event::Disconnected { client: id }, self.now());
             self.send_actions(actions);
+        }
+    }
+
+    /// Recreates the IPC directory and socket if someone removed them:
+    /// connected clients keep their connections, new ones can connect again.
+    fn check_socket(&mut self) {
+        if self.last_socket_check.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        self.last_socket_check = Instant::now();
+        if self.socket_path.exists() {
+            return;
+        }
+        warn!(
+            "{} disappeared; creating it again",
+            self.socket_path.display()
+        );
+        // Bound again beside the old (now nameless) listener, whose
+        // connections stay up.
+        let result = prepare_ipc_dir(&self.ipc_dir, self.access)
+            .and_then(|()| self.sock.bind(&self.endpoint).map_err(anyhow::Error::from))
+            .and_then(|()| {
+                self.access
+                    .apply(&self.socket_path, self.access.socket_mode())
+            });
+        if let Err(e) = result {
+            error!(
+                "cannot recreate {}: {e:#}; retrying",
+                self.socket_path.display()
+            );
         }
     }
 
@@ -611,12 +798,17 @@ mod tests {
             parse_peer_address(":1000:100:4242"),
             Some(PeerCred {
                 uid: 1000,
+                gid: 100,
                 pid: 4242
             })
         );
         assert_eq!(
             parse_peer_address("/tmp/x.sock:0:0:1"),
-            Some(PeerCred { uid: 0, pid: 1 })
+            Some(PeerCred {
+                uid: 0,
+                gid: 0,
+                pid: 1
+            })
         );
         assert_eq!(parse_peer_address(""), None);
         assert_eq!(parse_peer_address("127.0.0.1"), None);

@@ -66,6 +66,9 @@ struct RunArgs {
     /// Number of GPUs gem-launch may reserve [default: as many as /proc/driver/nvidia/gpus lists]
     #[arg(long, value_name = "N")]
     devices: Option<u32>,
+    /// Unix group whose members may connect (IPC dir 0750, socket 0770) [default: only this user]
+    #[arg(long, value_name = "GROUP")]
+    ipc_group: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -121,6 +124,7 @@ fn run(args: RunArgs, ipc_dir: Option<PathBuf>) -> anyhow::Result<()> {
         token_grace: args.token_grace,
         log_level: args.log_level,
         devices: args.devices,
+        ipc_group: args.ipc_group,
     };
     let settings = load_settings(args.settings.as_deref(), over)?;
     tracing_subscriber::fmt()

@@ -30,6 +30,12 @@ impl Schd {
         Schd::start_in(dir, &[])
     }
 
+    fn start_with_flags(conf: &str, extra: &[&str]) -> Schd {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("resource.conf"), conf).unwrap();
+        Schd::start_in(dir, extra)
+    }
+
     fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Schd {
         let child = Schd::spawn(dir.path(), extra);
         let s = Schd { child, dir };
@@ -663,4 +669,143 @@ fn settings_file_and_flags_are_applied() {
             quota_us: 50_000
         }
     );
+}
+
+#[test]
+fn removed_ipc_dir_is_recreated_and_clients_keep_working() {
+    let s = Schd::start("[a]\n");
+    let mut old = s.client();
+    assert!(matches!(hello(&mut old, "a"), Reply::Welcome { .. }));
+    fs::remove_dir_all(s.ipc()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !s.ipc().join("scheduler.sock").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "socket not recreated; log:\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        fs::metadata(s.ipc()).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    // A new client connects through the new socket...
+    let st = s.status();
+    assert_eq!(st.clients.len(), 1);
+    // ...and the old connection still works.
+    let r = old.request(&Request::MemoryInfo { device: 0 }, T).unwrap();
+    assert!(matches!(r, Reply::Memory { .. }), "{r:?}");
+    assert!(s.log().contains("disappeared; creating it again"));
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs `helper_hello_as_user` as the unprivileged user `nobody`.
+fn hello_as_nobody(s: &Schd, group: &str) -> String {
+    use std::os::unix::process::CommandExt;
+    // nobody must be able to reach the socket through the test's directory.
+    fs::set_permissions(s.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_hello_as_user",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("GEM_TEST_HELLO_IPC", s.ipc())
+        .env("GEM_TEST_HELLO_GROUP", group)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("HELLO "))
+        .unwrap_or("HELLO none")
+        .to_string()
+}
+
+/// Not a test: says hello as another user for the access-control test.
+#[test]
+#[ignore = "helper process, run by another test"]
+fn helper_hello_as_user() {
+    let (Some(ipc), Some(group)) = (
+        std::env::var_os("GEM_TEST_HELLO_IPC"),
+        std::env::var("GEM_TEST_HELLO_GROUP").ok(),
+    ) else {
+        return;
+    };
+    let reply = Client::connect(Path::new(&ipc)).and_then(|mut c| {
+        let req = Request::Hello {
+            role: Role::Client,
+            group,
+            pid: std::process::id(),
+            held: vec![],
+        };
+        c.request(&req, T)
+    });
+    match reply {
+        Ok(Reply::Welcome { .. }) => println!("HELLO welcome"),
+        Ok(Reply::Error(e)) => println!("HELLO {:?} {}", e.kind, e.message),
+        other => println!("HELLO other {other:?}"),
+    }
+}
+
+#[test]
+fn allowed_users_and_groups_are_enforced_from_kernel_credentials() {
+    if !is_root() {
+        eprintln!("needs root to run a client as another user; skipped");
+        return;
+    }
+    let s = Schd::start_with_flags(
+        "[open]\n[alice_only]\nAllowedUsers=alice\n[by_group]\nAllowedGroups=nogroup\n",
+        &["--ipc-group", "nogroup"],
+    );
+    // The directory and socket let the group in and nobody else write.
+    let dir = fs::metadata(s.ipc()).unwrap();
+    assert_eq!(dir.permissions().mode() & 0o777, 0o750);
+    assert_eq!(std::os::unix::fs::MetadataExt::gid(&dir), 65534);
+    let sock = fs::metadata(s.ipc().join("scheduler.sock")).unwrap();
+    assert_eq!(sock.permissions().mode() & 0o777, 0o770);
+    assert_eq!(hello_as_nobody(&s, "open"), "HELLO welcome");
+    assert_eq!(
+        hello_as_nobody(&s, "by_group"),
+        "HELLO welcome",
+        "nobody's group is nogroup"
+    );
+    let denied = hello_as_nobody(&s, "alice_only");
+    assert!(
+        denied.starts_with(
+            "HELLO PermissionDenied user nobody (uid 65534) may not run in group \"alice_only\""
+        ),
+        "{denied}"
+    );
+    assert!(denied.contains("allows users alice"), "{denied}");
+}
+
+#[test]
+fn ipc_dir_owned_by_another_user_is_refused() {
+    if !is_root() {
+        eprintln!("needs root to give a directory to another user; skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ipc = dir.path().join("ipc");
+    fs::create_dir(&ipc).unwrap();
+    std::os::unix::fs::chown(&ipc, Some(65534), Some(65534)).unwrap();
+    fs::write(dir.path().join("resource.conf"), "[a]\n").unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(dir.path().join("resource.conf"))
+        .arg("--ipc-dir")
+        .arg(&ipc)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("belongs to uid 65534"), "{err}");
 }

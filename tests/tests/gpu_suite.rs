@@ -8,15 +8,32 @@ use std::process::Command;
 
 #[test]
 fn gpu_suite_skips_cleanly_without_a_gpu() {
-    let has_gpu = Command::new("nvidia-smi").arg("-L").output().is_ok_and(|o| o.status.success());
+    let has_gpu = Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if has_gpu {
         eprintln!("an NVIDIA GPU is present: this test is about machines without one");
         return;
     }
     let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("gpu/gpu_suite.py");
     let out_file = tempfile::tempdir().unwrap();
-    let out = Command::new("python3").arg(&suite).arg(out_file.path().join("r.md")).output().expect("python3");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no NVIDIA GPU found, skipped");
-    assert!(!out_file.path().join("r.md").exists(), "wrote results without a GPU");
+    let out = Command::new("python3")
+        .arg(&suite)
+        .arg(out_file.path().join("r.md"))
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "no NVIDIA GPU found, skipped"
+    );
+    assert!(
+        !out_file.path().join("r.md").exists(),
+        "wrote results without a GPU"
+    );
 }

@@ -217,3 +217,29 @@ fn unreadable_file_names_the_path() {
         "{e}"
     );
 }
+
+#[test]
+fn allowed_users_and_groups_restrict_a_group() {
+    let (cfg, w) = parse("[a]\nAllowedUsers=alice;bob\nAllowedGroups=ml, staff\n[b]\n").unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    let a = cfg.group("a").unwrap();
+    assert_eq!(
+        a.allowed_users.as_deref(),
+        Some(&["alice".to_string(), "bob".to_string()][..])
+    );
+    assert!(a.admits("alice", &[]));
+    assert!(a.admits("carol", &["staff".to_string()]));
+    assert!(!a.admits("carol", &["users".to_string()]));
+    assert!(
+        cfg.group("b").unwrap().admits("anyone", &[]),
+        "no keys: everyone"
+    );
+    let e = errors("[a]\nAllowedUsers=\n");
+    assert!(
+        e[0].contains(":2: [a]: AllowedUsers: expected a list of names"),
+        "{}",
+        e[0]
+    );
+    let e = errors("[a]\nAllowedGroups=ml;rm -rf\n");
+    assert!(e[0].contains("is not a user or group name"), "{}", e[0]);
+}

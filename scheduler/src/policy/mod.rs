@@ -230,6 +230,8 @@ fn holder_config() -> GroupConfig {
         max_util: 1.0,
         memory_limit: u64::MAX,
         line: 0,
+        allowed_users: None,
+        allowed_groups: None,
     }
 }
 
@@ -327,6 +329,8 @@ impl Policy {
                 max_util: 0.0,
                 memory_limit: 0,
                 line: 0,
+                allowed_users: None,
+                allowed_groups: None,
             })
     }
 
