@@ -6,7 +6,10 @@ CARGO ?= cargo
 PREFIX ?= /usr/local
 RELEASE_DIR := target/release
 
-.PHONY: all build release test demo bench test-gpu install lint fmt clean
+.PHONY: all build release test demo bench test-gpu fuzz soak install lint fmt clean
+
+# Seconds per fuzz target for `make fuzz`.
+FUZZ_SECONDS ?= 30
 
 all: build
 
@@ -32,6 +35,17 @@ test-gpu:
 	@if ! nvidia-smi -L >/dev/null 2>&1; then echo "no NVIDIA GPU found, skipped"; exit 0; fi; \
 	if command -v $(CARGO) >/dev/null 2>&1; then $(CARGO) build --workspace --release || exit 1; fi; \
 	GEMINI_BIN_DIR=$(RELEASE_DIR) python3 tests/gpu/gpu_suite.py docs/gpu-results.md
+
+# Coverage-guided fuzzing (cargo fuzz, libFuzzer) of the protocol decoder
+# and the two config parsers, from the committed corpus in fuzz/corpus.
+# cargo-fuzz needs nightly features; RUSTC_BOOTSTRAP=1 allows them on the
+# stable toolchain.
+fuzz:
+	command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz
+	$(CARGO) run -q -p gemini-protocol --example fuzz_seeds -- fuzz/corpus/protocol_decode
+	cd fuzz && for t in protocol_decode resource_conf settings_toml; do \
+		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run -O $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) -max_len=4096 || exit 1; \
+	done
 
 lint:
 	$(CARGO) fmt --all -- --check
