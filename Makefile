@@ -47,6 +47,11 @@ fuzz:
 		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run -O $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) -max_len=4096 || exit 1; \
 	done
 
+# Long fault and load runs: 2 minutes of random SIGKILLs (and a scheduler
+# crash), then 60 s of 256 concurrent clients.
+soak: release
+	$(RELEASE_DIR)/gem-soak
+
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

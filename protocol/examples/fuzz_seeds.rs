@@ -5,34 +5,85 @@
 use gemini_protocol::*;
 
 fn main() -> std::io::Result<()> {
-    let dir = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "fuzz/corpus/protocol_decode".into()));
+    let dir = std::path::PathBuf::from(
+        std::env::args()
+            .nth(1)
+            .unwrap_or_else(|| "fuzz/corpus/protocol_decode".into()),
+    );
     std::fs::create_dir_all(&dir)?;
     let requests = [
-        Request::Hello { role: Role::Client, group: "train".into(), pid: 42, held: vec![HeldMemory { device: 0, bytes: 1 << 30 }] },
-        Request::AcquireToken { device: 0, used_us: 30_000, burst_us: 30_000 },
-        Request::ReleaseToken { device: 1, used_us: 5 },
-        Request::ReserveMemory { device: 0, bytes: 1 << 20 },
-        Request::ReleaseMemory { device: 0, bytes: 1 << 20 },
+        Request::Hello {
+            role: Role::Client,
+            group: "train".into(),
+            pid: 42,
+            held: vec![HeldMemory {
+                device: 0,
+                bytes: 1 << 30,
+            }],
+        },
+        Request::AcquireToken {
+            device: 0,
+            used_us: 30_000,
+            burst_us: 30_000,
+        },
+        Request::ReleaseToken {
+            device: 1,
+            used_us: 5,
+        },
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 1 << 20,
+        },
+        Request::ReleaseMemory {
+            device: 0,
+            bytes: 1 << 20,
+        },
         Request::MemoryInfo { device: 3 },
         Request::Status,
         Request::Shutdown,
         Request::Goodbye,
-        Request::NeedMemory { device: 0, bytes: 1 << 30 },
+        Request::NeedMemory {
+            device: 0,
+            bytes: 1 << 30,
+        },
         Request::HolderPoll { wait_us: 100_000 },
-        Request::Reserve { group: "a".into(), gpus: GpuRequest::Ids(vec![0, 2]), wait: true },
+        Request::Reserve {
+            group: "a".into(),
+            gpus: GpuRequest::Ids(vec![0, 2]),
+            wait: true,
+        },
     ];
     for (i, r) in requests.iter().enumerate() {
-        std::fs::write(dir.join(format!("seed-request-{i}")), encode_request(i as u32, r))?;
+        std::fs::write(
+            dir.join(format!("seed-request-{i}")),
+            encode_request(i as u32, r),
+        )?;
     }
     let replies = [
-        Reply::Token { device: 0, quota_us: 30_000 },
-        Reply::Memory { device: 0, used: 1, limit: 2 },
-        Reply::Error(ErrorReply { kind: ErrorKind::OutOfMemory, message: "over".into() }),
-        Reply::Holder(HolderOrder::Report(vec![DeviceActivity { device: 0, idle_us: 7 }])),
+        Reply::Token {
+            device: 0,
+            quota_us: 30_000,
+        },
+        Reply::Memory {
+            device: 0,
+            used: 1,
+            limit: 2,
+        },
+        Reply::Error(ErrorReply {
+            kind: ErrorKind::OutOfMemory,
+            message: "over".into(),
+        }),
+        Reply::Holder(HolderOrder::Report(vec![DeviceActivity {
+            device: 0,
+            idle_us: 7,
+        }])),
         Reply::Reserved { devices: vec![1] },
     ];
     for (i, r) in replies.iter().enumerate() {
-        std::fs::write(dir.join(format!("seed-reply-{i}")), encode_reply(i as u32, r))?;
+        std::fs::write(
+            dir.join(format!("seed-reply-{i}")),
+            encode_reply(i as u32, r),
+        )?;
     }
     Ok(())
 }

@@ -11,7 +11,9 @@ use gemini_protocol::{Reply, decode_reply, encode_reply};
 fn status_with_nan_shares_round_trips_byte_for_byte() {
     let frame = include_bytes!("status_with_nan_shares.bin");
     let (seq, reply) = decode_reply(frame).expect("decodes");
-    let Reply::Status(s) = &reply else { panic!("{reply:?}") };
+    let Reply::Status(s) = &reply else {
+        panic!("{reply:?}")
+    };
     assert!(s.groups.iter().any(|g| g.min_util.is_nan()));
     let once = encode_reply(seq, &reply);
     let (seq2, reply2) = decode_reply(&once).unwrap();

@@ -54,11 +54,17 @@ impl Client {
     /// lazily: an absent scheduler shows up as a timeout on the first
     /// request.
     pub fn connect(ipc_dir: &Path) -> Result<Client, ClientError> {
+        Client::connect_in(&zmq::Context::new(), ipc_dir)
+    }
+
+    /// [`Client::connect`] sharing a ZeroMQ context (and its I/O thread)
+    /// with other clients of the same process.
+    pub fn connect_in(ctx: &zmq::Context, ipc_dir: &Path) -> Result<Client, ClientError> {
         let endpoint = scheduler_endpoint(ipc_dir).map_err(|e| ClientError::Connect {
             endpoint: ipc_dir.display().to_string(),
             reason: e.to_string(),
         })?;
-        let ctx = zmq::Context::new();
+        let ctx = ctx.clone();
         let sock = ctx.socket(zmq::DEALER)?;
         sock.set_linger(0)?;
         sock.connect(&endpoint).map_err(|e| ClientError::Connect {

@@ -9,6 +9,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod soak;
+
 pub use fakecuda_log::{Busy, busy, now_ns};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
