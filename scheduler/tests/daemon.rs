@@ -809,3 +809,54 @@ fn ipc_dir_owned_by_another_user_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("belongs to uid 65534"), "{err}");
 }
+
+#[test]
+fn emptied_config_refuses_new_clients_and_keeps_running_ones() {
+    let s = Schd::start("[a]\nMemoryLimit=2GiB\n");
+    let mut running = s.client();
+    assert!(matches!(hello(&mut running, "a"), Reply::Welcome { .. }));
+    save_like_an_editor(&s.conf(), "");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !s.log().contains("reloaded: [a] removed") {
+        assert!(
+            Instant::now() < deadline,
+            "empty config not applied:\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(s.log().contains("no groups defined"), "{}", s.log());
+    let st = s.status();
+    assert!(st.config_error.is_none());
+    assert_eq!(
+        st.groups
+            .iter()
+            .map(|g| (g.name.as_str(), g.clients))
+            .collect::<Vec<_>>(),
+        [("a", 1)],
+        "kept while its client runs"
+    );
+    let mut newcomer = s.client();
+    assert_eq!(
+        error_kind(&hello(&mut newcomer, "a")),
+        Some(ErrorKind::UnknownGroup)
+    );
+    let r = running
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 30,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(
+        r,
+        Reply::Memory {
+            device: 0,
+            used: 1 << 30,
+            limit: 2 << 30
+        },
+        "the running client keeps its group's last limit"
+    );
+}
