@@ -146,6 +146,25 @@ impl SimEnv {
     }
 }
 
+/// For each burst a workload logged with `--bursts-file` (but the first,
+/// which also connects to the scheduler: start-up, not preemption), how
+/// long its first kernel waited on `device` after the burst began, in ns.
+pub fn first_kernel_waits(sim: &SimEnv, device: u32, pid: u32, bursts_file: &Path) -> Vec<u64> {
+    let recs = fakecuda_log::read(&sim.sim_dir(), device).unwrap();
+    std::fs::read_to_string(bursts_file)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.parse::<u64>().ok())
+        .filter_map(|t| {
+            recs.iter()
+                .filter(|r| r.pid == pid && r.start >= t)
+                .map(|r| r.start - t)
+                .min()
+        })
+        .collect()
+}
+
 /// The `workload key=value ...` lines a workload printed, as maps.
 pub fn reports(stdout: &[u8]) -> Vec<HashMap<String, String>> {
     String::from_utf8_lossy(stdout)

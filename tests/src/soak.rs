@@ -201,7 +201,8 @@ pub struct LoadReport {
     pub rss_kib: (u64, u64),
 }
 
-fn rss_kib(pid: u32) -> u64 {
+/// Resident memory of process `pid`, KiB (0 if unknown).
+pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {

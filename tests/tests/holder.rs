@@ -112,23 +112,7 @@ fn a_real_client_takes_the_device_from_the_holder_within_milliseconds() {
     let out = run_ok(c);
     let pid = field(&reports(&out.stdout)[0], "pid") as u32;
     let recs = fakecuda_log::read(&g.sim.sim_dir(), 0).unwrap();
-    // The first burst also connects to the scheduler (start-up, not
-    // preemption): left out.
-    let arrivals: Vec<u64> = std::fs::read_to_string(&bursts)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(|l| l.parse().unwrap())
-        .collect();
-    let mut waits: Vec<u64> = arrivals
-        .iter()
-        .filter_map(|&t| {
-            recs.iter()
-                .filter(|r| r.pid == pid && r.start >= t)
-                .map(|r| r.start - t)
-                .min()
-        })
-        .collect();
+    let mut waits = gemini_tests::first_kernel_waits(&g.sim, 0, pid, &bursts);
     assert!(waits.len() >= 30, "{} arrivals", waits.len());
     // The holder really was running between the bursts.
     let holder_busy: u64 = recs

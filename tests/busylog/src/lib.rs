@@ -100,6 +100,18 @@ pub fn append(dir: &Path, device: u32, rec: &Record) -> std::io::Result<()> {
     f.write_all(&rec.to_bytes())
 }
 
+/// The whole records in `bytes`.
+fn decode_all(bytes: &[u8]) -> Vec<Record> {
+    bytes
+        .chunks_exact(RECORD)
+        .map(|c| {
+            let mut a = [0u8; RECORD];
+            a.copy_from_slice(c);
+            Record::from_bytes(&a)
+        })
+        .collect()
+}
+
 /// Reads every record of `device` (missing log: none).
 pub fn read(dir: &Path, device: u32) -> std::io::Result<Vec<Record>> {
     let bytes = match std::fs::read(log_path(dir, device)) {
@@ -107,14 +119,7 @@ pub fn read(dir: &Path, device: u32) -> std::io::Result<Vec<Record>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
-    Ok(bytes
-        .chunks_exact(RECORD)
-        .map(|c| {
-            let mut a = [0u8; RECORD];
-            a.copy_from_slice(c);
-            Record::from_bytes(&a)
-        })
-        .collect())
+    Ok(decode_all(&bytes))
 }
 
 /// Reads at most the last `max` records of `device` (for a recent window
@@ -132,14 +137,7 @@ pub fn read_tail(dir: &Path, device: u32, max: usize) -> std::io::Result<Vec<Rec
     f.seek(SeekFrom::Start(start))?;
     let mut bytes = vec![0u8; (whole - start) as usize];
     f.read_exact(&mut bytes)?;
-    Ok(bytes
-        .chunks_exact(RECORD)
-        .map(|c| {
-            let mut a = [0u8; RECORD];
-            a.copy_from_slice(c);
-            Record::from_bytes(&a)
-        })
-        .collect())
+    Ok(decode_all(&bytes))
 }
 
 /// Busy time within `[from, to)` of each pid, and of the device as a whole

@@ -25,6 +25,7 @@ use gemini_config::parse_resource;
 use gemini_protocol::{Reply, Request, Role};
 use gemini_scheduler::client::Client;
 use gemini_scheduler::policy::{Action, Event, Params, Policy, entitlements};
+use gemini_tests::soak::rss_kib;
 use gemini_tests::{Gemini, SimEnv, bin, field, now_ns, reports};
 use std::collections::BinaryHeap;
 use std::process::{Child, Command, Stdio};
@@ -291,20 +292,9 @@ fn holder(t: &mut Table) {
     .arg(&bursts);
     let out = c.output().unwrap();
     let pid = pid_of(&out);
-    let recs = fakecuda_log::read(&g.sim.sim_dir(), 0).unwrap();
-    // The first burst also connects to the scheduler: it measures start-up,
-    // not preemption, and is left out.
-    let mut waits: Vec<f64> = std::fs::read_to_string(&bursts)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.parse::<u64>().ok())
-        .filter_map(|t| {
-            recs.iter()
-                .filter(|r| r.pid == pid && r.start >= t)
-                .map(|r| (r.start - t) as f64 / 1e6)
-                .reduce(f64::min)
-        })
+    let mut waits: Vec<f64> = gemini_tests::first_kernel_waits(&g.sim, 0, pid, &bursts)
+        .into_iter()
+        .map(|w| w as f64 / 1e6)
         .collect();
     let n = waits.len();
     t.row(
@@ -405,17 +395,6 @@ fn policy_throughput(t: &mut Table) {
         format!("{:.0} grants/s", per_sec),
         "≥ 50 000 grants/s",
     );
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 fn scheduler_rss(t: &mut Table) {
