@@ -189,7 +189,9 @@ impl Engine {
     fn compute(&self, i: usize) {
         let d = &self.devices[i];
         let mut sched = Sched::new(self.ipc.clone());
-        let mut prev: Option<cudarc::driver::CudaEvent> = None;
+        // Kernels launched and not yet known to be finished, oldest first.
+        let mut in_flight: std::collections::VecDeque<cudarc::driver::CudaEvent> =
+            Default::default();
         let mut holding_token = false;
         let mut last_control = Instant::now();
         while !self.exit.load(Ordering::Relaxed) {
@@ -205,7 +207,7 @@ impl Engine {
                     );
                     holding_token = false;
                 }
-                if let Some(e) = prev.take() {
+                for e in in_flight.drain(..) {
                     let _ = e.synchronize();
                 }
                 std::thread::sleep(Duration::from_millis(10));
@@ -260,11 +262,17 @@ impl Engine {
                 let period = Duration::from_nanos((kernel_ns as f64 / duty.max(0.01)) as u64);
                 let rest = period.saturating_sub(launched.elapsed());
                 std::thread::sleep(rest);
-            } else if let Some(e) = prev.replace(ev) {
-                // Full: the next token is asked for while this kernel runs,
-                // with at most two kernels in flight, so a real client never
-                // waits behind more than that.
-                let _ = e.synchronize();
+            } else {
+                // Full: the next token is asked for while earlier kernels
+                // run. Three in flight leave two kernels of slack for the
+                // round trip even on a busy CPU, and a real client waits
+                // behind at most those.
+                in_flight.push_back(ev);
+                while in_flight.len() > 2 {
+                    if let Some(e) = in_flight.pop_front() {
+                        let _ = e.synchronize();
+                    }
+                }
             }
         }
         if holding_token {
