@@ -111,23 +111,37 @@ fn holder_gives_back(device: u32, bytes: u64) -> bool {
     )
 }
 
-/// The group's (used, limit) on ordinal `dev`, if the scheduler answers.
-pub fn view(dev: u32) -> Option<(u64, u64)> {
+/// The group's (used, limit, reclaimable) on ordinal `dev`, if the
+/// scheduler answers; reclaimable is what the holder holds there.
+pub fn view(dev: u32) -> Option<(u64, u64, u64)> {
     let st = state::get();
     if st.refused.load(Ordering::Acquire) != 0 {
         return None;
     }
     let device = st.settings.physical(dev);
     match st.call(&Request::MemoryInfo { device }, device).ok()? {
-        Reply::Memory { used, limit, .. } => Some((used, limit)),
+        Reply::MemoryView {
+            used,
+            limit,
+            reclaimable,
+            ..
+        } => Some((used, limit, reclaimable)),
         _ => None,
     }
 }
 
 /// The group's view of physical (free, total): total = min(limit,
-/// physical), free = min(limit − used, physical free).
-pub fn group_view(free: u64, total: u64, used: u64, limit: u64) -> (u64, u64) {
-    (limit.saturating_sub(used).min(free), limit.min(total))
+/// physical), free = min(limit − used, physical free + what the holder
+/// would give back), never above total.
+pub fn group_view(free: u64, total: u64, used: u64, limit: u64, reclaimable: u64) -> (u64, u64) {
+    let total = limit.min(total);
+    (
+        limit
+            .saturating_sub(used)
+            .min(free.saturating_add(reclaimable))
+            .min(total),
+        total,
+    )
 }
 
 #[cfg(test)]
@@ -136,13 +150,23 @@ mod tests {
 
     #[test]
     fn group_view_saturates() {
-        assert_eq!(group_view(80, 100, 10, 50), (40, 50));
-        assert_eq!(group_view(20, 100, 10, 50), (20, 50));
+        assert_eq!(group_view(80, 100, 10, 50, 0), (40, 50));
+        assert_eq!(group_view(20, 100, 10, 50, 0), (20, 50));
         assert_eq!(
-            group_view(80, 100, 70, 50),
+            group_view(80, 100, 70, 50, 0),
             (0, 50),
             "used above a lowered limit"
         );
-        assert_eq!(group_view(80, 100, 0, u64::MAX), (80, 100));
+        assert_eq!(group_view(80, 100, 0, u64::MAX, 0), (80, 100));
+        assert_eq!(
+            group_view(10, 100, 0, u64::MAX, 60),
+            (70, 100),
+            "the holder's memory counts as free"
+        );
+        assert_eq!(
+            group_view(10, 100, 0, 40, u64::MAX),
+            (40, 40),
+            "never above the limit"
+        );
     }
 }

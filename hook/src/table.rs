@@ -254,10 +254,10 @@ hooks! {
         let r = unsafe { real(free, total) };
         if r == 0 && !free.is_null() && !total.is_null()
             && let Some(dev) = memory::current_ordinal()
-            && let Some((used, limit)) = memory::view(dev)
+            && let Some((used, limit, reclaimable)) = memory::view(dev)
         {
             // SAFETY: filled by the real call just now.
-            let (f, t) = unsafe { memory::group_view(*free as u64, *total as u64, used, limit) };
+            let (f, t) = unsafe { memory::group_view(*free as u64, *total as u64, used, limit, reclaimable) };
             // SAFETY: the caller's out-pointers.
             unsafe {
                 *free = f as usize;
@@ -277,9 +277,9 @@ hooks! {
         }
         let (mut f, mut t) = (f as u64, t as u64);
         if let Some(dev) = memory::current_ordinal()
-            && let Some((used, limit)) = memory::view(dev)
+            && let Some((used, limit, reclaimable)) = memory::view(dev)
         {
-            (f, t) = memory::group_view(f, t, used, limit);
+            (f, t) = memory::group_view(f, t, used, limit, reclaimable);
         }
         if free.is_null() || total.is_null() {
             return 1; // CUDA_ERROR_INVALID_VALUE
@@ -296,7 +296,7 @@ hooks! {
         // SAFETY: the program's arguments, passed on unchanged.
         let r = unsafe { real(bytes, dev) };
         if r == 0 && !bytes.is_null() && dev >= 0
-            && let Some((_, limit)) = memory::view(dev as u32)
+            && let Some((_, limit, _)) = memory::view(dev as u32)
         {
             // SAFETY: filled by the real call just now.
             unsafe { *bytes = (*bytes as u64).min(limit) as usize };
@@ -311,7 +311,7 @@ hooks! {
             // SAFETY: the program's arguments, passed on unchanged.
             return unsafe { real(bytes, dev) };
         }
-        let limit = memory::view(dev as u32).map_or(u64::MAX, |(_, l)| l);
+        let limit = memory::view(dev as u32).map_or(u64::MAX, |(_, l, _)| l);
         // SAFETY: the caller's non-null out-pointer.
         unsafe { *bytes = (b as u64).min(limit).min(u32::MAX as u64) as u32 };
         0

@@ -95,7 +95,7 @@ pub enum Request {
         /// Bytes to return.
         bytes: u64,
     },
-    /// The group's memory view on `device`. Reply: [`Reply::Memory`].
+    /// The group's memory view on `device`. Reply: [`Reply::MemoryView`].
     MemoryInfo {
         /// The device.
         device: DeviceId,
@@ -182,6 +182,19 @@ pub enum Reply {
     Reserved {
         /// Physical device indices.
         devices: Vec<DeviceId>,
+    },
+    /// Answer to [`Request::MemoryInfo`]: the group's memory on a device,
+    /// and what the holder holds there (which it gives back on demand, so
+    /// a client may count it as free).
+    MemoryView {
+        /// The device.
+        device: DeviceId,
+        /// Bytes the group has reserved there.
+        used: u64,
+        /// The group's `MemoryLimit`.
+        limit: u64,
+        /// Bytes the holder holds on the device.
+        reclaimable: u64,
     },
 }
 

@@ -695,7 +695,7 @@ fn removed_ipc_dir_is_recreated_and_clients_keep_working() {
     assert_eq!(st.clients.len(), 1);
     // ...and the old connection still works.
     let r = old.request(&Request::MemoryInfo { device: 0 }, T).unwrap();
-    assert!(matches!(r, Reply::Memory { .. }), "{r:?}");
+    assert!(matches!(r, Reply::MemoryView { .. }), "{r:?}");
     assert!(s.log().contains("disappeared; creating it again"));
 }
 

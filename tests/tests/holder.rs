@@ -157,6 +157,12 @@ fn memory_held_by_the_holder_is_handed_back_within_200_ms() {
         s.contains("\"held_bytes\": 3758096384")
     });
     assert_eq!(device_free(&g).0, 512 << 20);
+    // Under the hook, the holder's memory counts as free (it is given back
+    // on demand): the group sees its whole 2 GiB limit free.
+    let mut c = g.hooked(g.sim.workload(), "a");
+    c.args(["--seconds", "0"]);
+    let r = &reports(&run_ok(c).stdout)[0];
+    assert_eq!((field(r, "free"), field(r, "total")), (2 << 30, 2 << 30));
     let mut c = g.hooked(g.sim.workload(), "a");
     c.args(["--seconds", "0", "--mem", "1536MiB"]);
     let r = &reports(&run_ok(c).stdout)[0];

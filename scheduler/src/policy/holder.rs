@@ -29,7 +29,7 @@ pub struct Poll {
 }
 
 impl Policy {
-    fn holder_memory(&self, device: DeviceId) -> u64 {
+    pub(super) fn holder_memory(&self, device: DeviceId) -> u64 {
         self.memory
             .get(&(HOLDER.to_string(), device))
             .copied()

@@ -678,10 +678,15 @@ impl Policy {
             .get(&(c.group.clone(), device))
             .copied()
             .unwrap_or(0);
-        Reply::Memory {
+        Reply::MemoryView {
             device,
             used,
             limit: self.group_config(&c.group).memory_limit,
+            reclaimable: if c.group == HOLDER {
+                0
+            } else {
+                self.holder_memory(device)
+            },
         }
     }
 

@@ -670,10 +670,11 @@ fn memory_is_capped_per_group_across_processes() {
     let r = ask(&mut p, 2, Request::MemoryInfo { device: 0 });
     assert_eq!(
         r,
-        Reply::Memory {
+        Reply::MemoryView {
             device: 0,
             used: 600 << 20,
-            limit: 1 << 30
+            limit: 1 << 30,
+            reclaimable: 0
         }
     );
     // The process dies: its reservation goes with it.
@@ -768,10 +769,11 @@ fn lowered_limit_applies_to_new_reservations_and_reload_keeps_usage() {
     assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory));
     assert_eq!(
         ask(&mut p, 1, Request::MemoryInfo { device: 0 }),
-        Reply::Memory {
+        Reply::MemoryView {
             device: 0,
             used: 1 << 30,
-            limit: 1 << 30
+            limit: 1 << 30,
+            reclaimable: 0
         }
     );
 }
