@@ -10,6 +10,14 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const SEC: u64 = 1_000_000_000;
+
+/// The holder's figures depend on getting CPU time promptly: these tests
+/// run one at a time rather than two holders competing for two cores.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 const MS: u64 = 1_000_000;
 
 struct Holder {
@@ -72,6 +80,7 @@ fn device_free(g: &Gemini) -> (u64, u64) {
 
 #[test]
 fn idle_device_is_held_at_the_target_utilisation() {
+    let _serial = serial();
     let g = Gemini::start(SimEnv::default(), "[a]\n");
     for (util, lo, hi) in [("0.5", 0.47, 0.53), ("1.0", 0.95, 1.0)] {
         let h = start_holder(&g, &["--hold-util", util, "--hold-mem", "1GiB"]);
@@ -91,6 +100,7 @@ fn idle_device_is_held_at_the_target_utilisation() {
 
 #[test]
 fn a_real_client_takes_the_device_from_the_holder_within_milliseconds() {
+    let _serial = serial();
     let g = Gemini::start(SimEnv::default(), "[a]\n");
     let _h = start_holder(&g, &["--hold-util", "1.0", "--hold-mem", "1GiB"]);
     // Bursts of 20 ms every 150 ms: each one arrives at a device the
@@ -137,6 +147,7 @@ fn a_real_client_takes_the_device_from_the_holder_within_milliseconds() {
 
 #[test]
 fn a_busy_real_client_gets_its_full_entitlement_beside_the_holder() {
+    let _serial = serial();
     let g = Gemini::start(SimEnv::default(), "[a]\n");
     let _h = start_holder(&g, &["--hold-util", "1.0", "--hold-mem", "1GiB"]);
     let mut c = g.hooked(g.sim.workload(), "a");
@@ -177,6 +188,7 @@ fn memory_held_by_the_holder_is_handed_back_within_200_ms() {
 
 #[test]
 fn stop_signal_and_scheduler_shutdown_release_everything() {
+    let _serial = serial();
     let mut g = Gemini::start(SimEnv::new(1, "4GiB"), "[a]\n");
     let h = start_holder(&g, &["--hold-mem", "2GiB"]);
     wait_holder(&g, "holding its memory", |s| {
@@ -224,6 +236,7 @@ fn stop_signal_and_scheduler_shutdown_release_everything() {
 
 #[test]
 fn restart_applies_new_settings_and_bad_ones_are_refused() {
+    let _serial = serial();
     let g = Gemini::start(SimEnv::default(), "[a]\n");
     let _h = start_holder(&g, &["--hold-util", "0.3", "--hold-mem", "1GiB"]);
     run_ok(g.holder(&["restart", "--hold-util", "0.8", "--hold-mem", "2GiB"]));
