@@ -162,6 +162,7 @@ fn a_busy_real_client_gets_its_full_entitlement_beside_the_holder() {
 
 #[test]
 fn memory_held_by_the_holder_is_handed_back_within_200_ms() {
+    let _serial = serial();
     let g = Gemini::start(SimEnv::new(1, "4GiB"), "[a]\nMemoryLimit=2GiB\n");
     let _h = start_holder(&g, &["--hold-util", "0.5", "--hold-mem", "3584MiB"]);
     wait_holder(&g, "holding its memory", |s| {
