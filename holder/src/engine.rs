@@ -222,11 +222,20 @@ impl Engine {
                 self.steer(d, target);
             }
             let duty = f64_load(&d.duty);
-            let used_us = if holding_token { kernel_ns / 1000 } else { 0 };
+            // Asked to keep the device full: two kernels per token, so one
+            // round trip per millisecond of work keeps up even where round
+            // trips are slow (an idle VM's CPUs wake up slowly).
+            let full = target >= 0.999;
+            let batch: u64 = if full { 2 } else { 1 };
+            let used_us = if holding_token {
+                batch * kernel_ns / 1000
+            } else {
+                0
+            };
             let req = Request::AcquireToken {
                 device: d.index,
                 used_us,
-                burst_us: kernel_ns / 1000,
+                burst_us: batch * kernel_ns / 1000,
             };
             match sched.call(&req, Duration::from_secs(5), &[]) {
                 Ok(Reply::Token { .. }) => holding_token = true,
@@ -237,15 +246,19 @@ impl Engine {
                 }
             }
             let launched = Instant::now();
-            let ev = match d.gpu.spin(kernel_ns) {
-                Ok(ev) => ev,
-                Err(e) => {
-                    eprintln!("gem-holder: device {}: kernel launch failed: {e}", d.index);
-                    std::thread::sleep(Duration::from_secs(1));
-                    continue;
+            let mut evs = Vec::with_capacity(batch as usize);
+            for _ in 0..batch {
+                match d.gpu.spin(kernel_ns) {
+                    Ok(ev) => evs.push(ev),
+                    Err(e) => {
+                        eprintln!("gem-holder: device {}: kernel launch failed: {e}", d.index);
+                        std::thread::sleep(Duration::from_secs(1));
+                        break;
+                    }
                 }
-            };
-            if duty < 0.999 {
+            }
+            if !full {
+                let Some(ev) = evs.pop() else { continue };
                 // Below full: let the kernel finish (so the time reported
                 // is the time used), give the token back and rest, one
                 // period per kernel.
@@ -263,12 +276,21 @@ impl Engine {
                 let rest = period.saturating_sub(launched.elapsed());
                 std::thread::sleep(rest);
             } else {
-                // Full: the next token is asked for while earlier kernels
-                // run. Three in flight leave two kernels of slack for the
-                // round trip even on a busy CPU, and a real client waits
-                // behind at most those.
-                in_flight.push_back(ev);
-                while in_flight.len() > 2 {
+                // Full: give the token back before waiting for anything (a
+                // real client asking meanwhile gets the device at once, its
+                // kernels queued behind the holder's few), and keep at most
+                // three kernels queued while the next token is asked for.
+                in_flight.extend(evs);
+                let _ = sched.call(
+                    &Request::ReleaseToken {
+                        device: d.index,
+                        used_us: batch * kernel_ns / 1000,
+                    },
+                    Duration::from_secs(2),
+                    &[],
+                );
+                holding_token = false;
+                while in_flight.len() > 3 {
                     if let Some(e) = in_flight.pop_front() {
                         let _ = e.synchronize();
                     }

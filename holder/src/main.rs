@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! gem-holder run [--devices 0,1] [--wait-minutes 10] [--mem-threshold 0.5GB]
-//!                [--hold-mem 50%] [--hold-util 0.5] [--max-kernel-ms 0.5]
+//!                [--hold-mem 50%] [--hold-util 0.5] [--max-kernel-ms 1]
 //! gem-holder status [--json] | stop | start | restart [flags] | shutdown
 //! ```
 
@@ -78,7 +78,7 @@ struct Flags {
     /// Utilisation to keep the device at, real programs included, 0..1 [default: 0.5]
     #[arg(long)]
     hold_util: Option<f64>,
-    /// Length of one holder kernel in ms; a real program waits at most about three [default: 0.5]
+    /// Length of one holder kernel in ms; a real program waits behind at most a few [default: 1]
     #[arg(long)]
     max_kernel_ms: Option<f64>,
 }
@@ -103,7 +103,7 @@ fn defaults() -> Settings {
         mem_threshold: 500_000_000,
         hold_mem: HoldMem::FractionOfFree(0.5),
         hold_util: 0.5,
-        max_kernel_ms: 0.5,
+        max_kernel_ms: 1.0,
     }
 }
 
