@@ -197,8 +197,9 @@ pub struct LoadReport {
     pub token_p50_us: f64,
     /// Token wait, p99, microseconds.
     pub token_p99_us: f64,
-    /// Scheduler RSS when all clients had connected, and at the end (KiB).
-    pub rss_kib: (u64, u64),
+    /// Scheduler RSS when all clients had connected, a third of the way
+    /// (the accounting window filled), and at the end (KiB).
+    pub rss_kib: (u64, u64, u64),
 }
 
 /// Resident memory of process `pid`, KiB (0 if unknown).
@@ -293,12 +294,14 @@ pub fn load(duration: Duration, clients: usize) -> LoadReport {
         .collect();
     barrier.wait();
     let rss_start = rss_kib(pid);
+    std::thread::sleep(duration / 3);
+    let rss_third = rss_kib(pid);
     let mut report = LoadReport {
         requests: 0,
         lost: 0,
         token_p50_us: 0.0,
         token_p99_us: 0.0,
-        rss_kib: (rss_start, 0),
+        rss_kib: (rss_start, rss_third, 0),
     };
     let mut waits = Vec::new();
     for t in threads {
@@ -307,7 +310,7 @@ pub fn load(duration: Duration, clients: usize) -> LoadReport {
         report.lost += l;
         waits.extend(w);
     }
-    report.rss_kib.1 = rss_kib(pid);
+    report.rss_kib.2 = rss_kib(pid);
     waits.sort_by(|a, b| a.total_cmp(b));
     if !waits.is_empty() {
         report.token_p50_us = waits[waits.len() / 2];
