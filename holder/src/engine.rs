@@ -85,6 +85,16 @@ pub struct Engine {
     start: Instant,
 }
 
+/// Gives the token of `device` back, reporting `used_us` (best effort: a
+/// scheduler that is gone has nothing to give back to).
+fn release_token(sched: &mut Sched, device: u32, used_us: u64) {
+    let _ = sched.call(
+        &Request::ReleaseToken { device, used_us },
+        Duration::from_secs(2),
+        &[],
+    );
+}
+
 impl Engine {
     /// Opens the devices.
     pub fn new(settings: Settings, ipc: PathBuf) -> anyhow::Result<Arc<Engine>> {
@@ -197,14 +207,7 @@ impl Engine {
         while !self.exit.load(Ordering::Relaxed) {
             if !d.holding.load(Ordering::Relaxed) {
                 if holding_token {
-                    let _ = sched.call(
-                        &Request::ReleaseToken {
-                            device: d.index,
-                            used_us: 0,
-                        },
-                        Duration::from_secs(2),
-                        &[],
-                    );
+                    release_token(&mut sched, d.index, 0);
                     holding_token = false;
                 }
                 for e in in_flight.drain(..) {
@@ -263,14 +266,7 @@ impl Engine {
                 // is the time used), give the token back and rest, one
                 // period per kernel.
                 let _ = ev.synchronize();
-                let _ = sched.call(
-                    &Request::ReleaseToken {
-                        device: d.index,
-                        used_us: kernel_ns / 1000,
-                    },
-                    Duration::from_secs(2),
-                    &[],
-                );
+                release_token(&mut sched, d.index, kernel_ns / 1000);
                 holding_token = false;
                 let period = Duration::from_nanos((kernel_ns as f64 / duty.max(0.01)) as u64);
                 let rest = period.saturating_sub(launched.elapsed());
@@ -281,14 +277,7 @@ impl Engine {
                 // kernels queued behind the holder's few), and keep at most
                 // three kernels queued while the next token is asked for.
                 in_flight.extend(evs);
-                let _ = sched.call(
-                    &Request::ReleaseToken {
-                        device: d.index,
-                        used_us: batch * kernel_ns / 1000,
-                    },
-                    Duration::from_secs(2),
-                    &[],
-                );
+                release_token(&mut sched, d.index, batch * kernel_ns / 1000);
                 holding_token = false;
                 while in_flight.len() > 3 {
                     if let Some(e) = in_flight.pop_front() {
@@ -298,14 +287,7 @@ impl Engine {
             }
         }
         if holding_token {
-            let _ = sched.call(
-                &Request::ReleaseToken {
-                    device: d.index,
-                    used_us: 0,
-                },
-                Duration::from_secs(2),
-                &[],
-            );
+            release_token(&mut sched, d.index, 0);
         }
     }
 

@@ -338,6 +338,23 @@ impl Gemini {
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Polls the holder's status (JSON) until `pred` holds, failing after
+    /// 10 s with what it last said.
+    pub fn wait_holder(&self, what: &str, pred: impl Fn(&str) -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if self.holder_status().is_some_and(|s| pred(&s)) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "holder never {what}: {:?}",
+                self.holder_status()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Runs `cmd` under the hook as a process of `group`.
     pub fn hooked(&self, mut cmd: Command, group: &str) -> Command {
         cmd.env("LD_PRELOAD", bin("libgemhook.so"))

@@ -7,7 +7,7 @@
 
 use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const SEC: u64 = 1_000_000_000;
 
@@ -41,23 +41,8 @@ fn start_holder(g: &Gemini, args: &[&str]) -> Holder {
         .spawn()
         .unwrap();
     let h = Holder { child };
-    wait_holder(g, "holding", |s| s.contains("\"state\": \"holding\""));
+    g.wait_holder("holding", |s| s.contains("\"state\": \"holding\""));
     h
-}
-
-fn wait_holder(g: &Gemini, what: &str, pred: impl Fn(&str) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if g.holder_status().is_some_and(|s| pred(&s)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "holder never {what}: {:?}",
-            g.holder_status()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn run_ok(mut c: Command) -> Output {
@@ -178,7 +163,7 @@ fn memory_held_by_the_holder_is_handed_back_within_200_ms() {
     let _serial = serial();
     let g = Gemini::start(SimEnv::new(1, "4GiB"), "[a]\nMemoryLimit=2GiB\n");
     let _h = start_holder(&g, &["--hold-util", "0.5", "--hold-mem", "3584MiB"]);
-    wait_holder(&g, "holding its memory", |s| {
+    g.wait_holder("holding its memory", |s| {
         s.contains("\"held_bytes\": 3758096384")
     });
     assert_eq!(device_free(&g).0, 512 << 20);
@@ -205,7 +190,7 @@ fn stop_signal_and_scheduler_shutdown_release_everything() {
     let _serial = serial();
     let mut g = Gemini::start(SimEnv::new(1, "4GiB"), "[a]\n");
     let h = start_holder(&g, &["--hold-mem", "2GiB"]);
-    wait_holder(&g, "holding its memory", |s| {
+    g.wait_holder("holding its memory", |s| {
         s.contains("\"held_bytes\": 2147483648")
     });
     // gem-holder stop: all memory free, compute stops, the process stays.
@@ -213,10 +198,10 @@ fn stop_signal_and_scheduler_shutdown_release_everything() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("stopped"));
     let (free, total) = device_free(&g);
     assert_eq!(free, total, "memory left after stop");
-    wait_holder(&g, "stopped", |s| s.contains("\"state\": \"stopped\""));
+    g.wait_holder("stopped", |s| s.contains("\"state\": \"stopped\""));
     // start, then SIGTERM.
     run_ok(g.holder(&["start"]));
-    wait_holder(&g, "holding again", |s| {
+    g.wait_holder("holding again", |s| {
         s.contains("\"held_bytes\": 2147483648")
     });
     let mut child = {
@@ -233,7 +218,7 @@ fn stop_signal_and_scheduler_shutdown_release_everything() {
     );
     // Scheduler shutdown: the holder lets go.
     let _h = start_holder(&g, &["--hold-mem", "2GiB"]);
-    wait_holder(&g, "holding its memory", |s| {
+    g.wait_holder("holding its memory", |s| {
         s.contains("\"held_bytes\": 2147483648")
     });
     run_ok({
@@ -241,7 +226,7 @@ fn stop_signal_and_scheduler_shutdown_release_everything() {
         c.arg("shutdown").arg("--ipc-dir").arg(g.ipc());
         c
     });
-    wait_holder(&g, "released after scheduler shutdown", |s| {
+    g.wait_holder("released after scheduler shutdown", |s| {
         s.contains("\"held_bytes\": 0")
     });
     assert_eq!(device_free(&g).0, device_free(&g).1);
@@ -254,7 +239,7 @@ fn restart_applies_new_settings_and_bad_ones_are_refused() {
     let g = Gemini::start(SimEnv::default(), "[a]\n");
     let _h = start_holder(&g, &["--hold-util", "0.3", "--hold-mem", "1GiB"]);
     run_ok(g.holder(&["restart", "--hold-util", "0.8", "--hold-mem", "2GiB"]));
-    wait_holder(&g, "holding with the new settings", |s| {
+    g.wait_holder("holding with the new settings", |s| {
         s.contains("\"hold_util\": 0.8") && s.contains("\"held_bytes\": 2147483648")
     });
     let out = g.holder(&["restart", "--hold-util", "2"]).output().unwrap();

@@ -268,14 +268,9 @@ fn holder(t: &mut Table) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !g
-        .holder_status()
-        .is_some_and(|s| s.contains("\"held_bytes\": 3758096384"))
-    {
-        assert!(Instant::now() < deadline, "holder did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    g.wait_holder("holding its memory", |s| {
+        s.contains("\"held_bytes\": 3758096384")
+    });
     let bursts = g.sim.path().join("bursts.txt");
     let mut c = g.hooked(g.sim.workload(), "a");
     c.args([
