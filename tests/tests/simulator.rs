@@ -473,3 +473,50 @@ fn cuda_visible_devices_renumbers_devices() {
         "only one device is visible"
     );
 }
+
+/// Each way a program waits for its work returns only once the work
+/// queued before it has run, as with the real driver: at the start of
+/// every iteration after the first, no kernel launched earlier is still
+/// running. A blocking copy on the legacy default stream waits for a
+/// stream of the program's own too (the legacy stream synchronises with
+/// every blocking stream); `_ptds` copies wait for the per-thread stream.
+#[test]
+fn every_kind_of_wait_waits_for_the_work_before_it() {
+    let sim = SimEnv::default();
+    let cases: &[&[&str]] = &[
+        &["--wait", "stream"],
+        &["--wait", "ctx"],
+        &["--wait", "event"],
+        &["--wait", "copy"],
+        &["--wait", "query"],
+        &["--wait", "event-query"],
+        &["--wait", "copy", "--own-streams"],
+        &["--wait", "event", "--own-streams"],
+        &["--wait", "copy", "--ptsz", "--resolve", "dlsym"],
+        &["--wait", "copy", "--ptsz"],
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let bursts = sim.path().join(format!("bursts-{i}.txt"));
+        let mut c = sim.workload();
+        c.args(["--seconds", "0.3", "--kernel-us", "2000", "--iter-kernels", "4"])
+            .args(*case)
+            .arg("--bursts-file")
+            .arg(&bursts);
+        let out = run(c);
+        let pid = pids(&[&out])[0];
+        let recs: Vec<_> = fakecuda_log_records(&sim)
+            .into_iter()
+            .filter(|r| r.pid == pid)
+            .collect();
+        let starts: Vec<u64> = std::fs::read_to_string(&bursts)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.parse().ok())
+            .collect();
+        assert!(starts.len() >= 10, "{case:?}: {} iterations", starts.len());
+        for t in &starts[1..] {
+            let late = recs.iter().filter(|r| r.start < *t && r.end > *t).count();
+            assert_eq!(late, 0, "{case:?}: work still running when the wait returned");
+        }
+    }
+}

@@ -348,11 +348,31 @@ fn mem_info(free: *mut usize, total: *mut usize) -> R {
     put(total, t as usize)
 }
 
-fn sync_copy() -> R {
+/// A synchronous copy or memset returns once the work before it is done.
+/// On the legacy default stream that is every blocking stream's work of
+/// the context (the legacy stream synchronises with them all); on the
+/// per-thread default stream (`_ptds`), that stream's work and the legacy
+/// stream's.
+fn sync_copy_on(ptds: bool) -> R {
     let s = initialised()?;
     let dev = current_device()?;
-    sleep_until(s.legacy_tail[dev].load(Ordering::Acquire));
+    let until = if ptds {
+        let (_, tail) = stream(s, std::ptr::null_mut(), true)?;
+        tail.load(Ordering::Acquire)
+            .max(s.legacy_tail[dev].load(Ordering::Acquire))
+    } else {
+        s.last_end[dev].load(Ordering::Acquire)
+    };
+    sleep_until(until);
     Ok(())
+}
+
+fn sync_copy() -> R {
+    sync_copy_on(false)
+}
+
+fn sync_copy_ptds() -> R {
+    sync_copy_on(true)
 }
 
 fn check_stream(h: CUstream, ptsz: bool) -> R {
@@ -890,19 +910,19 @@ driver_api! {
         Ok(())
     }
     fn cuMemcpyHtoD_v2(_dst: CUdeviceptr, _src: *const c_void, _n: usize) { sync_copy() }
-    fn cuMemcpyHtoD_v2_ptds(_dst: CUdeviceptr, _src: *const c_void, _n: usize) { sync_copy() }
+    fn cuMemcpyHtoD_v2_ptds(_dst: CUdeviceptr, _src: *const c_void, _n: usize) { sync_copy_ptds() }
     fn cuMemcpyDtoH_v2(dst: *mut c_void, _src: CUdeviceptr, n: usize) {
         sync_copy()?;
         zero(dst, n)
     }
     fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, _src: CUdeviceptr, n: usize) {
-        sync_copy()?;
+        sync_copy_ptds()?;
         zero(dst, n)
     }
     fn cuMemcpyDtoD_v2(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy() }
-    fn cuMemcpyDtoD_v2_ptds(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy() }
+    fn cuMemcpyDtoD_v2_ptds(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy_ptds() }
     fn cuMemcpy(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy() }
-    fn cuMemcpy_ptds(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy() }
+    fn cuMemcpy_ptds(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy_ptds() }
     fn cuMemcpyHtoDAsync_v2(_dst: CUdeviceptr, _src: *const c_void, _n: usize, h: CUstream) { check_stream(h, false) }
     fn cuMemcpyHtoDAsync_v2_ptsz(_dst: CUdeviceptr, _src: *const c_void, _n: usize, h: CUstream) { check_stream(h, true) }
     fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, _src: CUdeviceptr, n: usize, h: CUstream) {
@@ -916,9 +936,9 @@ driver_api! {
     fn cuMemcpyAsync(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize, h: CUstream) { check_stream(h, false) }
     fn cuMemcpyAsync_ptsz(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize, h: CUstream) { check_stream(h, true) }
     fn cuMemsetD8_v2(_dst: CUdeviceptr, _v: u8, _n: usize) { sync_copy() }
-    fn cuMemsetD8_v2_ptds(_dst: CUdeviceptr, _v: u8, _n: usize) { sync_copy() }
+    fn cuMemsetD8_v2_ptds(_dst: CUdeviceptr, _v: u8, _n: usize) { sync_copy_ptds() }
     fn cuMemsetD32_v2(_dst: CUdeviceptr, _v: u32, _n: usize) { sync_copy() }
-    fn cuMemsetD32_v2_ptds(_dst: CUdeviceptr, _v: u32, _n: usize) { sync_copy() }
+    fn cuMemsetD32_v2_ptds(_dst: CUdeviceptr, _v: u32, _n: usize) { sync_copy_ptds() }
     fn cuMemsetD8Async(_dst: CUdeviceptr, _v: u8, _n: usize, h: CUstream) { check_stream(h, false) }
     fn cuMemsetD8Async_ptsz(_dst: CUdeviceptr, _v: u8, _n: usize, h: CUstream) { check_stream(h, true) }
     fn cuMemsetD32Async(_dst: CUdeviceptr, _v: u32, _n: usize, h: CUstream) { check_stream(h, false) }

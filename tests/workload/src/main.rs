@@ -70,6 +70,22 @@ struct Args {
     /// seconds (0: no retry)
     #[arg(long, default_value_t = 0.0)]
     retry_alloc_seconds: f64,
+    /// Kernels per iteration, as a training step queues them; after them
+    /// the iteration waits for its work as --wait says, then idles
+    /// --gap-ms (0: launch for --burst-ms instead)
+    #[arg(long, default_value_t = 0)]
+    iter_kernels: u64,
+    /// How an iteration (or burst) waits for its work: stream
+    /// (cuStreamSynchronize), ctx (cuCtxSynchronize), event (cuEventRecord,
+    /// then cuEventSynchronize), copy (a blocking cuMemcpyDtoH, as
+    /// `loss.item()` does), query (spin on cuStreamQuery), event-query
+    /// (cuEventRecord, then spin on cuEventQuery)
+    #[arg(long, default_value = "stream", value_parser = ["stream", "ctx", "event", "copy", "query", "event-query"])]
+    wait: String,
+    /// Each launching thread creates a stream of its own instead of using
+    /// the default stream
+    #[arg(long)]
+    own_streams: bool,
 }
 
 /// The exported symbol a dlsym-resolving program asks for.
@@ -83,8 +99,14 @@ fn versioned(name: &str, ptsz: bool) -> String {
         "cuMemAllocAsync",
         "cuMemFreeAsync",
         "cuStreamSynchronize",
+        "cuStreamQuery",
+        "cuEventRecord",
     ];
-    if v2.contains(&name) {
+    if name == "cuMemcpyDtoH" {
+        format!("{name}_v2{}", if ptsz { "_ptds" } else { "" })
+    } else if name == "cuEventDestroy" {
+        format!("{name}_v2")
+    } else if v2.contains(&name) {
         format!("{name}_v2")
     } else if ptsz && per_thread.contains(&name) {
         format!("{name}_ptsz")
@@ -138,6 +160,13 @@ struct Driver {
     mem_free: unsafe extern "C" fn(u64) -> CUresult,
     mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult,
     stream_sync: unsafe extern "C" fn(Ptr) -> CUresult,
+    stream_query: unsafe extern "C" fn(Ptr) -> CUresult,
+    stream_create: unsafe extern "C" fn(*mut Ptr, u32) -> CUresult,
+    event_create: unsafe extern "C" fn(*mut Ptr, u32) -> CUresult,
+    event_record: unsafe extern "C" fn(Ptr, Ptr) -> CUresult,
+    event_sync: unsafe extern "C" fn(Ptr) -> CUresult,
+    event_query: unsafe extern "C" fn(Ptr) -> CUresult,
+    memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> CUresult,
 }
 
 #[repr(C)]
@@ -235,6 +264,13 @@ impl Driver {
             mem_free: f!("cuMemFree"),
             mem_get_info: f!("cuMemGetInfo"),
             stream_sync: f!("cuStreamSynchronize"),
+            stream_query: f!("cuStreamQuery"),
+            stream_create: f!("cuStreamCreate"),
+            event_create: f!("cuEventCreate"),
+            event_record: f!("cuEventRecord"),
+            event_sync: f!("cuEventSynchronize"),
+            event_query: f!("cuEventQuery"),
+            memcpy_dtoh: f!("cuMemcpyDtoH"),
             _lib: lib,
         })
     }
@@ -407,13 +443,102 @@ fn run(args: &Args) -> anyhow::Result<Report> {
     }
 }
 
-/// Launches for `--seconds` in bursts; returns the number of launches.
+/// What one launching thread waits with at the end of a burst or
+/// iteration.
+struct Wait<'a> {
+    d: &'a Driver,
+    how: &'a str,
+    stream: Ptr,
+    event: Ptr,
+    /// Device buffer a blocking copy reads from.
+    buf: u64,
+}
+
+impl<'a> Wait<'a> {
+    /// Creates what `how` needs on this thread (a stream of its own when
+    /// asked, an event, a small device buffer).
+    fn new(d: &'a Driver, args: &'a Args) -> anyhow::Result<Wait<'a>> {
+        let mut w = Wait {
+            d,
+            how: &args.wait,
+            stream: std::ptr::null_mut(),
+            event: std::ptr::null_mut(),
+            buf: 0,
+        };
+        // SAFETY: driver calls with out-pointers to live fields.
+        unsafe {
+            if args.own_streams {
+                check("cuStreamCreate", (d.stream_create)(&mut w.stream, 0))?;
+            }
+            if w.how.starts_with("event") {
+                check("cuEventCreate", (d.event_create)(&mut w.event, 0))?;
+            }
+            if w.how == "copy" {
+                check("cuMemAlloc", (d.mem_alloc)(&mut w.buf, 64))?;
+            }
+        }
+        Ok(w)
+    }
+
+    /// Blocks until the thread's work is done, the way `how` says.
+    fn wait(&self) -> anyhow::Result<()> {
+        let d = self.d;
+        // SAFETY: handles from the driver and a live host buffer.
+        unsafe {
+            match self.how {
+                "ctx" => check("cuCtxSynchronize", (d.ctx_sync)()),
+                "event" => {
+                    check("cuEventRecord", (d.event_record)(self.event, self.stream))?;
+                    check("cuEventSynchronize", (d.event_sync)(self.event))
+                }
+                "copy" => {
+                    let mut host = [0u8; 64];
+                    check(
+                        "cuMemcpyDtoH",
+                        (d.memcpy_dtoh)(host.as_mut_ptr() as *mut c_void, self.buf, 64),
+                    )
+                }
+                "query" => spin("cuStreamQuery", || (d.stream_query)(self.stream)),
+                "event-query" => {
+                    check("cuEventRecord", (d.event_record)(self.event, self.stream))?;
+                    spin("cuEventQuery", || (d.event_query)(self.event))
+                }
+                _ => check("cuStreamSynchronize", (d.stream_sync)(self.stream)),
+            }
+        }
+    }
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        if self.buf != 0 {
+            // SAFETY: a pointer this thread allocated and no longer uses.
+            unsafe { (self.d.mem_free)(self.buf) };
+        }
+    }
+}
+
+/// Calls `query` until it stops answering `CUDA_ERROR_NOT_READY`.
+fn spin(what: &str, query: impl Fn() -> CUresult) -> anyhow::Result<()> {
+    const CUDA_ERROR_NOT_READY: CUresult = 600;
+    loop {
+        match query() {
+            CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
+            r => return check(what, r),
+        }
+    }
+}
+
+/// Launches for `--seconds` in bursts (or iterations of `--iter-kernels`);
+/// returns the number of launches.
 fn launch_loop(d: &Driver, args: &Args, func: usize, exec: usize) -> anyhow::Result<u64> {
     let func = func as Ptr;
     let exec = exec as Ptr;
     let mut dur = args.kernel_us;
     let mut params: [Ptr; 1] = [&mut dur as *mut u64 as Ptr];
     let mut kernels = 0u64;
+    let waiter = Wait::new(d, args)?;
+    let stream = waiter.stream;
     // SAFETY: driver calls with handles from the driver and pointers to
     // live locals, per the driver API.
     unsafe {
@@ -421,11 +546,10 @@ fn launch_loop(d: &Driver, args: &Args, func: usize, exec: usize) -> anyhow::Res
             grid: [1, 1, 1],
             block: [1, 1, 1],
             shmem: 0,
-            stream: std::ptr::null_mut(),
+            stream,
             attrs: std::ptr::null_mut(),
             num_attrs: 0,
         };
-        let stream: Ptr = std::ptr::null_mut();
         let end = Instant::now() + Duration::from_secs_f64(args.seconds);
         let mut bursts = Vec::new();
         while Instant::now() < end {
@@ -435,7 +559,12 @@ fn launch_loop(d: &Driver, args: &Args, func: usize, exec: usize) -> anyhow::Res
             } else {
                 end
             };
-            while Instant::now() < burst_end.min(end) {
+            let mut launched = 0u64;
+            while if args.iter_kernels > 0 {
+                launched < args.iter_kernels
+            } else {
+                Instant::now() < burst_end.min(end)
+            } {
                 let r = match args.launch_api.as_str() {
                     "kernel" => (d.launch)(
                         func,
@@ -461,8 +590,9 @@ fn launch_loop(d: &Driver, args: &Args, func: usize, exec: usize) -> anyhow::Res
                     bail!("{} launch failed with CUresult {r}", args.launch_api);
                 }
                 kernels += 1;
+                launched += 1;
             }
-            check("cuStreamSynchronize", (d.stream_sync)(stream))?;
+            waiter.wait()?;
             if args.gap_ms > 0.0 && Instant::now() < end {
                 std::thread::sleep(
                     Duration::from_secs_f64(args.gap_ms / 1e3)
