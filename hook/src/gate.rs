@@ -2,17 +2,31 @@
 //! this process holds that device's token.
 //!
 //! Fast path: the token's deadline is in the future — one atomic load and
-//! a compare against `CLOCK_MONOTONIC` (vDSO, no syscall), plus a relaxed
-//! store of the launch time for idle detection. No lock, no allocation.
+//! a compare against `CLOCK_MONOTONIC` (vDSO, no syscall), plus a counter
+//! increment for idle detection. No lock, no allocation.
 //!
 //! Slow path (per device, one thread at a time): wait for the work
 //! launched under the expired token to finish, report the time really used
 //! (overuse included) with the predicted next burst, and block until the
 //! scheduler grants a new token.
 //!
-//! A watcher thread gives a token back early when the process stops
-//! launching for `GEMINI_IDLE_MS` (default 5 ms), so device time is never
-//! reserved and unused.
+//! A watcher thread gives a token back early when the process stops using
+//! the device for `GEMINI_IDLE_MS` (default 5 ms), so device time is never
+//! reserved and unused. Using the device means launching *or waiting for
+//! its own work*: a thread blocked in a synchronising call
+//! (`cuCtxSynchronize`, `cuStreamSynchronize`, `cuEventSynchronize`, a
+//! blocking `cuMemcpy*`) or polling `cuStreamQuery`/`cuEventQuery` is
+//! inside a call the gate counts, so a training step that queues its
+//! kernels and then blocks in `loss.item()` keeps its token through the
+//! wait. Only time with no such call in flight and none made counts as
+//! idle (a CPU gap between iterations).
+//!
+//! The gate also learns how long the process stays quiet after its waits
+//! return. When that is predictably at least `GEMINI_IDLE_MS` (a data
+//! loader's CPU work after every step), the watcher is woken as the wait
+//! returns and gives the token back at once, at the end of the burst,
+//! instead of holding an idle device for `GEMINI_IDLE_MS` first. Shorter
+//! gaps keep the token.
 
 use crate::conn::CUDA_ERROR_NOT_PERMITTED;
 use crate::driver::{self, CUresult};
@@ -43,10 +57,11 @@ pub struct Gate {
     deadline: AtomicU64,
     /// When the token was granted (ns); 0: no token to account for.
     granted_at: AtomicU64,
-    /// Launch calls entered and left. Counters, not timestamps, so the
+    /// Calls that use the device (launches, synchronisations, blocking
+    /// copies, queries) entered and left. Counters, not timestamps, so the
     /// fast path reads the clock once; the watcher tells activity from
-    /// their changes, and a launch blocked in the driver (its queue full)
-    /// from `entered != exited`.
+    /// their changes, and a thread blocked in the driver (a full launch
+    /// queue, a synchronisation) from `entered != exited`.
     entered: AtomicU64,
     exited: AtomicU64,
     /// End of the granted quota (ns).
@@ -60,6 +75,12 @@ pub struct Gate {
     overuse: AtomicU64,
     /// Context the token's work was launched in (for the watcher's sync).
     ctx: AtomicUsize,
+    /// When the last wait call returned with no other call in flight
+    /// (ns); 0 once a launch has come since.
+    wait_exit: AtomicU64,
+    /// Smoothed quiet time between a wait returning and the next launch
+    /// (ns), each sample capped at four idle thresholds.
+    gap_avg: AtomicU64,
     /// Held by whoever is acquiring or releasing the token.
     slow: Mutex<()>,
 }
@@ -77,11 +98,12 @@ fn current_device() -> Option<usize> {
     (r == 0 && dev >= 0 && (dev as usize) < MAX_GATES).then_some(dev as usize)
 }
 
-/// Marks a thread as inside a real launch call until dropped.
+/// Marks a thread as inside a driver call that uses the device until
+/// dropped.
 #[derive(Debug)]
-pub struct InLaunch(Option<&'static Gate>);
+pub struct InCall(Option<&'static Gate>);
 
-impl Drop for InLaunch {
+impl Drop for InCall {
     #[inline]
     fn drop(&mut self) {
         if let Some(g) = self.0 {
@@ -94,23 +116,152 @@ impl Drop for InLaunch {
 /// device; keep the returned guard alive across the real launch call.
 /// `Err` is the CUDA result to return instead of launching.
 #[inline]
-pub fn admit() -> Result<InLaunch, CUresult> {
+pub fn admit() -> Result<InCall, CUresult> {
     let Some(dev) = current_device() else {
         // No context (the real call will report it) or a device beyond the
         // gates: let the driver answer.
-        return Ok(InLaunch(None));
+        return Ok(InCall(None));
     };
     if let Some(st) = state::current() {
         let g = &st.gates[dev];
-        if now_ns() < g.deadline.load(Ordering::Acquire) {
+        let now = now_ns();
+        if g.wait_exit.load(Ordering::Relaxed) != 0 {
+            g.learn_gap(now, st);
+        }
+        if now < g.deadline.load(Ordering::Acquire) {
             g.entered.fetch_add(1, Ordering::AcqRel);
-            return Ok(InLaunch(Some(g)));
+            return Ok(InCall(Some(g)));
         }
     }
     slow_path(dev)?;
     let g: &'static Gate = &state::get().gates[dev];
     g.entered.fetch_add(1, Ordering::AcqRel);
-    Ok(InLaunch(Some(g)))
+    Ok(InCall(Some(g)))
+}
+
+impl Gate {
+    /// A launch came after a wait: learn how long the process was quiet.
+    #[cold]
+    fn learn_gap(&self, now: u64, st: &State) {
+        let exit = self.wait_exit.swap(0, Ordering::Relaxed);
+        if exit == 0 {
+            return;
+        }
+        let cap = 4 * st.settings.idle.as_nanos() as u64;
+        let gap = now.saturating_sub(exit).min(cap);
+        let avg = self.gap_avg.load(Ordering::Relaxed);
+        self.gap_avg.store((avg + gap) / 2, Ordering::Relaxed);
+    }
+}
+
+/// The guard of a wait call (see [`waiting`]).
+#[derive(Debug)]
+pub struct Waiting(Option<(&'static State, &'static Gate)>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let Some((st, g)) = self.0 else { return };
+        let exited = g.exited.fetch_add(1, Ordering::AcqRel) + 1;
+        if g.entered.load(Ordering::Acquire) != exited {
+            return; // another thread is still launching or waiting
+        }
+        g.wait_exit.store(now_ns().max(1), Ordering::Relaxed);
+        let idle = st.settings.idle.as_nanos() as u64;
+        if g.granted_at.load(Ordering::Relaxed) != 0 && g.gap_avg.load(Ordering::Relaxed) >= idle
+        {
+            // This process usually goes quiet now: let the watcher give the
+            // token back at once.
+            let (m, cv) = &st.kick;
+            *lock(m) = true;
+            cv.notify_one();
+        }
+    }
+}
+
+/// Marks the calling thread as waiting for (or polling) its device work on
+/// the current device until the guard drops: the process is busy, not
+/// idle, and keeps its token. Never blocks and creates no state: a
+/// process that has launched nothing holds no token to keep.
+#[inline]
+pub fn waiting() -> Waiting {
+    let Some(st) = state::current() else {
+        return Waiting(None);
+    };
+    let Some(dev) = current_device() else {
+        return Waiting(None);
+    };
+    let g = &st.gates[dev];
+    g.entered.fetch_add(1, Ordering::AcqRel);
+    Waiting(Some((st, g)))
+}
+
+/// Waits for the work of the context `ctx` (from any thread: the context
+/// is pushed and popped around the synchronisation).
+fn synchronize(ctx: *mut c_void) {
+    // SAFETY: `ctx` was current in a thread of this process when the token
+    // was taken (contexts are never freed under a running launch);
+    // pushing it on this thread and popping it again leaves no trace. A
+    // null context falls back to the calling thread's own.
+    unsafe {
+        if !ctx.is_null() && driver::ctx_push(ctx) == 0 {
+            driver::ctx_synchronize();
+            let mut popped = std::ptr::null_mut();
+            driver::ctx_pop(&mut popped);
+        } else {
+            driver::ctx_synchronize();
+        }
+    }
+}
+
+/// Why a token's accounting ends.
+#[derive(Debug, Clone, Copy)]
+enum Settle {
+    /// It ran out and a launch wants a new one.
+    RanOut,
+    /// The process has not used the device since `quiet_since` (ns).
+    Idle { quiet_since: u64 },
+}
+
+/// Ends the accounting of `g`'s token (the caller holds `g.slow`): waits
+/// for the work launched under it and returns the device time it took in
+/// µs, overuse included; `None` if no token was held. The one place that
+/// turns a token into a usage report, for the slow path and the watcher.
+fn settle(g: &Gate, why: Settle) -> Option<u64> {
+    let granted_at = g.granted_at.swap(0, Ordering::AcqRel);
+    if granted_at == 0 {
+        return None;
+    }
+    let t0 = now_ns();
+    synchronize(g.ctx.load(Ordering::Relaxed) as *mut c_void);
+    let t1 = now_ns();
+    let end = match why {
+        // If the work was still running, it ended now; else it ended
+        // (about) when the process went quiet.
+        Settle::Idle { quiet_since } if t1.saturating_sub(t0) <= 100_000 => {
+            quiet_since.clamp(granted_at, t1)
+        }
+        _ => t1,
+    };
+    let quota_end = g.quota_end.load(Ordering::Relaxed);
+    if matches!(why, Settle::RanOut) || end > quota_end {
+        // Work still queued when the token ran out: launching stops this
+        // much earlier next time.
+        let over = end.saturating_sub(quota_end);
+        let avg = g.overuse.load(Ordering::Relaxed);
+        g.overuse.store((avg + over) / 2, Ordering::Relaxed);
+    }
+    if let Settle::Idle { .. } = why {
+        let burst_start = g.burst_start.swap(0, Ordering::Relaxed);
+        if burst_start != 0 {
+            let len = end.saturating_sub(burst_start) / 1000;
+            let avg = g.burst_avg.load(Ordering::Relaxed);
+            g.burst_avg.store(
+                if avg == 0 { len } else { (avg + len) / 2 },
+                Ordering::Relaxed,
+            );
+        }
+    }
+    Some(end.saturating_sub(granted_at) / 1000)
 }
 
 #[cold]
@@ -125,19 +276,9 @@ fn slow_path(dev: usize) -> Result<(), CUresult> {
     if now_ns() < g.deadline.load(Ordering::Acquire) {
         return Ok(()); // another thread got it meanwhile
     }
-    let granted_at = g.granted_at.swap(0, Ordering::AcqRel);
-    let mut used_us = 0;
-    if granted_at != 0 {
-        // The token ran out: wait for the work launched under it, so the
-        // time it really took (overuse included) is what gets reported.
-        // SAFETY: synchronising the calling thread's context.
-        unsafe { driver::ctx_synchronize() };
-        let end = now_ns();
-        used_us = end.saturating_sub(granted_at) / 1000;
-        let over = end.saturating_sub(g.quota_end.load(Ordering::Relaxed));
-        let avg = g.overuse.load(Ordering::Relaxed);
-        g.overuse.store((avg + over) / 2, Ordering::Relaxed);
-    }
+    // The token ran out: wait for the work launched under it, so the time
+    // it really took (overuse included) is what gets reported.
+    let used_us = settle(g, Settle::RanOut).unwrap_or(0);
     let now = now_ns();
     let burst_start = g.burst_start.load(Ordering::Relaxed);
     let burst_us = if burst_start == 0 {
@@ -191,14 +332,26 @@ fn start_watcher(st: &'static State) {
     }
 }
 
-/// Gives tokens back when the process stops launching.
+/// Gives tokens back when the process stops using the device: no call
+/// that launches or waits in flight, and none made for `GEMINI_IDLE_MS`.
+/// A token that ran out while the process was quiet is given back too, so
+/// the scheduler does not keep it reserved until it revokes it.
 fn watch(st: &'static State) {
     let idle = st.settings.idle.as_nanos() as u64;
     let tick = Duration::from_nanos((idle / 2).clamp(200_000, 2_000_000));
-    // Per gate: launches entered as last seen, and since when unchanged.
+    // Per gate: calls entered as last seen, and since when unchanged.
     let mut seen: Vec<(u64, u64)> = vec![(0, now_ns()); st.gates.len()];
     loop {
-        std::thread::sleep(tick);
+        {
+            let (m, cv) = &st.kick;
+            let mut kicked = lock(m);
+            if !*kicked {
+                kicked = cv
+                    .wait_timeout(kicked, tick)
+                    .map_or_else(|p| p.into_inner().0, |(k, _)| k);
+            }
+            *kicked = false;
+        }
         if !state::current().is_some_and(|c| std::ptr::eq(c, st)) {
             return; // forked child: this state is not ours any more
         }
@@ -206,57 +359,41 @@ fn watch(st: &'static State) {
             let now = now_ns();
             let entered = g.entered.load(Ordering::Acquire);
             let busy = entered != g.exited.load(Ordering::Acquire);
-            if busy || entered != seen[dev].0 {
+            // Quiet since a wait returned, in a process that usually stays
+            // quiet after its waits: idle now, not in `idle` from now.
+            let wait_exit = g.wait_exit.load(Ordering::Relaxed);
+            let predicted = !busy && wait_exit != 0 && g.gap_avg.load(Ordering::Relaxed) >= idle;
+            if !predicted && (busy || entered != seen[dev].0) {
                 seen[dev] = (entered, now);
                 continue;
             }
-            let quiet_since = seen[dev].1;
-            if g.deadline.load(Ordering::Acquire) <= now || now - quiet_since < idle {
+            let quiet_since = if predicted { wait_exit } else { seen[dev].1 };
+            seen[dev] = (entered, quiet_since);
+            if g.granted_at.load(Ordering::Acquire) == 0
+                || (!predicted && now - quiet_since < idle)
+            {
                 continue;
             }
             let Ok(_slow) = g.slow.try_lock() else {
                 continue;
             };
-            if g.deadline.load(Ordering::Acquire) <= now_ns()
-                || g.entered.load(Ordering::Acquire) != entered
+            // Launches from now on take the slow path and wait for us; a
+            // call that slipped in meanwhile keeps the token after all.
+            let deadline = g.deadline.swap(0, Ordering::AcqRel);
+            if g.entered.load(Ordering::Acquire) != entered
+                || g.exited.load(Ordering::Acquire) != entered
             {
+                g.deadline.store(deadline, Ordering::Release);
                 continue;
             }
-            // Launches from now on take the slow path and wait for us.
-            g.deadline.store(0, Ordering::Release);
-            let granted_at = g.granted_at.swap(0, Ordering::AcqRel);
-            let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
-            let t0 = now_ns();
-            // SAFETY: the context was current in a thread of this process
-            // when the token was taken; pushing it on this thread and
-            // popping it again leaves no trace.
-            unsafe {
-                if !ctx.is_null() && driver::ctx_push(ctx) == 0 {
-                    driver::ctx_synchronize();
-                    let mut popped = std::ptr::null_mut();
-                    driver::ctx_pop(&mut popped);
-                }
-            }
-            let t1 = now_ns();
-            // If the work was still running, it ended now; else it ended
-            // (about) when the launches stopped.
-            let end = if t1.saturating_sub(t0) > 100_000 {
-                t1
-            } else {
-                quiet_since
+            let Some(used_us) = settle(g, Settle::Idle { quiet_since }) else {
+                continue;
             };
-            let used_us = end.saturating_sub(granted_at) / 1000;
-            let burst_start = g.burst_start.swap(0, Ordering::Relaxed);
-            if burst_start != 0 {
-                let len = end.saturating_sub(burst_start) / 1000;
-                let avg = g.burst_avg.load(Ordering::Relaxed);
-                g.burst_avg.store(
-                    if avg == 0 { len } else { (avg + len) / 2 },
-                    Ordering::Relaxed,
-                );
-            }
             let device = st.settings.physical(dev as u32);
-            debug!("device {dev}: idle, token given back after {used_us} us");
+            debug!(
+                "device {dev}: idle{}, token given back after {used_us} us",
+                if predicted { " after its wait" } else { "" }
+            );
             let _ = st.call(&Request::ReleaseToken { device, used_us }, device);
         }
     }

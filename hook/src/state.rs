@@ -11,7 +11,7 @@ use gemini_protocol::env;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::{Condvar, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
 /// Devices the gates cover (ordinals at or above are passed ungated).
@@ -109,6 +109,9 @@ pub struct State {
     pub memory: Mutex<HashMap<u64, (u32, u64)>>,
     /// Whether the idle watcher thread runs.
     pub watcher: AtomicBool,
+    /// Wakes the watcher before its next tick (a process that predictably
+    /// goes idle after a wait has just finished waiting).
+    pub kick: (Mutex<bool>, Condvar),
     /// The driver reports exactly one device: every launch is on ordinal 0.
     pub single_device: bool,
 }
@@ -158,6 +161,7 @@ pub fn get() -> &'static State {
         gates: (0..MAX_GATES).map(|_| Gate::default()).collect(),
         memory: Mutex::new(HashMap::new()),
         watcher: AtomicBool::new(false),
+        kick: (Mutex::new(false), Condvar::new()),
         single_device: crate::driver::device_count() == Some(1),
     }));
     match STATE.compare_exchange(

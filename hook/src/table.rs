@@ -80,13 +80,23 @@ macro_rules! hooks {
 macro_rules! gated {
     ($call:expr) => {
         match gate::admit() {
-            Ok(_in_launch) => {
+            Ok(_in_call) => {
                 // SAFETY: the program's own arguments, passed on unchanged.
                 unsafe { $call }
             }
             Err(e) => e,
         }
     };
+}
+
+/// Runs `$call`, a call that waits for (or polls) the process's device
+/// work: while it runs the process is busy, not idle (see [`gate`]).
+macro_rules! waits {
+    ($call:expr) => {{
+        let _waiting = gate::waiting();
+        // SAFETY: the program's own arguments, passed on unchanged.
+        unsafe { $call }
+    }};
 }
 
 /// The symbol `cuGetProcAddress(base, version, flags)` stands for, when it
@@ -162,6 +172,42 @@ hooks! {
     (exec: Ptr, s: Ptr) => |real| { gated!(real(exec, s)) }
     cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, true]
     (exec: Ptr, s: Ptr) => |real| { gated!(real(exec, s)) }
+
+    // Waiting for (or polling) the device's work: not idle.
+    cuCtxSynchronize ["cuCtxSynchronize", 2000, false]
+    () => |real| { waits!(real()) }
+    cuStreamSynchronize ["cuStreamSynchronize", 2000, false]
+    (s: Ptr) => |real| { waits!(real(s)) }
+    cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, true]
+    (s: Ptr) => |real| { waits!(real(s)) }
+    cuStreamQuery ["cuStreamQuery", 2000, false]
+    (s: Ptr) => |real| { waits!(real(s)) }
+    cuStreamQuery_ptsz ["cuStreamQuery", 7000, true]
+    (s: Ptr) => |real| { waits!(real(s)) }
+    cuStreamWaitEvent ["cuStreamWaitEvent", 3020, false]
+    (s: Ptr, e: Ptr, flags: u32) => |real| { waits!(real(s, e, flags)) }
+    cuStreamWaitEvent_ptsz ["cuStreamWaitEvent", 7000, true]
+    (s: Ptr, e: Ptr, flags: u32) => |real| { waits!(real(s, e, flags)) }
+    cuEventSynchronize ["cuEventSynchronize", 2000, false]
+    (e: Ptr) => |real| { waits!(real(e)) }
+    cuEventQuery ["cuEventQuery", 2000, false]
+    (e: Ptr) => |real| { waits!(real(e)) }
+    cuMemcpy ["cuMemcpy", 4000, false]
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    cuMemcpy_ptds ["cuMemcpy", 7000, true]
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    cuMemcpyHtoD_v2 ["cuMemcpyHtoD", 3020, false]
+    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { waits!(real(dst, src, n)) }
+    cuMemcpyHtoD_v2_ptds ["cuMemcpyHtoD", 7000, true]
+    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { waits!(real(dst, src, n)) }
+    cuMemcpyDtoH_v2 ["cuMemcpyDtoH", 3020, false]
+    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    cuMemcpyDtoH_v2_ptds ["cuMemcpyDtoH", 7000, true]
+    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, false]
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    cuMemcpyDtoD_v2_ptds ["cuMemcpyDtoD", 7000, true]
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
 
     // Allocations and frees.
     cuMemAlloc_v2 ["cuMemAlloc", 3020, false]
@@ -375,6 +421,19 @@ mod tests {
         );
         assert_eq!(sym("cuGetProcAddress", 11040, 0), Some("cuGetProcAddress"));
         assert_eq!(sym("cuInit", 12000, 0), None);
+        // Waits: per-thread variants where the driver has them.
+        assert_eq!(sym("cuMemcpyDtoH", 12000, 2), Some("cuMemcpyDtoH_v2_ptds"));
+        assert_eq!(sym("cuMemcpyDtoH", 12000, 0), Some("cuMemcpyDtoH_v2"));
+        assert_eq!(sym("cuMemcpyDtoH", 3010, 0), None, "the 32-bit v1");
+        assert_eq!(
+            sym("cuStreamSynchronize", 12000, 2),
+            Some("cuStreamSynchronize_ptsz")
+        );
+        assert_eq!(
+            sym("cuEventSynchronize", 12000, 2),
+            Some("cuEventSynchronize")
+        );
+        assert_eq!(sym("cuCtxSynchronize", 12000, 0), Some("cuCtxSynchronize"));
         // A function with no per-thread variant keeps its default one.
         assert_eq!(sym("cuMemAlloc", 12000, 2), Some("cuMemAlloc_v2"));
     }
