@@ -21,6 +21,9 @@
 //! - Memory is reserved per group and device across processes and refused
 //!   beyond `MemoryLimit`.
 //! - The holder is served only when no eligible client waits.
+//! - While a group owed time (active within the window, below its
+//!   `MinUtil`) is between bursts, other groups get `min_quota` tokens at
+//!   most, so it waits at most one short token when it comes back.
 
 mod holder;
 mod reserve;
@@ -809,7 +812,32 @@ impl Policy {
                 best = Some((rank, i));
             }
         }
-        let Some((_, i)) = best else { return };
+        let Some(((class, ..), i)) = best else {
+            return;
+        };
+        // A group owed time (active in the window, below its MinUtil) that
+        // is not waiting is between bursts and will be back: lend the
+        // device to others in short tokens only, so it waits at most one
+        // of them when it returns.
+        let owed_away = class != 0 && {
+            let chosen = clients.get(&dev.waiters[i].client).map(|c| c.group.as_str());
+            let waiting: Vec<&str> = dev
+                .waiters
+                .iter()
+                .filter_map(|w| clients.get(&w.client).map(|c| c.group.as_str()))
+                .collect();
+            dev.groups.iter_mut().any(|(name, g)| {
+                let min_util = match config.groups.get(name).or_else(|| retired.get(name)) {
+                    Some(cfg) => cfg.min_util,
+                    None => return false,
+                };
+                Some(name.as_str()) != chosen
+                    && !waiting.contains(&name.as_str())
+                    && min_util > 0.0
+                    && !g.usage.is_empty(now, params.window)
+                    && g.share(now, params.window) < min_util
+            })
+        };
         let w = dev.waiters.remove(i);
         let Some(c) = clients.get_mut(&w.client) else {
             return;
@@ -826,7 +854,10 @@ impl Policy {
         } else {
             params.min_quota
         };
-        let quota = burst.clamp(floor.min(params.max_quota), params.max_quota);
+        let mut quota = burst.clamp(floor.min(params.max_quota), params.max_quota);
+        if owed_away {
+            quota = quota.min(params.min_quota.max(floor));
+        }
         if let Some(g) = dev.groups.get_mut(&c.group)
             && g.usage.is_empty(now, params.window)
         {

@@ -23,6 +23,9 @@ fn config(text: &str) -> ResourceConfig {
 enum Demand {
     /// Always wants the device.
     Saturating,
+    /// Always wants the device and says so, as the hook of a program that
+    /// never pauses does (its predicted burst grows without end).
+    Greedy,
     /// Wants the device until `stop`, then leaves.
     Until(Micros),
     /// Works `burst` (device time), then idles `gap`, releasing the token.
@@ -197,6 +200,7 @@ impl Sim {
             _ => {
                 let burst = match c.demand {
                     Demand::Bursty { .. } => c.left,
+                    Demand::Greedy => 10 * SEC,
                     _ => 0,
                 };
                 self.send(
@@ -401,6 +405,28 @@ fn bursty_group_gets_its_minimum_when_it_asks() {
     let b = sim.group_share("b", 10 * SEC, 20 * SEC);
     assert!(a >= 0.3, "a got {a}");
     assert!(a + b >= 0.97, "device idle: a {a} b {b}");
+}
+
+#[test]
+fn group_owed_time_waits_one_short_token_when_it_comes_back() {
+    // A group below its MinUtil that idles between bursts (20 ms of work,
+    // 50 ms away: it asks for 0.29) must not find the device taken by a
+    // long token each time it returns: while it is away, the others get
+    // short tokens, and it gets nearly all it asks for.
+    let mut sim = Sim::new("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n");
+    sim.add(
+        "hi",
+        Demand::Bursty {
+            burst: 20 * MS,
+            gap: 50 * MS,
+        },
+    );
+    sim.add("lo", Demand::Greedy);
+    sim.run_until(20 * SEC);
+    let hi = sim.group_share("hi", 10 * SEC, 20 * SEC);
+    let lo = sim.group_share("lo", 10 * SEC, 20 * SEC);
+    assert!(hi >= 0.25, "hi got {hi}, asks 0.29");
+    assert!(hi + lo >= 0.97, "device idle: hi {hi} lo {lo}");
 }
 
 #[test]
