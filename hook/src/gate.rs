@@ -167,8 +167,7 @@ impl Drop for Waiting {
         }
         g.wait_exit.store(now_ns().max(1), Ordering::Relaxed);
         let idle = st.settings.idle.as_nanos() as u64;
-        if g.granted_at.load(Ordering::Relaxed) != 0 && g.gap_avg.load(Ordering::Relaxed) >= idle
-        {
+        if g.granted_at.load(Ordering::Relaxed) != 0 && g.gap_avg.load(Ordering::Relaxed) >= idle {
             // This process usually goes quiet now: let the watcher give the
             // token back at once.
             let (m, cv) = &st.kick;
@@ -369,8 +368,7 @@ fn watch(st: &'static State) {
             }
             let quiet_since = if predicted { wait_exit } else { seen[dev].1 };
             seen[dev] = (entered, quiet_since);
-            if g.granted_at.load(Ordering::Acquire) == 0
-                || (!predicted && now - quiet_since < idle)
+            if g.granted_at.load(Ordering::Acquire) == 0 || (!predicted && now - quiet_since < idle)
             {
                 continue;
             }

@@ -369,3 +369,82 @@ impl Drop for Gemini {
         self.kill_scheduler();
     }
 }
+
+/// A share scenario: groups `(MinUtil, MaxUtil)` on one simulated device,
+/// each running `procs` copies of `gem-workload` with `args` (its
+/// workload shape) under the hook, for `seconds`.
+#[derive(Debug, Clone)]
+pub struct Scenario<'a> {
+    /// `(MinUtil, MaxUtil)` per group.
+    pub groups: &'a [(f64, f64)],
+    /// Processes per group.
+    pub procs: usize,
+    /// `gem-workload` arguments besides `--seconds`.
+    pub args: &'a [&'a str],
+    /// Run time of each process.
+    pub seconds: f64,
+    /// Seconds left out at the start (connecting, the window filling).
+    pub skip: f64,
+}
+
+/// What a [`Scenario`] got, from the simulator's busy log.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Share of device time per group (all its processes together).
+    pub got: Vec<f64>,
+    /// Share of time the device was busy.
+    pub busy: f64,
+}
+
+impl Scenario<'_> {
+    /// `resource.conf` for the groups, named `g0`, `g1`, ….
+    pub fn conf(&self) -> String {
+        self.groups
+            .iter()
+            .enumerate()
+            .map(|(i, (min, max))| format!("[g{i}]\nMinUtil={min}\nMaxUtil={max}\n"))
+            .collect()
+    }
+
+    /// Runs the scenario on a fresh simulated machine and scheduler.
+    pub fn run(&self) -> Outcome {
+        let g = Gemini::start_with(SimEnv::default(), &self.conf(), &["--log-level", "warn"]);
+        self.run_on(&g)
+    }
+
+    /// Runs the scenario with the scheduler of `g` (whose resource.conf
+    /// must define the groups `g0`, `g1`, …).
+    pub fn run_on(&self, g: &Gemini) -> Outcome {
+        let t0 = now_ns();
+        let secs = format!("{}", self.seconds);
+        let children: Vec<(usize, std::process::Child)> = (0..self.groups.len())
+            .flat_map(|i| (0..self.procs).map(move |_| i))
+            .map(|i| {
+                let mut c = g.hooked(g.sim.workload(), &format!("g{i}"));
+                c.args(["--seconds", &secs])
+                    .args(self.args)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
+                (i, c.spawn().expect("start gem-workload"))
+            })
+            .collect();
+        let mut pids: Vec<Vec<u32>> = vec![Vec::new(); self.groups.len()];
+        for (i, c) in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "gem-workload {:?} failed: {}",
+                self.args,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            pids[i].extend(reports(&out.stdout).iter().map(|r| field(r, "pid") as u32));
+        }
+        let from = t0 + (self.skip * 1e9) as u64;
+        let to = t0 + (self.seconds * 1e9) as u64;
+        let busy = g.sim.busy(0, from, to);
+        Outcome {
+            got: pids.iter().map(|p| busy.share_of(p)).collect(),
+            busy: busy.device_share(),
+        }
+    }
+}

@@ -820,7 +820,9 @@ impl Policy {
         // device to others in short tokens only, so it waits at most one
         // of them when it returns.
         let owed_away = class != 0 && {
-            let chosen = clients.get(&dev.waiters[i].client).map(|c| c.group.as_str());
+            let chosen = clients
+                .get(&dev.waiters[i].client)
+                .map(|c| c.group.as_str());
             let waiting: Vec<&str> = dev
                 .waiters
                 .iter()

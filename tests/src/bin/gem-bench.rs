@@ -248,6 +248,260 @@ fn share_accuracy(t: &mut Table) {
     );
 }
 
+/// The workload shapes of the share matrix: what real programs do between
+/// launches (`gem-workload` arguments).
+pub const SHAPES: &[(&str, &[&str])] = &[
+    (
+        "(a) 20×1 ms, cuCtxSynchronize",
+        &[
+            "--iter-kernels",
+            "20",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "ctx",
+        ],
+    ),
+    (
+        "(a) 20×1 ms, cuStreamSynchronize",
+        &[
+            "--iter-kernels",
+            "20",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "stream",
+        ],
+    ),
+    (
+        "(a) 20×1 ms, cuEventSynchronize",
+        &[
+            "--iter-kernels",
+            "20",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "event",
+        ],
+    ),
+    (
+        "(b) 20×1 ms, blocking cuMemcpyDtoH",
+        &[
+            "--iter-kernels",
+            "20",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "copy",
+        ],
+    ),
+    (
+        "(c) sync after every 1 ms kernel",
+        &[
+            "--iter-kernels",
+            "1",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "stream",
+        ],
+    ),
+    (
+        "(c) cuStreamQuery spin after every 1 ms kernel",
+        &[
+            "--iter-kernels",
+            "1",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "query",
+        ],
+    ),
+    (
+        "(d) 20×1 ms, sync, 1 ms CPU gap",
+        &[
+            "--iter-kernels",
+            "20",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "ctx",
+            "--gap-ms",
+            "1",
+        ],
+    ),
+    (
+        "(d) 20×1 ms, sync, 10 ms CPU gap",
+        &[
+            "--iter-kernels",
+            "20",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "ctx",
+            "--gap-ms",
+            "10",
+        ],
+    ),
+    (
+        "(d) 20×1 ms, sync, 50 ms CPU gap",
+        &[
+            "--iter-kernels",
+            "20",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "ctx",
+            "--gap-ms",
+            "50",
+        ],
+    ),
+    (
+        "(e) 200×0.1 ms, sync",
+        &[
+            "--iter-kernels",
+            "200",
+            "--kernel-us",
+            "100",
+            "--wait",
+            "ctx",
+        ],
+    ),
+    (
+        "(e) 5×20 ms, sync",
+        &[
+            "--iter-kernels",
+            "5",
+            "--kernel-us",
+            "20000",
+            "--wait",
+            "ctx",
+        ],
+    ),
+    (
+        "(f) 2 threads, own streams, 10×1 ms, cuStreamSynchronize",
+        &[
+            "--threads",
+            "2",
+            "--own-streams",
+            "--iter-kernels",
+            "10",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "stream",
+        ],
+    ),
+];
+
+/// Group sets and processes per group of the share matrix.
+const MIXES: &[(&[(f64, f64)], usize)] = &[
+    (&[(0.3, 1.0), (0.7, 1.0)], 1),
+    (&[(0.3, 1.0), (0.7, 1.0)], 2),
+    (&[(0.3, 1.0), (0.7, 1.0)], 4),
+    (&[(0.2, 1.0), (0.3, 1.0), (0.5, 1.0)], 1),
+    (&[(0.1, 1.0), (0.2, 1.0), (0.3, 1.0), (0.4, 1.0)], 1),
+];
+
+/// Share of the device one process of `args` keeps busy alone, without
+/// the hook: its demand, and the ceiling this machine allows the shape.
+fn demand(args: &[&str]) -> f64 {
+    let sim = SimEnv::default();
+    let t0 = now_ns();
+    let mut c = sim.workload();
+    c.args(["--seconds", "5"]).args(args);
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sim.busy(0, t0 + SEC, t0 + 5 * SEC).device_share()
+}
+
+/// What groups `(MinUtil, MaxUtil)` whose demands are `demand` are entitled
+/// to: water filling as for saturating groups, with each group's bounds
+/// lowered to what it asks for (a group idle between bursts cannot use its
+/// whole MinUtil; it is owed what it asks for, up to MinUtil).
+fn entitled(groups: &[(f64, f64)], demand: &[f64]) -> Vec<f64> {
+    let bounds: Vec<(f64, f64)> = groups
+        .iter()
+        .zip(demand)
+        .map(|(&(lo, hi), &d)| (lo.min(d), hi.min(d)))
+        .collect();
+    let e = entitlements(&bounds);
+    // Water filling spreads the whole device; a group never gets more
+    // than it asks for.
+    e.iter().zip(&bounds).map(|(x, b)| x.min(b.1)).collect()
+}
+
+/// Shares for every workload shape × mix, against the entitlement.
+fn shape_matrix(t: &mut Table) {
+    let secs: f64 = std::env::var("GEM_BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12.0);
+    let only: Option<String> = std::env::var("GEM_BENCH_SHAPES").ok();
+    let mixes: Option<Vec<usize>> = std::env::var("GEM_BENCH_MIXES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect());
+    for (name, args) in SHAPES {
+        if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+            continue;
+        }
+        let alone = demand(args);
+        t.row(
+            format!("{name}: one process alone, no hook"),
+            format!("device {:.1} %", alone * 100.0),
+            "",
+        );
+        for (m, (groups, procs)) in MIXES.iter().enumerate() {
+            if mixes.as_ref().is_some_and(|ms| !ms.contains(&m)) {
+                continue;
+            }
+            let s = gemini_tests::Scenario {
+                groups,
+                procs: *procs,
+                args,
+                seconds: secs,
+                skip: 2.0,
+            };
+            let o = s.run();
+            let asks = vec![(alone * *procs as f64).min(1.0); groups.len()];
+            let want = entitled(groups, &asks);
+            let worst = o
+                .got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs() * 100.0)
+                .fold(0.0, f64::max);
+            let fmt = |v: &[f64]| {
+                v.iter()
+                    .map(|g| format!("{g:.3}"))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            };
+            let mins: Vec<String> = groups.iter().map(|g| format!("{}", g.0)).collect();
+            t.row(
+                format!(
+                    "{name}; {} groups MinUtil {}, {procs} proc/group",
+                    groups.len(),
+                    mins.join("/")
+                ),
+                format!(
+                    "{} {worst:.1} pp (got {}, entitled {}), device {:.1} % of {:.1} % asked",
+                    if worst <= 2.0 { "ok" } else { "MISSED" },
+                    fmt(&o.got),
+                    fmt(&want),
+                    o.busy * 100.0,
+                    asks.iter().sum::<f64>().min(1.0) * 100.0
+                ),
+                "±2 pp; device ≥ 97 % of what is asked",
+            );
+        }
+    }
+}
+
 fn holder(t: &mut Table) {
     let g = Gemini::start_with(
         SimEnv::new(1, "4GiB"),
@@ -459,15 +713,16 @@ fn main() {
     eprintln!("gem-bench on {machine}");
     let mut t = Table(Vec::new());
     let started = Instant::now();
-    // `--only a,b` runs some of: fast, shares, holder, policy, rss.
+    // `--only a,b` runs some of: fast, shares, shapes, holder, policy, rss.
     let only: Option<Vec<String>> = std::env::args()
         .skip_while(|a| a != "--only")
         .nth(1)
         .map(|s| s.split(',').map(str::to_string).collect());
     type Part = (&'static str, fn(&mut Table));
-    let parts: [Part; 5] = [
+    let parts: [Part; 6] = [
         ("fast", fast_path),
         ("shares", share_accuracy),
+        ("shapes", shape_matrix),
         ("holder", holder),
         ("policy", policy_throughput),
         ("rss", scheduler_rss),

@@ -1,7 +1,8 @@
 //! `make demo`: gemini end to end on the driver simulator. Starts
 //! `gem-schd` with `examples/resource.conf`, runs two unmodified CUDA
 //! workloads under `libgemhook.so` (one per group, both always wanting the
-//! GPU), then one alone, and prints the share each got — measured from the
+//! GPU), then one alone, then one training-like process per group (a step
+//! of kernels, then a wait for them), and prints the share each got — measured from the
 //! simulated device's busy log — next to its configured MinUtil/MaxUtil.
 
 // A tool of the test suite: on failure it stops loudly, which is its job.
@@ -14,8 +15,13 @@ use std::process::{Command, Stdio};
 const SEC: u64 = 1_000_000_000;
 
 fn workload(g: &Gemini, group: &str, seconds: &str) -> std::process::Child {
+    workload_with(g, group, seconds, &[])
+}
+
+fn workload_with(g: &Gemini, group: &str, seconds: &str, args: &[&str]) -> std::process::Child {
     let mut c = g.hooked(g.sim.workload(), group);
     c.args(["--seconds", seconds, "--kernel-us", "500"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     c.spawn().expect("start gem-workload")
@@ -80,7 +86,33 @@ fn main() {
         entitlements(&[limits("notebook")])[0],
     );
 
-    println!("\n3. gem-schd status");
+    println!(
+        "\n3. one process per group, each a training loop: 20 kernels of 1 ms, then wait for them (cuCtxSynchronize), again and again"
+    );
+    let step = [
+        "--iter-kernels",
+        "20",
+        "--kernel-us",
+        "1000",
+        "--wait",
+        "ctx",
+    ];
+    let t0 = now_ns();
+    let (a, b) = (
+        workload_with(&g, "train", "10", &step),
+        workload_with(&g, "notebook", "10", &step),
+    );
+    let (oa, ob) = (
+        a.wait_with_output().expect("train"),
+        b.wait_with_output().expect("notebook"),
+    );
+    let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + 10 * SEC);
+    println!("   waiting for its own work is not idle: each keeps its token through the wait");
+    header();
+    row("train", busy.share(pid(&oa)), want[0]);
+    row("notebook", busy.share(pid(&ob)), want[1]);
+
+    println!("\n4. gem-schd status");
     let _ = Command::new(bin("gem-schd"))
         .arg("status")
         .arg("--ipc-dir")
