@@ -498,10 +498,17 @@ fn every_kind_of_wait_waits_for_the_work_before_it() {
     for (i, case) in cases.iter().enumerate() {
         let bursts = sim.path().join(format!("bursts-{i}.txt"));
         let mut c = sim.workload();
-        c.args(["--seconds", "0.3", "--kernel-us", "2000", "--iter-kernels", "4"])
-            .args(*case)
-            .arg("--bursts-file")
-            .arg(&bursts);
+        c.args([
+            "--seconds",
+            "0.3",
+            "--kernel-us",
+            "2000",
+            "--iter-kernels",
+            "4",
+        ])
+        .args(*case)
+        .arg("--bursts-file")
+        .arg(&bursts);
         let out = run(c);
         let pid = pids(&[&out])[0];
         let recs: Vec<_> = fakecuda_log_records(&sim)
@@ -516,7 +523,10 @@ fn every_kind_of_wait_waits_for_the_work_before_it() {
         assert!(starts.len() >= 10, "{case:?}: {} iterations", starts.len());
         for t in &starts[1..] {
             let late = recs.iter().filter(|r| r.start < *t && r.end > *t).count();
-            assert_eq!(late, 0, "{case:?}: work still running when the wait returned");
+            assert_eq!(
+                late, 0,
+                "{case:?}: work still running when the wait returned"
+            );
         }
     }
 }
