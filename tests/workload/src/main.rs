@@ -90,7 +90,13 @@ struct Args {
 
 /// The exported symbol a dlsym-resolving program asks for.
 fn versioned(name: &str, ptsz: bool) -> String {
-    let v2 = ["cuMemAlloc", "cuMemAllocPitch", "cuMemFree", "cuMemGetInfo"];
+    let v2 = [
+        "cuMemAlloc",
+        "cuMemAllocPitch",
+        "cuMemFree",
+        "cuMemGetInfo",
+        "cuEventDestroy",
+    ];
     let per_thread = [
         "cuLaunchKernel",
         "cuLaunchKernelEx",
@@ -104,8 +110,6 @@ fn versioned(name: &str, ptsz: bool) -> String {
     ];
     if name == "cuMemcpyDtoH" {
         format!("{name}_v2{}", if ptsz { "_ptds" } else { "" })
-    } else if name == "cuEventDestroy" {
-        format!("{name}_v2")
     } else if v2.contains(&name) {
         format!("{name}_v2")
     } else if ptsz && per_thread.contains(&name) {
