@@ -370,6 +370,17 @@ impl Drop for Gemini {
     }
 }
 
+/// `gem-workload` arguments for a training loop: a step of 20 kernels of
+/// 1 ms, then `cuCtxSynchronize` for them.
+pub const TRAINING_STEP: &[&str] = &[
+    "--iter-kernels",
+    "20",
+    "--kernel-us",
+    "1000",
+    "--wait",
+    "ctx",
+];
+
 /// A share scenario: groups `(MinUtil, MaxUtil)` on one simulated device,
 /// each running `procs` copies of `gem-workload` with `args` (its
 /// workload shape) under the hook, for `seconds`.

@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use gemini_tests::{Gemini, Scenario, SimEnv, field, now_ns, reports};
+use gemini_tests::{Gemini, Scenario, SimEnv, TRAINING_STEP, field, now_ns, reports};
 use std::process::Stdio;
 
 const SEC: u64 = 1_000_000_000;
@@ -34,14 +34,7 @@ fn min_util_holds(args: &[&str]) {
 /// The reported bug: 20 kernels then cuCtxSynchronize gave 0.49 / 0.49.
 #[test]
 fn one_process_per_group_that_synchronises_every_step_gets_its_min_util() {
-    min_util_holds(&[
-        "--iter-kernels",
-        "20",
-        "--kernel-us",
-        "1000",
-        "--wait",
-        "ctx",
-    ]);
+    min_util_holds(TRAINING_STEP);
 }
 
 /// `loss.item()`: a blocking copy back to the host, through the `_ptds`
@@ -86,18 +79,10 @@ fn threads_waiting_on_events_of_their_own_streams_are_not_idle() {
 fn a_process_idle_between_steps_gives_the_device_away() {
     let g = Gemini::start(SimEnv::default(), "[lo]\nMinUtil=0.3\n[hi]\nMinUtil=0.7\n");
     let t0 = now_ns();
-    let step = [
-        "--iter-kernels",
-        "20",
-        "--kernel-us",
-        "1000",
-        "--wait",
-        "ctx",
-    ];
     let spawn = |group: &str, extra: &[&str]| {
         let mut c = g.hooked(g.sim.workload(), group);
         c.args(["--seconds", "8"])
-            .args(step)
+            .args(TRAINING_STEP)
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

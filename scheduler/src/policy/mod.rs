@@ -820,22 +820,20 @@ impl Policy {
         // device to others in short tokens only, so it waits at most one
         // of them when it returns.
         let owed_away = class != 0 && {
-            let chosen = clients
-                .get(&dev.waiters[i].client)
-                .map(|c| c.group.as_str());
-            let waiting: Vec<&str> = dev
-                .waiters
-                .iter()
-                .filter_map(|w| clients.get(&w.client).map(|c| c.group.as_str()))
-                .collect();
+            let waiters = &dev.waiters;
+            // The chosen waiter's own group is among the waiting ones.
+            let waiting = |name: &str| {
+                waiters
+                    .iter()
+                    .any(|w| clients.get(&w.client).is_some_and(|c| c.group == name))
+            };
             dev.groups.iter_mut().any(|(name, g)| {
                 let min_util = match config.groups.get(name).or_else(|| retired.get(name)) {
                     Some(cfg) => cfg.min_util,
                     None => return false,
                 };
-                Some(name.as_str()) != chosen
-                    && !waiting.contains(&name.as_str())
-                    && min_util > 0.0
+                min_util > 0.0
+                    && !waiting(name)
                     && !g.usage.is_empty(now, params.window)
                     && g.share(now, params.window) < min_util
             })

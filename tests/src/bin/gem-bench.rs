@@ -251,17 +251,7 @@ fn share_accuracy(t: &mut Table) {
 /// The workload shapes of the share matrix: what real programs do between
 /// launches (`gem-workload` arguments).
 pub const SHAPES: &[(&str, &[&str])] = &[
-    (
-        "(a) 20×1 ms, cuCtxSynchronize",
-        &[
-            "--iter-kernels",
-            "20",
-            "--kernel-us",
-            "1000",
-            "--wait",
-            "ctx",
-        ],
-    ),
+    ("(a) 20×1 ms, cuCtxSynchronize", gemini_tests::TRAINING_STEP),
     (
         "(a) 20×1 ms, cuStreamSynchronize",
         &[

@@ -9,7 +9,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use gemini_scheduler::policy::entitlements;
-use gemini_tests::{Gemini, SimEnv, bin, field, now_ns, reports};
+use gemini_tests::{Gemini, SimEnv, TRAINING_STEP, bin, field, now_ns, reports};
 use std::process::{Command, Stdio};
 
 const SEC: u64 = 1_000_000_000;
@@ -89,18 +89,10 @@ fn main() {
     println!(
         "\n3. one process per group, each a training loop: 20 kernels of 1 ms, then wait for them (cuCtxSynchronize), again and again"
     );
-    let step = [
-        "--iter-kernels",
-        "20",
-        "--kernel-us",
-        "1000",
-        "--wait",
-        "ctx",
-    ];
     let t0 = now_ns();
     let (a, b) = (
-        workload_with(&g, "train", "10", &step),
-        workload_with(&g, "notebook", "10", &step),
+        workload_with(&g, "train", "10", TRAINING_STEP),
+        workload_with(&g, "notebook", "10", TRAINING_STEP),
     );
     let (oa, ob) = (
         a.wait_with_output().expect("train"),
