@@ -1,8 +1,10 @@
 //! The holder at work. Per device: a *compute* thread that, while the
 //! device is held, takes the shortest tokens the scheduler gives (one
-//! kernel each; a real client waiting always goes first) and runs spin
-//! kernels at a duty cycle steered by measured utilisation toward
-//! `--hold-util`; and one *orders* thread that long-polls the scheduler,
+//! kernel each, two when holding the device full; each token goes back as
+//! soon as its kernels are queued, so a real client waiting always goes
+//! first) and keeps at most three spin kernels queued, paced by credit at
+//! a duty cycle steered by measured utilisation toward `--hold-util`; and
+//! one *orders* thread that long-polls the scheduler,
 //! tells idle devices from its activity reports and the device's memory,
 //! takes and holds memory in chunks, and gives it back when ordered.
 //!
@@ -27,6 +29,10 @@ use std::time::{Duration, Instant};
 const POLL: Duration = Duration::from_millis(100);
 /// How often the duty cycle is corrected from measured utilisation.
 const CONTROL_PERIOD: Duration = Duration::from_millis(200);
+/// The most device time a paced holder catches up after a stall.
+const MAX_CREDIT: Duration = Duration::from_millis(100);
+/// How far the steered duty cycle may move from the target.
+const STEER_RANGE: f64 = 0.25;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -202,17 +208,17 @@ impl Engine {
         // Kernels launched and not yet known to be finished, oldest first.
         let mut in_flight: std::collections::VecDeque<cudarc::driver::CudaEvent> =
             Default::default();
-        let mut holding_token = false;
         let mut last_control = Instant::now();
+        // Device time earned and not yet spent, below full (ns).
+        let mut credit_ns = 0.0f64;
+        let mut paced_at = Instant::now();
         while !self.exit.load(Ordering::Relaxed) {
             if !d.holding.load(Ordering::Relaxed) {
-                if holding_token {
-                    release_token(&mut sched, d.index, 0);
-                    holding_token = false;
-                }
                 for e in in_flight.drain(..) {
                     let _ = e.synchronize();
                 }
+                credit_ns = 0.0;
+                paced_at = Instant::now();
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -230,29 +236,37 @@ impl Engine {
             // trips are slow (an idle VM's CPUs wake up slowly).
             let full = target >= 0.999;
             let batch: u64 = if full { 2 } else { 1 };
-            let used_us = if holding_token {
-                batch * kernel_ns / 1000
-            } else {
-                0
-            };
+            // Below full, kernels are paced by credit earned at the duty
+            // cycle. Kernels stay queued either way (at most three), so a
+            // stall of this thread (a busy or oversubscribed CPU) does not
+            // stop the device at once, and the credit earned meanwhile is
+            // spent after it: the average stays at the duty cycle.
+            let now = Instant::now();
+            credit_ns = (credit_ns + duty * now.duration_since(paced_at).as_nanos() as f64)
+                .min(MAX_CREDIT.as_nanos() as f64);
+            paced_at = now;
+            let need = (batch * kernel_ns) as f64;
+            if !full && credit_ns < need {
+                let short = (need - credit_ns) / duty.max(0.01);
+                std::thread::sleep(Duration::from_nanos(short as u64));
+                continue;
+            }
+            // The last token was given back with its use reported.
             let req = Request::AcquireToken {
                 device: d.index,
-                used_us,
+                used_us: 0,
                 burst_us: batch * kernel_ns / 1000,
             };
             match sched.call(&req, Duration::from_secs(5), &[]) {
-                Ok(Reply::Token { .. }) => holding_token = true,
+                Ok(Reply::Token { .. }) => {}
                 _ => {
-                    holding_token = false;
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
             }
-            let launched = Instant::now();
-            let mut evs = Vec::with_capacity(batch as usize);
             for _ in 0..batch {
                 match d.gpu.spin(kernel_ns) {
-                    Ok(ev) => evs.push(ev),
+                    Ok(ev) => in_flight.push_back(ev),
                     Err(e) => {
                         eprintln!("gem-holder: device {}: kernel launch failed: {e}", d.index);
                         std::thread::sleep(Duration::from_secs(1));
@@ -260,34 +274,17 @@ impl Engine {
                     }
                 }
             }
-            if !full {
-                let Some(ev) = evs.pop() else { continue };
-                // Below full: let the kernel finish (so the time reported
-                // is the time used), give the token back and rest, one
-                // period per kernel.
-                let _ = ev.synchronize();
-                release_token(&mut sched, d.index, kernel_ns / 1000);
-                holding_token = false;
-                let period = Duration::from_nanos((kernel_ns as f64 / duty.max(0.01)) as u64);
-                let rest = period.saturating_sub(launched.elapsed());
-                std::thread::sleep(rest);
-            } else {
-                // Full: give the token back before waiting for anything (a
-                // real client asking meanwhile gets the device at once, its
-                // kernels queued behind the holder's few), and keep at most
-                // three kernels queued while the next token is asked for.
-                in_flight.extend(evs);
-                release_token(&mut sched, d.index, batch * kernel_ns / 1000);
-                holding_token = false;
-                while in_flight.len() > 3 {
-                    if let Some(e) = in_flight.pop_front() {
-                        let _ = e.synchronize();
-                    }
+            credit_ns -= need;
+            // Give the token back before waiting for anything (a real
+            // client asking meanwhile gets the device at once, its kernels
+            // queued behind the holder's few), and keep at most three
+            // kernels queued while the next token is asked for.
+            release_token(&mut sched, d.index, batch * kernel_ns / 1000);
+            while in_flight.len() > 3 {
+                if let Some(e) = in_flight.pop_front() {
+                    let _ = e.synchronize();
                 }
             }
-        }
-        if holding_token {
-            release_token(&mut sched, d.index, 0);
         }
     }
 
@@ -303,7 +300,12 @@ impl Engine {
             return;
         };
         f64_store(&d.util, u);
-        let duty = (f64_load(&d.duty) + 0.5 * (target - u)).clamp(0.01, 1.0);
+        // Pacing by credit already makes up for stalls; the loop only
+        // corrects a steady bias, so it moves gently and stays near the
+        // target (a stall must not wind it up into overshoot).
+        let lo = (target - STEER_RANGE).max(0.01);
+        let hi = (target + STEER_RANGE).min(1.0);
+        let duty = (f64_load(&d.duty) + 0.25 * (target - u)).clamp(lo, hi);
         f64_store(&d.duty, duty);
     }
 
