@@ -9,6 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod cpu;
 pub mod soak;
 
 pub use fakecuda_log::{Busy, busy, now_ns};

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use gemini_tests::cpu::{MAX_STEAL, unstarved};
 use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -70,17 +71,26 @@ fn idle_device_is_held_at_the_target_utilisation() {
     // The targets (±2 pp of hold-util, ≥ 97 % busy) are measured by `make
     // bench`; a test must not flake on a loaded 2-core VM, so it checks the
     // behaviour — steered to the target, the device kept busy — with room.
-    for (util, lo, hi) in [("0.5", 0.42, 0.58), ("1.0", 0.88, 1.0)] {
+    // Below full, the holder makes up for stalls of its own thread (see
+    // gem-holder's pacing), measured to hold 0.47–0.51 with a quarter of
+    // the CPU time stolen by the host; full, it cannot: the device idles
+    // once its few queued kernels have run.
+    for (util, lo, hi, max_steal) in [("0.5", 0.42, 0.58, 0.25), ("1.0", 0.88, 1.0, MAX_STEAL)] {
         let h = start_holder(&g, &["--hold-util", util, "--hold-mem", "1GiB"]);
         std::thread::sleep(Duration::from_secs(2));
-        let t0 = now_ns();
-        std::thread::sleep(Duration::from_secs(3));
-        let busy = g.sim.busy(0, t0, t0 + 3 * SEC).device_share();
-        eprintln!("hold-util {util}: device busy {busy:.3}");
-        assert!(
-            (lo..=hi).contains(&busy),
-            "hold-util {util}: device busy {busy:.3}"
-        );
+        let what = format!("hold-util {util}");
+        let busy = unstarved(&what, max_steal, 3, || {
+            let t0 = now_ns();
+            std::thread::sleep(Duration::from_secs(3));
+            g.sim.busy(0, t0, t0 + 3 * SEC).device_share()
+        });
+        if let Some(busy) = busy {
+            eprintln!("hold-util {util}: device busy {busy:.3}");
+            assert!(
+                (lo..=hi).contains(&busy),
+                "hold-util {util}: device busy {busy:.3}"
+            );
+        }
         drop(h);
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -94,30 +104,37 @@ fn a_real_client_takes_the_device_from_the_holder_within_milliseconds() {
     // Bursts of 20 ms every 150 ms: each one arrives at a device the
     // holder has taken back in between.
     let bursts = g.sim.path().join("bursts.txt");
-    let mut c = g.hooked(g.sim.workload(), "a");
-    c.args([
-        "--seconds",
-        "8",
-        "--kernel-us",
-        "500",
-        "--burst-ms",
-        "20",
-        "--gap-ms",
-        "130",
-    ])
-    .arg("--bursts-file")
-    .arg(&bursts);
-    let out = run_ok(c);
-    let pid = field(&reports(&out.stdout)[0], "pid") as u32;
-    let recs = fakecuda_log::read(&g.sim.sim_dir(), 0).unwrap();
-    let mut waits = gemini_tests::first_kernel_waits(&g.sim, 0, pid, &bursts);
+    let run = || {
+        let mut c = g.hooked(g.sim.workload(), "a");
+        c.args([
+            "--seconds",
+            "8",
+            "--kernel-us",
+            "500",
+            "--burst-ms",
+            "20",
+            "--gap-ms",
+            "130",
+        ])
+        .arg("--bursts-file")
+        .arg(&bursts);
+        let out = run_ok(c);
+        let pid = field(&reports(&out.stdout)[0], "pid") as u32;
+        let recs = fakecuda_log::read(&g.sim.sim_dir(), 0).unwrap();
+        let waits = gemini_tests::first_kernel_waits(&g.sim, 0, pid, &bursts);
+        // How long the holder ran (between the bursts).
+        let holder_busy: u64 = recs
+            .iter()
+            .filter(|r| r.pid != pid)
+            .map(|r| r.end - r.start)
+            .sum();
+        (waits, holder_busy)
+    };
+    let Some((mut waits, holder_busy)) = unstarved("first-kernel waits", MAX_STEAL, 3, run) else {
+        return;
+    };
     assert!(waits.len() >= 30, "{} arrivals", waits.len());
     // The holder really was running between the bursts.
-    let holder_busy: u64 = recs
-        .iter()
-        .filter(|r| r.pid != pid)
-        .map(|r| r.end - r.start)
-        .sum();
     assert!(holder_busy > 2 * SEC, "holder ran {} ms", holder_busy / MS);
     waits.sort_unstable();
     // The target (p99 ≤ 5 ms) is measured by `make bench`. Here: most
@@ -148,12 +165,15 @@ fn a_busy_real_client_gets_its_full_entitlement_beside_the_holder() {
     let _serial = serial();
     let g = Gemini::start(SimEnv::default(), "[a]\n");
     let _h = start_holder(&g, &["--hold-util", "1.0", "--hold-mem", "1GiB"]);
-    let mut c = g.hooked(g.sim.workload(), "a");
-    c.args(["--seconds", "4", "--kernel-us", "500"]);
-    let t0 = now_ns();
-    let out = run_ok(c);
-    let pid = field(&reports(&out.stdout)[0], "pid") as u32;
-    let share = g.sim.busy(0, t0 + SEC, t0 + 4 * SEC).share(pid);
+    let share = unstarved("client beside the holder", MAX_STEAL, 3, || {
+        let mut c = g.hooked(g.sim.workload(), "a");
+        c.args(["--seconds", "4", "--kernel-us", "500"]);
+        let t0 = now_ns();
+        let out = run_ok(c);
+        let pid = field(&reports(&out.stdout)[0], "pid") as u32;
+        g.sim.busy(0, t0 + SEC, t0 + 4 * SEC).share(pid)
+    });
+    let Some(share) = share else { return };
     eprintln!("client share beside the holder: {share:.3}");
     assert!(share >= 0.95, "client got {share:.3}");
 }

@@ -703,6 +703,7 @@ fn main() {
     eprintln!("gem-bench on {machine}");
     let mut t = Table(Vec::new());
     let started = Instant::now();
+    let cpu_before = gemini_tests::cpu::CpuTimes::now();
     // `--only a,b` runs some of: fast, shares, shapes, holder, policy, rss.
     let only: Option<Vec<String>> = std::env::args()
         .skip_while(|a| a != "--only")
@@ -734,11 +735,17 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     let table = t.markdown();
+    let steal = gemini_tests::cpu::CpuTimes::now().steal_since(&cpu_before);
     println!("\n{table}");
-    println!("(took {:.0} s)", started.elapsed().as_secs_f64());
+    println!(
+        "(took {:.0} s; the host took {:.1} % of the CPU time)",
+        started.elapsed().as_secs_f64(),
+        steal * 100.0
+    );
     if let Some(path) = write {
+        let steal_pct = steal * 100.0;
         let doc = format!(
-            "# Benchmarks\n\nMeasured by `make bench` on {date} (commit {commit}), on {machine}, with the driver simulator (no GPU).\nEach row is a target of DESIGN.md; `make bench` re-measures them all.\n\n{table}\nNotes:\n\n- Shares are measured from the simulator's busy log (the device side), not from the scheduler's accounting.\n- The simulator's launch takes about 1 µs, so the hooked/un-hooked ratio is lower than on a real GPU, where launches take several µs; the added nanoseconds are the hook's own.\n- Real-GPU figures are in `docs/gpu-results.md` (`make test-gpu`).\n"
+            "# Benchmarks\n\nMeasured by `make bench` on {date} (commit {commit}), on {machine}, with the driver simulator (no GPU); the VM's host took {steal_pct:.1} % of its CPU time (steal) during the run.\nEach row is a target of DESIGN.md; `make bench` re-measures them all.\n\n{table}\nNotes:\n\n- Shares are measured from the simulator's busy log (the device side), not from the scheduler's accounting.\n- The simulator's launch takes about 1 µs, so the hooked/un-hooked ratio is lower than on a real GPU, where launches take several µs; the added nanoseconds are the hook's own.\n- Real-GPU figures are in `docs/gpu-results.md` (`make test-gpu`).\n"
         );
         std::fs::write(&path, doc).unwrap();
         eprintln!("wrote {path}");
