@@ -439,10 +439,16 @@ fn shape_matrix(t: &mut Table) {
         if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
             continue;
         }
+        let cpu = gemini_tests::cpu::CpuTimes::now();
         let alone = demand(args);
+        let steal = gemini_tests::cpu::CpuTimes::now().steal_since(&cpu);
         t.row(
             format!("{name}: one process alone, no hook"),
-            format!("device {:.1} %", alone * 100.0),
+            format!(
+                "device {:.1} %; host steal {:.0} %",
+                alone * 100.0,
+                steal * 100.0
+            ),
             "",
         );
         for (m, (groups, procs)) in MIXES.iter().enumerate() {
@@ -456,7 +462,9 @@ fn shape_matrix(t: &mut Table) {
                 seconds: secs,
                 skip: 2.0,
             };
+            let cpu = gemini_tests::cpu::CpuTimes::now();
             let o = s.run();
+            let steal = gemini_tests::cpu::CpuTimes::now().steal_since(&cpu);
             let asks = vec![(alone * *procs as f64).min(1.0); groups.len()];
             let want = entitled(groups, &asks);
             let worst = o
@@ -479,12 +487,13 @@ fn shape_matrix(t: &mut Table) {
                     mins.join("/")
                 ),
                 format!(
-                    "{} {worst:.1} pp (got {}, entitled {}), device {:.1} % of {:.1} % asked",
+                    "{} {worst:.1} pp (got {}, entitled {}), device {:.1} % of {:.1} % asked; host steal {:.0} %",
                     if worst <= 2.0 { "ok" } else { "MISSED" },
                     fmt(&o.got),
                     fmt(&want),
                     o.busy * 100.0,
-                    asks.iter().sum::<f64>().min(1.0) * 100.0
+                    asks.iter().sum::<f64>().min(1.0) * 100.0,
+                    steal * 100.0
                 ),
                 "±2 pp; device ≥ 97 % of what is asked",
             );
