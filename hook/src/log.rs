@@ -33,11 +33,13 @@ pub fn line(args: std::fmt::Arguments<'_>) {
     unsafe { libc::write(2, buf.as_ptr().cast(), n + 1) };
 }
 
-/// Verbose-only line.
+/// Verbose-only line, stamped with `CLOCK_MONOTONIC` in ms (the clock of
+/// the simulator's busy log, to line the two up).
 macro_rules! debug {
     ($($t:tt)*) => {
         if $crate::log::verbose() {
-            $crate::log::line(format_args!($($t)*));
+            let ms = $crate::gate::now_ns() as f64 / 1e6;
+            $crate::log::line(format_args!("{ms:.3} {}", format_args!($($t)*)));
         }
     };
 }
