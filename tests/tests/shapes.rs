@@ -109,14 +109,29 @@ fn a_process_idle_between_steps_gives_the_device_away() {
         );
         assert!(lo.status.success() && hi.status.success());
         let pid = |o: &std::process::Output| field(&reports(&o.stdout)[0], "pid") as u32;
-        let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + 8 * SEC);
+        let (lo, hi) = (pid(&lo), pid(&hi));
+        let (from, to) = (t0 + 2 * SEC, t0 + 8 * SEC);
+        let busy = g.sim.busy(0, from, to);
+        // Every hand-over from hi, going quiet after its step, to lo: how
+        // long the device stood idle in between.
+        let mut recs = fakecuda_log::read(&g.sim.sim_dir(), 0).unwrap();
+        recs.retain(|r| r.start >= from && r.end <= to);
+        recs.sort_by_key(|r| r.start);
+        let mut handovers: Vec<u64> = recs
+            .windows(2)
+            .filter(|w| w[0].pid == hi && w[1].pid == lo)
+            .map(|w| w[1].start.saturating_sub(w[0].end))
+            .collect();
+        handovers.sort_unstable();
         (
-            busy.share(pid(&lo)),
-            busy.share(pid(&hi)),
+            busy.share(lo),
+            busy.share(hi),
             busy.device_share(),
+            handovers,
         )
     };
-    let Some((s_lo, s_hi, device)) = unstarved("idle between steps", MAX_STEAL, 2, run) else {
+    let Some((s_lo, s_hi, device, handovers)) = unstarved("idle between steps", MAX_STEAL, 2, run)
+    else {
         return;
     };
     // hi asks for 20 / 70 of the device and is owed it (MinUtil 0.7).
@@ -127,14 +142,21 @@ fn a_process_idle_between_steps_gives_the_device_away() {
         s_hi >= 0.20,
         "the idle-between-steps group got {s_hi:.3}, asks ~0.28"
     );
-    // Before the gate predicted the quiet time after a wait, the device
-    // idled through GEMINI_IDLE_MS of every gap: 0.77 busy. The 97 %
-    // target is measured by `make bench`: here every token handed over
-    // costs a round trip with the device idle (~0.9 ms median on a 2-core
-    // VM, 8-10 ms at p90 when the host deschedules a vCPU), and this
-    // pattern hands over about 45 times a second.
+    // hi gives the device away as its wait returns, not after holding it
+    // idle for GEMINI_IDLE_MS (5 ms; the device was 0.77 busy then): the
+    // usual hand-over costs a round trip. The median, because a host that
+    // deschedules a vCPU stretches single hand-overs to 10 ms and more;
+    // the 97 % busy target is measured by `make bench`.
+    assert!(handovers.len() >= 40, "{} hand-overs", handovers.len());
+    let median = handovers[handovers.len() / 2];
+    eprintln!(
+        "hand-over from the idle group: median {} us; device busy {device:.3}",
+        median / 1000
+    );
     assert!(
-        device >= 0.88,
-        "device busy {device:.3} (lo {s_lo:.3}, hi {s_hi:.3}): an idle process kept the device"
+        median < 2_500_000,
+        "hand-over median {} us (lo {s_lo:.3}, hi {s_hi:.3}, device {device:.3}): \
+         the idle process kept the device",
+        median / 1000
     );
 }
