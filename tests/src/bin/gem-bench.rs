@@ -425,6 +425,36 @@ fn entitled(groups: &[(f64, f64)], demand: &[f64]) -> Vec<f64> {
     e.iter().zip(&bounds).map(|(x, b)| x.min(b.1)).collect()
 }
 
+/// Attempts per shape row where the host takes the CPU (see
+/// `gemini_tests::cpu`): `GEM_BENCH_TRIES`, default 3.
+fn tries() -> u32 {
+    std::env::var("GEM_BENCH_TRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1)
+}
+
+/// Runs `measure` until the host took at most `MAX_STEAL` of the CPU time
+/// meanwhile (at most `tries()` runs) and returns that result, or else the
+/// least starved one, with the steal it was taken under.
+fn least_starved<T>(mut measure: impl FnMut() -> T) -> (T, f64) {
+    use gemini_tests::cpu::{CpuTimes, MAX_STEAL};
+    let mut best: Option<(T, f64)> = None;
+    for _ in 0..tries() {
+        let before = CpuTimes::now();
+        let result = measure();
+        let steal = CpuTimes::now().steal_since(&before);
+        if best.as_ref().is_none_or(|(_, s)| steal < *s) {
+            best = Some((result, steal));
+        }
+        if steal <= MAX_STEAL {
+            break;
+        }
+    }
+    best.expect("at least one run")
+}
+
 /// Shares for every workload shape × mix, against the entitlement.
 fn shape_matrix(t: &mut Table) {
     let secs: f64 = std::env::var("GEM_BENCH_SECONDS")
@@ -439,9 +469,7 @@ fn shape_matrix(t: &mut Table) {
         if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
             continue;
         }
-        let cpu = gemini_tests::cpu::CpuTimes::now();
-        let alone = demand(args);
-        let steal = gemini_tests::cpu::CpuTimes::now().steal_since(&cpu);
+        let (alone, steal) = least_starved(|| demand(args));
         t.row(
             format!("{name}: one process alone, no hook"),
             format!(
@@ -462,9 +490,7 @@ fn shape_matrix(t: &mut Table) {
                 seconds: secs,
                 skip: 2.0,
             };
-            let cpu = gemini_tests::cpu::CpuTimes::now();
-            let o = s.run();
-            let steal = gemini_tests::cpu::CpuTimes::now().steal_since(&cpu);
+            let (o, steal) = least_starved(|| s.run());
             let asks = vec![(alone * *procs as f64).min(1.0); groups.len()];
             let want = entitled(groups, &asks);
             let worst = o
