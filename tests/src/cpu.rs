@@ -72,44 +72,64 @@ pub fn unstarved<T: std::fmt::Debug>(
     }
 }
 
-/// Like [`unstarved`], but returns the last result even where every run
-/// was starved, with whether it counts: a bound that starving cannot
-/// break (a cap: a starved program only gets less) is checked on it
-/// either way.
+/// Like [`unstarved`], but returns a result even where every run was
+/// starved (the least starved), with whether it counts: a bound that
+/// starving cannot break (a cap: a starved program only gets less) is
+/// checked on it either way.
 pub fn measured<T: std::fmt::Debug>(
     what: &str,
     max_steal: f64,
     tries: u32,
-    mut measure: impl FnMut() -> T,
+    measure: impl FnMut() -> T,
 ) -> (T, bool) {
-    let mut attempt = 1;
-    loop {
-        let before = CpuTimes::now();
-        let result = measure();
-        let steal = CpuTimes::now().steal_since(&before);
-        if steal <= max_steal {
-            return (result, true);
-        }
+    let (result, steal) = least_starved(max_steal, tries, measure, |attempt, steal, result| {
         eprintln!(
             "{what}: the host took {:.0} % of the CPU time (more than {:.0} %): \
              measurement {attempt} of {tries} ({result:.3?}) is void",
             steal * 100.0,
             max_steal * 100.0
         );
-        if attempt >= tries {
-            // Straight to the process's stderr, past the test harness's
-            // capture: a measurement not taken must show in the log of a
-            // passing run.
-            let _ = writeln!(
-                std::io::stderr(),
-                "{what}: NOT MEASURED: the host took more than {:.0} % of the CPU time in every attempt",
-                max_steal * 100.0
-            );
-            return (result, false);
-        }
-        attempt += 1;
-        std::thread::sleep(Duration::from_secs(1));
+    });
+    if steal <= max_steal {
+        return (result, true);
     }
+    // Straight to the process's stderr, past the test harness's capture:
+    // a measurement not taken must show in the log of a passing run.
+    let _ = writeln!(
+        std::io::stderr(),
+        "{what}: NOT MEASURED: the host took more than {:.0} % of the CPU time in every attempt",
+        max_steal * 100.0
+    );
+    (result, false)
+}
+
+/// Runs `measure` until the host took at most `max_steal` of the CPU time
+/// meanwhile (at most `tries` runs, at least one) and returns that result,
+/// or else the least starved one, with the steal it was taken under.
+/// `void` hears of each run that did not count.
+pub fn least_starved<T>(
+    max_steal: f64,
+    tries: u32,
+    mut measure: impl FnMut() -> T,
+    mut void: impl FnMut(u32, f64, &T),
+) -> (T, f64) {
+    let mut best: Option<(T, f64)> = None;
+    for attempt in 1..=tries.max(1) {
+        let before = CpuTimes::now();
+        let result = measure();
+        let steal = CpuTimes::now().steal_since(&before);
+        if steal <= max_steal {
+            return (result, steal);
+        }
+        void(attempt, steal, &result);
+        if best.as_ref().is_none_or(|(_, s)| steal < *s) {
+            best = Some((result, steal));
+        }
+        if attempt < tries {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    best.expect("at least one run")
 }
 
 #[cfg(test)]
@@ -148,12 +168,12 @@ mod tests {
             runs
         });
         assert_eq!((got, runs), (None, 3));
-        // The last result comes back, marked as not counting.
+        // A result comes back, marked as not counting.
         let mut runs = 0;
-        let got = measured("test", -1.0, 2, || {
+        let (got, counts) = measured("test", -1.0, 2, || {
             runs += 1;
             runs
         });
-        assert_eq!(got, (2, false));
+        assert!(!counts && (1..=2).contains(&got) && runs == 2);
     }
 }

@@ -435,24 +435,9 @@ fn tries() -> u32 {
         .max(1)
 }
 
-/// Runs `measure` until the host took at most `MAX_STEAL` of the CPU time
-/// meanwhile (at most `tries()` runs) and returns that result, or else the
-/// least starved one, with the steal it was taken under.
-fn least_starved<T>(mut measure: impl FnMut() -> T) -> (T, f64) {
-    use gemini_tests::cpu::{CpuTimes, MAX_STEAL};
-    let mut best: Option<(T, f64)> = None;
-    for _ in 0..tries() {
-        let before = CpuTimes::now();
-        let result = measure();
-        let steal = CpuTimes::now().steal_since(&before);
-        if best.as_ref().is_none_or(|(_, s)| steal < *s) {
-            best = Some((result, steal));
-        }
-        if steal <= MAX_STEAL {
-            break;
-        }
-    }
-    best.expect("at least one run")
+/// `gemini_tests::cpu::least_starved` with the bench's tries.
+fn least_starved<T>(measure: impl FnMut() -> T) -> (T, f64) {
+    gemini_tests::cpu::least_starved(gemini_tests::cpu::MAX_STEAL, tries(), measure, |_, _, _| {})
 }
 
 /// Shares for every workload shape × mix, against the entitlement.
