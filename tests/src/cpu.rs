@@ -9,6 +9,7 @@
 //! [`MAX_STEAL`]) is void and is taken again.
 
 use std::io::Write;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 /// The most CPU time the host may take during a timing measurement that
@@ -55,6 +56,15 @@ impl CpuTimes {
         }
         self.steal.saturating_sub(earlier.steal) as f64 / total as f64
     }
+}
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Held by a test while it measures timing: such tests of one test binary
+/// run one at a time, since two measuring together on a 2-core machine
+/// would measure each other (each test binary has its own lock).
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Runs `measure` until one run is not starved (the host took at most

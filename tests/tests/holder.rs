@@ -5,20 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use gemini_tests::cpu::{MAX_STEAL, unstarved};
+use gemini_tests::cpu::{MAX_STEAL, serial, unstarved};
 use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 const SEC: u64 = 1_000_000_000;
-
-/// The holder's figures depend on getting CPU time promptly: these tests
-/// run one at a time rather than two holders competing for two cores.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 const MS: u64 = 1_000_000;
 
 struct Holder {

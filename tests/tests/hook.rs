@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use gemini_tests::cpu::{CpuTimes, MAX_STEAL, measured, unstarved};
+use gemini_tests::cpu::{CpuTimes, MAX_STEAL, measured, serial, unstarved};
 use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
 use std::io::Write as _;
 use std::process::{Child, Command, Output, Stdio};
@@ -81,14 +81,6 @@ fn assert_capped(what: &str, got: f64, cap: f64, tol: f64, counts: bool) {
 }
 
 const TWO_GROUPS: &str = "[a]\nMinUtil=0.3\n[b]\nMinUtil=0.7\n";
-
-/// Tests that measure shares or caps run one at a time: two of them
-/// together on a 2-core machine would measure each other.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Two saturating groups 0.3 / 0.7 for 8 s, measured over the last 6 (again
 /// where the host starved the machine meanwhile).

@@ -7,20 +7,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use gemini_tests::cpu::{MAX_STEAL, unstarved};
+use gemini_tests::cpu::{MAX_STEAL, serial, unstarved};
 use gemini_tests::{Gemini, Scenario, SimEnv, TRAINING_STEP, field, now_ns, reports};
 use std::process::Stdio;
 
 const SEC: u64 = 1_000_000_000;
 const TOL: f64 = 0.05;
-
-/// Each test runs two or more busy processes: run together on a 2-core
-/// machine they would measure each other, so they run one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn min_util_holds(args: &[&str]) {
     let _serial = serial();
