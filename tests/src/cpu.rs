@@ -48,6 +48,22 @@ impl CpuTimes {
         })
     }
 
+    /// Whether a measurement begun at `self` counts: the host took at most
+    /// [`MAX_STEAL`] of the CPU time since. Said on stderr (past the test
+    /// harness's capture) where not.
+    pub fn counts(&self, what: &str) -> bool {
+        let steal = CpuTimes::now().steal_since(self);
+        if steal <= MAX_STEAL {
+            return true;
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "{what}: NOT MEASURED against its lower bound: the host took {:.0} % of the CPU time",
+            steal * 100.0
+        );
+        false
+    }
+
     /// Share of the time since `earlier` that the host took.
     pub fn steal_since(&self, earlier: &CpuTimes) -> f64 {
         let total = self.total.saturating_sub(earlier.total);

@@ -7,7 +7,6 @@
 
 use gemini_tests::cpu::{CpuTimes, MAX_STEAL, measured, serial, unstarved};
 use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
-use std::io::Write as _;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -51,21 +50,6 @@ fn assert_share(what: &str, got: f64, want: f64, tol: f64) {
         (got - want).abs() <= tol,
         "{what}: share {got:.3}, want {want:.2} ± {tol}"
     );
-}
-
-/// Whether a measurement begun at `since` counts (the host took at most
-/// `MAX_STEAL` of the CPU time meanwhile); said on stderr where not.
-fn counted(since: &CpuTimes, what: &str) -> bool {
-    let steal = CpuTimes::now().steal_since(since);
-    if steal <= MAX_STEAL {
-        return true;
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "{what}: NOT MEASURED against its lower bound: the host took {:.0} % of the CPU time",
-        steal * 100.0
-    );
-    false
 }
 
 /// A share under a cap: never over it, starved or not (a starved program
@@ -389,7 +373,7 @@ fn scheduler_restart_leaves_workloads_running_and_capped() {
     let (ow, oc) = (finish(w), finish(c));
     let busy = g.sim.busy(0, t0 + 4 * SEC, t0 + 8 * SEC);
     let total = busy.share(pid_of(&ow)) + busy.share(pid_of(&oc));
-    let counts = counted(&cpu, "group after the restart");
+    let counts = cpu.counts("group after the restart");
     assert_capped("group after the restart", total, 0.40, 0.04, counts);
 }
 
@@ -491,7 +475,7 @@ fn devices_are_gated_separately_and_visible_devices_are_mapped() {
     let (oa, ob) = (finish(ca), finish(cb));
     let busy1 = g.sim.busy(1, t0 + SEC, t0 + 5 * SEC);
     let (sa, sb) = (busy1.share(pid_of(&oa)), busy1.share(pid_of(&ob)));
-    let counts = counted(&cpu, "the group on device 1");
+    let counts = cpu.counts("the group on device 1");
     let least = if counts { 0.1 } else { 0.0 };
     assert!(
         sa > least && sb > least,
@@ -520,7 +504,7 @@ fn threads_of_one_process_share_its_token() {
     )));
     let busy = g.sim.busy(0, t0 + SEC, t0 + 4 * SEC);
     let what = "four launching threads under MaxUtil 0.4";
-    let counts = counted(&cpu, what);
+    let counts = cpu.counts(what);
     assert_capped(what, busy.share(pid_of(&out)), 0.40, 0.04, counts);
     g.wait_status(2.0, "the process's connection gone", |s| {
         s.clients.is_empty()
