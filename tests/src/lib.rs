@@ -363,6 +363,27 @@ impl Gemini {
             .env("GEMINI_IPC_DIR", self.ipc());
         cmd
     }
+
+    /// A hooked `gem-workload` of `group` that arrives in bursts: 20 ms of
+    /// 0.5 ms kernels every 150 ms, for `seconds`, writing when each burst
+    /// began to `bursts_file` (for [`first_kernel_waits`]). Each burst finds
+    /// a device a holder has taken back in between.
+    pub fn bursty_client(&self, group: &str, seconds: &str, bursts_file: &Path) -> Command {
+        let mut c = self.hooked(self.sim.workload(), group);
+        c.args([
+            "--seconds",
+            seconds,
+            "--kernel-us",
+            "500",
+            "--burst-ms",
+            "20",
+            "--gap-ms",
+            "130",
+        ])
+        .arg("--bursts-file")
+        .arg(bursts_file);
+        c
+    }
 }
 
 impl Drop for Gemini {

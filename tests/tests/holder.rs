@@ -97,20 +97,7 @@ fn a_real_client_takes_the_device_from_the_holder_within_milliseconds() {
     // holder has taken back in between.
     let bursts = g.sim.path().join("bursts.txt");
     let run = || {
-        let mut c = g.hooked(g.sim.workload(), "a");
-        c.args([
-            "--seconds",
-            "8",
-            "--kernel-us",
-            "500",
-            "--burst-ms",
-            "20",
-            "--gap-ms",
-            "130",
-        ])
-        .arg("--bursts-file")
-        .arg(&bursts);
-        let out = run_ok(c);
+        let out = run_ok(g.bursty_client("a", "8", &bursts));
         let pid = field(&reports(&out.stdout)[0], "pid") as u32;
         let recs = fakecuda_log::read(&g.sim.sim_dir(), 0).unwrap();
         let waits = gemini_tests::first_kernel_waits(&g.sim, 0, pid, &bursts);

@@ -536,20 +536,7 @@ fn holder(t: &mut Table) {
         s.contains("\"held_bytes\": 3758096384")
     });
     let bursts = g.sim.path().join("bursts.txt");
-    let mut c = g.hooked(g.sim.workload(), "a");
-    c.args([
-        "--seconds",
-        "12",
-        "--kernel-us",
-        "500",
-        "--burst-ms",
-        "20",
-        "--gap-ms",
-        "130",
-    ])
-    .arg("--bursts-file")
-    .arg(&bursts);
-    let out = c.output().unwrap();
+    let out = g.bursty_client("a", "12", &bursts).output().unwrap();
     let pid = pid_of(&out);
     let mut waits: Vec<f64> = gemini_tests::first_kernel_waits(&g.sim, 0, pid, &bursts)
         .into_iter()
