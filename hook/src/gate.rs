@@ -35,7 +35,7 @@ use crate::state::{self, MAX_GATES, State, lock};
 use gemini_protocol::{Reply, Request};
 use std::ffi::c_void;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// `CLOCK_MONOTONIC` in ns.
@@ -81,6 +81,25 @@ pub struct Gate {
     /// Smoothed quiet time between a wait returning and the next launch
     /// (ns), each sample capped at four idle thresholds.
     gap_avg: AtomicU64,
+    /// The token is lent (another group is owed the device and will be
+    /// back): launches are admitted only while the work queued is
+    /// predicted to end within the quota.
+    lent: AtomicBool,
+    /// Predicted end of the work queued under a lent token (ns).
+    queued_end: AtomicU64,
+    /// Smoothed device time per launch (ns), learned from waits that
+    /// returned with the work done; 0: not known yet.
+    kernel_ns: AtomicU64,
+    /// Wait calls entered (launches = `entered` - `waits`).
+    waits: AtomicU64,
+    /// First launch after the last wait (ns; 0: none since), with the
+    /// launches and the blocked time counted before it.
+    sample_start: AtomicU64,
+    sample_launches: AtomicU64,
+    sample_blocked: AtomicU64,
+    /// Time spent waiting for a grant with none of this process's work
+    /// on the device (ns, cumulative): not device time of its launches.
+    blocked: AtomicU64,
     /// Held by whoever is acquiring or releasing the token.
     slow: Mutex<()>,
 }
@@ -128,7 +147,9 @@ pub fn admit() -> Result<InCall, CUresult> {
         if g.wait_exit.load(Ordering::Relaxed) != 0 {
             g.learn_gap(now, st);
         }
-        if now < g.deadline.load(Ordering::Acquire) {
+        if now < g.deadline.load(Ordering::Acquire)
+            && (!g.lent.load(Ordering::Relaxed) || g.queue_ahead(now))
+        {
             g.entered.fetch_add(1, Ordering::AcqRel);
             return Ok(InCall(Some(g)));
         }
@@ -151,21 +172,102 @@ impl Gate {
         let gap = now.saturating_sub(exit).min(cap);
         let avg = self.gap_avg.load(Ordering::Relaxed);
         self.gap_avg.store((avg + gap) / 2, Ordering::Relaxed);
+        if self.sample_start.load(Ordering::Relaxed) == 0 {
+            self.sample_launches
+                .store(self.launches(), Ordering::Relaxed);
+            self.sample_blocked
+                .store(self.blocked.load(Ordering::Relaxed), Ordering::Relaxed);
+            self.sample_start.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Launches admitted so far.
+    fn launches(&self) -> u64 {
+        let entered = self.entered.load(Ordering::Acquire);
+        entered.saturating_sub(self.waits.load(Ordering::Acquire))
+    }
+
+    /// Under a lent token: whether one more launch, queued behind the work
+    /// already queued, is predicted to end within the quota (and counts it
+    /// if so). Always true while the device time per launch is unknown,
+    /// and for a launch onto an empty queue (a kernel longer than the
+    /// token runs and is accounted as overuse).
+    #[inline]
+    fn queue_ahead(&self, now: u64) -> bool {
+        let per = self.kernel_ns.load(Ordering::Relaxed);
+        if per == 0 {
+            return true;
+        }
+        let queued = self.queued_end.load(Ordering::Relaxed);
+        let end = queued.max(now) + per;
+        if queued > now && end > self.quota_end.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.queued_end.store(end, Ordering::Relaxed);
+        true
+    }
+
+    /// A wait returned with the work launched before it done and no other
+    /// call in flight: learn the device time per launch from the launches
+    /// since the sample began (the time blocked for a token left out).
+    fn learn_kernel(&self, now: u64) {
+        let start = self.sample_start.swap(0, Ordering::Relaxed);
+        if start == 0 || now <= start {
+            return;
+        }
+        let n = self
+            .launches()
+            .saturating_sub(self.sample_launches.load(Ordering::Relaxed));
+        if n == 0 {
+            return;
+        }
+        let blocked = self
+            .blocked
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.sample_blocked.load(Ordering::Relaxed));
+        let sample = (now - start).saturating_sub(blocked) / n;
+        // Too long an estimate stops a lent token's launches early and
+        // leaves the device idle; too short one only queues a little past
+        // the token, as without an estimate: lean towards the shorter.
+        let avg = self.kernel_ns.load(Ordering::Relaxed);
+        let est = if avg == 0 || sample < avg {
+            sample
+        } else {
+            (7 * avg + sample) / 8
+        };
+        self.kernel_ns.store(est.max(1), Ordering::Relaxed);
     }
 }
 
 /// The guard of a wait call (see [`waiting`]).
 #[derive(Debug)]
-pub struct Waiting(Option<(&'static State, &'static Gate)>);
+pub struct Waiting {
+    at: Option<(&'static State, &'static Gate)>,
+    /// The call returned with the work before it done (a synchronisation
+    /// or blocking copy that succeeded, a query that found it complete).
+    finished: bool,
+}
+
+impl Waiting {
+    /// Says the work before this call is done: the gate learns from it how
+    /// long launches take on the device.
+    pub fn finished(&mut self) {
+        self.finished = true;
+    }
+}
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        let Some((st, g)) = self.0 else { return };
+        let Some((st, g)) = self.at else { return };
         let exited = g.exited.fetch_add(1, Ordering::AcqRel) + 1;
         if g.entered.load(Ordering::Acquire) != exited {
             return; // another thread is still launching or waiting
         }
-        g.wait_exit.store(now_ns().max(1), Ordering::Relaxed);
+        let now = now_ns();
+        if self.finished {
+            g.learn_kernel(now);
+        }
+        g.wait_exit.store(now.max(1), Ordering::Relaxed);
         let idle = st.settings.idle.as_nanos() as u64;
         if g.granted_at.load(Ordering::Relaxed) != 0 && g.gap_avg.load(Ordering::Relaxed) >= idle {
             // This process usually goes quiet now: let the watcher give the
@@ -183,15 +285,23 @@ impl Drop for Waiting {
 /// process that has launched nothing holds no token to keep.
 #[inline]
 pub fn waiting() -> Waiting {
+    let none = Waiting {
+        at: None,
+        finished: false,
+    };
     let Some(st) = state::current() else {
-        return Waiting(None);
+        return none;
     };
     let Some(dev) = current_device() else {
-        return Waiting(None);
+        return none;
     };
     let g = &st.gates[dev];
+    g.waits.fetch_add(1, Ordering::AcqRel);
     g.entered.fetch_add(1, Ordering::AcqRel);
-    Waiting(Some((st, g)))
+    Waiting {
+        at: Some((st, g)),
+        finished: false,
+    }
 }
 
 /// Waits for the work of the context `ctx` (from any thread: the context
@@ -272,8 +382,17 @@ fn slow_path(dev: usize) -> Result<(), CUresult> {
     }
     let g = &st.gates[dev];
     let _slow = lock(&g.slow);
-    if now_ns() < g.deadline.load(Ordering::Acquire) {
-        return Ok(()); // another thread got it meanwhile
+    let now = now_ns();
+    if now < g.deadline.load(Ordering::Acquire) {
+        if !g.lent.load(Ordering::Relaxed) || g.queue_ahead(now) {
+            return Ok(()); // another thread got a token meanwhile
+        }
+        // A lent token whose quota the queued work fills: it ends here.
+        debug!(
+            "device {dev}: lent token full, {} us of work queued",
+            g.queued_end.load(Ordering::Relaxed).saturating_sub(now) / 1000
+        );
+        g.deadline.store(0, Ordering::Release);
     }
     // The token ran out: wait for the work launched under it, so the time
     // it really took (overuse included) is what gets reported.
@@ -293,8 +412,13 @@ fn slow_path(dev: usize) -> Result<(), CUresult> {
         burst_us,
     };
     match st.call(&req, device)? {
-        Reply::Token { quota_us, .. } => {
+        Reply::Token { quota_us, lent, .. } => {
             let t = now_ns();
+            // From the request to the grant none of our work ran (`settle`
+            // waited for it): not device time of the launches.
+            g.blocked.fetch_add(t - now, Ordering::Relaxed);
+            g.lent.store(lent, Ordering::Relaxed);
+            g.queued_end.store(t, Ordering::Relaxed);
             let mut ctx: *mut c_void = std::ptr::null_mut();
             // SAFETY: out-pointer to a local.
             unsafe { driver::ctx_get_current(&mut ctx) };
@@ -307,7 +431,9 @@ fn slow_path(dev: usize) -> Result<(), CUresult> {
             g.granted_at.store(t, Ordering::Release);
             g.deadline.store(t + quota - early, Ordering::Release);
             debug!(
-                "device {dev}: token for {quota_us} us (used {used_us} us, burst {burst_us} us)"
+                "device {dev}: {} for {quota_us} us (used {used_us} us, burst {burst_us} us, {} us per launch)",
+                if lent { "lent token" } else { "token" },
+                g.kernel_ns.load(Ordering::Relaxed) / 1000
             );
             start_watcher(st);
             Ok(())

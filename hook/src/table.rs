@@ -99,6 +99,21 @@ macro_rules! waits {
     }};
 }
 
+/// Like `waits!`, for a call whose success means the work before it is
+/// done (a synchronisation, a blocking copy, a query answering
+/// `CUDA_SUCCESS`): the gate learns from it how long launches take.
+macro_rules! syncs {
+    ($call:expr) => {{
+        let mut waiting = gate::waiting();
+        // SAFETY: the program's own arguments, passed on unchanged.
+        let r = unsafe { $call };
+        if r == 0 {
+            waiting.finished();
+        }
+        r
+    }};
+}
+
 /// The symbol `cuGetProcAddress(base, version, flags)` stands for, when it
 /// is one of ours.
 pub fn resolve(base: &str, version: i32, flags: u64) -> Option<&'static Entry> {
@@ -175,39 +190,39 @@ hooks! {
 
     // Waiting for (or polling) the device's work: not idle.
     cuCtxSynchronize ["cuCtxSynchronize", 2000, false]
-    () => |real| { waits!(real()) }
+    () => |real| { syncs!(real()) }
     cuStreamSynchronize ["cuStreamSynchronize", 2000, false]
-    (s: Ptr) => |real| { waits!(real(s)) }
+    (s: Ptr) => |real| { syncs!(real(s)) }
     cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, true]
-    (s: Ptr) => |real| { waits!(real(s)) }
+    (s: Ptr) => |real| { syncs!(real(s)) }
     cuStreamQuery ["cuStreamQuery", 2000, false]
-    (s: Ptr) => |real| { waits!(real(s)) }
+    (s: Ptr) => |real| { syncs!(real(s)) }
     cuStreamQuery_ptsz ["cuStreamQuery", 7000, true]
-    (s: Ptr) => |real| { waits!(real(s)) }
+    (s: Ptr) => |real| { syncs!(real(s)) }
     cuStreamWaitEvent ["cuStreamWaitEvent", 3020, false]
     (s: Ptr, e: Ptr, flags: u32) => |real| { waits!(real(s, e, flags)) }
     cuStreamWaitEvent_ptsz ["cuStreamWaitEvent", 7000, true]
     (s: Ptr, e: Ptr, flags: u32) => |real| { waits!(real(s, e, flags)) }
     cuEventSynchronize ["cuEventSynchronize", 2000, false]
-    (e: Ptr) => |real| { waits!(real(e)) }
+    (e: Ptr) => |real| { syncs!(real(e)) }
     cuEventQuery ["cuEventQuery", 2000, false]
-    (e: Ptr) => |real| { waits!(real(e)) }
+    (e: Ptr) => |real| { syncs!(real(e)) }
     cuMemcpy ["cuMemcpy", 4000, false]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
     cuMemcpy_ptds ["cuMemcpy", 7000, true]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
     cuMemcpyHtoD_v2 ["cuMemcpyHtoD", 3020, false]
-    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { waits!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { syncs!(real(dst, src, n)) }
     cuMemcpyHtoD_v2_ptds ["cuMemcpyHtoD", 7000, true]
-    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { waits!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { syncs!(real(dst, src, n)) }
     cuMemcpyDtoH_v2 ["cuMemcpyDtoH", 3020, false]
-    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
     cuMemcpyDtoH_v2_ptds ["cuMemcpyDtoH", 7000, true]
-    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
     cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, false]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
     cuMemcpyDtoD_v2_ptds ["cuMemcpyDtoD", 7000, true]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { waits!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
 
     // Allocations and frees.
     cuMemAlloc_v2 ["cuMemAlloc", 3020, false]

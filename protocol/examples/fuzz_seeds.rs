@@ -63,6 +63,7 @@ fn main() -> std::io::Result<()> {
         Reply::Token {
             device: 0,
             quota_us: 30_000,
+            lent: false,
         },
         Reply::Memory {
             device: 0,

@@ -176,6 +176,7 @@ mod tests {
             Reply::Token {
                 device: 0,
                 quota_us: 10_000,
+                lent: true,
             },
             Reply::Done,
             Reply::Error(ErrorReply {

@@ -26,7 +26,7 @@ pub use message::*;
 /// The protocol version this build speaks. Bump it on any change to the
 /// message enums: peers of another version are refused with
 /// [`ErrorKind::ProtocolMismatch`].
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Largest frame either side accepts, in bytes. The daemon sets it as the
 /// socket's maximum message size, so a hostile peer cannot make it buffer

@@ -159,6 +159,10 @@ pub enum Reply {
         device: DeviceId,
         /// How long the client may launch work, in microseconds.
         quota_us: u64,
+        /// The device is lent: a group owed time is between bursts and
+        /// will be back, so the client must keep the work it queues within
+        /// the quota (the returning group waits behind it).
+        lent: bool,
     },
     /// The group's memory on a device after the request.
     Memory {

@@ -241,7 +241,8 @@ fn tokens_and_memory_through_the_daemon() {
         a.request(&acquire, T).unwrap(),
         Reply::Token {
             device: 0,
-            quota_us: 20_000
+            quota_us: 20_000,
+            lent: false
         }
     );
     // b waits while a holds the token...
@@ -269,7 +270,8 @@ fn tokens_and_memory_through_the_daemon() {
             seq,
             Reply::Token {
                 device: 0,
-                quota_us: 20_000
+                quota_us: 20_000,
+                lent: false
             }
         )
     );
@@ -666,7 +668,8 @@ fn settings_file_and_flags_are_applied() {
         r,
         Reply::Token {
             device: 0,
-            quota_us: 50_000
+            quota_us: 50_000,
+            lent: false
         }
     );
 }

@@ -23,7 +23,9 @@
 //! - The holder is served only when no eligible client waits.
 //! - While a group owed time (active within the window, below its
 //!   `MinUtil`) is between bursts, other groups get `min_quota` tokens at
-//!   most, so it waits at most one short token when it comes back.
+//!   most, marked lent: their clients keep the work they queue within the
+//!   token, so the owed group waits at most one short token when it comes
+//!   back.
 
 mod holder;
 mod reserve;
@@ -49,6 +51,9 @@ const HOLDER: &str = "";
 /// Shortest token the holder is given (its kernels are short so a real
 /// client never waits long behind one).
 pub const HOLDER_MIN_QUOTA: Micros = 100;
+/// Shortest token lent while a group owed time is away (each costs the
+/// borrower a round trip to renew).
+pub const LENT_MIN_QUOTA: Micros = 2_000;
 
 /// What saturating groups `(MinUtil, MaxUtil)` are entitled to under
 /// these rules: a common level clamped to each group's `[MinUtil,
@@ -181,6 +186,11 @@ struct GroupUse {
     credit_at: Micros,
     /// Start of the group's current period of activity on the device.
     active_since: Micros,
+    /// Since when none of the group's clients has held or asked for the
+    /// token (a client gave it back); `None` while one does.
+    away_since: Option<Micros>,
+    /// Smoothed length of the group's past absences (0: none seen yet).
+    away_avg: Micros,
 }
 
 #[derive(Debug, Default)]
@@ -280,6 +290,20 @@ impl GroupUse {
             .saturating_sub(used as i64)
             .min(cap as i64);
         self.credit_at = now;
+    }
+
+    /// When the group, away from the device, is expected back: its usual
+    /// absence after it left. `None` when that is not known, or long past
+    /// (it is late by more than its usual absence and `late_by` more: it
+    /// may not come back soon, and lending in short tokens would only cost
+    /// round trips).
+    fn expected_back(&self, now: Micros, late_by: Micros) -> Option<Micros> {
+        let since = self.away_since?;
+        if self.away_avg == 0 {
+            return None;
+        }
+        let back = since + self.away_avg;
+        (now < back + self.away_avg + late_by).then_some(back)
     }
 
     /// Share of the time since the group became active (at most a window)
@@ -435,6 +459,7 @@ impl Policy {
                     self.activity.insert(device, now);
                 }
                 self.report(client, device, used_us, now);
+                self.note_back(client, device, now);
                 let dev = self.devices.entry(device).or_default();
                 if let Some(old) = dev.waiters.iter_mut().find(|w| w.client == client) {
                     // A second request while one waits: answer the old one.
@@ -456,6 +481,7 @@ impl Policy {
             }
             Request::ReleaseToken { device, used_us } => {
                 self.report(client, device, used_us, now);
+                self.note_away(client, device, now);
                 reply(Reply::Done);
             }
             Request::ReserveMemory { device, bytes } => {
@@ -610,6 +636,49 @@ impl Policy {
         g.usage.add(granted_at, granted_at + used);
         g.charge(granted_at, now, used, max_util, cap);
         dev.busy.add(granted_at, granted_at + used);
+    }
+
+    /// `client` gave the token of `device` back: its group is away from
+    /// the device if no other client of it holds or waits for the token.
+    fn note_away(&mut self, client: ClientId, device: DeviceId, now: Micros) {
+        let Some(group) = self.clients.get(&client).map(|c| c.group.as_str()) else {
+            return;
+        };
+        let Some(dev) = self.devices.get_mut(&device) else {
+            return;
+        };
+        let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| c.group == group);
+        if dev.waiters.iter().any(|w| of_group(&w.client))
+            || dev.token.as_ref().is_some_and(|t| of_group(&t.client))
+        {
+            return;
+        }
+        if let Some(g) = dev.groups.get_mut(group) {
+            g.away_since = Some(now);
+        }
+    }
+
+    /// A client of an away group asks for the token again: the group's
+    /// absence ends, and is learned.
+    fn note_back(&mut self, client: ClientId, device: DeviceId, now: Micros) {
+        let Some(c) = self.clients.get(&client) else {
+            return;
+        };
+        let Some(g) = self
+            .devices
+            .get_mut(&device)
+            .and_then(|d| d.groups.get_mut(&c.group))
+        else {
+            return;
+        };
+        if let Some(since) = g.away_since.take() {
+            let away = now.saturating_sub(since);
+            g.away_avg = if g.away_avg == 0 {
+                away
+            } else {
+                (g.away_avg + away) / 2
+            };
+        }
     }
 
     fn reserve(&mut self, client: ClientId, device: DeviceId, bytes: u64) -> Reply {
@@ -819,7 +888,12 @@ impl Policy {
         // is not waiting is between bursts and will be back: lend the
         // device to others in short tokens only, so it waits at most one
         // of them when it returns.
-        let owed_away = class != 0 && {
+        // The lent token ends about when that group usually comes back
+        // (learned from its past absences), within [LENT_MIN_QUOTA,
+        // min_quota]; `None`: nothing is lent.
+        let lent_until: Option<Option<Micros>> = if class == 0 {
+            None
+        } else {
             let waiters = &dev.waiters;
             // The chosen waiter's own group is among the waiting ones.
             let waiting = |name: &str| {
@@ -827,17 +901,27 @@ impl Policy {
                     .iter()
                     .any(|w| clients.get(&w.client).is_some_and(|c| c.group == name))
             };
-            dev.groups.iter_mut().any(|(name, g)| {
+            let mut lent: Option<Option<Micros>> = None;
+            for (name, g) in dev.groups.iter_mut() {
                 let min_util = match config.groups.get(name).or_else(|| retired.get(name)) {
                     Some(cfg) => cfg.min_util,
-                    None => return false,
+                    None => continue,
                 };
-                min_util > 0.0
+                if min_util > 0.0
                     && !waiting(name)
                     && !g.usage.is_empty(now, params.window)
                     && g.share(now, params.window) < min_util
-            })
+                {
+                    let back = g.expected_back(now, params.min_quota);
+                    lent = Some(match (lent.flatten(), back) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    });
+                }
+            }
+            lent
         };
+        let owed_away = lent_until.is_some();
         let w = dev.waiters.remove(i);
         let Some(c) = clients.get_mut(&w.client) else {
             return;
@@ -855,8 +939,13 @@ impl Policy {
             params.min_quota
         };
         let mut quota = burst.clamp(floor.min(params.max_quota), params.max_quota);
-        if owed_away {
-            quota = quota.min(params.min_quota.max(floor));
+        if let Some(until) = lent_until {
+            let short = params.min_quota.max(floor);
+            let to_return = until.map_or(short, |t| {
+                t.saturating_sub(now)
+                    .clamp(LENT_MIN_QUOTA.min(short), short)
+            });
+            quota = quota.min(to_return);
         }
         if let Some(g) = dev.groups.get_mut(&c.group)
             && g.usage.is_empty(now, params.window)
@@ -874,6 +963,7 @@ impl Policy {
             reply: Reply::Token {
                 device,
                 quota_us: quota,
+                lent: owed_away,
             },
         });
     }

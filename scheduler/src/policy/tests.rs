@@ -38,6 +38,8 @@ struct SimClient {
     group: String,
     demand: Demand,
     busy: Vec<(Micros, Micros)>,
+    /// Quotas of the tokens granted marked lent.
+    lent: Vec<Micros>,
     /// Device time left in the current burst (Bursty).
     left: Micros,
     seq: u32,
@@ -110,6 +112,7 @@ impl Sim {
             group: group.into(),
             demand,
             busy: vec![],
+            lent: vec![],
             left,
             seq: 0,
             gone: false,
@@ -132,7 +135,10 @@ impl Sim {
     fn apply(&mut self, acts: Vec<Action>) {
         for Action::Reply { client, reply, .. } in acts {
             let idx = (client - 100) as usize;
-            if let Reply::Token { quota_us, .. } = reply {
+            if let Reply::Token { quota_us, lent, .. } = reply {
+                if lent {
+                    self.clients[idx].lent.push(quota_us);
+                }
                 // The device runs one client at a time: work starts when the
                 // previous holder's last kernel is done (overuse).
                 let start = self.now.max(self.device_free_at);
@@ -272,6 +278,8 @@ fn check_shares(groups: &[(f64, f64)]) {
             "groups {groups:?}: g{i} got {got:.4}, entitled to {w:.4}"
         );
     }
+    // Every group always waits: none is away, so no token is lent.
+    assert!(sim.clients.iter().all(|c| c.lent.is_empty()));
 }
 
 #[test]
@@ -421,12 +429,51 @@ fn group_owed_time_waits_one_short_token_when_it_comes_back() {
             gap: 50 * MS,
         },
     );
-    sim.add("lo", Demand::Greedy);
+    let lo_client = sim.add("lo", Demand::Greedy);
     sim.run_until(20 * SEC);
     let hi = sim.group_share("hi", 10 * SEC, 20 * SEC);
     let lo = sim.group_share("lo", 10 * SEC, 20 * SEC);
     assert!(hi >= 0.25, "hi got {hi}, asks 0.29");
     assert!(hi + lo >= 0.97, "device idle: hi {hi} lo {lo}");
+    // The short tokens are marked lent, so the hook keeps lo's queued work
+    // within them: one per 10 ms of each of hi's 50 ms gaps, about.
+    let lent = &sim.clients[lo_client].lent;
+    let min_quota = Params::default().min_quota;
+    assert!(lent.len() >= 1000, "{} lent tokens", lent.len());
+    assert!(lent.iter().all(|&q| q <= min_quota), "{lent:?}");
+    assert!(sim.clients[0].lent.is_empty(), "hi is never lent to");
+}
+
+#[test]
+fn lent_tokens_end_about_when_the_owed_group_comes_back() {
+    // hi works 20 ms and is away `gap` (it asks for 20 / (20 + gap) and is
+    // owed it, MinUtil 0.7). The device is lent to lo while hi is away, in
+    // tokens that end about when hi usually returns, so hi does not wait
+    // for the rest of a full short token each time.
+    for gap in [3, 5, 10, 15, 25] {
+        let mut sim = Sim::new("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n");
+        sim.add(
+            "hi",
+            Demand::Bursty {
+                burst: 20 * MS,
+                gap: gap * MS,
+            },
+        );
+        sim.add("lo", Demand::Greedy);
+        sim.run_until(20 * SEC);
+        let hi = sim.group_share("hi", 10 * SEC, 20 * SEC);
+        let lo = sim.group_share("lo", 10 * SEC, 20 * SEC);
+        // Owed what it asks for, up to its MinUtil.
+        let owed = (20.0 / (20 + gap) as f64).min(0.7);
+        assert!(
+            hi >= owed - 0.02,
+            "gap {gap} ms: hi got {hi:.3}, owed {owed:.3}"
+        );
+        assert!(
+            hi + lo >= 0.97,
+            "gap {gap} ms: device idle: hi {hi:.3} lo {lo:.3}"
+        );
+    }
 }
 
 #[test]
@@ -1255,7 +1302,8 @@ fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
             1,
             Reply::Token {
                 device: 0,
-                quota_us: 2_000
+                quota_us: 2_000,
+                lent: false
             }
         )]
     );
