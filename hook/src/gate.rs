@@ -22,11 +22,17 @@
 //! idle (a CPU gap between iterations).
 //!
 //! The gate also learns how long the process stays quiet after its waits
-//! return. When that is predictably at least `GEMINI_IDLE_MS` (a data
-//! loader's CPU work after every step), the watcher is woken as the wait
-//! returns and gives the token back at once, at the end of the burst,
-//! instead of holding an idle device for `GEMINI_IDLE_MS` first. Shorter
-//! gaps keep the token.
+//! return. When that is predictably at least 0.5 ms (a data loader's or
+//! an optimizer's CPU work after every step), the watcher is woken as the
+//! wait returns and gives the token back at once, at the end of the
+//! burst, instead of holding an idle device through the gap; the
+//! scheduler lends the device to others until the process usually comes
+//! back. Shorter gaps keep the token.
+//!
+//! Under a lent token (another group owed time is away and will be back)
+//! a launch is admitted only while the work queued is predicted to end
+//! within the token, from the device time per launch learned from waits
+//! that returned with the work done.
 
 use crate::conn::CUDA_ERROR_NOT_PERMITTED;
 use crate::driver::{self, CUresult};
@@ -181,6 +187,14 @@ impl Gate {
         }
     }
 
+    /// Whether the process usually stays quiet after its waits long enough
+    /// to give the token back as a wait returns: `EARLY_RELEASE_NS` or
+    /// more (or the idle threshold, if shorter), so that another group
+    /// uses the GPU for the gap.
+    fn quiet_after_waits(&self, idle: u64) -> bool {
+        self.gap_avg.load(Ordering::Relaxed) >= idle.min(EARLY_RELEASE_NS)
+    }
+
     /// Launches admitted so far.
     fn launches(&self) -> u64 {
         let entered = self.entered.load(Ordering::Acquire);
@@ -239,6 +253,12 @@ impl Gate {
     }
 }
 
+/// Quiet time after waits from which a process gives its token back as a
+/// wait returns. A gap this long is worth lending (a release and a grant
+/// take a few round trips of tens of µs); a shorter one is not, and the
+/// process keeps the token through it.
+const EARLY_RELEASE_NS: u64 = 500_000;
+
 /// The guard of a wait call (see [`waiting`]).
 #[derive(Debug)]
 pub struct Waiting {
@@ -269,7 +289,7 @@ impl Drop for Waiting {
         }
         g.wait_exit.store(now.max(1), Ordering::Relaxed);
         let idle = st.settings.idle.as_nanos() as u64;
-        if g.granted_at.load(Ordering::Relaxed) != 0 && g.gap_avg.load(Ordering::Relaxed) >= idle {
+        if g.granted_at.load(Ordering::Relaxed) != 0 && g.quiet_after_waits(idle) {
             // This process usually goes quiet now: let the watcher give the
             // token back at once.
             let (m, cv) = &st.kick;
@@ -487,7 +507,7 @@ fn watch(st: &'static State) {
             // Quiet since a wait returned, in a process that usually stays
             // quiet after its waits: idle now, not in `idle` from now.
             let wait_exit = g.wait_exit.load(Ordering::Relaxed);
-            let predicted = !busy && wait_exit != 0 && g.gap_avg.load(Ordering::Relaxed) >= idle;
+            let predicted = !busy && wait_exit != 0 && g.quiet_after_waits(idle);
             if !predicted && (busy || entered != seen[dev].0) {
                 seen[dev] = (entered, now);
                 continue;

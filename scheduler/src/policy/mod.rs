@@ -53,7 +53,7 @@ const HOLDER: &str = "";
 pub const HOLDER_MIN_QUOTA: Micros = 100;
 /// Shortest token lent while a group owed time is away (each costs the
 /// borrower a round trip to renew).
-pub const LENT_MIN_QUOTA: Micros = 2_000;
+pub const LENT_MIN_QUOTA: Micros = 1_000;
 
 /// What saturating groups `(MinUtil, MaxUtil)` are entitled to under
 /// these rules: a common level clamped to each group's `[MinUtil,

@@ -450,7 +450,7 @@ fn lent_tokens_end_about_when_the_owed_group_comes_back() {
     // owed it, MinUtil 0.7). The device is lent to lo while hi is away, in
     // tokens that end about when hi usually returns, so hi does not wait
     // for the rest of a full short token each time.
-    for gap in [3, 5, 10, 15, 25] {
+    for gap in [1, 3, 5, 10, 15, 25] {
         let mut sim = Sim::new("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n");
         sim.add(
             "hi",
