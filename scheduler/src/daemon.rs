@@ -767,6 +767,7 @@ impl Daemon {
         let Some(identity) = self.ids.get(&client) else {
             return;
         };
+        debug!("client {client} #{seq} <- {reply:?}");
         let delimited = self.conns.get(identity).is_some_and(|c| c.delimited);
         let body = encode_reply(seq, reply);
         let result = if delimited {

@@ -23,9 +23,11 @@
 //! - The holder is served only when no eligible client waits.
 //! - While a group owed time (active within the window, below its
 //!   `MinUtil`) is between bursts, other groups get `min_quota` tokens at
-//!   most, marked lent: their clients keep the work they queue within the
-//!   token, so the owed group waits at most one short token when it comes
-//!   back.
+//!   most, ending about when it usually comes back, marked lent: their
+//!   clients keep the work they queue within the token, so the owed group
+//!   waits at most one short token when it comes back, and gets the device
+//!   at the lent token's end (no grace: the borrower's report is charged
+//!   whenever it comes).
 
 mod holder;
 mod reserve;
@@ -953,9 +955,19 @@ impl Policy {
             g.active_since = now;
         }
         c.uncharged.insert(device, (now, quota));
+        // A lent token's work fits in it (its hook keeps the queue within
+        // the quota): it is over at its end, and the group owed the device
+        // gets it then, without waiting for the borrower to wake up and
+        // report (charged when it does). Others keep the grace for
+        // draining their queued work.
+        let grace = if lent_until.is_some() {
+            0
+        } else {
+            params.grace
+        };
         dev.token = Some(Grant {
             client: w.client,
-            expires_at: now + quota + params.grace,
+            expires_at: now + quota + grace,
         });
         out.push(Action::Reply {
             client: w.client,

@@ -534,6 +534,60 @@ fn quota_follows_predicted_burst_within_bounds() {
 }
 
 #[test]
+fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    let mut seq = 0;
+    let mut send = |p: &mut Policy, client: ClientId, req: Request, now: Micros| {
+        seq += 1;
+        replies(p.handle(Event::Request { client, seq, req }, now))
+    };
+    let acquire = |used_us: Micros| Request::AcquireToken {
+        device: 0,
+        used_us,
+        burst_us: 0,
+    };
+    let token = |r: &[(ClientId, u32, Reply)]| match r {
+        [(c, _, Reply::Token { quota_us, lent, .. })] => Some((*c, *quota_us, *lent)),
+        _ => None,
+    };
+    assert_eq!(token(&send(&mut p, 1, acquire(0), 0)).map(|t| t.0), Some(1));
+    assert!(send(&mut p, 2, acquire(0), 0).is_empty());
+    // hi gives the token back after 20 ms; lo gets it, not lent (hi has
+    // used all the time since it became active).
+    let r = send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 20 * MS,
+        },
+        20 * MS,
+    );
+    let r: Vec<_> = r.into_iter().filter(|(c, ..)| *c == 2).collect();
+    assert_eq!(token(&r), Some((2, params.base_quota, false)));
+    // 30 ms later hi has used 20 of 50 ms, below its MinUtil, and is away:
+    // lo's next token is lent, min_quota long (hi's absences unknown).
+    let r = send(&mut p, 2, acquire(30 * MS), 50 * MS);
+    assert_eq!(token(&r), Some((2, params.min_quota, true)));
+    // hi comes back and waits; at the lent token's end, not a grace later,
+    // the device is hi's, although lo has not reported yet.
+    assert!(send(&mut p, 1, acquire(0), 55 * MS).is_empty());
+    let end = 50 * MS + params.min_quota;
+    assert_eq!(p.next_deadline(55 * MS), Some(end));
+    assert!(p.handle(Event::Tick, end - 1).is_empty());
+    let r = replies(p.handle(Event::Tick, end));
+    assert_eq!(token(&r).map(|t| (t.0, t.2)), Some((1, false)));
+    // lo's late report is charged to lo and leaves hi's token alone.
+    assert!(send(&mut p, 2, acquire(params.min_quota), end + 2 * MS).is_empty());
+    let st = p.status(end + 2 * MS);
+    let dev = &st.devices[0];
+    assert_eq!(dev.holder, Some(1), "{dev:?}");
+}
+
+#[test]
 fn token_not_returned_is_revoked_after_quota_and_grace() {
     let params = Params::default();
     let mut p = Policy::new(params, config("[a]\n[b]\n"));
