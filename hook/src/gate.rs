@@ -84,8 +84,11 @@ pub struct Gate {
     /// When the last wait call returned with no other call in flight
     /// (ns); 0 once a launch has come since.
     wait_exit: AtomicU64,
-    /// Smoothed quiet time between a wait returning and the next launch
-    /// (ns), each sample capped at four idle thresholds.
+    /// Quiet time between a wait returning and the next launch (ns), each
+    /// sample capped at four idle thresholds; follows a shorter gap at
+    /// once and a longer one by an eighth, so one long pause (the thread
+    /// descheduled on a busy CPU) does not make a process that launches
+    /// again at once look quiet after its waits.
     gap_avg: AtomicU64,
     /// The token is lent (another group is owed the device and will be
     /// back): launches are admitted only while the work queued is
@@ -177,7 +180,12 @@ impl Gate {
         let cap = 4 * st.settings.idle.as_nanos() as u64;
         let gap = now.saturating_sub(exit).min(cap);
         let avg = self.gap_avg.load(Ordering::Relaxed);
-        self.gap_avg.store((avg + gap) / 2, Ordering::Relaxed);
+        let est = if gap <= avg {
+            gap
+        } else {
+            avg + (gap - avg) / 8
+        };
+        self.gap_avg.store(est, Ordering::Relaxed);
         if self.sample_start.load(Ordering::Relaxed) == 0 {
             self.sample_launches
                 .store(self.launches(), Ordering::Relaxed);

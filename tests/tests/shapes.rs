@@ -75,6 +75,30 @@ fn threads_waiting_on_events_of_their_own_streams_are_not_idle() {
     ]);
 }
 
+/// Runs a training-step process in group `lo` (MinUtil 0.3) and one in
+/// `hi` (MinUtil 0.7) that goes quiet for `hi_gap_ms` after every step, 8 s
+/// each; returns their pids and the time of the seconds 2-8 measured.
+fn lo_and_gapped_hi(g: &Gemini, hi_gap_ms: &str) -> (u32, u32, u64, u64) {
+    let t0 = now_ns();
+    let spawn = |group: &str, extra: &[&str]| {
+        let mut c = g.hooked(g.sim.workload(), group);
+        c.args(["--seconds", "8"])
+            .args(TRAINING_STEP)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let (lo, hi) = (spawn("lo", &[]), spawn("hi", &["--gap-ms", hi_gap_ms]));
+    let (lo, hi) = (
+        lo.wait_with_output().unwrap(),
+        hi.wait_with_output().unwrap(),
+    );
+    assert!(lo.status.success() && hi.status.success());
+    let pid = |o: &std::process::Output| field(&reports(&o.stdout)[0], "pid") as u32;
+    (pid(&lo), pid(&hi), t0 + 2 * SEC, t0 + 8 * SEC)
+}
+
 /// A process doing CPU work between its steps (50 ms after every 20 ms
 /// step) is idle then: the device goes to the other group at once, not
 /// after GEMINI_IDLE_MS of holding it idle, and the idle group, owed time,
@@ -84,25 +108,7 @@ fn a_process_idle_between_steps_gives_the_device_away() {
     let _serial = serial();
     let g = Gemini::start(SimEnv::default(), "[lo]\nMinUtil=0.3\n[hi]\nMinUtil=0.7\n");
     let run = || {
-        let t0 = now_ns();
-        let spawn = |group: &str, extra: &[&str]| {
-            let mut c = g.hooked(g.sim.workload(), group);
-            c.args(["--seconds", "8"])
-                .args(TRAINING_STEP)
-                .args(extra)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            c.spawn().unwrap()
-        };
-        let (lo, hi) = (spawn("lo", &[]), spawn("hi", &["--gap-ms", "50"]));
-        let (lo, hi) = (
-            lo.wait_with_output().unwrap(),
-            hi.wait_with_output().unwrap(),
-        );
-        assert!(lo.status.success() && hi.status.success());
-        let pid = |o: &std::process::Output| field(&reports(&o.stdout)[0], "pid") as u32;
-        let (lo, hi) = (pid(&lo), pid(&hi));
-        let (from, to) = (t0 + 2 * SEC, t0 + 8 * SEC);
+        let (lo, hi, from, to) = lo_and_gapped_hi(&g, "50");
         let busy = g.sim.busy(0, from, to);
         // Every hand-over from hi, going quiet after its step, to lo: how
         // long the device stood idle in between.
@@ -166,29 +172,9 @@ fn a_group_back_from_a_short_gap_finds_the_device_at_once() {
     let _serial = serial();
     let g = Gemini::start(SimEnv::default(), "[lo]\nMinUtil=0.3\n[hi]\nMinUtil=0.7\n");
     let run = || {
-        let t0 = now_ns();
-        let spawn = |group: &str, extra: &[&str]| {
-            let mut c = g.hooked(g.sim.workload(), group);
-            c.args(["--seconds", "8"])
-                .args(TRAINING_STEP)
-                .args(extra)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            c.spawn().unwrap()
-        };
-        let (lo, hi) = (spawn("lo", &[]), spawn("hi", &["--gap-ms", "10"]));
-        let (lo, hi) = (
-            lo.wait_with_output().unwrap(),
-            hi.wait_with_output().unwrap(),
-        );
-        assert!(lo.status.success() && hi.status.success());
-        let pid = |o: &std::process::Output| field(&reports(&o.stdout)[0], "pid") as u32;
-        let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + 8 * SEC);
-        (
-            busy.share(pid(&lo)),
-            busy.share(pid(&hi)),
-            busy.device_share(),
-        )
+        let (lo, hi, from, to) = lo_and_gapped_hi(&g, "10");
+        let busy = g.sim.busy(0, from, to);
+        (busy.share(lo), busy.share(hi), busy.device_share())
     };
     let Some((s_lo, s_hi, device)) = unstarved("back from a short gap", MAX_STEAL, 2, run) else {
         return;
