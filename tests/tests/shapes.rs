@@ -58,6 +58,20 @@ fn a_blocking_copy_back_to_the_host_is_not_idle() {
     ]);
 }
 
+/// Latency-bound inference: one 1 ms kernel, then cuStreamSynchronize,
+/// again and again. The process waits far more often than it launches.
+#[test]
+fn a_sync_after_every_kernel_is_not_idle() {
+    min_util_holds(&[
+        "--iter-kernels",
+        "1",
+        "--kernel-us",
+        "1000",
+        "--wait",
+        "stream",
+    ]);
+}
+
 /// Two launching threads on streams of their own, each waiting on an
 /// event it recorded.
 #[test]
