@@ -403,6 +403,17 @@ pub const TRAINING_STEP: &[&str] = &[
     "ctx",
 ];
 
+/// `gem-workload` arguments for latency-bound inference: one 1 ms kernel,
+/// then `cuStreamSynchronize` for it.
+pub const SYNC_EVERY_KERNEL: &[&str] = &[
+    "--iter-kernels",
+    "1",
+    "--kernel-us",
+    "1000",
+    "--wait",
+    "stream",
+];
+
 /// A share scenario: groups `(MinUtil, MaxUtil)` on one simulated device,
 /// each running `procs` copies of `gem-workload` with `args` (its
 /// workload shape) under the hook, for `seconds`.

@@ -8,7 +8,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use gemini_tests::cpu::{MAX_STEAL, serial, unstarved};
-use gemini_tests::{Gemini, Scenario, SimEnv, TRAINING_STEP, field, now_ns, reports};
+use gemini_tests::{
+    Gemini, SYNC_EVERY_KERNEL, Scenario, SimEnv, TRAINING_STEP, field, now_ns, reports,
+};
 use std::process::Stdio;
 
 const SEC: u64 = 1_000_000_000;
@@ -70,17 +72,7 @@ fn a_blocking_copy_back_to_the_host_is_not_idle() {
 /// (at 12 % steal lo got 0.253), so it counts only at 5 % steal or less.
 #[test]
 fn a_sync_after_every_kernel_is_not_idle() {
-    min_util_holds_below(
-        &[
-            "--iter-kernels",
-            "1",
-            "--kernel-us",
-            "1000",
-            "--wait",
-            "stream",
-        ],
-        0.05,
-    );
+    min_util_holds_below(SYNC_EVERY_KERNEL, 0.05);
 }
 
 /// Two launching threads on streams of their own, each waiting on an

@@ -287,14 +287,7 @@ pub const SHAPES: &[(&str, &[&str])] = &[
     ),
     (
         "(c) sync after every 1 ms kernel",
-        &[
-            "--iter-kernels",
-            "1",
-            "--kernel-us",
-            "1000",
-            "--wait",
-            "stream",
-        ],
+        gemini_tests::SYNC_EVERY_KERNEL,
     ),
     (
         "(c) cuStreamQuery spin after every 1 ms kernel",
