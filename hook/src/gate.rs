@@ -156,9 +156,7 @@ pub fn admit() -> Result<InCall, CUresult> {
         if g.wait_exit.load(Ordering::Relaxed) != 0 {
             g.learn_gap(now, st);
         }
-        if now < g.deadline.load(Ordering::Acquire)
-            && (!g.lent.load(Ordering::Relaxed) || g.queue_ahead(now))
-        {
+        if now < g.deadline.load(Ordering::Acquire) && g.queue_ahead(now) {
             g.entered.fetch_add(1, Ordering::AcqRel);
             return Ok(InCall(Some(g)));
         }
@@ -180,12 +178,7 @@ impl Gate {
         let cap = 4 * st.settings.idle.as_nanos() as u64;
         let gap = now.saturating_sub(exit).min(cap);
         let avg = self.gap_avg.load(Ordering::Relaxed);
-        let est = if gap <= avg {
-            gap
-        } else {
-            avg + (gap - avg) / 8
-        };
-        self.gap_avg.store(est, Ordering::Relaxed);
+        self.gap_avg.store(lean_low(avg, gap), Ordering::Relaxed);
         if self.sample_start.load(Ordering::Relaxed) == 0 {
             self.sample_launches
                 .store(self.launches(), Ordering::Relaxed);
@@ -209,13 +202,17 @@ impl Gate {
         entered.saturating_sub(self.waits.load(Ordering::Acquire))
     }
 
-    /// Under a lent token: whether one more launch, queued behind the work
-    /// already queued, is predicted to end within the quota (and counts it
-    /// if so). Always true while the device time per launch is unknown,
-    /// and for a launch onto an empty queue (a kernel longer than the
-    /// token runs and is accounted as overuse).
+    /// Whether one more launch may be queued under the token: always
+    /// under a token not lent; under a lent one, while it is predicted to
+    /// end, behind the work already queued, within the quota (and it is
+    /// counted if so). Also true while the device time per launch is
+    /// unknown, and for a launch onto an empty queue (a kernel longer than
+    /// the token runs and is accounted as overuse).
     #[inline]
     fn queue_ahead(&self, now: u64) -> bool {
+        if !self.lent.load(Ordering::Relaxed) {
+            return true;
+        }
         let per = self.kernel_ns.load(Ordering::Relaxed);
         if per == 0 {
             return true;
@@ -250,14 +247,26 @@ impl Gate {
         let sample = (now - start).saturating_sub(blocked) / n;
         // Too long an estimate stops a lent token's launches early and
         // leaves the device idle; too short one only queues a little past
-        // the token, as without an estimate: lean towards the shorter.
+        // the token, as without an estimate: lean towards the shorter. The
+        // first sample is taken as it is.
         let avg = self.kernel_ns.load(Ordering::Relaxed);
-        let est = if avg == 0 || sample < avg {
+        let est = if avg == 0 {
             sample
         } else {
-            (7 * avg + sample) / 8
+            lean_low(avg, sample)
         };
         self.kernel_ns.store(est.max(1), Ordering::Relaxed);
+    }
+}
+
+/// A smoothed estimate that follows a shorter `sample` at once and a
+/// longer one by an eighth: one outlier (a thread descheduled, a slow
+/// wake-up) barely moves it, a lasting change soon does.
+fn lean_low(avg: u64, sample: u64) -> u64 {
+    if sample <= avg {
+        sample
+    } else {
+        avg + (sample - avg) / 8
     }
 }
 
@@ -412,7 +421,7 @@ fn slow_path(dev: usize) -> Result<(), CUresult> {
     let _slow = lock(&g.slow);
     let now = now_ns();
     if now < g.deadline.load(Ordering::Acquire) {
-        if !g.lent.load(Ordering::Relaxed) || g.queue_ahead(now) {
+        if g.queue_ahead(now) {
             return Ok(()); // another thread got a token meanwhile
         }
         // A lent token whose quota the queued work fills: it ends here.

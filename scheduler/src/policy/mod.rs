@@ -889,13 +889,11 @@ impl Policy {
         // A group owed time (active in the window, below its MinUtil) that
         // is not waiting is between bursts and will be back: lend the
         // device to others in short tokens only, so it waits at most one
-        // of them when it returns.
-        // The lent token ends about when that group usually comes back
-        // (learned from its past absences), within [LENT_MIN_QUOTA,
-        // min_quota]; `None`: nothing is lent.
-        let lent_until: Option<Option<Micros>> = if class == 0 {
-            None
-        } else {
+        // of them when it returns. The lent token ends about when such a
+        // group usually comes back (the earliest, learned from their past
+        // absences; `back`), within [LENT_MIN_QUOTA, min_quota].
+        let (mut lent, mut back) = (false, None::<Micros>);
+        if class != 0 {
             let waiters = &dev.waiters;
             // The chosen waiter's own group is among the waiting ones.
             let waiting = |name: &str| {
@@ -903,7 +901,6 @@ impl Policy {
                     .iter()
                     .any(|w| clients.get(&w.client).is_some_and(|c| c.group == name))
             };
-            let mut lent: Option<Option<Micros>> = None;
             for (name, g) in dev.groups.iter_mut() {
                 let min_util = match config.groups.get(name).or_else(|| retired.get(name)) {
                     Some(cfg) => cfg.min_util,
@@ -914,16 +911,14 @@ impl Policy {
                     && !g.usage.is_empty(now, params.window)
                     && g.share(now, params.window) < min_util
                 {
-                    let back = g.expected_back(now, params.min_quota);
-                    lent = Some(match (lent.flatten(), back) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    });
+                    lent = true;
+                    back = back
+                        .into_iter()
+                        .chain(g.expected_back(now, params.min_quota))
+                        .min();
                 }
             }
-            lent
-        };
-        let owed_away = lent_until.is_some();
+        }
         let w = dev.waiters.remove(i);
         let Some(c) = clients.get_mut(&w.client) else {
             return;
@@ -941,9 +936,9 @@ impl Policy {
             params.min_quota
         };
         let mut quota = burst.clamp(floor.min(params.max_quota), params.max_quota);
-        if let Some(until) = lent_until {
+        if lent {
             let short = params.min_quota.max(floor);
-            let to_return = until.map_or(short, |t| {
+            let to_return = back.map_or(short, |t| {
                 t.saturating_sub(now)
                     .clamp(LENT_MIN_QUOTA.min(short), short)
             });
@@ -960,11 +955,7 @@ impl Policy {
         // gets it then, without waiting for the borrower to wake up and
         // report (charged when it does). Others keep the grace for
         // draining their queued work.
-        let grace = if lent_until.is_some() {
-            0
-        } else {
-            params.grace
-        };
+        let grace = if lent { 0 } else { params.grace };
         dev.token = Some(Grant {
             client: w.client,
             expires_at: now + quota + grace,
@@ -975,7 +966,7 @@ impl Policy {
             reply: Reply::Token {
                 device,
                 quota_us: quota,
-                lent: owed_away,
+                lent,
             },
         });
     }
