@@ -7,7 +7,10 @@
 //! - Usage is what clients report they really used (overuse included),
 //!   summed per group and device over a sliding window.
 //! - Among waiting groups, those below `MinUtil` go first (most behind,
-//!   relative to their minimum, first), then the least used.
+//!   in points of the device's time, first: when the device cannot give
+//!   every group its minimum, the groups fall short by about as many
+//!   points each, which is how the guarantee is stated), then the least
+//!   used.
 //! - `MaxUtil` is a rate: a group earns device time at `MaxUtil` per second
 //!   (credit capped at one `max_quota`) and waits, even on an idle device,
 //!   while its credit is negative. Over any window it gets at most
@@ -836,7 +839,7 @@ impl Policy {
             return;
         }
         // Rank the waiters: (class, key, since). Class 0: real group below
-        // MinUtil (key: share/min); 1: other real group (key: share);
+        // MinUtil (key: share - min); 1: other real group (key: share);
         // 2: holder. Ineligible (capped) groups are skipped.
         let mut best: Option<((u8, f64, Micros, ClientId), usize)> = None;
         for (i, w) in dev.waiters.iter().enumerate() {
@@ -871,7 +874,7 @@ impl Policy {
             let (class, key) = if c.group == HOLDER {
                 (2, share)
             } else if share < min_util {
-                (0, share / min_util)
+                (0, share - min_util)
             } else {
                 (1, share)
             };

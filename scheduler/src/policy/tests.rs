@@ -53,6 +53,10 @@ struct Sim {
     clients: Vec<SimClient>,
     queue: BinaryHeap<Reverse<(Micros, usize, u8)>>,
     device_free_at: Micros,
+    /// Time from a grant to the holder's first kernel on the device (a
+    /// real client wakes up and launches): the device idles that long at
+    /// every hand-over.
+    wake: Micros,
 }
 
 const DONE: u8 = 0; // token use finished
@@ -70,6 +74,7 @@ impl Sim {
             clients: Vec::new(),
             queue: BinaryHeap::new(),
             device_free_at: 0,
+            wake: 0,
         }
     }
 
@@ -141,7 +146,7 @@ impl Sim {
                 }
                 // The device runs one client at a time: work starts when the
                 // previous holder's last kernel is done (overuse).
-                let start = self.now.max(self.device_free_at);
+                let start = (self.now + self.wake).max(self.device_free_at);
                 let c = &mut self.clients[idx];
                 let used = match c.demand {
                     Demand::Bursty { .. } => quota_us.min(c.left),
@@ -317,6 +322,40 @@ fn four_groups_reach_their_entitlements() {
     check_shares(&[(0.1, 1.0), (0.2, 1.0), (0.3, 1.0), (0.4, 1.0)]);
     check_shares(&[(0.0, 0.1), (0.25, 0.5), (0.0, 1.0), (0.05, 0.15)]);
     check_shares(&[(0.0, 1.0), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0)]);
+}
+
+/// When hand-overs leave the device idle a little, the minimums cannot all
+/// be met: the groups fall short by about as many points each (the
+/// guarantee is in points of device time), not in proportion to their
+/// minimums, which left the large group 2.3 points short.
+#[test]
+fn groups_short_of_their_minimums_fall_short_alike() {
+    for mins in [&[0.3, 0.7][..], &[0.2, 0.3, 0.5], &[0.1, 0.2, 0.3, 0.4]] {
+        let mut text = String::new();
+        for (i, min) in mins.iter().enumerate() {
+            text += &format!("[g{i}]\nMinUtil={min}\nMaxUtil=1\n");
+        }
+        let mut sim = Sim::new(&text);
+        // 1 ms idle per 30 ms token: the device is busy 96.8 %.
+        sim.wake = MS;
+        for i in 0..mins.len() {
+            sim.add(&format!("g{i}"), Demand::Saturating);
+        }
+        sim.run_until(30 * SEC);
+        let short: Vec<f64> = mins
+            .iter()
+            .enumerate()
+            .map(|(i, min)| min - sim.group_share(&format!("g{i}"), 20 * SEC, 30 * SEC))
+            .collect();
+        let total: f64 = short.iter().sum();
+        assert!((0.02..0.05).contains(&total), "{mins:?}: short {short:?}");
+        for s in &short {
+            assert!(
+                (s - total / mins.len() as f64).abs() <= 0.005,
+                "{mins:?}: short {short:?}"
+            );
+        }
+    }
 }
 
 #[test]
