@@ -4,22 +4,30 @@
 
 CARGO ?= cargo
 PREFIX ?= /usr/local
-RELEASE_DIR := target/release
+# Where cargo puts what it builds: `target`, or wherever CARGO_TARGET_DIR
+# (or a cargo config's build.target-dir) says; cargo itself is asked.
+TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
+RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all build release test demo bench test-gpu fuzz soak install lint fmt clean
+.PHONY: all setup build release test demo bench test-gpu fuzz soak install lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
 
 all: build
 
-build:
+# Installs the system packages a fresh machine lacks (or says the one
+# command to run); every target that compiles starts with it.
+setup:
+	@scripts/setup.sh
+
+build: setup
 	$(CARGO) build --workspace
 
-release:
+release: setup
 	$(CARGO) build --workspace --release
 
-test:
+test: setup
 	$(CARGO) build --workspace --all-targets
 	$(CARGO) test --workspace
 
@@ -40,7 +48,7 @@ test-gpu:
 # and the two config parsers, from the committed corpus in fuzz/corpus.
 # cargo-fuzz needs nightly features; RUSTC_BOOTSTRAP=1 allows them on the
 # stable toolchain.
-fuzz:
+fuzz: setup
 	command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz
 	$(CARGO) run -q -p gemini-protocol --example fuzz_seeds -- fuzz/corpus/protocol_decode
 	cd fuzz && for t in protocol_decode resource_conf settings_toml; do \
@@ -52,7 +60,7 @@ fuzz:
 soak: release
 	$(RELEASE_DIR)/gem-soak
 
-lint:
+lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
