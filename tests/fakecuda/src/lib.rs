@@ -27,6 +27,9 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+pub mod capture;
+#[cfg(test)]
+mod capture_tests;
 pub mod device;
 pub mod nvml;
 pub mod procaddr;
@@ -83,13 +86,29 @@ enum Func {
 
 #[derive(Debug)]
 enum Obj {
-    Ctx { device: usize },
-    Stream { device: usize, tail: Arc<AtomicU64> },
-    Event { time: Option<u64> },
+    Ctx {
+        device: usize,
+    },
+    /// `blocking`: not created `CU_STREAM_NON_BLOCKING` (it synchronises
+    /// with the legacy stream).
+    Stream {
+        device: usize,
+        tail: Arc<AtomicU64>,
+        blocking: bool,
+    },
+    /// `captured`: last recorded in the open capture of that id.
+    Event {
+        time: Option<u64>,
+        captured: Option<u64>,
+    },
     Module,
     Function(Func),
-    Graph { nodes: Vec<u64> },
-    Exec { total: u64 },
+    Graph {
+        nodes: Vec<u64>,
+    },
+    Exec {
+        total: u64,
+    },
     Pool,
 }
 
@@ -106,6 +125,7 @@ struct Proc {
     physical: HashMap<u64, (usize, u64)>,
     next_handle: usize,
     next_ptr: [u64; MAX_DEVICES],
+    captures: capture::Captures,
 }
 
 static PROC: Mutex<Option<Proc>> = Mutex::new(None);
@@ -194,7 +214,7 @@ fn stream(s: &Sim, h: CUstream, ptsz: bool) -> Result<(usize, Arc<AtomicU64>), C
         0 | CU_STREAM_LEGACY => current_device().map(|d| (d, Arc::clone(&s.legacy_tail[d]))),
         CU_STREAM_PER_THREAD => current_device().map(|d| (d, per_thread(d))),
         _ => with_proc(|p| match p.objects.get(&h) {
-            Some(Obj::Stream { device, tail }) => Ok((*device, Arc::clone(tail))),
+            Some(Obj::Stream { device, tail, .. }) => Ok((*device, Arc::clone(tail))),
             _ => Err(CUDA_ERROR_INVALID_HANDLE),
         }),
     }
@@ -240,6 +260,52 @@ fn kernel_ns(f: CUfunction, params: *mut *mut c_void) -> Result<u64, CUresult> {
     }
 }
 
+/// Whether `h` (with `ptsz`) is the legacy default stream.
+fn is_legacy(h: CUstream, ptsz: bool) -> bool {
+    matches!(h as usize, 0 if !ptsz) || h as usize == CU_STREAM_LEGACY
+}
+
+/// Issues `ns` of device work to stream `h`: recorded into the stream's
+/// capture if it is capturing, else queued on the device.
+fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Kind) -> R {
+    let captured = with_proc(|p| {
+        if is_legacy(h, ptsz) {
+            return p.captures.legacy_work().map(|_| false);
+        }
+        match p.captures.of(h as usize) {
+            Some(c) if c.invalidated => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+            Some(c) => {
+                c.nodes.push(ns);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    })?;
+    if !captured {
+        let (dev, tail) = stream(s, h, ptsz)?;
+        s.run(dev, ns, &tail, kind as u32);
+    }
+    Ok(())
+}
+
+/// A wait for (or query of) stream `h`: refused on a capturing stream
+/// (which invalidates its capture) and, as a potentially unsafe call, on
+/// the legacy stream while a capture forbids it.
+fn check_wait(h: CUstream, ptsz: bool) -> R {
+    with_proc(|p| {
+        if is_legacy(h, ptsz) {
+            return p.captures.unsafe_call();
+        }
+        match p.captures.of(h as usize) {
+            Some(c) => {
+                c.invalidated = true;
+                Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+            }
+            None => Ok(()),
+        }
+    })
+}
+
 fn launch(
     f: CUfunction,
     grid: [u32; 3],
@@ -253,14 +319,14 @@ fn launch(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dur = kernel_ns(f, params)?;
-    let (dev, tail) = stream(s, h, ptsz)?;
-    s.run(dev, dur, &tail, kind as u32);
-    Ok(())
+    stream(s, h, ptsz)?;
+    issue(s, h, ptsz, dur, kind)
 }
 
 fn sync_stream(h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
     let (_, tail) = stream(s, h, ptsz)?;
+    check_wait(h, ptsz)?;
     sleep_until(tail.load(Ordering::Acquire));
     Ok(())
 }
@@ -268,6 +334,7 @@ fn sync_stream(h: CUstream, ptsz: bool) -> R {
 fn query_stream(h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
     let (_, tail) = stream(s, h, ptsz)?;
+    check_wait(h, ptsz)?;
     if tail.load(Ordering::Acquire) > now_ns() {
         Err(CUDA_ERROR_NOT_READY)
     } else {
@@ -275,32 +342,72 @@ fn query_stream(h: CUstream, ptsz: bool) -> R {
     }
 }
 
+/// Records `e` on `h`: the time its work ends, or, on a capturing stream,
+/// a node of the capture (other streams that wait for it join it).
 fn record_event(e: CUevent, h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
     let (_, tail) = stream(s, h, ptsz)?;
     let t = tail.load(Ordering::Acquire).max(now_ns());
-    with_proc(|p| match p.objects.get_mut(&(e as usize)) {
-        Some(Obj::Event { time }) => {
-            *time = Some(t);
-            Ok(())
+    with_proc(|p| {
+        let legacy = is_legacy(h, ptsz);
+        let capture = match p.captures.of(h as usize) {
+            _ if legacy => {
+                p.captures.legacy_work()?;
+                None
+            }
+            Some(c) if c.invalidated => return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+            Some(c) => Some(c.id),
+            None => None,
+        };
+        match p.objects.get_mut(&(e as usize)) {
+            Some(Obj::Event { time, captured }) => {
+                *captured = capture;
+                if capture.is_none() {
+                    *time = Some(t);
+                }
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
         }
-        _ => Err(CUDA_ERROR_INVALID_HANDLE),
     })
 }
 
-/// Later work on the stream starts after the event's work.
+/// Later work on the stream starts after the event's work; a stream that
+/// waits for an event recorded in a capture joins that capture.
 fn wait_event(h: CUstream, e: CUevent, ptsz: bool) -> R {
     let s = initialised()?;
     let (_, tail) = stream(s, h, ptsz)?;
-    if let Some(t) = event_time(e)? {
+    let joined = with_proc(|p| {
+        let captured = match p.objects.get(&(e as usize)) {
+            Some(Obj::Event { captured, .. }) => *captured,
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        };
+        let Some(id) = captured else { return Ok(false) };
+        if is_legacy(h, ptsz) || p.captures.of(h as usize).is_some() {
+            return Ok(true); // a capturing stream waits within its graph
+        }
+        match p.captures.of_id(id) {
+            Some(c) => {
+                c.streams.push(h as usize);
+                Ok(true)
+            }
+            None => Ok(false), // that capture is over: an ordinary wait
+        }
+    })?;
+    if !joined && let Some(t) = event_time(e)? {
         tail.fetch_max(t, Ordering::AcqRel);
     }
     Ok(())
 }
 
+/// The time `e`'s work ends; refused for an event last recorded in a
+/// capture that is still open.
 fn event_time(e: CUevent) -> Result<Option<u64>, CUresult> {
     with_proc(|p| match p.objects.get(&(e as usize)) {
-        Some(Obj::Event { time }) => Ok(*time),
+        Some(Obj::Event {
+            captured: Some(id), ..
+        }) if p.captures.has_id(*id) => Err(CUDA_ERROR_CAPTURED_EVENT),
+        Some(Obj::Event { time, .. }) => Ok(*time),
         _ => Err(CUDA_ERROR_INVALID_HANDLE),
     })
 }
@@ -356,6 +463,10 @@ fn mem_info(free: *mut usize, total: *mut usize) -> R {
 fn sync_copy_on(ptds: bool) -> R {
     let s = initialised()?;
     let dev = current_device()?;
+    if !ptds {
+        // On the legacy stream: potentially unsafe during a capture.
+        with_proc(|p| p.captures.unsafe_call())?;
+    }
     let until = if ptds {
         let (_, tail) = stream(s, std::ptr::null_mut(), true)?;
         tail.load(Ordering::Acquire)
@@ -375,8 +486,12 @@ fn sync_copy_ptds() -> R {
     sync_copy_on(true)
 }
 
+/// Asynchronous work that takes no device time (copies, memsets, frees):
+/// recorded into a capture, or nothing.
 fn check_stream(h: CUstream, ptsz: bool) -> R {
-    stream(initialised()?, h, ptsz).map(|_| ())
+    let s = initialised()?;
+    stream(s, h, ptsz)?;
+    issue(s, h, ptsz, 0, Kind::Kernel)
 }
 
 fn graph_launch(exec: CUgraphExec, h: CUstream, ptsz: bool) -> R {
@@ -385,9 +500,64 @@ fn graph_launch(exec: CUgraphExec, h: CUstream, ptsz: bool) -> R {
         Some(Obj::Exec { total }) => Ok(*total),
         _ => Err(CUDA_ERROR_INVALID_HANDLE),
     })?;
-    let (dev, tail) = stream(s, h, ptsz)?;
-    s.run(dev, total, &tail, Kind::Graph as u32);
-    Ok(())
+    stream(s, h, ptsz)?;
+    issue(s, h, ptsz, total, Kind::Graph)
+}
+
+/// The created stream `h` may capture: the legacy stream may not
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); the per-thread default
+/// stream is not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+fn capturable(h: CUstream, ptsz: bool) -> Result<bool, CUresult> {
+    let s = initialised()?;
+    stream(s, h, ptsz)?;
+    if is_legacy(h, ptsz) {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    with_proc(|p| match p.objects.get(&(h as usize)) {
+        Some(Obj::Stream { blocking, .. }) => Ok(*blocking),
+        _ => Err(CUDA_ERROR_NOT_SUPPORTED),
+    })
+}
+
+fn begin_capture(h: CUstream, ptsz: bool, mode: u32) -> R {
+    let blocking = capturable(h, ptsz)?;
+    with_proc(|p| p.captures.begin(h as usize, blocking, mode))
+}
+
+fn end_capture(h: CUstream, ptsz: bool, graph: *mut CUgraph) -> R {
+    if graph.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    capturable(h, ptsz)?;
+    let ended = with_proc(|p| {
+        let nodes = p.captures.end(h as usize)?;
+        Ok(p.add(Obj::Graph { nodes }))
+    });
+    match ended {
+        Ok(g) => put(graph, g as CUgraph),
+        Err(e) => {
+            if e == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED {
+                put(graph, std::ptr::null_mut())?;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// `CUstreamCaptureStatus` of `h` (and the capture's id).
+fn capture_status(h: CUstream, ptsz: bool) -> Result<(u32, u64), CUresult> {
+    let s = initialised()?;
+    stream(s, h, ptsz)?;
+    with_proc(|p| {
+        if is_legacy(h, ptsz) {
+            if p.captures.blocking_open() {
+                return Err(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+            }
+            return Ok((capture::STATUS_NONE, 0));
+        }
+        let status = p.captures.status(h as usize);
+        Ok((status, p.captures.of(h as usize).map_or(0, |c| c.id)))
+    })
 }
 
 fn add_kernel_node(
@@ -704,15 +874,19 @@ driver_api! {
     }
     fn cuCtxSynchronize() {
         let s = initialised()?;
+        current_device()?;
+        with_proc(|p| p.captures.unsafe_call())?;
         sleep_until(s.last_end[current_device()?].load(Ordering::Acquire));
         Ok(())
     }
 
     // Streams and events.
-    fn cuStreamCreate(out: *mut CUstream, _flags: u32) {
+    fn cuStreamCreate(out: *mut CUstream, flags: u32) {
         initialised()?;
         let dev = current_device()?;
-        let h = with_proc(|p| p.add(Obj::Stream { device: dev, tail: Arc::new(AtomicU64::new(0)) }));
+        // CU_STREAM_NON_BLOCKING = 1.
+        let blocking = flags & 1 == 0;
+        let h = with_proc(|p| p.add(Obj::Stream { device: dev, tail: Arc::new(AtomicU64::new(0)), blocking }));
         put(out, h as CUstream)
     }
     fn cuStreamCreateWithPriority(out: *mut CUstream, flags: u32, _priority: i32) {
@@ -726,12 +900,41 @@ driver_api! {
     fn cuStreamQuery_ptsz(h: CUstream) { query_stream(h, true) }
     fn cuEventCreate(out: *mut CUevent, _flags: u32) {
         initialised()?;
-        let h = with_proc(|p| p.add(Obj::Event { time: None }));
+        let h = with_proc(|p| p.add(Obj::Event { time: None, captured: None }));
         put(out, h as CUevent)
     }
     fn cuEventDestroy_v2(e: CUevent) { destroy(e, |o| matches!(o, Obj::Event { .. })) }
     fn cuEventRecord(e: CUevent, h: CUstream) { record_event(e, h, false) }
     fn cuEventRecord_ptsz(e: CUevent, h: CUstream) { record_event(e, h, true) }
+    // Stream capture (see [`capture`]).
+    fn cuStreamBeginCapture(h: CUstream) { begin_capture(h, false, capture::MODE_GLOBAL) }
+    fn cuStreamBeginCapture_ptsz(h: CUstream) { begin_capture(h, true, capture::MODE_GLOBAL) }
+    fn cuStreamBeginCapture_v2(h: CUstream, mode: u32) { begin_capture(h, false, mode) }
+    fn cuStreamBeginCapture_v2_ptsz(h: CUstream, mode: u32) { begin_capture(h, true, mode) }
+    fn cuStreamEndCapture(h: CUstream, graph: *mut CUgraph) { end_capture(h, false, graph) }
+    fn cuStreamEndCapture_ptsz(h: CUstream, graph: *mut CUgraph) { end_capture(h, true, graph) }
+    fn cuStreamIsCapturing(h: CUstream, status: *mut u32) { put(status, capture_status(h, false)?.0) }
+    fn cuStreamIsCapturing_ptsz(h: CUstream, status: *mut u32) { put(status, capture_status(h, true)?.0) }
+    fn cuStreamGetCaptureInfo(h: CUstream, status: *mut u32, id: *mut u64) {
+        let (st, i) = capture_status(h, false)?;
+        put(status, st)?;
+        if !id.is_null() { put(id, i)?; }
+        Ok(())
+    }
+    fn cuStreamGetCaptureInfo_v2(h: CUstream, status: *mut u32, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize) {
+        let (st, i) = capture_status(h, false)?;
+        put(status, st)?;
+        if !id.is_null() { put(id, i)?; }
+        // The graph being built is not an object here: none is handed out.
+        if !graph.is_null() { put(graph, std::ptr::null_mut())?; }
+        if !deps.is_null() { put(deps, std::ptr::null())?; }
+        if !n.is_null() { put(n, 0)?; }
+        Ok(())
+    }
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) {
+        let old = capture::exchange_mode(get(mode)?)?;
+        put(mode, old)
+    }
     fn cuEventQuery(e: CUevent) {
         initialised()?;
         match event_time(e)? {

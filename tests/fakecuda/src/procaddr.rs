@@ -46,7 +46,9 @@ pub const VERSIONED: &[(&str, i32, &str)] = &[
     ("cuMemcpyHtoDAsync", 3020, "cuMemcpyHtoDAsync_v2"),
     ("cuMemsetD32", 3020, "cuMemsetD32_v2"),
     ("cuMemsetD8", 3020, "cuMemsetD8_v2"),
+    ("cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2"),
     ("cuStreamDestroy", 4000, "cuStreamDestroy_v2"),
+    ("cuStreamGetCaptureInfo", 11030, "cuStreamGetCaptureInfo_v2"),
 ];
 
 /// First CUDA version that has `name` at all (functions not listed exist
@@ -60,6 +62,11 @@ pub const INTRODUCED: &[(&str, i32)] = &[
     ("cuMemCreate", 10020),
     ("cuMemRelease", 10020),
     ("cuGraphInstantiateWithFlags", 11040),
+    ("cuStreamBeginCapture", 10000),
+    ("cuStreamEndCapture", 10000),
+    ("cuStreamIsCapturing", 10000),
+    ("cuStreamGetCaptureInfo", 10010),
+    ("cuThreadExchangeStreamCaptureMode", 10010),
 ];
 
 /// Outcome of a lookup.

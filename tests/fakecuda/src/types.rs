@@ -24,10 +24,17 @@ pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
+pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
+pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
+pub const CUDA_ERROR_CAPTURED_EVENT: CUresult = 907;
+pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CUresult = 908;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// Name and description of every result code the simulator returns.
@@ -92,6 +99,41 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         CUDA_ERROR_NOT_SUPPORTED,
         "CUDA_ERROR_NOT_SUPPORTED\0",
         "operation not supported\0",
+    ),
+    (
+        CUDA_ERROR_ILLEGAL_STATE,
+        "CUDA_ERROR_ILLEGAL_STATE\0",
+        "the operation cannot be performed in the present state\0",
+    ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED\0",
+        "operation not permitted when stream is capturing\0",
+    ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED\0",
+        "operation failed due to a previous error during capture\0",
+    ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+        "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED\0",
+        "capture was not initiated in this stream\0",
+    ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+        "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT\0",
+        "operation would make the legacy stream depend on a capturing blocking stream\0",
+    ),
+    (
+        CUDA_ERROR_CAPTURED_EVENT,
+        "CUDA_ERROR_CAPTURED_EVENT\0",
+        "operation not permitted on an event last recorded in a capturing stream\0",
+    ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+        "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD\0",
+        "attempt to terminate a thread-local capture sequence from another thread\0",
     ),
     (
         CUDA_ERROR_UNKNOWN,

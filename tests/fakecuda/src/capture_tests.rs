@@ -1,0 +1,339 @@
+//! Stream capture in the simulator behaves as the driver documents it
+//! (see [`crate::capture`]): the entry points are called directly, in
+//! this test process, with the simulator's state in a private directory.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use crate::capture::{MODE_GLOBAL, MODE_RELAXED, MODE_THREAD_LOCAL, STATUS_ACTIVE, STATUS_NONE};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+const NON_BLOCKING: u32 = 1;
+
+/// A context current on this thread and a 1 ms kernel; the tests take
+/// turns (captures are per process: one test's global capture forbids
+/// another's synchronisation).
+struct Dev {
+    ctx: usize,
+    kernel: usize,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+fn dev() -> Dev {
+    static TURN: Mutex<()> = Mutex::new(());
+    let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    static DIR: Once = Once::new();
+    DIR.call_once(|| {
+        let dir = std::env::temp_dir().join(format!("fakecuda-capture-{}", std::process::id()));
+        // SAFETY: set once, before any test of this binary reads the
+        // environment (every test starts here; the Once makes the others
+        // wait until it is set).
+        unsafe { std::env::set_var("FAKECUDA_DIR", dir) };
+    });
+    // SAFETY: the simulator's entry points with valid out-pointers.
+    unsafe {
+        assert_eq!(cuInit(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, 0), 0);
+        assert_eq!(cuCtxSetCurrent(ctx), 0);
+        let mut m = std::ptr::null_mut();
+        assert_eq!(cuModuleLoadData(&mut m, c"image".as_ptr().cast()), 0);
+        let mut f = std::ptr::null_mut();
+        assert_eq!(cuModuleGetFunction(&mut f, m, c"fixed_1000us".as_ptr()), 0);
+        Dev {
+            ctx: ctx as usize,
+            kernel: f as usize,
+            _turn: turn,
+        }
+    }
+}
+
+impl Dev {
+    /// Makes the context current on the calling thread (another thread).
+    fn enter(&self) {
+        // SAFETY: a context of this process.
+        assert_eq!(unsafe { cuCtxSetCurrent(self.ctx as CUcontext) }, 0);
+    }
+
+    fn stream(&self, flags: u32) -> CUstream {
+        let mut s = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        assert_eq!(unsafe { cuStreamCreate(&mut s, flags) }, 0);
+        s
+    }
+
+    fn launch(&self, s: CUstream) -> CUresult {
+        let null = std::ptr::null_mut();
+        // SAFETY: a function of this process, no parameters.
+        unsafe {
+            cuLaunchKernel(
+                self.kernel as CUfunction,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                s,
+                null,
+                null,
+            )
+        }
+    }
+}
+
+fn begin(s: CUstream, mode: u32) -> CUresult {
+    // SAFETY: plain handle and value arguments.
+    unsafe { cuStreamBeginCapture_v2(s, mode) }
+}
+
+fn end(s: CUstream) -> (CUresult, CUgraph) {
+    let mut g = 0x1 as CUgraph; // the driver sets it, even to null
+    // SAFETY: out-pointer to a local.
+    let r = unsafe { cuStreamEndCapture(s, &mut g) };
+    (r, g)
+}
+
+fn status(s: CUstream) -> (CUresult, u32) {
+    let mut st = 99;
+    // SAFETY: out-pointer to a local.
+    let r = unsafe { cuStreamIsCapturing(s, &mut st) };
+    (r, st)
+}
+
+fn ctx_sync() -> CUresult {
+    // SAFETY: no arguments.
+    unsafe { cuCtxSynchronize() }
+}
+
+fn on_other_thread<T: Send>(d: &Dev, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            d.enter();
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// Time to synchronise `s`.
+fn sync_time(s: CUstream) -> Duration {
+    let t = Instant::now();
+    // SAFETY: a stream of this process.
+    assert_eq!(unsafe { cuStreamSynchronize(s) }, 0);
+    t.elapsed()
+}
+
+#[test]
+fn captured_kernels_run_only_when_the_graph_is_launched() {
+    let d = dev();
+    let s = d.stream(NON_BLOCKING);
+    assert_eq!(begin(s, MODE_GLOBAL), 0);
+    assert_eq!(status(s), (0, STATUS_ACTIVE));
+    for _ in 0..5 {
+        assert_eq!(d.launch(s), 0);
+    }
+    let (r, g) = end(s);
+    assert_eq!(r, 0);
+    assert!(!g.is_null());
+    assert_eq!(status(s), (0, STATUS_NONE));
+    // SAFETY: a stream of this process.
+    assert_eq!(unsafe { cuStreamQuery(s) }, 0, "nothing was queued");
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local, a graph of this process.
+    unsafe {
+        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, g, 0), 0);
+        assert_eq!(cuGraphLaunch(exec, s), 0);
+    }
+    let took = sync_time(s);
+    assert!(
+        took >= Duration::from_millis(5),
+        "the five kernels ran: {took:?}"
+    );
+}
+
+#[test]
+fn a_context_sync_from_another_thread_invalidates_a_global_capture() {
+    let d = dev();
+    let s = d.stream(NON_BLOCKING);
+    assert_eq!(begin(s, MODE_GLOBAL), 0);
+    assert_eq!(d.launch(s), 0);
+    assert_eq!(
+        on_other_thread(&d, ctx_sync),
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    );
+    assert_eq!(status(s), (0, capture::STATUS_INVALIDATED));
+    assert_eq!(d.launch(s), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    let (r, g) = end(s);
+    assert_eq!(r, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert!(g.is_null());
+    assert_eq!(ctx_sync(), 0, "the capture is over");
+}
+
+#[test]
+fn blocking_copies_and_legacy_waits_are_unsafe_during_a_global_capture() {
+    let d = dev();
+    let s = d.stream(NON_BLOCKING);
+    type Call = fn() -> CUresult;
+    let calls: [(&str, Call); 3] = [
+        ("cuMemcpyDtoH", || {
+            // SAFETY: 0 bytes: no memory is touched.
+            unsafe { cuMemcpyDtoH_v2(std::ptr::null_mut(), 0x10, 0) }
+        }),
+        ("legacy stream sync", || {
+            // SAFETY: null is the legacy stream.
+            unsafe { cuStreamSynchronize(std::ptr::null_mut()) }
+        }),
+        ("legacy stream query", || {
+            // SAFETY: null is the legacy stream.
+            unsafe { cuStreamQuery(std::ptr::null_mut()) }
+        }),
+    ];
+    for (what, call) in calls {
+        assert_eq!(begin(s, MODE_GLOBAL), 0);
+        assert_eq!(
+            on_other_thread(&d, call),
+            CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            "{what}"
+        );
+        assert_eq!(end(s).0, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "{what}");
+    }
+    // The per-thread default stream is not the legacy one: allowed.
+    assert_eq!(begin(s, MODE_GLOBAL), 0);
+    // SAFETY: the per-thread default stream of the current context.
+    let r = on_other_thread(&d, || unsafe {
+        cuStreamSynchronize_ptsz(std::ptr::null_mut())
+    });
+    assert_eq!(r, 0);
+    assert_eq!(end(s).0, 0);
+}
+
+#[test]
+fn thread_local_and_relaxed_captures_forbid_less() {
+    let d = dev();
+    let s = d.stream(NON_BLOCKING);
+    // Thread-local: other threads may sync, the capturing one may not.
+    assert_eq!(begin(s, MODE_THREAD_LOCAL), 0);
+    assert_eq!(on_other_thread(&d, ctx_sync), 0);
+    assert_eq!(ctx_sync(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(end(s).0, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    // Relaxed: nobody is forbidden.
+    assert_eq!(begin(s, MODE_RELAXED), 0);
+    assert_eq!(ctx_sync(), 0);
+    assert_eq!(on_other_thread(&d, ctx_sync), 0);
+    assert_eq!(end(s).0, 0);
+    // A thread in relaxed mode may sync during a global capture.
+    assert_eq!(begin(s, MODE_GLOBAL), 0);
+    let (r, old) = on_other_thread(&d, || {
+        let mut mode = MODE_RELAXED;
+        // SAFETY: in/out pointer to a local.
+        let old = unsafe { cuThreadExchangeStreamCaptureMode(&mut mode) };
+        assert_eq!(old, 0);
+        (ctx_sync(), mode)
+    });
+    assert_eq!((r, old), (0, MODE_GLOBAL));
+    assert_eq!(end(s).0, 0);
+}
+
+#[test]
+fn syncing_or_querying_the_capturing_stream_invalidates_it() {
+    let d = dev();
+    let s = d.stream(NON_BLOCKING);
+    for query in [false, true] {
+        assert_eq!(begin(s, MODE_GLOBAL), 0);
+        // SAFETY: a stream of this process.
+        let r = unsafe {
+            if query {
+                cuStreamQuery(s)
+            } else {
+                cuStreamSynchronize(s)
+            }
+        };
+        assert_eq!(r, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        assert_eq!(end(s).0, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+}
+
+#[test]
+fn legacy_stream_work_beside_a_blocking_capture_is_implicit() {
+    let d = dev();
+    let blocking = d.stream(0);
+    assert_eq!(begin(blocking, MODE_RELAXED), 0);
+    assert_eq!(
+        status(std::ptr::null_mut()).0,
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+    );
+    assert_eq!(
+        d.launch(std::ptr::null_mut()),
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+    );
+    assert_eq!(end(blocking).0, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    // Beside a non-blocking capture the legacy stream works.
+    let s = d.stream(NON_BLOCKING);
+    assert_eq!(begin(s, MODE_RELAXED), 0);
+    assert_eq!(status(std::ptr::null_mut()), (0, STATUS_NONE));
+    assert_eq!(d.launch(std::ptr::null_mut()), 0);
+    assert_eq!(end(s).0, 0);
+}
+
+#[test]
+fn misuse_gets_the_drivers_errors() {
+    let d = dev();
+    let s = d.stream(NON_BLOCKING);
+    let h = s as usize; // a handle another thread may use
+    assert_eq!(
+        begin(std::ptr::null_mut(), MODE_GLOBAL),
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    );
+    assert_eq!(begin(s, 7), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(end(s).0, CUDA_ERROR_ILLEGAL_STATE, "not capturing");
+    assert_eq!(begin(s, MODE_GLOBAL), 0);
+    assert_eq!(begin(s, MODE_GLOBAL), CUDA_ERROR_ILLEGAL_STATE, "twice");
+    assert_eq!(
+        on_other_thread(&d, move || end(h as CUstream).0),
+        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+    );
+    assert_eq!(status(s), (0, STATUS_ACTIVE), "still capturing");
+    assert_eq!(end(s).0, 0);
+    // A relaxed capture may end on any thread.
+    assert_eq!(begin(s, MODE_RELAXED), 0);
+    assert_eq!(on_other_thread(&d, move || end(h as CUstream).0), 0);
+}
+
+#[test]
+fn a_stream_waiting_on_a_captured_event_joins_the_capture() {
+    let d = dev();
+    let (s, side) = (d.stream(NON_BLOCKING), d.stream(NON_BLOCKING));
+    let mut e = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local.
+    assert_eq!(unsafe { cuEventCreate(&mut e, 0) }, 0);
+    assert_eq!(begin(s, MODE_GLOBAL), 0);
+    assert_eq!(d.launch(s), 0);
+    // SAFETY: an event and streams of this process.
+    unsafe {
+        assert_eq!(cuEventRecord(e, s), 0);
+        assert_eq!(cuEventQuery(e), CUDA_ERROR_CAPTURED_EVENT);
+        assert_eq!(cuStreamWaitEvent(side, e, 0), 0);
+    }
+    assert_eq!(status(side), (0, STATUS_ACTIVE));
+    assert_eq!(d.launch(side), 0);
+    assert_eq!(d.launch(side), 0);
+    assert_eq!(end(side).0, CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+    let (r, g) = end(s);
+    assert_eq!(r, 0);
+    assert_eq!(status(side), (0, STATUS_NONE), "left with the capture");
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local, a graph of this process.
+    unsafe {
+        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, g, 0), 0);
+        assert_eq!(cuGraphLaunch(exec, s), 0);
+    }
+    let took = sync_time(s);
+    assert!(
+        took >= Duration::from_millis(3),
+        "all three kernels: {took:?}"
+    );
+}
