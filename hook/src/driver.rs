@@ -76,6 +76,33 @@ pub unsafe fn ctx_pop(ctx: *mut *mut c_void) -> CUresult {
     real_call!(c"cuCtxPopCurrent_v2", fn(*mut *mut c_void), ctx)
 }
 
+/// `cuStreamIsCapturing` (`_ptsz` for a per-thread-default-stream
+/// caller, whose null stream is its own).
+///
+/// # Safety
+/// `status` must be writable.
+pub unsafe fn stream_is_capturing(
+    stream: *mut c_void,
+    per_thread: bool,
+    status: *mut u32,
+) -> CUresult {
+    if per_thread {
+        real_call!(
+            c"cuStreamIsCapturing_ptsz",
+            fn(*mut c_void, *mut u32),
+            stream,
+            status
+        )
+    } else {
+        real_call!(
+            c"cuStreamIsCapturing",
+            fn(*mut c_void, *mut u32),
+            stream,
+            status
+        )
+    }
+}
+
 /// `cuDeviceGetCount`, if the driver is initialised and answers.
 pub fn device_count() -> Option<i32> {
     let mut n = 0;

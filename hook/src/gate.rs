@@ -34,6 +34,7 @@
 //! within the token, from the device time per launch learned from waits
 //! that returned with the work done.
 
+use crate::capture;
 use crate::conn::CUDA_ERROR_NOT_PERMITTED;
 use crate::driver::{self, CUresult};
 use crate::log::debug;
@@ -138,6 +139,17 @@ impl Drop for InCall {
             g.exited.fetch_add(1, Ordering::Release);
         }
     }
+}
+
+/// [`admit`] for a launch onto `stream` (`per_thread`: the caller's null
+/// stream is its per-thread one): a launch into a capturing stream only
+/// records a graph node and passes ungated (the graph's launch is gated).
+#[inline]
+pub fn admit_on(stream: *mut c_void, per_thread: bool) -> Result<InCall, CUresult> {
+    if capture::any_open() && capture::capturing(stream, per_thread) {
+        return Ok(InCall(None));
+    }
+    admit()
 }
 
 /// Lets a launch through once this process holds the token of the current
@@ -378,12 +390,20 @@ fn settle(g: &Gate, why: Settle) -> Option<u64> {
         return None;
     }
     let t0 = now_ns();
-    synchronize(g.ctx.load(Ordering::Relaxed) as *mut c_void);
+    // A capture is open: any synchronisation would fail and invalidate
+    // the program's capture. The token is accounted up to now (or to when
+    // the process went quiet) without waiting for its work.
+    let capturing = capture::any_open();
+    if capturing {
+        debug!("a capture is open: token accounted without waiting for its work ({why:?})");
+    } else {
+        synchronize(g.ctx.load(Ordering::Relaxed) as *mut c_void);
+    }
     let t1 = now_ns();
     let end = match why {
         // If the work was still running, it ended now; else it ended
         // (about) when the process went quiet.
-        Settle::Idle { quiet_since } if t1.saturating_sub(t0) <= 100_000 => {
+        Settle::Idle { quiet_since } if capturing || t1.saturating_sub(t0) <= 100_000 => {
             quiet_since.clamp(granted_at, t1)
         }
         _ => t1,

@@ -8,9 +8,9 @@
 use crate::conn::Conn;
 use crate::gate::Gate;
 use gemini_protocol::env;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
@@ -114,6 +114,9 @@ pub struct State {
     pub kick: (Mutex<bool>, Condvar),
     /// The driver reports exactly one device: every launch is on ordinal 0.
     pub single_device: bool,
+    /// Streams with a capture open (see [`crate::capture`]), and how many.
+    pub captures: Mutex<HashSet<usize>>,
+    pub captures_open: AtomicUsize,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -163,6 +166,8 @@ pub fn get() -> &'static State {
         watcher: AtomicBool::new(false),
         kick: (Mutex::new(false), Condvar::new()),
         single_device: crate::driver::device_count() == Some(1),
+        captures: Mutex::new(HashSet::new()),
+        captures_open: AtomicUsize::new(0),
     }));
     match STATE.compare_exchange(
         std::ptr::null_mut(),

@@ -9,6 +9,7 @@
 //! The hook never calls its own exports (it calls the real functions
 //! through resolved pointers), so no re-entrancy guard is needed here.
 
+use crate::capture;
 use crate::driver::{self, CUDA_ERROR_NOT_FOUND, CUresult};
 use crate::gate;
 use crate::memory::{self, guarded_alloc, guarded_alloc_on};
@@ -76,10 +77,11 @@ macro_rules! hooks {
     };
 }
 
-/// Launches `$call` if the gate admits this process to the device.
+/// Launches `$call` onto stream `$s` (`$pt`: a per-thread-default-stream
+/// entry point) if the gate admits this process to the device.
 macro_rules! gated {
-    ($call:expr) => {
-        match gate::admit() {
+    ($s:expr, $pt:expr, $call:expr) => {
+        match gate::admit_on($s, $pt) {
             Ok(_in_call) => {
                 // SAFETY: the program's own arguments, passed on unchanged.
                 unsafe { $call }
@@ -165,28 +167,75 @@ hooks! {
     // Launches.
     cuLaunchKernel ["cuLaunchKernel", 4000, false]
     (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| {
-        gated!(real(f, gx, gy, gz, bx, by, bz, sh, s, p, e))
+        gated!(s, false, real(f, gx, gy, gz, bx, by, bz, sh, s, p, e))
     }
     cuLaunchKernel_ptsz ["cuLaunchKernel", 7000, true]
     (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| {
-        gated!(real(f, gx, gy, gz, bx, by, bz, sh, s, p, e))
+        gated!(s, true, real(f, gx, gy, gz, bx, by, bz, sh, s, p, e))
     }
     cuLaunchKernelEx ["cuLaunchKernelEx", 11060, false]
-    (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| { gated!(real(config, f, p, e)) }
+    (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| {
+        gated!(capture::config_stream(config), false, real(config, f, p, e))
+    }
     cuLaunchKernelEx_ptsz ["cuLaunchKernelEx", 11060, true]
-    (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| { gated!(real(config, f, p, e)) }
+    (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| {
+        gated!(capture::config_stream(config), true, real(config, f, p, e))
+    }
     cuLaunchCooperativeKernel ["cuLaunchCooperativeKernel", 9000, false]
     (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |real| {
-        gated!(real(f, gx, gy, gz, bx, by, bz, sh, s, p))
+        gated!(s, false, real(f, gx, gy, gz, bx, by, bz, sh, s, p))
     }
     cuLaunchCooperativeKernel_ptsz ["cuLaunchCooperativeKernel", 9000, true]
     (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |real| {
-        gated!(real(f, gx, gy, gz, bx, by, bz, sh, s, p))
+        gated!(s, true, real(f, gx, gy, gz, bx, by, bz, sh, s, p))
     }
     cuGraphLaunch ["cuGraphLaunch", 10000, false]
-    (exec: Ptr, s: Ptr) => |real| { gated!(real(exec, s)) }
+    (exec: Ptr, s: Ptr) => |real| { gated!(s, false, real(exec, s)) }
     cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, true]
-    (exec: Ptr, s: Ptr) => |real| { gated!(real(exec, s)) }
+    (exec: Ptr, s: Ptr) => |real| { gated!(s, true, real(exec, s)) }
+
+    // Stream capture: tracked so that the hook never synchronises while a
+    // capture is open (see `capture`).
+    cuStreamBeginCapture ["cuStreamBeginCapture", 10000, false]
+    (s: Ptr) => |real| {
+        // SAFETY: the program's argument, passed on unchanged.
+        capture::began(s, unsafe { real(s) })
+    }
+    cuStreamBeginCapture_ptsz ["cuStreamBeginCapture", 10000, true]
+    (s: Ptr) => |real| {
+        // SAFETY: the program's argument, passed on unchanged.
+        capture::began(s, unsafe { real(s) })
+    }
+    cuStreamBeginCapture_v2 ["cuStreamBeginCapture", 10010, false]
+    (s: Ptr, mode: u32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        capture::began(s, unsafe { real(s, mode) })
+    }
+    cuStreamBeginCapture_v2_ptsz ["cuStreamBeginCapture", 10010, true]
+    (s: Ptr, mode: u32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        capture::began(s, unsafe { real(s, mode) })
+    }
+    cuStreamBeginCaptureToGraph ["cuStreamBeginCaptureToGraph", 12030, false]
+    (s: Ptr, graph: Ptr, deps: *const Ptr, edges: *const c_void, n: usize, mode: u32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        capture::began(s, unsafe { real(s, graph, deps, edges, n, mode) })
+    }
+    cuStreamBeginCaptureToGraph_ptsz ["cuStreamBeginCaptureToGraph", 12030, true]
+    (s: Ptr, graph: Ptr, deps: *const Ptr, edges: *const c_void, n: usize, mode: u32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        capture::began(s, unsafe { real(s, graph, deps, edges, n, mode) })
+    }
+    cuStreamEndCapture ["cuStreamEndCapture", 10000, false]
+    (s: Ptr, graph: *mut Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        capture::ended(s, false, unsafe { real(s, graph) })
+    }
+    cuStreamEndCapture_ptsz ["cuStreamEndCapture", 10000, true]
+    (s: Ptr, graph: *mut Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        capture::ended(s, true, unsafe { real(s, graph) })
+    }
 
     // Waiting for (or polling) the device's work: not idle.
     cuCtxSynchronize ["cuCtxSynchronize", 2000, false]

@@ -86,6 +86,18 @@ struct Args {
     /// the default stream
     #[arg(long)]
     own_streams: bool,
+    /// Capture this many kernels into a CUDA graph first, as
+    /// `torch.cuda.graph` does (a side stream created non-blocking,
+    /// warm-up, a global-mode capture while another thread keeps
+    /// launching five kernels, synchronising on a stream of its own and
+    /// pausing three --capture-pause-ms), then replay
+    /// the graph in the launch loop (one launch runs them all)
+    #[arg(long, default_value_t = 0)]
+    capture: u64,
+    /// Pause between two captured launches, milliseconds (a capture that
+    /// outlasts tokens and idle thresholds)
+    #[arg(long, default_value_t = 2.0)]
+    capture_pause_ms: f64,
 }
 
 /// The exported symbol a dlsym-resolving program asks for.
@@ -107,8 +119,11 @@ fn versioned(name: &str, ptsz: bool) -> String {
         "cuStreamSynchronize",
         "cuStreamQuery",
         "cuEventRecord",
+        "cuStreamEndCapture",
     ];
-    if name == "cuMemcpyDtoH" {
+    if name == "cuStreamBeginCapture" {
+        format!("{name}_v2{}", if ptsz { "_ptsz" } else { "" })
+    } else if name == "cuMemcpyDtoH" {
         format!("{name}_v2{}", if ptsz { "_ptds" } else { "" })
     } else if v2.contains(&name) {
         format!("{name}_v2")
@@ -171,6 +186,8 @@ struct Driver {
     event_sync: unsafe extern "C" fn(Ptr) -> CUresult,
     event_query: unsafe extern "C" fn(Ptr) -> CUresult,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> CUresult,
+    begin_capture: unsafe extern "C" fn(Ptr, u32) -> CUresult,
+    end_capture: unsafe extern "C" fn(Ptr, *mut Ptr) -> CUresult,
 }
 
 #[repr(C)]
@@ -275,6 +292,8 @@ impl Driver {
             event_sync: f!("cuEventSynchronize"),
             event_query: f!("cuEventQuery"),
             memcpy_dtoh: f!("cuMemcpyDtoH"),
+            begin_capture: f!("cuStreamBeginCapture"),
+            end_capture: f!("cuStreamEndCapture"),
             _lib: lib,
         })
     }
@@ -406,9 +425,16 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                 (d.graph_instantiate)(&mut exec, graph, 0),
             )?;
         }
+        let mut per_launch = 1;
+        if args.capture > 0 {
+            let (captured, beside) = capture_graph(&d, args, func, ctx)?;
+            exec = captured;
+            per_launch = args.capture;
+            report.kernels += beside;
+        }
         let (f, e, c) = (func as usize, exec as usize, ctx as usize);
-        report.kernels = if args.threads <= 1 {
-            launch_loop(&d, args, f, e)?
+        report.kernels += if args.threads <= 1 {
+            launch_loop(&d, args, f, e, per_launch)?
         } else {
             std::thread::scope(|scope| {
                 let handles: Vec<_> = (0..args.threads)
@@ -416,7 +442,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                         let d = &d;
                         scope.spawn(move || {
                             check("cuCtxSetCurrent", (d.ctx_set_current)(c as Ptr))?;
-                            launch_loop(d, args, f, e)
+                            launch_loop(d, args, f, e, per_launch)
                         })
                     })
                     .collect();
@@ -445,6 +471,105 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         }
         Ok(report)
     }
+}
+
+/// `CU_STREAM_NON_BLOCKING`: PyTorch's streams do not synchronise with
+/// the legacy default stream.
+const NON_BLOCKING: u32 = 1;
+
+/// Captures `--capture` kernels into a graph the way `torch.cuda.graph`
+/// does, while another thread keeps launching and synchronising on a
+/// stream of its own; returns the instantiated graph and the kernels the
+/// other thread ran.
+fn capture_graph(d: &Driver, args: &Args, func: Ptr, ctx: Ptr) -> anyhow::Result<(Ptr, u64)> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const GLOBAL: u32 = 0;
+    let mut dur = args.kernel_us;
+    let mut params: [Ptr; 1] = [&mut dur as *mut u64 as Ptr];
+    let func = func as usize; // shared with the thread beside the capture
+    let launch = |stream: Ptr, params: &mut [Ptr; 1]| {
+        // SAFETY: a function of this context, its one parameter.
+        let r = unsafe {
+            (d.launch)(
+                func as Ptr,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        check("cuLaunchKernel", r)
+    };
+    let mut side: Ptr = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local.
+    check("cuStreamCreate", unsafe {
+        (d.stream_create)(&mut side, NON_BLOCKING)
+    })?;
+    // Warm-up on the side stream, then wait for it.
+    for _ in 0..3 {
+        launch(side, &mut params)?;
+    }
+    // SAFETY: a stream of this context.
+    check("cuStreamSynchronize", unsafe { (d.stream_sync)(side) })?;
+    let done = AtomicBool::new(false);
+    let (ctx, side_h) = (ctx as usize, side as usize);
+    std::thread::scope(|scope| {
+        let other = scope.spawn(|| -> anyhow::Result<u64> {
+            let mut dur = args.kernel_us;
+            let mut params: [Ptr; 1] = [&mut dur as *mut u64 as Ptr];
+            let mut own: Ptr = std::ptr::null_mut();
+            let mut n = 0;
+            // SAFETY: the process's context; out-pointer to a local; the
+            // stream is this thread's own.
+            unsafe {
+                check("cuCtxSetCurrent", (d.ctx_set_current)(ctx as Ptr))?;
+                check("cuStreamCreate", (d.stream_create)(&mut own, NON_BLOCKING))?;
+                while !done.load(Ordering::Acquire) {
+                    for _ in 0..5 {
+                        launch(own, &mut params)?;
+                        n += 1;
+                    }
+                    check(
+                        "cuStreamSynchronize (beside a capture)",
+                        (d.stream_sync)(own),
+                    )?;
+                    // Quiet a while: the hook's idle watcher may fire.
+                    std::thread::sleep(Duration::from_secs_f64(3.0 * args.capture_pause_ms / 1e3));
+                }
+            }
+            Ok(n)
+        });
+        let side = side_h as Ptr;
+        let captured = (|| -> anyhow::Result<Ptr> {
+            // SAFETY: a stream of this context; out-pointers to locals.
+            unsafe {
+                check("cuStreamBeginCapture", (d.begin_capture)(side, GLOBAL))?;
+                for _ in 0..args.capture {
+                    launch(side, &mut params)?;
+                    std::thread::sleep(Duration::from_secs_f64(args.capture_pause_ms / 1e3));
+                }
+                let mut graph: Ptr = std::ptr::null_mut();
+                check("cuStreamEndCapture", (d.end_capture)(side, &mut graph))?;
+                let mut exec: Ptr = std::ptr::null_mut();
+                check(
+                    "cuGraphInstantiate",
+                    (d.graph_instantiate)(&mut exec, graph, 0),
+                )?;
+                Ok(exec)
+            }
+        })();
+        done.store(true, Ordering::Release);
+        let beside = other
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread beside the capture panicked"))?;
+        Ok((captured?, beside?))
+    })
 }
 
 /// What one launching thread waits with at the end of a burst or
@@ -534,8 +659,14 @@ fn spin(what: &str, query: impl Fn() -> CUresult) -> anyhow::Result<()> {
 }
 
 /// Launches for `--seconds` in bursts (or iterations of `--iter-kernels`);
-/// returns the number of launches.
-fn launch_loop(d: &Driver, args: &Args, func: usize, exec: usize) -> anyhow::Result<u64> {
+/// returns the number of kernels run (`per_launch` per graph launch).
+fn launch_loop(
+    d: &Driver,
+    args: &Args,
+    func: usize,
+    exec: usize,
+    per_launch: u64,
+) -> anyhow::Result<u64> {
     let func = func as Ptr;
     let exec = exec as Ptr;
     let mut dur = args.kernel_us;
@@ -570,6 +701,7 @@ fn launch_loop(d: &Driver, args: &Args, func: usize, exec: usize) -> anyhow::Res
                 Instant::now() < burst_end.min(end)
             } {
                 let r = match args.launch_api.as_str() {
+                    _ if args.capture > 0 => (d.graph_launch)(exec, stream),
                     "kernel" => (d.launch)(
                         func,
                         1,
@@ -593,7 +725,11 @@ fn launch_loop(d: &Driver, args: &Args, func: usize, exec: usize) -> anyhow::Res
                 if r != 0 {
                     bail!("{} launch failed with CUresult {r}", args.launch_api);
                 }
-                kernels += 1;
+                kernels += if args.launch_api == "graph" || args.capture > 0 {
+                    per_launch
+                } else {
+                    1
+                };
                 launched += 1;
             }
             waiter.wait()?;
