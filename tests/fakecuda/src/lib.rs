@@ -28,10 +28,11 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 pub mod capture;
-#[cfg(test)]
-mod capture_tests;
 pub mod device;
+#[cfg(test)]
+mod driver_tests;
 pub mod nvml;
+pub mod pool;
 pub mod procaddr;
 pub mod types;
 
@@ -109,7 +110,10 @@ enum Obj {
     Exec {
         total: u64,
     },
+    /// A `cuMemCreate` handle.
     Pool,
+    /// A memory pool (its state in `Proc::pools`).
+    MemPool,
 }
 
 /// Per-process driver state, reset in a forked child.
@@ -126,6 +130,12 @@ struct Proc {
     next_handle: usize,
     next_ptr: [u64; MAX_DEVICES],
     captures: capture::Captures,
+    /// Memory pools by handle; each device's default and current pool.
+    pools: HashMap<usize, pool::Pool>,
+    default_pool: HashMap<usize, usize>,
+    current_pool: HashMap<usize, usize>,
+    /// Device pointer handed out by a pool → that pool.
+    pool_allocs: HashMap<u64, usize>,
 }
 
 static PROC: Mutex<Option<Proc>> = Mutex::new(None);
@@ -156,6 +166,32 @@ impl Proc {
         self.next_handle += 16;
         self.objects.insert(self.next_handle, obj);
         self.next_handle
+    }
+
+    /// A device address for `bytes` on `dev`, recorded as an allocation.
+    fn new_ptr(&mut self, dev: usize, bytes: u64) -> u64 {
+        let base = 0x7000_0000_0000u64 + ((dev as u64) << 40);
+        let ptr = base + self.next_ptr[dev];
+        self.next_ptr[dev] += bytes.div_ceil(512) * 512;
+        self.allocs.insert(ptr, (dev, bytes));
+        ptr
+    }
+
+    fn default_pool(&mut self, dev: usize) -> usize {
+        if let Some(h) = self.default_pool.get(&dev) {
+            return *h;
+        }
+        let h = self.add(Obj::MemPool);
+        self.pools.insert(h, pool::Pool::new(dev));
+        self.default_pool.insert(dev, h);
+        h
+    }
+
+    fn current_pool(&mut self, dev: usize) -> usize {
+        match self.current_pool.get(&dev) {
+            Some(h) => *h,
+            None => self.default_pool(dev),
+        }
     }
 }
 
@@ -328,6 +364,7 @@ fn sync_stream(h: CUstream, ptsz: bool) -> R {
     let (_, tail) = stream(s, h, ptsz)?;
     check_wait(h, ptsz)?;
     sleep_until(tail.load(Ordering::Acquire));
+    trim_pools(s);
     Ok(())
 }
 
@@ -429,23 +466,135 @@ fn alloc(dev: usize, bytes: u64) -> Result<u64, CUresult> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     s.alloc(dev, bytes)?;
-    Ok(with_proc(|p| {
-        let base = 0x7000_0000_0000u64 + ((dev as u64) << 40);
-        let ptr = base + p.next_ptr[dev];
-        p.next_ptr[dev] += bytes.div_ceil(512) * 512;
-        p.allocs.insert(ptr, (dev, bytes));
-        ptr
-    }))
+    Ok(with_proc(|p| p.new_ptr(dev, bytes)))
 }
 
+/// `cuMemAllocAsync` (`pool`: none) or `cuMemAllocFromPoolAsync`: from
+/// the pool, which reserves more device memory only when what it holds
+/// free does not cover `bytes`.
+fn pool_alloc(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: Option<CUmemoryPool>,
+    h: CUstream,
+    ptsz: bool,
+) -> R {
+    let s = initialised()?;
+    let (dev, _) = stream(s, h, ptsz)?;
+    if dptr.is_null() || bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let bytes = bytes as u64;
+    let ptr = with_proc(|p| {
+        let ph = match pool {
+            Some(ph) => ph as usize,
+            None => p.current_pool(dev),
+        };
+        let pl = p.pools.get_mut(&ph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let grow = pl.growth_for(bytes);
+        if grow > 0 {
+            s.alloc(pl.device, grow)?;
+        }
+        pl.hand_out(bytes, grow);
+        let d = pl.device;
+        let ptr = p.new_ptr(d, bytes);
+        p.pool_allocs.insert(ptr, ph);
+        Ok::<u64, CUresult>(ptr)
+    })?;
+    put(dptr, ptr)
+}
+
+/// Frees an allocation: back to its pool, or to the device.
 fn free(ptr: CUdeviceptr) -> R {
     let s = initialised()?;
     if ptr == 0 {
         return Ok(());
     }
-    let (dev, bytes) = with_proc(|p| p.allocs.remove(&ptr)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    s.free(dev, bytes);
-    Ok(())
+    with_proc(|p| {
+        let (dev, bytes) = p.allocs.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        match p
+            .pool_allocs
+            .remove(&ptr)
+            .and_then(|ph| p.pools.get_mut(&ph))
+        {
+            Some(pl) => pl.take_back(bytes),
+            None => s.free(dev, bytes),
+        }
+        Ok(())
+    })
+}
+
+/// A synchronisation returned: pools give back what they reserve beyond
+/// their release thresholds.
+fn trim_pools(s: &Sim) {
+    with_proc(|p| {
+        for pl in p.pools.values_mut() {
+            let excess = pl.at_sync();
+            if excess > 0 {
+                s.free(pl.device, excess);
+            }
+        }
+    })
+}
+
+/// The pool `h` of this process.
+fn with_pool<T>(
+    h: CUmemoryPool,
+    f: impl FnOnce(&mut pool::Pool) -> Result<T, CUresult>,
+) -> Result<T, CUresult> {
+    initialised()?;
+    with_proc(|p| {
+        p.pools
+            .get_mut(&(h as usize))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+            .and_then(f)
+    })
+}
+
+fn pool_get_attribute(h: CUmemoryPool, attr: i32, value: *mut c_void) -> R {
+    use pool::*;
+    let v = with_pool(h, |pl| match attr {
+        ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES..=ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => Ok(None),
+        ATTR_RELEASE_THRESHOLD => Ok(Some(pl.threshold)),
+        ATTR_RESERVED_MEM_CURRENT => Ok(Some(pl.reserved)),
+        ATTR_RESERVED_MEM_HIGH => Ok(Some(pl.reserved_high)),
+        ATTR_USED_MEM_CURRENT => Ok(Some(pl.used)),
+        ATTR_USED_MEM_HIGH => Ok(Some(pl.used_high)),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    })?;
+    match v {
+        Some(v) => put(value as *mut u64, v),
+        None => put(value as *mut i32, 1), // the reuse policies are on
+    }
+}
+
+fn pool_set_attribute(h: CUmemoryPool, attr: i32, value: *mut c_void) -> R {
+    use pool::*;
+    match attr {
+        ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES..=ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+            get(value as *const i32)?;
+            with_pool(h, |_| Ok(()))
+        }
+        ATTR_RELEASE_THRESHOLD => {
+            let v = get(value as *const u64)?;
+            with_pool(h, |pl| {
+                pl.threshold = v;
+                Ok(())
+            })
+        }
+        // Only resetting a high-water mark (to 0: to the current value).
+        ATTR_RESERVED_MEM_HIGH | ATTR_USED_MEM_HIGH if get(value as *const u64)? == 0 => {
+            with_pool(h, |pl| {
+                if attr == ATTR_RESERVED_MEM_HIGH {
+                    pl.reserved_high = pl.reserved;
+                } else {
+                    pl.used_high = pl.used;
+                }
+                Ok(())
+            })
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
 }
 
 fn mem_info(free: *mut usize, total: *mut usize) -> R {
@@ -475,6 +624,7 @@ fn sync_copy_on(ptds: bool) -> R {
         s.last_end[dev].load(Ordering::Acquire)
     };
     sleep_until(until);
+    trim_pools(s);
     Ok(())
 }
 
@@ -877,6 +1027,7 @@ driver_api! {
         current_device()?;
         with_proc(|p| p.captures.unsafe_call())?;
         sleep_until(s.last_end[current_device()?].load(Ordering::Acquire));
+        trim_pools(s);
         Ok(())
     }
 
@@ -943,10 +1094,11 @@ driver_api! {
         }
     }
     fn cuEventSynchronize(e: CUevent) {
-        initialised()?;
+        let s = initialised()?;
         if let Some(t) = event_time(e)? {
             sleep_until(t);
         }
+        trim_pools(s);
         Ok(())
     }
     fn cuStreamWaitEvent(h: CUstream, e: CUevent, _flags: u32) { wait_event(h, e, false) }
@@ -1049,35 +1201,72 @@ driver_api! {
         }
         put(dptr, alloc(current_device()?, bytes as u64)?)
     }
-    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, h: CUstream) {
-        let (dev, _) = stream(initialised()?, h, false)?;
-        if dptr.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        put(dptr, alloc(dev, bytes as u64)?)
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, h: CUstream) { pool_alloc(dptr, bytes, None, h, false) }
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, h: CUstream) { pool_alloc(dptr, bytes, None, h, true) }
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, h: CUstream) {
+        pool_alloc(dptr, bytes, Some(pool), h, false)
     }
-    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, h: CUstream) {
-        let (dev, _) = stream(initialised()?, h, true)?;
-        if dptr.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        put(dptr, alloc(dev, bytes as u64)?)
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, h: CUstream) {
+        pool_alloc(dptr, bytes, Some(pool), h, true)
     }
-    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, _pool: CUmemoryPool, h: CUstream) {
-        let (dev, _) = stream(initialised()?, h, false)?;
-        put(dptr, alloc(dev, bytes as u64)?)
-    }
-    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, _pool: CUmemoryPool, h: CUstream) {
-        let (dev, _) = stream(initialised()?, h, true)?;
-        put(dptr, alloc(dev, bytes as u64)?)
-    }
+
+    // Memory pools (see [`pool`]).
     fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
         let s = initialised()?;
-        check_device(s, dev)?;
-        let h = with_proc(|p| p.add(Obj::Pool));
+        let dev = check_device(s, dev)?;
+        put(pool, with_proc(|p| p.default_pool(dev)) as CUmemoryPool)
+    }
+    fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) {
+        let s = initialised()?;
+        let dev = check_device(s, dev)?;
+        put(pool, with_proc(|p| p.current_pool(dev)) as CUmemoryPool)
+    }
+    fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) {
+        let s = initialised()?;
+        let dev = check_device(s, dev)?;
+        with_proc(|p| match p.pools.get(&(pool as usize)) {
+            Some(pl) if pl.device == dev => {
+                p.current_pool.insert(dev, pool as usize);
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        })
+    }
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const c_void) {
+        let s = initialised()?;
+        // CUmemPoolProps: allocation type, handle types, location type, location id.
+        let props = get(props as *const [i32; 4])?;
+        let dev = check_device(s, props[3])?;
+        let h = with_proc(|p| {
+            let h = p.add(Obj::MemPool);
+            p.pools.insert(h, pool::Pool::new(dev));
+            h
+        });
         put(pool, h as CUmemoryPool)
     }
-    fn cuMemPoolSetAttribute(_pool: CUmemoryPool, _attr: i32, _value: *mut c_void) { initialised().map(|_| ()) }
+    fn cuMemPoolDestroy(pool: CUmemoryPool) {
+        let s = initialised()?;
+        let h = pool as usize;
+        let pl = with_proc(|p| {
+            if p.default_pool.values().any(|&d| d == h) {
+                return Err(CUDA_ERROR_INVALID_VALUE); // a default pool stays
+            }
+            let pl = p.pools.remove(&h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            p.objects.remove(&h);
+            p.current_pool.retain(|_, c| *c != h);
+            Ok(pl)
+        })?;
+        s.free(pl.device, pl.reserved);
+        Ok(())
+    }
+    fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: i32, value: *mut c_void) { pool_get_attribute(pool, attr, value) }
+    fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: i32, value: *mut c_void) { pool_set_attribute(pool, attr, value) }
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) {
+        let s = initialised()?;
+        let (dev, excess) = with_pool(pool, |pl| Ok((pl.device, pl.trim(keep as u64))))?;
+        s.free(dev, excess);
+        Ok(())
+    }
     fn cuMemFree_v2(ptr: CUdeviceptr) { free(ptr) }
     fn cuMemFreeAsync(ptr: CUdeviceptr, h: CUstream) {
         check_stream(h, false)?;

@@ -1,6 +1,7 @@
-//! Stream capture in the simulator behaves as the driver documents it
-//! (see [`crate::capture`]): the entry points are called directly, in
-//! this test process, with the simulator's state in a private directory.
+//! Stream capture and memory pools in the simulator behave as the driver
+//! documents them (see [`crate::capture`], [`crate::pool`]): the entry
+//! points are called directly, in this test process, with the
+//! simulator's state in a private directory.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -119,9 +120,8 @@ fn on_other_thread<T: Send>(d: &Dev, f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
-/// Time to synchronise `s`.
-fn sync_time(s: CUstream) -> Duration {
-    let t = Instant::now();
+/// Time from `t` until `s` is synchronised.
+fn synced_after(t: Instant, s: CUstream) -> Duration {
     // SAFETY: a stream of this process.
     assert_eq!(unsafe { cuStreamSynchronize(s) }, 0);
     t.elapsed()
@@ -143,12 +143,13 @@ fn captured_kernels_run_only_when_the_graph_is_launched() {
     // SAFETY: a stream of this process.
     assert_eq!(unsafe { cuStreamQuery(s) }, 0, "nothing was queued");
     let mut exec = std::ptr::null_mut();
+    let t = Instant::now();
     // SAFETY: out-pointer to a local, a graph of this process.
     unsafe {
         assert_eq!(cuGraphInstantiateWithFlags(&mut exec, g, 0), 0);
         assert_eq!(cuGraphLaunch(exec, s), 0);
     }
-    let took = sync_time(s);
+    let took = synced_after(t, s);
     assert!(
         took >= Duration::from_millis(5),
         "the five kernels ran: {took:?}"
@@ -326,14 +327,115 @@ fn a_stream_waiting_on_a_captured_event_joins_the_capture() {
     assert_eq!(r, 0);
     assert_eq!(status(side), (0, STATUS_NONE), "left with the capture");
     let mut exec = std::ptr::null_mut();
+    let t = Instant::now();
     // SAFETY: out-pointer to a local, a graph of this process.
     unsafe {
         assert_eq!(cuGraphInstantiateWithFlags(&mut exec, g, 0), 0);
         assert_eq!(cuGraphLaunch(exec, s), 0);
     }
-    let took = sync_time(s);
+    let took = synced_after(t, s);
     assert!(
         took >= Duration::from_millis(3),
         "all three kernels: {took:?}"
     );
+}
+
+fn free_mem() -> u64 {
+    let (mut f, mut t) = (0usize, 0usize);
+    // SAFETY: out-pointers to locals.
+    assert_eq!(unsafe { cuMemGetInfo_v2(&mut f, &mut t) }, 0);
+    f as u64
+}
+
+fn pool_attr(pool: CUmemoryPool, attr: i32) -> u64 {
+    let mut v = 0u64;
+    // SAFETY: a u64 attribute into a local.
+    let r = unsafe { cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast()) };
+    assert_eq!(r, 0);
+    v
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn freed_pool_memory_stays_reserved_until_a_sync_trims_it_to_the_threshold() {
+    let d = dev();
+    let s = d.stream(NON_BLOCKING);
+    let alloc = |bytes: u64| {
+        let mut p = 0u64;
+        // SAFETY: out-pointer to a local, a stream of this process.
+        assert_eq!(unsafe { cuMemAllocAsync(&mut p, bytes as usize, s) }, 0);
+        p
+    };
+    // SAFETY: pointers this test allocated, a stream of this process.
+    let free = |p: u64| assert_eq!(unsafe { cuMemFreeAsync(p, s) }, 0);
+    let mut pool = std::ptr::null_mut();
+    let mut current = std::ptr::null_mut();
+    // SAFETY: out-pointers to locals.
+    unsafe {
+        assert_eq!(cuDeviceGetDefaultMemPool(&mut pool, 0), 0);
+        assert_eq!(cuDeviceGetMemPool(&mut current, 0), 0);
+    }
+    assert_eq!(pool, current, "the default pool is the current one");
+    let f0 = free_mem();
+    let p = alloc(256 * MIB);
+    assert_eq!(free_mem(), f0 - 256 * MIB);
+    free(p);
+    assert_eq!(free_mem(), f0 - 256 * MIB, "the pool keeps it");
+    assert_eq!(pool_attr(pool, pool::ATTR_RESERVED_MEM_CURRENT), 256 * MIB);
+    assert_eq!(pool_attr(pool, pool::ATTR_USED_MEM_CURRENT), 0);
+    synced_after(Instant::now(), s);
+    assert_eq!(free_mem(), f0, "threshold 0: given back at the sync");
+    // An unbounded threshold (PyTorch's cudaMallocAsync backend): kept.
+    let mut max = u64::MAX;
+    // SAFETY: a u64 attribute from a local.
+    let r = unsafe {
+        cuMemPoolSetAttribute(
+            pool,
+            pool::ATTR_RELEASE_THRESHOLD,
+            (&mut max as *mut u64).cast(),
+        )
+    };
+    assert_eq!(r, 0);
+    let p = alloc(256 * MIB);
+    free(p);
+    synced_after(Instant::now(), s);
+    assert_eq!(free_mem(), f0 - 256 * MIB, "kept through the sync");
+    let p = alloc(128 * MIB);
+    assert_eq!(free_mem(), f0 - 256 * MIB, "reused, not reserved again");
+    free(p);
+    // SAFETY: a pool of this process.
+    assert_eq!(unsafe { cuMemPoolTrimTo(pool, 0) }, 0);
+    assert_eq!(free_mem(), f0, "trimmed");
+    assert_eq!(pool_attr(pool, pool::ATTR_RESERVED_MEM_HIGH), 256 * MIB);
+    // A pool of its own gives its memory back when destroyed.
+    let props: [i32; 8] = [1, 0, 1, 0, 0, 0, 0, 0];
+    let mut own = std::ptr::null_mut();
+    let mut p = 0u64;
+    // SAFETY: CUmemPoolProps' leading fields; out-pointers to locals.
+    unsafe {
+        assert_eq!(cuMemPoolCreate(&mut own, props.as_ptr().cast()), 0);
+        assert_eq!(
+            cuMemAllocFromPoolAsync(&mut p, (64 * MIB) as usize, own, s),
+            0
+        );
+        assert_eq!(cuMemFreeAsync(p, s), 0);
+        assert_eq!(
+            cuMemPoolDestroy(pool),
+            CUDA_ERROR_INVALID_VALUE,
+            "a default pool stays"
+        );
+    }
+    let mut keep = u64::MAX;
+    // SAFETY: a u64 attribute from a local; a pool of this process.
+    unsafe {
+        let _ = cuMemPoolSetAttribute(
+            own,
+            pool::ATTR_RELEASE_THRESHOLD,
+            (&mut keep as *mut u64).cast(),
+        );
+        assert_eq!(free_mem(), f0 - 64 * MIB);
+        assert_eq!(cuMemPoolDestroy(own), 0);
+    }
+    assert_eq!(free_mem(), f0);
 }
