@@ -103,6 +103,42 @@ pub unsafe fn stream_is_capturing(
     }
 }
 
+/// `cuDeviceGetMemPool`: the pool `cuMemAllocAsync` allocates from on
+/// ordinal `dev`.
+pub fn device_mem_pool(dev: u32) -> Option<*mut c_void> {
+    let mut pool = std::ptr::null_mut();
+    let r = real_call!(
+        c"cuDeviceGetMemPool",
+        fn(*mut *mut c_void, i32),
+        &mut pool,
+        dev as i32
+    );
+    (r == 0 && !pool.is_null()).then_some(pool)
+}
+
+/// A `u64` attribute of a memory pool (`cuMemPoolGetAttribute`).
+pub fn mem_pool_u64(pool: *mut c_void, attr: i32) -> Option<u64> {
+    let mut v = 0u64;
+    let r = real_call!(
+        c"cuMemPoolGetAttribute",
+        fn(*mut c_void, i32, *mut c_void),
+        pool,
+        attr,
+        (&mut v as *mut u64).cast()
+    );
+    (r == 0).then_some(v)
+}
+
+/// `cuMemFreeAsync` then `cuMemPoolTrimTo(pool, 0)`: takes back an
+/// allocation the group may not keep, and the pool's unused memory.
+///
+/// # Safety
+/// `ptr` was just allocated from `pool` on `stream` and not handed out.
+pub unsafe fn pool_give_back(ptr: u64, stream: *mut c_void, pool: *mut c_void) {
+    let _ = real_call!(c"cuMemFreeAsync", fn(u64, *mut c_void), ptr, stream);
+    let _ = real_call!(c"cuMemPoolTrimTo", fn(*mut c_void, usize), pool, 0usize);
+}
+
 /// `cuDeviceGetCount`, if the driver is initialised and answers.
 pub fn device_count() -> Option<i32> {
     let mut n = 0;

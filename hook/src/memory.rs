@@ -3,10 +3,20 @@
 //! `CUDA_ERROR_OUT_OF_MEMORY`, never a crash), recorded by pointer or
 //! handle, and released on the matching free. Memory queries report the
 //! group's view, with saturating arithmetic.
+//!
+//! Stream-ordered allocations (`cuMemAllocAsync`,
+//! `cuMemAllocFromPoolAsync`) come from a memory pool, which keeps what is
+//! freed up to its release threshold (PyTorch's `cudaMallocAsync` backend
+//! keeps everything): the group is charged what each pool *holds*
+//! (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`), reserved before an allocation
+//! that makes it grow and settled with the pool after it and after every
+//! synchronisation (where the driver trims pools).
 
 use crate::driver::CUresult;
 use crate::state::{self, lock};
 use gemini_protocol::{ErrorKind, Reply, Request};
+use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
@@ -99,6 +109,126 @@ pub fn guarded_alloc_on(
         unreserve(device, bytes);
     }
     r
+}
+
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
+const POOL_RESERVED: i32 = 5;
+const POOL_USED: i32 = 7;
+
+/// A stream-ordered allocation of `bytes` on `stream` from `pool` (`None`:
+/// the current ordinal's current pool) by `alloc`, which returns the
+/// result and the pointer. The pool's growth is reserved first; after the
+/// call the group holds what the pool holds.
+pub fn pool_alloc(
+    pool: Option<*mut c_void>,
+    stream: *mut c_void,
+    per_thread: bool,
+    bytes: u64,
+    mut alloc: impl FnMut() -> (CUresult, u64),
+) -> CUresult {
+    // Captured: a graph memory node, allocated when the graph runs.
+    if crate::capture::any_open() && crate::capture::capturing(stream, per_thread) {
+        return alloc().0;
+    }
+    let Some(dev) = current_ordinal() else {
+        return alloc().0;
+    };
+    let Some(pool) = pool.or_else(|| crate::driver::device_mem_pool(dev)) else {
+        return guarded_alloc(bytes, alloc); // no pools: counted per pointer
+    };
+    let st = state::get();
+    let refused = st.refused.load(Ordering::Acquire);
+    if refused != 0 {
+        return refused;
+    }
+    let device = st.settings.physical(dev);
+    let reserved = crate::driver::mem_pool_u64(pool, POOL_RESERVED).unwrap_or(0);
+    let used = crate::driver::mem_pool_u64(pool, POOL_USED).unwrap_or(0);
+    let mut pools = lock(&st.pools);
+    st.pools_seen.store(true, Ordering::Release);
+    let held = pools.entry(pool as usize).or_insert((device, 0)).1;
+    let need = used.saturating_add(bytes).max(reserved);
+    if need > held {
+        if let Err(e) = reserve(dev, need - held) {
+            return e;
+        }
+        pools.insert(pool as usize, (device, need));
+    }
+    let (mut r, mut ptr) = alloc();
+    for _ in 0..3 {
+        if r != CUDA_ERROR_OUT_OF_MEMORY || !holder_gives_back(device, bytes) {
+            break;
+        }
+        (r, ptr) = alloc();
+    }
+    // The driver reserves in chunks of its own: settle with what it holds.
+    if !settle_pool(pool, &mut pools) && r == 0 {
+        crate::log::debug!(
+            "pool grew beyond the group's limit: allocation of {bytes} bytes taken back"
+        );
+        // SAFETY: `ptr` was allocated just now on `stream` from `pool`
+        // and has not been returned to the program.
+        unsafe { crate::driver::pool_give_back(ptr, stream, pool) };
+        settle_pool(pool, &mut pools);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    r
+}
+
+/// Charges the group what `pool` holds now; false if the scheduler
+/// refused a growth (the group would be over its limit).
+fn settle_pool(pool: *mut c_void, pools: &mut HashMap<usize, (u32, u64)>) -> bool {
+    let Some(&(device, held)) = pools.get(&(pool as usize)) else {
+        return true;
+    };
+    let Some(now) = crate::driver::mem_pool_u64(pool, POOL_RESERVED) else {
+        return true;
+    };
+    let st = state::get();
+    if now < held {
+        unreserve(device, held - now);
+    } else if now > held {
+        let grown = matches!(
+            st.call(
+                &Request::ReserveMemory {
+                    device,
+                    bytes: now - held
+                },
+                device
+            ),
+            Ok(Reply::Memory { .. })
+        );
+        if !grown {
+            return false;
+        }
+    }
+    pools.insert(pool as usize, (device, now));
+    true
+}
+
+/// After a synchronisation (where the driver trims pools to their release
+/// thresholds), or a pool's trim: the group holds what its pools hold.
+pub fn settle_pools() {
+    let Some(st) = state::current() else { return };
+    if !st.pools_seen.load(Ordering::Acquire) {
+        return;
+    }
+    let mut pools = lock(&st.pools);
+    let handles: Vec<usize> = pools.keys().copied().collect();
+    for h in handles {
+        settle_pool(h as *mut c_void, &mut pools);
+    }
+}
+
+/// A pool was destroyed: what the group held for it is released.
+pub fn pool_destroyed(pool: *mut c_void) {
+    let Some(st) = state::current() else { return };
+    let gone = lock(&st.pools).remove(&(pool as usize));
+    if let Some((device, held)) = gone
+        && held > 0
+    {
+        unreserve(device, held);
+    }
 }
 
 /// Asks the scheduler to have the holder free memory on `device`; true if

@@ -117,6 +117,10 @@ pub struct State {
     /// Streams with a capture open (see [`crate::capture`]), and how many.
     pub captures: Mutex<HashSet<usize>>,
     pub captures_open: AtomicUsize,
+    /// Memory pools allocated from: handle → (physical device, bytes
+    /// reserved for what the pool holds); see `memory::pool_alloc`.
+    pub pools: Mutex<HashMap<usize, (u32, u64)>>,
+    pub pools_seen: AtomicBool,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -168,6 +172,8 @@ pub fn get() -> &'static State {
         single_device: crate::driver::device_count() == Some(1),
         captures: Mutex::new(HashSet::new()),
         captures_open: AtomicUsize::new(0),
+        pools: Mutex::new(HashMap::new()),
+        pools_seen: AtomicBool::new(false),
     }));
     match STATE.compare_exchange(
         std::ptr::null_mut(),

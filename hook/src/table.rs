@@ -116,6 +116,16 @@ macro_rules! syncs {
     }};
 }
 
+/// Like `syncs!`, for a synchronisation: the driver trims memory pools
+/// there, so the group's pool memory is settled afterwards.
+macro_rules! trims {
+    ($call:expr) => {{
+        let r = syncs!($call);
+        memory::settle_pools();
+        r
+    }};
+}
+
 /// The symbol `cuGetProcAddress(base, version, flags)` stands for, when it
 /// is one of ours.
 pub fn resolve(base: &str, version: i32, flags: u64) -> Option<&'static Entry> {
@@ -239,11 +249,11 @@ hooks! {
 
     // Waiting for (or polling) the device's work: not idle.
     cuCtxSynchronize ["cuCtxSynchronize", 2000, false]
-    () => |real| { syncs!(real()) }
+    () => |real| { trims!(real()) }
     cuStreamSynchronize ["cuStreamSynchronize", 2000, false]
-    (s: Ptr) => |real| { syncs!(real(s)) }
+    (s: Ptr) => |real| { trims!(real(s)) }
     cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, true]
-    (s: Ptr) => |real| { syncs!(real(s)) }
+    (s: Ptr) => |real| { trims!(real(s)) }
     cuStreamQuery ["cuStreamQuery", 2000, false]
     (s: Ptr) => |real| { syncs!(real(s)) }
     cuStreamQuery_ptsz ["cuStreamQuery", 7000, true]
@@ -253,25 +263,25 @@ hooks! {
     cuStreamWaitEvent_ptsz ["cuStreamWaitEvent", 7000, true]
     (s: Ptr, e: Ptr, flags: u32) => |real| { waits!(real(s, e, flags)) }
     cuEventSynchronize ["cuEventSynchronize", 2000, false]
-    (e: Ptr) => |real| { syncs!(real(e)) }
+    (e: Ptr) => |real| { trims!(real(e)) }
     cuEventQuery ["cuEventQuery", 2000, false]
     (e: Ptr) => |real| { syncs!(real(e)) }
     cuMemcpy ["cuMemcpy", 4000, false]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
     cuMemcpy_ptds ["cuMemcpy", 7000, true]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
     cuMemcpyHtoD_v2 ["cuMemcpyHtoD", 3020, false]
-    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { syncs!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { trims!(real(dst, src, n)) }
     cuMemcpyHtoD_v2_ptds ["cuMemcpyHtoD", 7000, true]
-    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { syncs!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { trims!(real(dst, src, n)) }
     cuMemcpyDtoH_v2 ["cuMemcpyDtoH", 3020, false]
-    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
+    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
     cuMemcpyDtoH_v2_ptds ["cuMemcpyDtoH", 7000, true]
-    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
+    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
     cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, false]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
     cuMemcpyDtoD_v2_ptds ["cuMemcpyDtoD", 7000, true]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { syncs!(real(dst, src, n)) }
+    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
 
     // Allocations and frees.
     cuMemAlloc_v2 ["cuMemAlloc", 3020, false]
@@ -292,25 +302,42 @@ hooks! {
         // SAFETY: the program's arguments, passed on unchanged.
         guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, flags) }, ptr_key(dptr)))
     }
+    // Stream-ordered: charged what the pool holds (see `memory`).
     cuMemAllocAsync ["cuMemAllocAsync", 11020, false]
     (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
+        memory::pool_alloc(None, s, false, bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
     }
     cuMemAllocAsync_ptsz ["cuMemAllocAsync", 11020, true]
     (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
+        memory::pool_alloc(None, s, true, bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
     }
     cuMemAllocFromPoolAsync ["cuMemAllocFromPoolAsync", 11020, false]
     (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
+        memory::pool_alloc(Some(pool), s, false, bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
     }
     cuMemAllocFromPoolAsync_ptsz ["cuMemAllocFromPoolAsync", 11020, true]
     (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
+        memory::pool_alloc(Some(pool), s, true, bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
+    }
+    cuMemPoolTrimTo ["cuMemPoolTrimTo", 11020, false]
+    (pool: Ptr, keep: usize) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(pool, keep) };
+        memory::settle_pools();
+        r
+    }
+    cuMemPoolDestroy ["cuMemPoolDestroy", 11020, false]
+    (pool: Ptr) => |real| {
+        // SAFETY: the program's argument, passed on unchanged.
+        let r = unsafe { real(pool) };
+        if r == 0 {
+            memory::pool_destroyed(pool);
+        }
+        r
     }
     cuMemCreate ["cuMemCreate", 10020, false]
     (handle: *mut u64, bytes: usize, prop: *const [i32; 4], flags: u64) => |real| {

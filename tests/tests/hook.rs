@@ -579,3 +579,56 @@ fn a_graph_captured_beside_a_launching_thread_survives_and_its_replays_are_gated
     let (share, counts) = measured("graph replays", MAX_STEAL, 2, run);
     assert_capped("graph replays", share, 0.40, 0.05, counts);
 }
+
+/// Stream-ordered allocations come from a pool that keeps freed memory up
+/// to its release threshold (PyTorch's cudaMallocAsync backend keeps it
+/// all): the group is charged what the pool holds, so memory a pool sits
+/// on counts against the limit — in its own view and for the group's
+/// other processes — and comes back when the pool gives it back.
+#[test]
+fn memory_a_pool_holds_counts_against_the_group() {
+    let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=1GiB\n");
+    for (threshold, kept) in [("max", 384u64 << 20), ("0", 0)] {
+        // Allocates 384 MiB from the pool, frees it, synchronises, and
+        // keeps running for 2 s.
+        let pooled = spawn(rust(
+            &g,
+            "a",
+            &[
+                "--alloc-api",
+                "async",
+                "--mem",
+                "384MiB",
+                "--pool-threshold",
+                threshold,
+                "--free-first",
+                "--seconds",
+                "2",
+                "--kernel-us",
+                "100",
+                "--burst-ms",
+                "1",
+                "--gap-ms",
+                "20",
+            ],
+        ));
+        std::thread::sleep(Duration::from_millis(700));
+        // Another process of the group asks for 768 MiB.
+        let other = finish(spawn(rust(&g, "a", &["--seconds", "0", "--mem", "768MiB"])));
+        let out = finish(pooled);
+        let r = &reports(&out.stdout)[0];
+        assert_eq!(
+            field(r, "free"),
+            (1 << 30) - kept,
+            "threshold {threshold}: the pool's own view after its free"
+        );
+        let o = &reports(&other.stdout)[0];
+        let refused = field(o, "alloc_error") == 2;
+        assert_eq!(
+            refused,
+            kept > 0,
+            "threshold {threshold}: 768 MiB beside a pool holding {} MiB: {o:?}",
+            kept >> 20
+        );
+    }
+}

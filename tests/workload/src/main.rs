@@ -98,6 +98,14 @@ struct Args {
     /// outlasts tokens and idle thresholds)
     #[arg(long, default_value_t = 2.0)]
     capture_pause_ms: f64,
+    /// Release threshold of the device's default memory pool, in bytes
+    /// or `max` (PyTorch's cudaMallocAsync backend keeps everything)
+    #[arg(long)]
+    pool_threshold: Option<String>,
+    /// Free the memory as soon as it is allocated, then synchronise, before
+    /// launching (cuMemGetInfo is asked after that)
+    #[arg(long)]
+    free_first: bool,
 }
 
 /// The exported symbol a dlsym-resolving program asks for.
@@ -187,6 +195,8 @@ struct Driver {
     event_query: unsafe extern "C" fn(Ptr) -> CUresult,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> CUresult,
     begin_capture: unsafe extern "C" fn(Ptr, u32) -> CUresult,
+    default_mem_pool: unsafe extern "C" fn(*mut Ptr, i32) -> CUresult,
+    mem_pool_set_attribute: unsafe extern "C" fn(Ptr, i32, *mut c_void) -> CUresult,
     end_capture: unsafe extern "C" fn(Ptr, *mut Ptr) -> CUresult,
 }
 
@@ -293,6 +303,8 @@ impl Driver {
             event_query: f!("cuEventQuery"),
             memcpy_dtoh: f!("cuMemcpyDtoH"),
             begin_capture: f!("cuStreamBeginCapture"),
+            default_mem_pool: f!("cuDeviceGetDefaultMemPool"),
+            mem_pool_set_attribute: f!("cuMemPoolSetAttribute"),
             end_capture: f!("cuStreamEndCapture"),
             _lib: lib,
         })
@@ -353,6 +365,23 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             free: 0,
             total: 0,
         };
+        if let Some(t) = &args.pool_threshold {
+            let mut bytes = if t == "max" {
+                u64::MAX
+            } else {
+                parse_size::parse_size(t).context("--pool-threshold")?
+            };
+            let mut pool: Ptr = std::ptr::null_mut();
+            check(
+                "cuDeviceGetDefaultMemPool",
+                (d.default_mem_pool)(&mut pool, dev),
+            )?;
+            // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4, a u64.
+            check(
+                "cuMemPoolSetAttribute",
+                (d.mem_pool_set_attribute)(pool, 4, (&mut bytes as *mut u64).cast()),
+            )?;
+        }
         let retry_until = Instant::now() + Duration::from_secs_f64(args.retry_alloc_seconds);
         let mut ptrs: Vec<u64> = Vec::new();
         let mut handles: Vec<u64> = Vec::new();
@@ -394,6 +423,10 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             }
         }
         report.alloc_done_ns = monotonic_ns();
+        if args.free_first {
+            free_all(&d, args, &mut ptrs, &mut handles)?;
+            check("cuCtxSynchronize", (d.ctx_sync)())?;
+        }
         check(
             "cuMemGetInfo",
             (d.mem_get_info)(&mut report.free, &mut report.total),
@@ -456,7 +489,21 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             })?
         };
         check("cuCtxSynchronize", (d.ctx_sync)())?;
-        for p in ptrs {
+        free_all(&d, args, &mut ptrs, &mut handles)?;
+        Ok(report)
+    }
+}
+
+/// Frees what was allocated (and forgets it).
+fn free_all(
+    d: &Driver,
+    args: &Args,
+    ptrs: &mut Vec<u64>,
+    handles: &mut Vec<u64>,
+) -> anyhow::Result<()> {
+    // SAFETY: pointers and handles this process allocated, freed once.
+    unsafe {
+        for p in ptrs.drain(..) {
             if args.alloc_api == "async" {
                 check(
                     "cuMemFreeAsync",
@@ -466,11 +513,11 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                 check("cuMemFree", (d.mem_free)(p))?;
             }
         }
-        for h in handles {
+        for h in handles.drain(..) {
             check("cuMemRelease", (d.mem_release)(h))?;
         }
-        Ok(report)
     }
+    Ok(())
 }
 
 /// `CU_STREAM_NON_BLOCKING`: PyTorch's streams do not synchronise with
