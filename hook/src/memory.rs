@@ -111,6 +111,29 @@ pub fn guarded_alloc_on(
     r
 }
 
+/// Device memory of a CUDA array of `dims` (0: absent), `format`
+/// (`CUarray_format`), `channels` and mipmap `levels` (each halves every
+/// dimension, down to 1), as its descriptor says (the driver may pad
+/// more). A format of more than 4 bytes per channel is not in `cuda.h`;
+/// unknown ones count 4.
+pub fn array_bytes(dims: [usize; 3], format: u32, channels: u32, levels: u32) -> u64 {
+    let elem: u64 = match format {
+        0x01 | 0x08 => 1,        // (UN)SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // (UN)SIGNED_INT16, HALF
+        _ => 4,
+    };
+    let channels = u64::from(channels.clamp(1, 4));
+    (0..levels.clamp(1, 32))
+        .map(|level| {
+            let size = |d: usize| ((d.max(1) as u64) >> level).max(1);
+            size(dims[0])
+                .saturating_mul(size(dims[1]))
+                .saturating_mul(size(dims[2]))
+                .saturating_mul(elem * channels)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
 /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
 const POOL_RESERVED: i32 = 5;
 const POOL_USED: i32 = 7;
@@ -277,6 +300,30 @@ pub fn group_view(free: u64, total: u64, used: u64, limit: u64, reclaimable: u64
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn array_bytes_follow_the_descriptor() {
+        assert_eq!(
+            array_bytes([1024, 0, 0], 0x20, 4, 1),
+            16 * 1024,
+            "1D float4"
+        );
+        assert_eq!(array_bytes([256, 256, 0], 0x01, 1, 1), 65536, "2D u8");
+        assert_eq!(
+            array_bytes([64, 64, 64], 0x10, 2, 1),
+            64 * 64 * 64 * 4,
+            "3D half2"
+        );
+        assert_eq!(
+            array_bytes([4, 4, 0], 0x03, 1, 3),
+            (16 + 4 + 1) * 4,
+            "mipmaps"
+        );
+        assert_eq!(
+            array_bytes([usize::MAX, usize::MAX, 2], 0x20, 4, 1),
+            u64::MAX
+        );
+    }
 
     #[test]
     fn group_view_saturates() {

@@ -168,6 +168,11 @@ fn proc_address(
     r
 }
 
+fn array_key(p: *mut usize) -> u64 {
+    // SAFETY: read only after the real call succeeded and filled it.
+    if p.is_null() { 0 } else { unsafe { *p as u64 } }
+}
+
 fn ptr_key(p: *mut CUdeviceptr) -> u64 {
     // SAFETY: read only after the real call succeeded and filled it.
     if p.is_null() { 0 } else { unsafe { *p } }
@@ -346,6 +351,54 @@ hooks! {
         let dev = (!prop.is_null()).then(|| unsafe { (*prop)[3] }).filter(|d| *d >= 0).map(|d| d as u32);
         // SAFETY: the program's arguments, passed on unchanged.
         guarded_alloc_on(dev, bytes as u64, || (unsafe { real(handle, bytes, prop, flags) }, ptr_key(handle)))
+    }
+    // CUDA arrays (textures, surfaces): charged by their descriptor.
+    cuArrayCreate_v2 ["cuArrayCreate", 3020, false]
+    (out: *mut usize, desc: *const [usize; 3]) => |real| {
+        // CUDA_ARRAY_DESCRIPTOR: width, height, format and channels (u32 each).
+        // SAFETY: read only when non-null; the program's descriptor.
+        let bytes = (!desc.is_null()).then(|| unsafe { *desc }).map_or(0, |d| {
+            memory::array_bytes([d[0], d[1], 0], d[2] as u32, (d[2] >> 32) as u32, 1)
+        });
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc(bytes, || (unsafe { real(out, desc) }, array_key(out)))
+    }
+    cuArray3DCreate_v2 ["cuArray3DCreate", 3020, false]
+    (out: *mut usize, desc: *const [usize; 4]) => |real| {
+        // CUDA_ARRAY3D_DESCRIPTOR: width, height, depth, format and channels.
+        // SAFETY: read only when non-null; the program's descriptor.
+        let bytes = (!desc.is_null()).then(|| unsafe { *desc }).map_or(0, |d| {
+            memory::array_bytes([d[0], d[1], d[2]], d[3] as u32, (d[3] >> 32) as u32, 1)
+        });
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc(bytes, || (unsafe { real(out, desc) }, array_key(out)))
+    }
+    cuMipmappedArrayCreate ["cuMipmappedArrayCreate", 5000, false]
+    (out: *mut usize, desc: *const [usize; 4], levels: u32) => |real| {
+        // SAFETY: read only when non-null; the program's descriptor.
+        let bytes = (!desc.is_null()).then(|| unsafe { *desc }).map_or(0, |d| {
+            memory::array_bytes([d[0], d[1], d[2]], d[3] as u32, (d[3] >> 32) as u32, levels)
+        });
+        // SAFETY: the program's arguments, passed on unchanged.
+        guarded_alloc(bytes, || (unsafe { real(out, desc, levels) }, array_key(out)))
+    }
+    cuArrayDestroy ["cuArrayDestroy", 2000, false]
+    (a: usize) => |real| {
+        // SAFETY: the program's argument, passed on unchanged.
+        let r = unsafe { real(a) };
+        if r == 0 {
+            memory::release(a as u64);
+        }
+        r
+    }
+    cuMipmappedArrayDestroy ["cuMipmappedArrayDestroy", 5000, false]
+    (a: usize) => |real| {
+        // SAFETY: the program's argument, passed on unchanged.
+        let r = unsafe { real(a) };
+        if r == 0 {
+            memory::release(a as u64);
+        }
+        r
     }
     cuMemFree_v2 ["cuMemFree", 3020, false]
     (ptr: CUdeviceptr) => |real| {

@@ -257,7 +257,9 @@ fn group_memory_limit_across_processes_and_release_on_kill() {
 #[test]
 fn every_allocation_api_is_counted() {
     let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=512MiB\n");
-    for api in ["v2", "pitch", "managed", "async", "create"] {
+    for api in [
+        "v2", "pitch", "managed", "async", "create", "array", "array3d",
+    ] {
         let out = finish(spawn(rust(
             &g,
             "a",

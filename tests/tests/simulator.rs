@@ -178,7 +178,9 @@ fn memory_of_several_processes_adds_up_and_dies_with_them() {
 #[test]
 fn every_allocation_api_counts_against_device_memory() {
     let sim = SimEnv::new(1, "1GiB");
-    for api in ["v2", "pitch", "managed", "async", "create"] {
+    for api in [
+        "v2", "pitch", "managed", "async", "create", "array", "array3d",
+    ] {
         let mut c = sim.workload();
         c.args(["--seconds", "0", "--mem", "768MiB", "--alloc-api", api]);
         let r = &reports(&run(c).stdout)[0];

@@ -136,6 +136,8 @@ struct Proc {
     current_pool: HashMap<usize, usize>,
     /// Device pointer handed out by a pool → that pool.
     pool_allocs: HashMap<u64, usize>,
+    /// CUDA arrays (plain and mipmapped) → (device, bytes).
+    arrays: HashMap<usize, (usize, u64)>,
 }
 
 static PROC: Mutex<Option<Proc>> = Mutex::new(None);
@@ -522,6 +524,54 @@ fn free(ptr: CUdeviceptr) -> R {
         }
         Ok(())
     })
+}
+
+/// Bytes of a CUDA array of `dims` (0: that dimension is absent),
+/// `format` (`CUarray_format`), `channels` (1, 2 or 4) and mipmap
+/// `levels` (each level halves every dimension, down to 1).
+fn array_bytes(dims: [usize; 3], format: u32, channels: u32, levels: u32) -> Result<u64, CUresult> {
+    let elem: u64 = match format {
+        0x01 | 0x08 => 1,        // (UN)SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // (UN)SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => 4, // (UN)SIGNED_INT32, FLOAT
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    if dims[0] == 0 || !matches!(channels, 1 | 2 | 4) || levels == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut total = 0u64;
+    for level in 0..levels.min(32) {
+        let size = |d: usize| ((d as u64) >> level).max(1);
+        let (w, h, d) = (size(dims[0]), size(dims[1].max(1)), size(dims[2].max(1)));
+        total = total.saturating_add(w * h * d * elem * channels as u64);
+    }
+    Ok(total)
+}
+
+fn create_array(out: *mut usize, bytes: u64) -> R {
+    let s = initialised()?;
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = current_device()?;
+    s.alloc(dev, bytes)?;
+    let h = with_proc(|p| {
+        let h = p.add(Obj::Pool);
+        p.arrays.insert(h, (dev, bytes));
+        h
+    });
+    put(out, h)
+}
+
+fn destroy_array(a: usize) -> R {
+    let s = initialised()?;
+    let (dev, bytes) = with_proc(|p| {
+        p.objects.remove(&a);
+        p.arrays.remove(&a)
+    })
+    .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    s.free(dev, bytes);
+    Ok(())
 }
 
 /// A synchronisation returned: pools give back what they reserve beyond
@@ -1301,6 +1351,26 @@ driver_api! {
         s.free(dev, size);
         Ok(())
     }
+    // CUDA arrays (textures, surfaces): device memory by their descriptor.
+    fn cuArrayCreate_v2(out: *mut usize, desc: *const [usize; 3]) {
+        // CUDA_ARRAY_DESCRIPTOR: width, height, then format and channels (u32 each).
+        let d = get(desc)?;
+        let bytes = array_bytes([d[0], d[1], 0], d[2] as u32, (d[2] >> 32) as u32, 1)?;
+        create_array(out, bytes)
+    }
+    fn cuArray3DCreate_v2(out: *mut usize, desc: *const [usize; 4]) {
+        // CUDA_ARRAY3D_DESCRIPTOR: width, height, depth, format and channels.
+        let d = get(desc)?;
+        let bytes = array_bytes([d[0], d[1], d[2]], d[3] as u32, (d[3] >> 32) as u32, 1)?;
+        create_array(out, bytes)
+    }
+    fn cuMipmappedArrayCreate(out: *mut usize, desc: *const [usize; 4], levels: u32) {
+        let d = get(desc)?;
+        let bytes = array_bytes([d[0], d[1], d[2]], d[3] as u32, (d[3] >> 32) as u32, levels)?;
+        create_array(out, bytes)
+    }
+    fn cuArrayDestroy(a: usize) { destroy_array(a) }
+    fn cuMipmappedArrayDestroy(a: usize) { destroy_array(a) }
     fn cuMemcpyHtoD_v2(_dst: CUdeviceptr, _src: *const c_void, _n: usize) { sync_copy() }
     fn cuMemcpyHtoD_v2_ptds(_dst: CUdeviceptr, _src: *const c_void, _n: usize) { sync_copy_ptds() }
     fn cuMemcpyDtoH_v2(dst: *mut c_void, _src: CUdeviceptr, n: usize) {

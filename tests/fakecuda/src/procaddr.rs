@@ -8,6 +8,8 @@
 /// For each base name, the entry with the highest version not above the
 /// requested one wins; without one the base name itself is the symbol.
 pub const VERSIONED: &[(&str, i32, &str)] = &[
+    ("cuArray3DCreate", 3020, "cuArray3DCreate_v2"),
+    ("cuArrayCreate", 3020, "cuArrayCreate_v2"),
     ("cuCtxCreate", 3020, "cuCtxCreate_v2"),
     ("cuCtxDestroy", 4000, "cuCtxDestroy_v2"),
     ("cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"),

@@ -34,7 +34,8 @@ struct Args {
     /// Allocate the memory in chunks of this size (default: one chunk)
     #[arg(long, value_parser = |s: &str| parse_size::parse_size(s))]
     chunk: Option<u64>,
-    /// Allocation API: v2, pitch, managed, async, create
+    /// Allocation API: v2, pitch, managed, async, create, array
+    /// (cuArrayCreate, 1D float4), array3d (cuArray3DCreate)
     #[arg(long, default_value = "v2")]
     alloc_api: String,
     /// Launch API: kernel, ex, coop, graph
@@ -115,6 +116,8 @@ fn versioned(name: &str, ptsz: bool) -> String {
         "cuMemAllocPitch",
         "cuMemFree",
         "cuMemGetInfo",
+        "cuArrayCreate",
+        "cuArray3DCreate",
         "cuEventDestroy",
     ];
     let per_thread = [
@@ -196,6 +199,9 @@ struct Driver {
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> CUresult,
     begin_capture: unsafe extern "C" fn(Ptr, u32) -> CUresult,
     default_mem_pool: unsafe extern "C" fn(*mut Ptr, i32) -> CUresult,
+    array_create: unsafe extern "C" fn(*mut usize, *const [usize; 3]) -> CUresult,
+    array3d_create: unsafe extern "C" fn(*mut usize, *const [usize; 5]) -> CUresult,
+    array_destroy: unsafe extern "C" fn(usize) -> CUresult,
     mem_pool_set_attribute: unsafe extern "C" fn(Ptr, i32, *mut c_void) -> CUresult,
     end_capture: unsafe extern "C" fn(Ptr, *mut Ptr) -> CUresult,
 }
@@ -304,6 +310,9 @@ impl Driver {
             memcpy_dtoh: f!("cuMemcpyDtoH"),
             begin_capture: f!("cuStreamBeginCapture"),
             default_mem_pool: f!("cuDeviceGetDefaultMemPool"),
+            array_create: f!("cuArrayCreate"),
+            array3d_create: f!("cuArray3DCreate"),
+            array_destroy: f!("cuArrayDestroy"),
             mem_pool_set_attribute: f!("cuMemPoolSetAttribute"),
             end_capture: f!("cuStreamEndCapture"),
             _lib: lib,
@@ -385,6 +394,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         let retry_until = Instant::now() + Duration::from_secs_f64(args.retry_alloc_seconds);
         let mut ptrs: Vec<u64> = Vec::new();
         let mut handles: Vec<u64> = Vec::new();
+        let mut arrays: Vec<usize> = Vec::new();
         if args.mem > 0 {
             let chunk = args.chunk.unwrap_or(args.mem).max(1);
             while report.allocated < args.mem {
@@ -406,6 +416,20 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                         }
                         r
                     }
+                    "array" | "array3d" => {
+                        // FLOAT (0x20), 4 channels: 16 bytes per element.
+                        let format = 0x20 | (4usize << 32);
+                        let mut a = 0usize;
+                        let r = if args.alloc_api == "array" {
+                            (d.array_create)(&mut a, &[n / 16, 0, format])
+                        } else {
+                            (d.array3d_create)(&mut a, &[n / 16 / 64, 64, 0, format, 0])
+                        };
+                        if r == 0 {
+                            arrays.push(a);
+                        }
+                        r
+                    }
                     other => bail!("unknown --alloc-api {other}"),
                 };
                 if r == 2 && Instant::now() < retry_until {
@@ -416,7 +440,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                     report.alloc_error = r;
                     break;
                 }
-                if args.alloc_api != "create" {
+                if !["create", "array", "array3d"].contains(&args.alloc_api.as_str()) {
                     ptrs.push(p);
                 }
                 report.allocated += n as u64;
@@ -424,7 +448,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         }
         report.alloc_done_ns = monotonic_ns();
         if args.free_first {
-            free_all(&d, args, &mut ptrs, &mut handles)?;
+            free_all(&d, args, &mut ptrs, &mut handles, &mut arrays)?;
             check("cuCtxSynchronize", (d.ctx_sync)())?;
         }
         check(
@@ -489,7 +513,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             })?
         };
         check("cuCtxSynchronize", (d.ctx_sync)())?;
-        free_all(&d, args, &mut ptrs, &mut handles)?;
+        free_all(&d, args, &mut ptrs, &mut handles, &mut arrays)?;
         Ok(report)
     }
 }
@@ -500,6 +524,7 @@ fn free_all(
     args: &Args,
     ptrs: &mut Vec<u64>,
     handles: &mut Vec<u64>,
+    arrays: &mut Vec<usize>,
 ) -> anyhow::Result<()> {
     // SAFETY: pointers and handles this process allocated, freed once.
     unsafe {
@@ -515,6 +540,9 @@ fn free_all(
         }
         for h in handles.drain(..) {
             check("cuMemRelease", (d.mem_release)(h))?;
+        }
+        for a in arrays.drain(..) {
+            check("cuArrayDestroy", (d.array_destroy)(a))?;
         }
     }
     Ok(())
