@@ -6,7 +6,8 @@
 //!   exported symbols, our `dlsym` and our `cuGetProcAddress[_v2]`;
 //! - [`gate`]: token-gated launches (fast path: an atomic compare);
 //! - [`memory`]: allocations reserved against the group's `MemoryLimit`,
-//!   memory queries answered with the group's view;
+//!   memory queries answered with the group's view ([`nvml`]: NVML's
+//!   too);
 //! - [`conn`]: the scheduler connection (lazy, shared by threads,
 //!   re-registering after a scheduler restart);
 //! - [`state`]: settings from the environment, per-process state, fork.
@@ -22,6 +23,7 @@ mod driver;
 mod gate;
 mod log;
 mod memory;
+mod nvml;
 mod real;
 mod state;
 mod table;
@@ -46,10 +48,13 @@ unsafe extern "C" fn gemhook_dlsym_filter(
     }
     // SAFETY: dlsym's contract: a NUL-terminated name.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if !name.starts_with(b"cu") {
-        return std::ptr::null_mut();
+    if name.starts_with(b"cu") {
+        return table::lookup(name).unwrap_or(std::ptr::null_mut());
     }
-    table::lookup(name).unwrap_or(std::ptr::null_mut())
+    if name.starts_with(b"nvmlDeviceGetMemoryInfo") {
+        return nvml::lookup(name).unwrap_or(std::ptr::null_mut());
+    }
+    std::ptr::null_mut()
 }
 
 /// Our `dlsym`. glibc resolves `RTLD_NEXT` relative to the caller's return
@@ -89,12 +94,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dlsym_filter_answers_hooked_cu_names_only() {
+    fn dlsym_filter_answers_hooked_cu_and_nvml_names_only() {
         // SAFETY: NUL-terminated names.
         unsafe {
             let ours = gemhook_dlsym_filter(std::ptr::null_mut(), c"cuLaunchKernel".as_ptr());
             assert_eq!(ours, table::lookup(b"cuLaunchKernel").unwrap());
             assert!(gemhook_dlsym_filter(std::ptr::null_mut(), c"cuInit".as_ptr()).is_null());
+            let nvml =
+                gemhook_dlsym_filter(std::ptr::null_mut(), c"nvmlDeviceGetMemoryInfo_v2".as_ptr());
+            assert_eq!(nvml, nvml::lookup(b"nvmlDeviceGetMemoryInfo_v2").unwrap());
+            assert!(gemhook_dlsym_filter(std::ptr::null_mut(), c"nvmlInit_v2".as_ptr()).is_null());
             assert!(gemhook_dlsym_filter(std::ptr::null_mut(), c"malloc".as_ptr()).is_null());
             assert!(gemhook_dlsym_filter(std::ptr::null_mut(), std::ptr::null()).is_null());
         }

@@ -267,11 +267,15 @@ fn holder_gives_back(device: u32, bytes: u64) -> bool {
 /// The group's (used, limit, reclaimable) on ordinal `dev`, if the
 /// scheduler answers; reclaimable is what the holder holds there.
 pub fn view(dev: u32) -> Option<(u64, u64, u64)> {
+    view_physical(state::get().settings.physical(dev))
+}
+
+/// [`view`] of the physical `device`.
+pub fn view_physical(device: u32) -> Option<(u64, u64, u64)> {
     let st = state::get();
     if st.refused.load(Ordering::Acquire) != 0 {
         return None;
     }
-    let device = st.settings.physical(dev);
     match st.call(&Request::MemoryInfo { device }, device).ok()? {
         Reply::MemoryView {
             used,

@@ -66,6 +66,43 @@ fn driver_handle() -> *mut c_void {
     h
 }
 
+/// The real NVML function `name` (from `libnvidia-ml.so.1`, loaded if the
+/// program has not), cached in `slot`; 0 if missing.
+pub fn nvml_fn(slot: &AtomicUsize, name: &CStr) -> usize {
+    static HANDLE: AtomicUsize = AtomicUsize::new(0);
+    let cur = slot.load(Ordering::Acquire);
+    if cur != 0 {
+        return cur;
+    }
+    let mut h = HANDLE.load(Ordering::Acquire) as *mut c_void;
+    if h.is_null() {
+        // SAFETY: dlopen with a NUL-terminated name; NOLOAD only looks,
+        // and the program is calling NVML, so loading it is what it wants.
+        h = unsafe {
+            let loaded = libc::dlopen(
+                c"libnvidia-ml.so.1".as_ptr(),
+                libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+            );
+            if loaded.is_null() {
+                libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_LAZY)
+            } else {
+                loaded
+            }
+        };
+        HANDLE.store(h as usize, Ordering::Release);
+    }
+    let mut f = if h.is_null() {
+        std::ptr::null_mut()
+    } else {
+        real_dlsym(h, name)
+    };
+    if f.is_null() {
+        f = real_dlsym(libc::RTLD_NEXT, name);
+    }
+    slot.store(f as usize, Ordering::Release);
+    f as usize
+}
+
 /// The real driver function `name`, cached in `slot`; 0 if missing.
 pub fn real_fn(slot: &AtomicUsize, name: &CStr) -> usize {
     let cur = slot.load(Ordering::Acquire);

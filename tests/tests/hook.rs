@@ -634,3 +634,38 @@ fn memory_a_pool_holds_counts_against_the_group() {
         );
     }
 }
+
+/// NVML in a job (what `nvidia-smi`, pynvml and vLLM read) shows the
+/// group's memory, as `cuMemGetInfo` does: total = the limit, free = the
+/// limit less the group's use — through our `dlsym` (NVML loaded at run
+/// time). Unhooked, NVML shows the whole simulated device.
+#[test]
+fn nvml_memory_queries_show_the_groups_view() {
+    let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=1GiB\n");
+    let out = finish(spawn(rust(
+        &g,
+        "a",
+        &["--seconds", "0", "--mem", "384MiB", "--nvml"],
+    )));
+    let r = &reports(&out.stdout)[0];
+    let (limit, used) = (1u64 << 30, 384u64 << 20);
+    assert_eq!(
+        (field(r, "nvml_total"), field(r, "nvml_free")),
+        (limit, limit - used),
+        "nvmlDeviceGetMemoryInfo"
+    );
+    assert_eq!(
+        (
+            field(r, "nvml_v2_total"),
+            field(r, "nvml_v2_free"),
+            field(r, "nvml_v2_used")
+        ),
+        (limit, limit - used, used),
+        "nvmlDeviceGetMemoryInfo_v2"
+    );
+    let mut plain = g.sim.workload();
+    plain.args(["--seconds", "0", "--mem", "384MiB", "--nvml"]);
+    let out = finish(spawn(plain));
+    let r = &reports(&out.stdout)[0];
+    assert!(field(r, "nvml_total") > limit, "unhooked: the whole device");
+}

@@ -1,4 +1,5 @@
-//! The NVML calls `gem-holder` makes, answered from the simulator:
+//! The NVML calls `gem-holder` and monitoring code make, answered from
+//! the simulator: device memory (every process counted, as NVML does),
 //! device count, handles, and GPU utilisation — the share of the last
 //! `FAKECUDA_NVML_WINDOW_MS` (default 200 ms) during which the device ran a
 //! kernel, from the busy log, as a whole percentage like NVML's.
@@ -113,4 +114,124 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
         }
     };
     NVML_SUCCESS
+}
+
+/// `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`.
+const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct NvmlMemoryV2 {
+    version: u32,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+/// `nvmlMemory_v2`: the struct's size and version 2.
+pub const NVML_MEMORY_V2: u32 = std::mem::size_of::<NvmlMemoryV2>() as u32 | (2 << 24);
+
+/// The simulated device of an NVML handle.
+fn device_of(handle: *mut c_void) -> Result<usize, NvmlReturn> {
+    let s = sim().map_err(|_| NVML_ERROR_UNINITIALIZED)?;
+    let dev = (handle as usize).wrapping_sub(1);
+    if dev >= s.total_devices() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(dev)
+}
+
+/// `nvmlDeviceGetIndex`.
+///
+/// # Safety
+/// `index` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(handle: *mut c_void, index: *mut u32) -> NvmlReturn {
+    match device_of(handle) {
+        Ok(_) if index.is_null() => NVML_ERROR_INVALID_ARGUMENT,
+        Ok(dev) => {
+            // SAFETY: non-null out-pointer from the caller.
+            unsafe { *index = dev as u32 };
+            NVML_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// (total, free) of the device, every process's memory counted.
+fn memory(handle: *mut c_void) -> Result<(u64, u64), NvmlReturn> {
+    let dev = device_of(handle)?;
+    let s = sim().map_err(|_| NVML_ERROR_UNINITIALIZED)?;
+    let (free, total) = s.mem_info(dev);
+    Ok((total, free))
+}
+
+/// `nvmlDeviceGetMemoryInfo`: the whole device, every process counted.
+///
+/// # Safety
+/// `mem` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    handle: *mut c_void,
+    mem: *mut NvmlMemory,
+) -> NvmlReturn {
+    match memory(handle) {
+        Ok(_) if mem.is_null() => NVML_ERROR_INVALID_ARGUMENT,
+        Ok((total, free)) => {
+            // SAFETY: non-null out-pointer from the caller.
+            unsafe {
+                *mem = NvmlMemory {
+                    total,
+                    free,
+                    used: total - free,
+                }
+            };
+            NVML_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2` (no memory is reserved by the simulated
+/// driver itself).
+///
+/// # Safety
+/// `mem` must be writable, its `version` set by the caller.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    handle: *mut c_void,
+    mem: *mut NvmlMemoryV2,
+) -> NvmlReturn {
+    match memory(handle) {
+        Ok(_) if mem.is_null() => NVML_ERROR_INVALID_ARGUMENT,
+        // SAFETY: non-null; the caller sets the version field.
+        Ok(_) if unsafe { (*mem).version } != NVML_MEMORY_V2 => {
+            NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        }
+        Ok((total, free)) => {
+            // SAFETY: non-null out-pointer from the caller.
+            unsafe {
+                *mem = NvmlMemoryV2 {
+                    version: NVML_MEMORY_V2,
+                    total,
+                    reserved: 0,
+                    free,
+                    used: total - free,
+                }
+            };
+            NVML_SUCCESS
+        }
+        Err(e) => e,
+    }
 }

@@ -107,6 +107,10 @@ struct Args {
     /// launching (cuMemGetInfo is asked after that)
     #[arg(long)]
     free_first: bool,
+    /// Also ask NVML (libnvidia-ml.so.1, loaded at run time as pynvml
+    /// does) for device 0's memory, with nvmlDeviceGetMemoryInfo and _v2
+    #[arg(long)]
+    nvml: bool,
 }
 
 /// The exported symbol a dlsym-resolving program asks for.
@@ -321,6 +325,8 @@ impl Driver {
 }
 
 struct Report {
+    /// NVML's (free, total) and _v2's (free, total, used), when asked.
+    nvml: Option<(u64, u64, u64, u64, u64)>,
     kernels: u64,
     allocated: u64,
     alloc_error: CUresult,
@@ -366,6 +372,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         )?;
 
         let mut report = Report {
+            nvml: None,
             kernels: 0,
             allocated: 0,
             alloc_error: 0,
@@ -455,6 +462,9 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             "cuMemGetInfo",
             (d.mem_get_info)(&mut report.free, &mut report.total),
         )?;
+        if args.nvml {
+            report.nvml = Some(nvml_memory()?);
+        }
 
         let mut dur = args.kernel_us;
         let mut params: [Ptr; 1] = [&mut dur as *mut u64 as Ptr];
@@ -546,6 +556,34 @@ fn free_all(
         }
     }
     Ok(())
+}
+
+/// Device 0's memory as NVML tells it: (free, total) from
+/// `nvmlDeviceGetMemoryInfo`, (free, total, used) from `_v2`.
+fn nvml_memory() -> anyhow::Result<(u64, u64, u64, u64, u64)> {
+    type Init = unsafe extern "C" fn() -> u32;
+    type Handle = unsafe extern "C" fn(u32, *mut Ptr) -> u32;
+    type Mem = unsafe extern "C" fn(Ptr, *mut [u64; 3]) -> u32;
+    type MemV2 = unsafe extern "C" fn(Ptr, *mut [u64; 5]) -> u32;
+    // SAFETY: loading NVML and calling it with its C signatures and
+    // pointers to live locals.
+    unsafe {
+        let lib =
+            libloading::Library::new("libnvidia-ml.so.1").context("dlopen libnvidia-ml.so.1")?;
+        let init: libloading::Symbol<Init> = lib.get(b"nvmlInit_v2\0")?;
+        let handle: libloading::Symbol<Handle> = lib.get(b"nvmlDeviceGetHandleByIndex_v2\0")?;
+        let mem: libloading::Symbol<Mem> = lib.get(b"nvmlDeviceGetMemoryInfo\0")?;
+        let mem_v2: libloading::Symbol<MemV2> = lib.get(b"nvmlDeviceGetMemoryInfo_v2\0")?;
+        check("nvmlInit_v2", init())?;
+        let mut dev: Ptr = std::ptr::null_mut();
+        check("nvmlDeviceGetHandleByIndex_v2", handle(0, &mut dev))?;
+        let mut m = [0u64; 3]; // total, free, used
+        check("nvmlDeviceGetMemoryInfo", mem(dev, &mut m))?;
+        // version (nvmlMemory_v2: size 40, version 2), total, reserved, free, used
+        let mut v2 = [40u64 | (2 << 24), 0, 0, 0, 0];
+        check("nvmlDeviceGetMemoryInfo_v2", mem_v2(dev, &mut v2))?;
+        Ok((m[1], m[0], v2[3], v2[1], v2[4]))
+    }
 }
 
 /// `CU_STREAM_NON_BLOCKING`: PyTorch's streams do not synchronise with
@@ -844,8 +882,11 @@ fn main() -> anyhow::Result<()> {
     };
     let code = match &result {
         Ok(r) => {
+            let nvml = r.nvml.map_or(String::new(), |(f, t, f2, t2, u2)| {
+                format!(" nvml_free={f} nvml_total={t} nvml_v2_free={f2} nvml_v2_total={t2} nvml_v2_used={u2}")
+            });
             println!(
-                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={}",
+                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={}{nvml}",
                 std::process::id(),
                 r.kernels,
                 args.kernel_us,

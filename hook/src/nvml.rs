@@ -1,0 +1,147 @@
+//! NVML's memory queries in a job show the group's view, as `cuMemGetInfo`
+//! does: `nvidia-smi`, `pynvml`, vLLM's memory profiling and monitoring
+//! code read `nvmlDeviceGetMemoryInfo[_v2]`. Exported (for programs
+//! linked against `libnvidia-ml.so.1`) and answered by our `dlsym` (for
+//! those that load it at run time); the real functions come from
+//! `libnvidia-ml.so.1`.
+//!
+//! NVML numbers devices in PCI bus order and ignores
+//! `CUDA_VISIBLE_DEVICES`; its index is taken as the physical device the
+//! scheduler knows (as CUDA's is with `CUDA_DEVICE_ORDER=PCI_BUS_ID`).
+
+use crate::memory;
+use crate::real;
+use std::ffi::{CStr, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::AtomicUsize;
+
+type NvmlReturn = u32;
+/// `NVML_ERROR_FUNCTION_NOT_FOUND`.
+const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct NvmlMemoryV2 {
+    version: u32,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+/// The real NVML function `name` (cached in `slot`) as an `F`.
+///
+/// # Safety
+/// `F` must be the C signature of `name`.
+unsafe fn real<F: Copy>(slot: &AtomicUsize, name: &CStr) -> Option<F> {
+    let addr = real::nvml_fn(slot, name);
+    // SAFETY: a non-zero address is NVML's `name`, of signature F (the
+    // caller's promise); F is a function pointer of usize's size.
+    (addr != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&addr) })
+}
+
+/// The physical device of an NVML handle.
+fn physical_of(device: *mut c_void) -> Option<u32> {
+    static SLOT: AtomicUsize = AtomicUsize::new(0);
+    type F = unsafe extern "C" fn(*mut c_void, *mut u32) -> NvmlReturn;
+    // SAFETY: nvmlDeviceGetIndex's C signature.
+    let f = unsafe { real::<F>(&SLOT, c"nvmlDeviceGetIndex") }?;
+    let mut index = 0;
+    // SAFETY: the program's handle and an out-pointer to a local.
+    (unsafe { f(device, &mut index) } == 0).then_some(index)
+}
+
+/// The group's view of (free, total) on the NVML `device`, if the process
+/// belongs to a group the scheduler answers for.
+fn group_view(device: *mut c_void, free: u64, total: u64) -> Option<(u64, u64)> {
+    let physical = physical_of(device)?;
+    let (used, limit, reclaimable) = memory::view_physical(physical)?;
+    Some(memory::group_view(free, total, used, limit, reclaimable))
+}
+
+/// `nvmlDeviceGetMemoryInfo`, in the group's view.
+///
+/// # Safety
+/// As NVML's: a device handle and a writable `nvmlMemory_t`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+#[allow(non_snake_case)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: *mut c_void,
+    mem: *mut NvmlMemory,
+) -> NvmlReturn {
+    static SLOT: AtomicUsize = AtomicUsize::new(0);
+    type F = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> NvmlReturn;
+    // SAFETY: nvmlDeviceGetMemoryInfo's C signature.
+    let Some(f) = (unsafe { real::<F>(&SLOT, c"nvmlDeviceGetMemoryInfo") }) else {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    };
+    // SAFETY: the program's arguments, passed on unchanged.
+    let r = unsafe { f(device, mem) };
+    if r != 0 || mem.is_null() {
+        return r;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: filled by the real call just now.
+        let m = unsafe { &mut *mem };
+        if let Some((free, total)) = group_view(device, m.free, m.total) {
+            (m.free, m.total) = (free, total);
+            m.used = total - free;
+        }
+    }));
+    r
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`, in the group's view (the driver's own
+/// reserved memory is left as NVML says).
+///
+/// # Safety
+/// As NVML's: a device handle and a writable `nvmlMemory_v2_t` with its
+/// version set.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+#[allow(non_snake_case)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: *mut c_void,
+    mem: *mut NvmlMemoryV2,
+) -> NvmlReturn {
+    static SLOT: AtomicUsize = AtomicUsize::new(0);
+    type F = unsafe extern "C" fn(*mut c_void, *mut NvmlMemoryV2) -> NvmlReturn;
+    // SAFETY: nvmlDeviceGetMemoryInfo_v2's C signature.
+    let Some(f) = (unsafe { real::<F>(&SLOT, c"nvmlDeviceGetMemoryInfo_v2") }) else {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    };
+    // SAFETY: the program's arguments, passed on unchanged.
+    let r = unsafe { f(device, mem) };
+    if r != 0 || mem.is_null() {
+        return r;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: filled by the real call just now.
+        let m = unsafe { &mut *mem };
+        if let Some((free, total)) = group_view(device, m.free, m.total) {
+            (m.free, m.total) = (free, total);
+            m.used = total.saturating_sub(free).saturating_sub(m.reserved);
+        }
+    }));
+    r
+}
+
+/// Our function for an NVML name, for our `dlsym`.
+pub fn lookup(name: &[u8]) -> Option<*mut c_void> {
+    match name {
+        b"nvmlDeviceGetMemoryInfo" => Some(nvmlDeviceGetMemoryInfo as *const () as *mut c_void),
+        b"nvmlDeviceGetMemoryInfo_v2" => {
+            Some(nvmlDeviceGetMemoryInfo_v2 as *const () as *mut c_void)
+        }
+        _ => None,
+    }
+}
