@@ -204,6 +204,14 @@ hooks! {
     (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |real| {
         gated!(s, true, real(f, gx, gy, gz, bx, by, bz, sh, s, p))
     }
+    // The launches of CUDA 2.0, deprecated but in cuda.h: on the legacy
+    // default stream, or the one given.
+    cuLaunch ["cuLaunch", 2000, false]
+    (f: Ptr) => |real| { gated!(std::ptr::null_mut(), false, real(f)) }
+    cuLaunchGrid ["cuLaunchGrid", 2000, false]
+    (f: Ptr, w: i32, h: i32) => |real| { gated!(std::ptr::null_mut(), false, real(f, w, h)) }
+    cuLaunchGridAsync ["cuLaunchGridAsync", 2000, false]
+    (f: Ptr, w: i32, h: i32, s: Ptr) => |real| { gated!(s, false, real(f, w, h, s)) }
     cuGraphLaunch ["cuGraphLaunch", 10000, false]
     (exec: Ptr, s: Ptr) => |real| { gated!(s, false, real(exec, s)) }
     cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, true]

@@ -1,0 +1,308 @@
+//! Keeping up with CUDA: the hook's one table (`hook/src/table.rs`) checked
+//! against `cuda.h` and `cudaTypedefs.h` of a pinned CUDA release
+//! (`scripts/cuda-headers.sh` fetches them):
+//! - every entry names a real versioned entry point (`PFN_<base>_v<since>`,
+//!   `_ptsz`/`_ptds` for the per-thread ones) whose parameters agree with
+//!   the entry's, in number and in how they are passed (a 32-bit value, a
+//!   64-bit value or pointer);
+//! - every launch and device-allocation entry point of the header, in its
+//!   newest version and per-thread variant, is in the table.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use regex::Regex;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// How a parameter is passed on x86-64: in a 32-bit or a 64-bit integer
+/// register (pointers and handles are 64-bit), or a float register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    W32,
+    W64,
+    F32,
+}
+
+/// Entry points of the header the hook deliberately leaves alone, and why.
+const NOT_HOOKED: &[(&str, &str)] = &[
+    ("cuLaunchHostFunc", "runs a host function: no device time"),
+    (
+        "cuLaunchCooperativeKernelMultiDevice",
+        "deprecated since CUDA 11.3 and gone in 13; one call on several devices",
+    ),
+    ("cuMemAllocHost", "host memory: never counted"),
+];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .into()
+}
+
+/// The headers' directory, fetched once; `None` where they cannot be had.
+fn headers() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("GEMINI_CUDA_INCLUDE") {
+        return Some(d.into());
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda-headers");
+    let ok = Command::new(repo().join("scripts/cuda-headers.sh"))
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(dir)
+}
+
+/// A C type's class, through `cuda.h`'s typedefs.
+struct Types {
+    aliases: HashMap<String, String>,
+    pointers: BTreeSet<String>,
+    enums: BTreeSet<String>,
+}
+
+impl Types {
+    fn parse(cuda_h: &str) -> Types {
+        let pointer = Regex::new(r"typedef\s+struct\s+\w+\s*\*\s*(\w+)\s*;").unwrap();
+        let enumeration = Regex::new(r"(?s)typedef\s+enum\s+\w*\s*\{[^}]*\}\s*(\w+)\s*;").unwrap();
+        let alias = Regex::new(
+            r"typedef\s+((?:unsigned\s+)?(?:long\s+long|int|short|char|\w+))\s+(\w+)\s*;",
+        )
+        .unwrap();
+        Types {
+            pointers: pointer
+                .captures_iter(cuda_h)
+                .map(|c| c[1].to_string())
+                .collect(),
+            enums: enumeration
+                .captures_iter(cuda_h)
+                .map(|c| c[1].to_string())
+                .collect(),
+            // The first definition wins: where a header defines a type for
+            // 64-bit platforms and else another, the 64-bit one is first.
+            aliases: alias
+                .captures_iter(cuda_h)
+                .fold(HashMap::new(), |mut m, c| {
+                    m.entry(c[2].to_string())
+                        .or_insert_with(|| c[1].to_string());
+                    m
+                }),
+        }
+    }
+
+    /// The class of a parameter declaration (`const CUstream hStream`).
+    fn param(&self, decl: &str) -> Result<Class, String> {
+        if decl.contains('*') {
+            return Ok(Class::W64);
+        }
+        let words: Vec<&str> = decl.split_whitespace().filter(|w| *w != "const").collect();
+        // The last word is the parameter's name.
+        let ty = words[..words.len().saturating_sub(1)].join(" ");
+        self.class(&ty)
+            .ok_or_else(|| format!("unknown C type `{ty}` in `{decl}`"))
+    }
+
+    fn class(&self, ty: &str) -> Option<Class> {
+        match ty {
+            "int" | "unsigned int" | "unsigned" | "CUresult" => return Some(Class::W32),
+            "unsigned long long" | "long long" | "size_t" | "cuuint64_t" => {
+                return Some(Class::W64);
+            }
+            "float" => return Some(Class::F32),
+            _ => {}
+        }
+        if self.pointers.contains(ty) {
+            return Some(Class::W64);
+        }
+        if self.enums.contains(ty) {
+            return Some(Class::W32);
+        }
+        let target = self.aliases.get(ty)?;
+        (target != ty).then(|| self.class(target)).flatten()
+    }
+}
+
+/// `PFN_<base>_v<version>[_ptsz|_ptds]` → parameter declarations.
+type Pfns = BTreeMap<(String, u32, String), Vec<String>>;
+
+fn parse_pfns(typedefs_h: &str) -> Pfns {
+    let re = Regex::new(
+        r"(?s)typedef\s+CUresult\s*\(\s*CUDAAPI\s*\*\s*PFN_(cu\w+?)_v(\d+)(_ptsz|_ptds)?\s*\)\s*\(([^;]*?)\)\s*;",
+    )
+    .unwrap();
+    re.captures_iter(typedefs_h)
+        .map(|c| {
+            let params: Vec<String> = c[4]
+                .split(',')
+                .map(|p| p.split_whitespace().collect::<Vec<_>>().join(" "))
+                .filter(|p| !p.is_empty() && p != "void")
+                .collect();
+            (
+                (
+                    c[1].to_string(),
+                    c[2].parse().unwrap(),
+                    c.get(3).map_or("", |m| m.as_str()).to_string(),
+                ),
+                params,
+            )
+        })
+        .collect()
+}
+
+/// A line of the hook's table.
+#[derive(Debug)]
+struct Entry {
+    symbol: String,
+    base: String,
+    since: u32,
+    per_thread: bool,
+    args: Vec<Class>,
+}
+
+fn rust_class(ty: &str) -> Class {
+    let ty = ty.trim();
+    if ty.starts_with('*') || ty == "Ptr" {
+        return Class::W64;
+    }
+    match ty {
+        "u32" | "i32" => Class::W32,
+        "f32" => Class::F32,
+        "usize" | "u64" | "i64" | "CUdeviceptr" => Class::W64,
+        other => panic!("table argument type `{other}` has no class here"),
+    }
+}
+
+fn parse_table(table_rs: &str) -> Vec<Entry> {
+    let re =
+        Regex::new(r#"(?m)^\s*(cu\w+)\s*\["(\w+)",\s*(\d+),\s*(true|false)\]\s*\(([^)]*)\)\s*=>"#)
+            .unwrap();
+    re.captures_iter(table_rs)
+        .map(|c| Entry {
+            symbol: c[1].to_string(),
+            base: c[2].to_string(),
+            since: c[3].parse().unwrap(),
+            per_thread: &c[4] == "true",
+            args: c[5]
+                .split(',')
+                .filter(|a| !a.trim().is_empty())
+                .map(|a| rust_class(a.split_once(':').unwrap().1))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Base names the hook must cover: launches and device allocations.
+fn must_hook(base: &str) -> bool {
+    let launch = Regex::new(r"^cu(Launch\w*|GraphLaunch)$").unwrap();
+    let alloc = Regex::new(r"^cu(MemAlloc\w*|MemCreate|(Mipmapped)?Array(3D)?Create)$").unwrap();
+    (launch.is_match(base) || alloc.is_match(base))
+        && !NOT_HOOKED.iter().any(|(name, _)| *name == base)
+}
+
+#[test]
+fn the_hook_table_matches_the_pinned_cuda_headers() {
+    let Some(dir) = headers() else {
+        eprintln!(
+            "NOT CHECKED: the pinned CUDA headers could not be fetched (offline?); \
+             set GEMINI_CUDA_INCLUDE to a directory with cuda.h and cudaTypedefs.h"
+        );
+        return;
+    };
+    let cuda_h = std::fs::read_to_string(dir.join("cuda.h")).unwrap();
+    let typedefs = std::fs::read_to_string(dir.join("cudaTypedefs.h")).unwrap();
+    let table = std::fs::read_to_string(repo().join("hook/src/table.rs")).unwrap();
+    let types = Types::parse(&cuda_h);
+    let pfns = parse_pfns(&typedefs);
+    let entries = parse_table(&table);
+    assert!(pfns.len() > 500, "parsed {} PFN typedefs", pfns.len());
+    assert!(entries.len() > 40, "parsed {} table entries", entries.len());
+
+    let mut problems = Vec::new();
+    for e in &entries {
+        let variants: &[&str] = if e.per_thread {
+            &["_ptsz", "_ptds"]
+        } else {
+            &[""]
+        };
+        let found = variants
+            .iter()
+            .find_map(|v| pfns.get(&(e.base.clone(), e.since, v.to_string())));
+        let Some(params) = found else {
+            problems.push(format!(
+                "{}: no PFN_{}_v{}{} in cudaTypedefs.h",
+                e.symbol,
+                e.base,
+                e.since,
+                if e.per_thread { "_pt*" } else { "" }
+            ));
+            continue;
+        };
+        let want: Result<Vec<Class>, String> = params.iter().map(|p| types.param(p)).collect();
+        match want {
+            Err(why) => problems.push(format!("{}: {why}", e.symbol)),
+            Ok(want) if want != e.args => problems.push(format!(
+                "{}: the table passes {:?}, the header declares ({}) = {want:?}",
+                e.symbol,
+                e.args,
+                params.join(", ")
+            )),
+            Ok(_) => {}
+        }
+    }
+    // Completeness: the newest version of each variant of every launch
+    // and allocation entry point.
+    let mut newest: BTreeMap<(String, String), u32> = BTreeMap::new();
+    for (base, version, variant) in pfns.keys() {
+        if must_hook(base) {
+            let v = newest.entry((base.clone(), variant.clone())).or_default();
+            *v = (*v).max(*version);
+        }
+    }
+    for ((base, variant), version) in &newest {
+        let covered = entries
+            .iter()
+            .any(|e| &e.base == base && e.since == *version && e.per_thread != variant.is_empty());
+        if !covered {
+            problems.push(format!(
+                "PFN_{base}_v{version}{variant} (a launch or allocation) is not in the hook's table"
+            ));
+        }
+    }
+    assert!(newest.len() >= 20, "{newest:?}");
+    assert!(
+        problems.is_empty(),
+        "the hook's table disagrees with CUDA's headers:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_parsers_read_what_they_claim() {
+    let types = Types::parse(
+        "typedef struct CUstream_st *CUstream;\n\
+         typedef unsigned long long CUdeviceptr_v2;\ntypedef CUdeviceptr_v2 CUdeviceptr;\n\
+         typedef enum CUmode_enum {\n A = 0,\n B = 1\n} CUmode;\ntypedef int CUdevice_v1;\n",
+    );
+    assert_eq!(types.param("CUstream hStream"), Ok(Class::W64));
+    assert_eq!(types.param("CUdeviceptr dptr"), Ok(Class::W64));
+    assert_eq!(types.param("CUmode mode"), Ok(Class::W32));
+    assert_eq!(types.param("CUdevice_v1 dev"), Ok(Class::W32));
+    assert_eq!(types.param("const void *p"), Ok(Class::W64));
+    assert!(types.param("CUnknown x").is_err());
+    let pfns = parse_pfns(
+        "typedef CUresult (CUDAAPI *PFN_cuLaunchKernel_v7000_ptsz)(CUfunction f,\n unsigned int x);\n\
+         typedef CUresult (CUDAAPI *PFN_cuCtxSynchronize_v2000)(void);",
+    );
+    assert_eq!(
+        pfns[&("cuLaunchKernel".into(), 7000, "_ptsz".into())],
+        ["CUfunction f", "unsigned int x"]
+    );
+    assert!(pfns[&("cuCtxSynchronize".into(), 2000, String::new())].is_empty());
+    let entries = parse_table(
+        "    cuMemAlloc_v2 [\"cuMemAlloc\", 3020, false]\n    (dptr: *mut CUdeviceptr, bytes: usize) => |real| {",
+    );
+    assert_eq!(entries[0].symbol, "cuMemAlloc_v2");
+    assert_eq!(entries[0].args, [Class::W64, Class::W64]);
+    assert!(must_hook("cuLaunchKernelEx") && must_hook("cuArray3DCreate"));
+    assert!(!must_hook("cuLaunchHostFunc") && !must_hook("cuMemAllocHost"));
+}
