@@ -39,8 +39,10 @@ command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
-# pip fetches the pinned CUDA headers the table check reads.
+# pip fetches the pinned CUDA headers the table check reads, and installs
+# cuda-python for the third-party client test in a venv of its own.
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 
 # The Rust toolchain: rustup's, not apt's (Debian's is often too old).
 rust_problem=""

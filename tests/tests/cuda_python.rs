@@ -1,0 +1,101 @@
+//! A real client that no one here wrote: NVIDIA's cuda-python
+//! (`cuda-bindings` from PyPI, every entry point through
+//! `cuGetProcAddress` as the CUDA runtime does) with a kernel NVRTC
+//! (`nvidia-cuda-nvrtc-cu12`) compiles on the CPU, on the simulator under
+//! the hook. The test installs both, pinned, in a virtual environment of
+//! its own; where that cannot be done (offline) it says so and checks
+//! nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use gemini_tests::cpu::{MAX_STEAL, measured, serial};
+use gemini_tests::{Gemini, SimEnv, now_ns};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SEC: u64 = 1_000_000_000;
+const PACKAGES: &[&str] = &["cuda-bindings==12.8.0", "nvidia-cuda-nvrtc-cu12==12.8.93"];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .into()
+}
+
+/// The virtual environment's python, with the pinned packages installed.
+fn python() -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda-python-venv");
+    let py = venv.join("bin/python");
+    let marker = venv.join(PACKAGES.join(" ").replace(['=', ' '], "_"));
+    if marker.exists() {
+        return Some(py);
+    }
+    let run = |c: &mut Command| c.status().is_ok_and(|s| s.success());
+    let made = run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
+        && run(Command::new(&py)
+            .args(["-m", "pip", "install", "--quiet"])
+            .args(PACKAGES));
+    if !made {
+        return None;
+    }
+    std::fs::write(&marker, "").unwrap();
+    Some(py)
+}
+
+fn values(stdout: &[u8]) -> HashMap<String, String> {
+    String::from_utf8_lossy(stdout)
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn cuda_python_is_gated_capped_and_sees_its_limit() {
+    let _serial = serial();
+    let Some(py) = python() else {
+        eprintln!(
+            "NOT CHECKED: cuda-python and NVRTC could not be installed (offline, or no python3-venv)"
+        );
+        return;
+    };
+    let g = Gemini::start(SimEnv::default(), "[py]\nMaxUtil=0.3\nMemoryLimit=256MiB\n");
+    let run = || {
+        let mut c = g.sim.command(&py);
+        c.arg(repo().join("tests/python/cuda_python_client.py"))
+            .args(["3", "512"]);
+        let mut c = g.hooked(c, "py");
+        let t0 = now_ns();
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "cuda-python client failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = values(&out.stdout);
+        let pid_share = g.sim.busy(0, t0 + SEC, t0 + 3 * SEC).device_share();
+        (v, pid_share)
+    };
+    let ((v, share), counts) = measured("cuda-python under MaxUtil 0.3", MAX_STEAL, 2, run);
+    assert!(v["ptx_bytes"].parse::<u64>().unwrap() > 0, "NVRTC compiled");
+    assert_eq!(
+        v["mem_total"],
+        (256u64 << 20).to_string(),
+        "cuMemGetInfo shows the cap"
+    );
+    assert_eq!(
+        v["alloc_error"], "2",
+        "512 MiB over a 256 MiB limit: CUDA_ERROR_OUT_OF_MEMORY"
+    );
+    assert!(v["launches"].parse::<u64>().unwrap() > 100, "{v:?}");
+    // Gated: never over the cap (a starved run only gets less).
+    assert!(
+        share <= 0.35,
+        "cuda-python's launches were not gated: {share:.3}"
+    );
+    if counts {
+        assert!(share >= 0.2, "cuda-python got {share:.3} of its 0.3");
+    }
+}
