@@ -7,7 +7,9 @@ target/release). Exits 0 with "no NVIDIA GPU found, skipped" where there is
 no GPU. Writes docs/gpu-results.md (or the path given as the argument).
 
 Scenarios: memory cap seen by torch.cuda.mem_get_info and an OOM error
-beyond it (caching allocator and cudaMallocAsync backends); two groups
+beyond it (caching allocator, cudaMallocAsync and expandable segments);
+memory a cudaMallocAsync pool keeps after a free; nvidia-smi inside a job;
+torch.cuda.graph capture beside a launching thread; two groups
 MinUtil 0.3/0.7 with shares from iteration rates relative to a solo run;
 a MaxUtil 0.5 cap; CUDA graphs gated; holder utilisation from NVML at
 hold-util 0.5 and 1.0 and the first-iteration time of a job arriving at a
@@ -75,6 +77,55 @@ elif mode == "train":
             torch.cuda.synchronize()
     torch.cuda.synchronize()
     out["rate"] = n / (time.time() - t0)
+elif mode == "capture":
+    # torch.cuda.graph in global mode (its default) while another thread
+    # keeps launching and synchronising on its own stream; captured
+    # launches are slowed so the hook's tokens run out during the capture.
+    import threading
+    x = torch.randn(2048, 2048, device=dev)
+    y = x @ x
+    torch.cuda.synchronize()
+    stop = threading.Event()
+    def beside():
+        s2 = torch.cuda.Stream()
+        z = torch.randn(1024, 1024, device=dev)
+        with torch.cuda.stream(s2):
+            while not stop.is_set():
+                for _ in range(5):
+                    z @ z
+                s2.synchronize()
+                time.sleep(0.006)
+    t = threading.Thread(target=beside)
+    t.start()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            torch.matmul(x, x, out=y)
+    torch.cuda.current_stream().wait_stream(s)
+    try:
+        with torch.cuda.graph(g):
+            for _ in range(100):
+                torch.matmul(x, x, out=y)
+                time.sleep(0.002)
+        out["captured"] = True
+    except Exception as e:
+        out["captured"] = False
+        out["error"] = str(e).splitlines()[0][:160]
+    stop.set()
+    t.join()
+    if out["captured"]:
+        g.replay()
+        torch.cuda.synchronize()
+        out["replayed"] = True
+elif mode == "poolkeep":
+    # cudaMallocAsync keeps what is freed (release threshold: all).
+    a = torch.empty(2**30, dtype=torch.uint8, device=dev)
+    del a
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    out["free_after_free"], out["total"] = free, total
 elif mode == "memcap":
     free, total = torch.cuda.mem_get_info()
     out["free"], out["total"] = free, total
@@ -175,10 +226,16 @@ def main():
 
     g = Gemini("[solo]\n[mem]\nMemoryLimit=2GiB\n[a]\nMinUtil=0.3\n[b]\nMinUtil=0.7\n[half]\nMaxUtil=0.5\n")
     try:
-        for backend in ("native", "cudaMallocAsync"):
-            r = result(g.worker("mem", "memcap", 0, extra={"PYTORCH_CUDA_ALLOC_CONF": f"backend:{backend}"}))
-            row(f"memory cap 2 GiB ({backend} allocator): mem_get_info total", f"{r['total'] / 2**30:.2f} GiB", "2.00 GiB")
-            row(f"memory cap ({backend}): 1.5 GiB then 1 GiB more", "OutOfMemoryError" if r.get("oom") else "allocated (cap NOT enforced)", "OutOfMemoryError")
+        for conf in ("backend:native", "backend:cudaMallocAsync", "expandable_segments:True"):
+            r = result(g.worker("mem", "memcap", 0, extra={"PYTORCH_CUDA_ALLOC_CONF": conf}))
+            row(f"memory cap 2 GiB ({conf}): mem_get_info total", f"{r['total'] / 2**30:.2f} GiB", "2.00 GiB")
+            row(f"memory cap ({conf}): 1.5 GiB then 1 GiB more", "OutOfMemoryError" if r.get("oom") else "allocated (cap NOT enforced)", "OutOfMemoryError")
+        r = result(g.worker("mem", "poolkeep", 0, extra={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}))
+        row("cudaMallocAsync: 1 GiB allocated, freed, synchronised: mem_get_info free (the pool keeps it)", f"{r['free_after_free'] / 2**30:.2f} GiB of {r['total'] / 2**30:.2f}", "≤ 1.00 GiB of 2.00")
+        smi_job = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"], env=g.env("mem"), capture_output=True, text=True)
+        row("nvidia-smi inside a job of MemoryLimit 2 GiB: memory.total", f"{smi_job.stdout.strip() or smi_job.stderr.strip()[:80]} MiB", "2048 MiB")
+        r = result(g.worker("solo", "capture", 0, extra={"GEMINI_IDLE_MS": "2"}))
+        row("torch.cuda.graph (global capture) beside a launching thread, tokens ending during it", "captured and replayed" if r.get("replayed") else f"FAILED: {r.get('error')}", "captured and replayed")
         solo = result(g.worker("solo", "matmul", 10))["rate"]
         plain = result(g.worker("solo", "matmul", 10, hooked=False))["rate"]
         row("matmul 4096² bf16, solo under the hook / without", f"{solo:.1f} / {plain:.1f} it/s")
