@@ -37,6 +37,17 @@
 
 use crate::types::*;
 use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Captures open in the process (a forked child may see its parent's
+/// count: it then only takes the slower, exact path).
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a capture may be open: without one, work and waits skip the
+/// capture bookkeeping.
+pub fn any_open() -> bool {
+    OPEN.load(Ordering::Acquire) != 0
+}
 
 /// `CUstreamCaptureMode`.
 pub const MODE_GLOBAL: u32 = 0;
@@ -118,6 +129,7 @@ impl Captures {
             return Err(CUDA_ERROR_ILLEGAL_STATE);
         }
         self.next_id += 1;
+        OPEN.fetch_add(1, Ordering::AcqRel);
         self.open.push(Capture {
             id: self.next_id,
             mode,
@@ -143,6 +155,7 @@ impl Captures {
             return Err(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
         }
         let c = self.open.remove(i);
+        OPEN.fetch_sub(1, Ordering::AcqRel);
         if c.invalidated {
             Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
         } else {

@@ -303,9 +303,17 @@ fn is_legacy(h: CUstream, ptsz: bool) -> bool {
     matches!(h as usize, 0 if !ptsz) || h as usize == CU_STREAM_LEGACY
 }
 
-/// Issues `ns` of device work to stream `h`: recorded into the stream's
-/// capture if it is capturing, else queued on the device.
-fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Kind) -> R {
+/// Issues `ns` of device work to stream `h` (`kind`: none for work that
+/// takes no device time): recorded into the stream's capture if it is
+/// capturing, else queued on the device.
+fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Option<Kind>) -> R {
+    if !capture::any_open() {
+        let (dev, tail) = stream(s, h, ptsz)?;
+        if let Some(kind) = kind {
+            s.run(dev, ns, &tail, kind as u32);
+        }
+        return Ok(());
+    }
     let captured = with_proc(|p| {
         if is_legacy(h, ptsz) {
             return p.captures.legacy_work().map(|_| false);
@@ -319,8 +327,8 @@ fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Kind) -> R {
             None => Ok(false),
         }
     })?;
-    if !captured {
-        let (dev, tail) = stream(s, h, ptsz)?;
+    let (dev, tail) = stream(s, h, ptsz)?;
+    if let (false, Some(kind)) = (captured, kind) {
         s.run(dev, ns, &tail, kind as u32);
     }
     Ok(())
@@ -330,6 +338,9 @@ fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Kind) -> R {
 /// (which invalidates its capture) and, as a potentially unsafe call, on
 /// the legacy stream while a capture forbids it.
 fn check_wait(h: CUstream, ptsz: bool) -> R {
+    if !capture::any_open() {
+        return Ok(());
+    }
     with_proc(|p| {
         if is_legacy(h, ptsz) {
             return p.captures.unsafe_call();
@@ -357,8 +368,7 @@ fn launch(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dur = kernel_ns(f, params)?;
-    stream(s, h, ptsz)?;
-    issue(s, h, ptsz, dur, kind)
+    issue(s, h, ptsz, dur, Some(kind))
 }
 
 fn sync_stream(h: CUstream, ptsz: bool) -> R {
@@ -689,9 +699,7 @@ fn sync_copy_ptds() -> R {
 /// Asynchronous work that takes no device time (copies, memsets, frees):
 /// recorded into a capture, or nothing.
 fn check_stream(h: CUstream, ptsz: bool) -> R {
-    let s = initialised()?;
-    stream(s, h, ptsz)?;
-    issue(s, h, ptsz, 0, Kind::Kernel)
+    issue(initialised()?, h, ptsz, 0, None)
 }
 
 fn graph_launch(exec: CUgraphExec, h: CUstream, ptsz: bool) -> R {
@@ -700,8 +708,7 @@ fn graph_launch(exec: CUgraphExec, h: CUstream, ptsz: bool) -> R {
         Some(Obj::Exec { total }) => Ok(*total),
         _ => Err(CUDA_ERROR_INVALID_HANDLE),
     })?;
-    stream(s, h, ptsz)?;
-    issue(s, h, ptsz, total, Kind::Graph)
+    issue(s, h, ptsz, total, Some(Kind::Graph))
 }
 
 /// The created stream `h` may capture: the legacy stream may not
