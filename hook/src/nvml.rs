@@ -69,6 +69,41 @@ fn group_view(device: *mut c_void, free: u64, total: u64) -> Option<(u64, u64)> 
     Some(memory::group_view(free, total, used, limit, reclaimable))
 }
 
+/// Calls the real `name` (signature `F`, filling an `M`) and adjusts
+/// what it filled to the group's view with `adjust(m, free, total)`.
+///
+/// # Safety
+/// `F` is `name`'s C signature, `M` the struct it fills; `device` and
+/// `mem` are the program's arguments.
+unsafe fn in_group_view<M>(
+    slot: &AtomicUsize,
+    name: &CStr,
+    device: *mut c_void,
+    mem: *mut M,
+    read: impl Fn(&M) -> (u64, u64),
+    adjust: impl Fn(&mut M, u64, u64),
+) -> NvmlReturn {
+    type F<M> = unsafe extern "C" fn(*mut c_void, *mut M) -> NvmlReturn;
+    // SAFETY: the caller's promise about `name`'s signature.
+    let Some(f) = (unsafe { real::<F<M>>(slot, name) }) else {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    };
+    // SAFETY: the program's arguments, passed on unchanged.
+    let r = unsafe { f(device, mem) };
+    if r != 0 || mem.is_null() {
+        return r;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: filled by the real call just now.
+        let m = unsafe { &mut *mem };
+        let (free, total) = read(m);
+        if let Some((free, total)) = group_view(device, free, total) {
+            adjust(m, free, total);
+        }
+    }));
+    r
+}
+
 /// `nvmlDeviceGetMemoryInfo`, in the group's view.
 ///
 /// # Safety
@@ -80,25 +115,20 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     mem: *mut NvmlMemory,
 ) -> NvmlReturn {
     static SLOT: AtomicUsize = AtomicUsize::new(0);
-    type F = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> NvmlReturn;
-    // SAFETY: nvmlDeviceGetMemoryInfo's C signature.
-    let Some(f) = (unsafe { real::<F>(&SLOT, c"nvmlDeviceGetMemoryInfo") }) else {
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
-    };
-    // SAFETY: the program's arguments, passed on unchanged.
-    let r = unsafe { f(device, mem) };
-    if r != 0 || mem.is_null() {
-        return r;
+    // SAFETY: nvmlDeviceGetMemoryInfo fills an nvmlMemory_t.
+    unsafe {
+        in_group_view(
+            &SLOT,
+            c"nvmlDeviceGetMemoryInfo",
+            device,
+            mem,
+            |m| (m.free, m.total),
+            |m, free, total| {
+                (m.free, m.total) = (free, total);
+                m.used = total - free;
+            },
+        )
     }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: filled by the real call just now.
-        let m = unsafe { &mut *mem };
-        if let Some((free, total)) = group_view(device, m.free, m.total) {
-            (m.free, m.total) = (free, total);
-            m.used = total - free;
-        }
-    }));
-    r
 }
 
 /// `nvmlDeviceGetMemoryInfo_v2`, in the group's view (the driver's own
@@ -114,25 +144,20 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     mem: *mut NvmlMemoryV2,
 ) -> NvmlReturn {
     static SLOT: AtomicUsize = AtomicUsize::new(0);
-    type F = unsafe extern "C" fn(*mut c_void, *mut NvmlMemoryV2) -> NvmlReturn;
-    // SAFETY: nvmlDeviceGetMemoryInfo_v2's C signature.
-    let Some(f) = (unsafe { real::<F>(&SLOT, c"nvmlDeviceGetMemoryInfo_v2") }) else {
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
-    };
-    // SAFETY: the program's arguments, passed on unchanged.
-    let r = unsafe { f(device, mem) };
-    if r != 0 || mem.is_null() {
-        return r;
+    // SAFETY: nvmlDeviceGetMemoryInfo_v2 fills an nvmlMemory_v2_t.
+    unsafe {
+        in_group_view(
+            &SLOT,
+            c"nvmlDeviceGetMemoryInfo_v2",
+            device,
+            mem,
+            |m| (m.free, m.total),
+            |m, free, total| {
+                (m.free, m.total) = (free, total);
+                m.used = total.saturating_sub(free).saturating_sub(m.reserved);
+            },
+        )
     }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: filled by the real call just now.
-        let m = unsafe { &mut *mem };
-        if let Some((free, total)) = group_view(device, m.free, m.total) {
-            (m.free, m.total) = (free, total);
-            m.used = total.saturating_sub(free).saturating_sub(m.reserved);
-        }
-    }));
-    r
 }
 
 /// Our function for an NVML name, for our `dlsym`.

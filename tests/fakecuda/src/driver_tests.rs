@@ -120,6 +120,19 @@ fn on_other_thread<T: Send>(d: &Dev, f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
+/// Instantiates graph `g` and launches it on `s`: the time until it is
+/// done.
+fn replay(g: CUgraph, s: CUstream) -> Duration {
+    let mut exec = std::ptr::null_mut();
+    let t = Instant::now();
+    // SAFETY: out-pointer to a local, a graph and a stream of this process.
+    unsafe {
+        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, g, 0), 0);
+        assert_eq!(cuGraphLaunch(exec, s), 0);
+    }
+    synced_after(t, s)
+}
+
 /// Time from `t` until `s` is synchronised.
 fn synced_after(t: Instant, s: CUstream) -> Duration {
     // SAFETY: a stream of this process.
@@ -142,14 +155,7 @@ fn captured_kernels_run_only_when_the_graph_is_launched() {
     assert_eq!(status(s), (0, STATUS_NONE));
     // SAFETY: a stream of this process.
     assert_eq!(unsafe { cuStreamQuery(s) }, 0, "nothing was queued");
-    let mut exec = std::ptr::null_mut();
-    let t = Instant::now();
-    // SAFETY: out-pointer to a local, a graph of this process.
-    unsafe {
-        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, g, 0), 0);
-        assert_eq!(cuGraphLaunch(exec, s), 0);
-    }
-    let took = synced_after(t, s);
+    let took = replay(g, s);
     assert!(
         took >= Duration::from_millis(5),
         "the five kernels ran: {took:?}"
@@ -326,14 +332,7 @@ fn a_stream_waiting_on_a_captured_event_joins_the_capture() {
     let (r, g) = end(s);
     assert_eq!(r, 0);
     assert_eq!(status(side), (0, STATUS_NONE), "left with the capture");
-    let mut exec = std::ptr::null_mut();
-    let t = Instant::now();
-    // SAFETY: out-pointer to a local, a graph of this process.
-    unsafe {
-        assert_eq!(cuGraphInstantiateWithFlags(&mut exec, g, 0), 0);
-        assert_eq!(cuGraphLaunch(exec, s), 0);
-    }
-    let took = synced_after(t, s);
+    let took = replay(g, s);
     assert!(
         took >= Duration::from_millis(3),
         "all three kernels: {took:?}"
