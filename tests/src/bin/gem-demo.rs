@@ -18,13 +18,29 @@ fn workload(g: &Gemini, group: &str, seconds: &str) -> std::process::Child {
     workload_with(g, group, seconds, &[])
 }
 
+/// A hooked `gem-workload` of `group` for `seconds` with `args` (0.5 ms
+/// kernels unless they say otherwise).
 fn workload_with(g: &Gemini, group: &str, seconds: &str, args: &[&str]) -> std::process::Child {
     let mut c = g.hooked(g.sim.workload(), group);
-    c.args(["--seconds", seconds, "--kernel-us", "500"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    c.args(["--seconds", seconds]);
+    if !args.contains(&"--kernel-us") {
+        c.args(["--kernel-us", "500"]);
+    }
+    c.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
     c.spawn().expect("start gem-workload")
+}
+
+/// Waits for a workload; the demo stops, failing, if it failed.
+fn finish(child: std::process::Child, group: &str) -> std::process::Output {
+    let out = child.wait_with_output().expect("wait for gem-workload");
+    if !out.status.success() {
+        eprintln!(
+            "gem-demo: the {group} workload failed ({}); see its error above",
+            out.status
+        );
+        std::process::exit(1);
+    }
+    out
 }
 
 fn pid(out: &std::process::Output) -> u32 {
@@ -60,10 +76,7 @@ fn main() {
     );
     let t0 = now_ns();
     let (a, b) = (workload(&g, "train", "10"), workload(&g, "notebook", "10"));
-    let (oa, ob) = (
-        a.wait_with_output().expect("train"),
-        b.wait_with_output().expect("notebook"),
-    );
+    let (oa, ob) = (finish(a, "train"), finish(b, "notebook"));
     let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + 10 * SEC);
     println!("   shares of device time over seconds 2-10, from the simulator's busy log:");
     header();
@@ -75,9 +88,7 @@ fn main() {
         "\n2. notebook alone for 4 s: held to its MaxUtil even though the GPU is otherwise idle"
     );
     let t0 = now_ns();
-    let ob = workload(&g, "notebook", "4")
-        .wait_with_output()
-        .expect("notebook");
+    let ob = finish(workload(&g, "notebook", "4"), "notebook");
     let busy = g.sim.busy(0, t0 + SEC, t0 + 4 * SEC);
     header();
     row(
@@ -94,10 +105,7 @@ fn main() {
         workload_with(&g, "train", "10", TRAINING_STEP),
         workload_with(&g, "notebook", "10", TRAINING_STEP),
     );
-    let (oa, ob) = (
-        a.wait_with_output().expect("train"),
-        b.wait_with_output().expect("notebook"),
-    );
+    let (oa, ob) = (finish(a, "train"), finish(b, "notebook"));
     let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + 10 * SEC);
     println!("   waiting for its own work is not idle: each keeps its token through the wait");
     header();

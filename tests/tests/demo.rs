@@ -1,0 +1,37 @@
+//! `make demo`, the README's first command, runs through: every workload
+//! succeeds and every group gets device time in each step (a step whose
+//! workloads failed showed 0.000 and still exited 0 before).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use gemini_tests::bin;
+use gemini_tests::cpu::serial;
+use std::process::Command;
+
+#[test]
+fn the_demo_runs_every_step() {
+    let _serial = serial();
+    let conf = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/resource.conf");
+    let out = Command::new(bin("gem-demo")).arg(conf).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "gem-demo failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for step in ["\n1. ", "\n2. ", "\n3. ", "\n4. "] {
+        assert!(text.contains(step), "step{step}missing:\n{text}");
+    }
+    // Every achieved share (the 4th column of a group's row) is positive.
+    let steps = text.split("\n4. ").next().unwrap();
+    let rows: Vec<f64> = steps
+        .lines()
+        .filter(|l| l.starts_with("  train") || l.starts_with("  notebook"))
+        .map(|l| l.split_whitespace().nth(3).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(rows.len(), 5, "{text}");
+    assert!(
+        rows.iter().all(|s| *s > 0.05),
+        "a group got nothing: {rows:?}\n{text}"
+    );
+}
