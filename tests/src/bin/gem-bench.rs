@@ -697,18 +697,35 @@ fn scheduler_rss(t: &mut Table) {
     );
 }
 
+/// The parts of the bench, in the order they run.
+const PARTS: [&str; 6] = ["fast", "shares", "shapes", "holder", "policy", "rss"];
+
+#[derive(clap::Parser, Debug)]
+#[command(
+    about = "Measures gemini's targets on the driver simulator (no GPU) and prints them as a table",
+    after_help = "Environment: GEMINI_BIN_DIR (the binaries; default: next to this one), \
+GEM_BENCH_TRIES (attempts at a shapes row while the host steals over 10 % of \
+the CPU; default 3), GEM_BENCH_SECONDS (length of a shapes row; default 12), GEM_BENCH_SHAPES (only the \
+shapes whose name contains it), GEM_BENCH_MIXES (only these group mixes, by index: 0 two groups, 1 and 2 two and four processes per group, 3 three groups, 4 four groups; e.g. 0,2)."
+)]
+struct Args {
+    /// Also write the table, with the date, commit and machine, to this file
+    #[arg(long, value_name = "PATH")]
+    write: Option<std::path::PathBuf>,
+    /// Run only these parts (comma-separated)
+    #[arg(long, value_delimiter = ',', value_parser = PARTS)]
+    only: Option<Vec<String>>,
+}
+
 fn main() {
-    let write = std::env::args().skip_while(|a| a != "--write").nth(1);
+    let args = <Args as clap::Parser>::parse();
+    let write = args.write.map(|p| p.display().to_string());
     let machine = machine();
     eprintln!("gem-bench on {machine}");
     let mut t = Table(Vec::new());
     let started = Instant::now();
     let cpu_before = gemini_tests::cpu::CpuTimes::now();
-    // `--only a,b` runs some of: fast, shares, shapes, holder, policy, rss.
-    let only: Option<Vec<String>> = std::env::args()
-        .skip_while(|a| a != "--only")
-        .nth(1)
-        .map(|s| s.split(',').map(str::to_string).collect());
+    let only = args.only;
     type Part = (&'static str, fn(&mut Table));
     let parts: [Part; 6] = [
         ("fast", fast_path),
