@@ -127,6 +127,14 @@ fn current_device() -> Option<usize> {
     (r == 0 && dev >= 0 && (dev as usize) < MAX_GATES).then_some(dev as usize)
 }
 
+/// Whether the calling thread has a current context.
+fn has_context() -> bool {
+    let mut ctx: *mut c_void = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local.
+    let r = unsafe { driver::ctx_get_current(&mut ctx) };
+    r == 0 && !ctx.is_null()
+}
+
 /// Marks a thread as inside a driver call that uses the device until
 /// dropped.
 #[derive(Debug)]
@@ -172,6 +180,12 @@ pub fn admit() -> Result<InCall, CUresult> {
             g.entered.fetch_add(1, Ordering::AcqRel);
             return Ok(InCall(Some(g)));
         }
+    }
+    // A thread with no current context (an NCCL proxy or a data loader's
+    // pin-memory thread; a one-device process skips the driver call on
+    // the fast path) waits for no token: the driver refuses its launch.
+    if !has_context() {
+        return Ok(InCall(None));
     }
     slow_path(dev)?;
     let g: &'static Gate = &state::get().gates[dev];

@@ -669,3 +669,29 @@ fn nvml_memory_queries_show_the_groups_view() {
     let r = &reports(&out.stdout)[0];
     assert!(field(r, "nvml_total") > limit, "unhooked: the whole device");
 }
+
+/// A helper thread with no current context (NCCL's proxy, a DataLoader's
+/// pin-memory thread) beside a launching thread held to MaxUtil: its
+/// calls get the driver's own answer (CUDA_ERROR_INVALID_CONTEXT) at once.
+/// Before, in a one-device process, its launch waited for the group's
+/// token (3.2 s seen) — the hook took device 0 without asking the driver.
+#[test]
+fn a_thread_without_a_context_is_never_blocked() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::default(), "[capped]\nMaxUtil=0.3\n");
+    let out = finish(spawn(rust(
+        &g,
+        "capped",
+        &["--helper", "--seconds", "2", "--kernel-us", "1000"],
+    )));
+    let r = &reports(&out.stdout)[0];
+    assert!(field(r, "helper_calls") > 100, "{r:?}");
+    assert_eq!(
+        field(r, "helper_bad"),
+        0,
+        "{r:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Generous for a loaded VM; a token wait is a second or more.
+    assert!(field(r, "helper_slowest_us") < 300_000, "{r:?}");
+}

@@ -364,6 +364,7 @@ fn launch(
     kind: Kind,
 ) -> R {
     let s = initialised()?;
+    current_device()?; // no context: CUDA_ERROR_INVALID_CONTEXT first
     if grid.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }

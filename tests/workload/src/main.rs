@@ -111,6 +111,12 @@ struct Args {
     /// does) for device 0's memory, with nvmlDeviceGetMemoryInfo and _v2
     #[arg(long)]
     nvml: bool,
+    /// While launching, a helper thread with no current context (as NCCL's
+    /// proxy or a DataLoader's pin-memory thread) keeps calling
+    /// cuCtxSynchronize, cuStreamQuery, cuMemGetInfo, cuLaunchKernel and
+    /// cuMemAlloc: each must answer CUDA_ERROR_INVALID_CONTEXT at once
+    #[arg(long)]
+    helper: bool,
 }
 
 /// The exported symbol a dlsym-resolving program asks for.
@@ -325,6 +331,9 @@ impl Driver {
 }
 
 struct Report {
+    /// The helper thread's calls, those that did not answer
+    /// CUDA_ERROR_INVALID_CONTEXT, and its slowest call (µs).
+    helper: Option<(u64, u64, u64)>,
     /// NVML's (free, total) and _v2's (free, total, used), when asked.
     nvml: Option<(u64, u64, u64, u64, u64)>,
     kernels: u64,
@@ -372,6 +381,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         )?;
 
         let mut report = Report {
+            helper: None,
             nvml: None,
             kernels: 0,
             allocated: 0,
@@ -500,32 +510,117 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             report.kernels += beside;
         }
         let (f, e, c) = (func as usize, exec as usize, ctx as usize);
-        report.kernels += if args.threads <= 1 {
-            launch_loop(&d, args, f, e, per_launch)?
-        } else {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..args.threads)
-                    .map(|_| {
-                        let d = &d;
-                        scope.spawn(move || {
-                            check("cuCtxSetCurrent", (d.ctx_set_current)(c as Ptr))?;
-                            launch_loop(d, args, f, e, per_launch)
-                        })
-                    })
-                    .collect();
-                let mut total = 0;
-                for h in handles {
-                    total += h
-                        .join()
-                        .map_err(|_| anyhow::anyhow!("launch thread panicked"))??;
-                }
-                anyhow::Ok(total)
-            })?
-        };
+        let helping = std::sync::atomic::AtomicBool::new(args.helper);
+        let helper = std::thread::scope(|scope| {
+            let h = args
+                .helper
+                .then(|| scope.spawn(|| helper_thread(&d, f, &helping)));
+            let launched = if args.threads <= 1 {
+                launch_loop(&d, args, f, e, per_launch)
+            } else {
+                launch_threads(&d, args, f, e, c, per_launch)
+            };
+            helping.store(false, std::sync::atomic::Ordering::Release);
+            let helped = h
+                .map(|h| h.join())
+                .transpose()
+                .map_err(|_| anyhow::anyhow!("the helper thread panicked"))?;
+            launched.map(|n| (n, helped))
+        })?;
+        report.kernels += helper.0;
+        report.helper = helper.1;
         check("cuCtxSynchronize", (d.ctx_sync)())?;
         free_all(&d, args, &mut ptrs, &mut handles, &mut arrays)?;
         Ok(report)
     }
+}
+
+/// `--threads` launching threads in context `ctx`: the kernels they ran.
+fn launch_threads(
+    d: &Driver,
+    args: &Args,
+    func: usize,
+    exec: usize,
+    ctx: usize,
+    per_launch: u64,
+) -> anyhow::Result<u64> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..args.threads)
+            .map(|_| {
+                scope.spawn(move || {
+                    // SAFETY: the process's context.
+                    check("cuCtxSetCurrent", unsafe {
+                        (d.ctx_set_current)(ctx as Ptr)
+                    })?;
+                    launch_loop(d, args, func, exec, per_launch)
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for h in handles {
+            total += h
+                .join()
+                .map_err(|_| anyhow::anyhow!("launch thread panicked"))??;
+        }
+        anyhow::Ok(total)
+    })
+}
+
+/// `--helper`: calls from a thread with no current context while `on`:
+/// (calls, calls not answered CUDA_ERROR_INVALID_CONTEXT, slowest µs).
+fn helper_thread(d: &Driver, func: usize, on: &std::sync::atomic::AtomicBool) -> (u64, u64, u64) {
+    const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+    let (mut calls, mut bad, mut slowest) = (0u64, 0u64, 0u64);
+    let null = std::ptr::null_mut();
+    while on.load(std::sync::atomic::Ordering::Acquire) {
+        let (mut free, mut total, mut p) = (0usize, 0usize, 0u64);
+        // SAFETY: driver calls with out-pointers to locals and no context
+        // (each must fail cleanly).
+        let answers = unsafe {
+            [
+                time_us(|| (d.ctx_sync)()),
+                time_us(|| (d.stream_query)(null)),
+                time_us(|| (d.mem_get_info)(&mut free, &mut total)),
+                time_us(|| {
+                    (d.launch)(
+                        func as Ptr,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        0,
+                        null,
+                        null.cast(),
+                        null.cast(),
+                    )
+                }),
+                time_us(|| (d.mem_alloc)(&mut p, 1 << 20)),
+            ]
+        };
+        for (i, (r, us)) in answers.into_iter().enumerate() {
+            calls += 1;
+            if r != CUDA_ERROR_INVALID_CONTEXT {
+                bad += 1;
+                if bad == 1 {
+                    eprintln!(
+                        "gem-workload: helper call {i} answered {r}, not CUDA_ERROR_INVALID_CONTEXT"
+                    );
+                }
+            }
+            slowest = slowest.max(us);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    (calls, bad, slowest)
+}
+
+/// The result of `call` and how long it took, µs.
+fn time_us(call: impl FnOnce() -> CUresult) -> (CUresult, u64) {
+    let t = Instant::now();
+    let r = call();
+    (r, t.elapsed().as_micros() as u64)
 }
 
 /// Frees what was allocated (and forgets it).
@@ -882,11 +977,14 @@ fn main() -> anyhow::Result<()> {
     };
     let code = match &result {
         Ok(r) => {
+            let helper = r.helper.map_or(String::new(), |(n, bad, us)| {
+                format!(" helper_calls={n} helper_bad={bad} helper_slowest_us={us}")
+            });
             let nvml = r.nvml.map_or(String::new(), |(f, t, f2, t2, u2)| {
                 format!(" nvml_free={f} nvml_total={t} nvml_v2_free={f2} nvml_v2_total={t2} nvml_v2_used={u2}")
             });
             println!(
-                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={}{nvml}",
+                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={}{nvml}{helper}",
                 std::process::id(),
                 r.kernels,
                 args.kernel_us,
