@@ -39,10 +39,12 @@ command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
-# pip fetches the pinned CUDA headers the table check reads, and installs
-# cuda-python for the third-party client test in a venv of its own.
-python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
-python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+# Wanted, not required: pip fetches the pinned CUDA headers the table
+# check reads and installs cuda-python for the third-party client test in
+# a venv of its own; without them those two tests say NOT CHECKED.
+want=()
+python3 -m pip --version >/dev/null 2>&1 || want+=(python3-pip)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || want+=(python3-venv)
 
 # The Rust toolchain: rustup's, not apt's (Debian's is often too old).
 rust_problem=""
@@ -54,6 +56,22 @@ else
         rust_problem="rustc not found or not working"
     elif [ "$(printf '%s\n%s\n' "$RUST_MIN" "$ver" | sort -V | head -n1)" != "$RUST_MIN" ]; then
         rust_problem="rustc $ver is older than $RUST_MIN"
+    fi
+fi
+
+# Where apt can install them, the wanted packages come along; elsewhere
+# they are only named.
+can_install=0
+if command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; }; then
+        can_install=1
+    fi
+fi
+if [ ${#want[@]} -gt 0 ]; then
+    if [ "$can_install" -eq 1 ] && [ "$check_only" -eq 0 ]; then
+        need+=("${want[@]}")
+    else
+        say "optional, for two tests that otherwise say NOT CHECKED: ${want[*]}"
     fi
 fi
 

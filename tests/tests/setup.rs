@@ -48,6 +48,8 @@ impl Machine {
                 // pkg-config present with glib's .pc file or without it.
                 "pkg-config+glib" => stub("pkg-config", "exit 0"),
                 "pkg-config" => stub("pkg-config", "exit 1"),
+                // python3 without pip.
+                "python3-nopip" => stub("python3", "case \"$*\" in -m*) exit 1;; esac\nexit 0"),
                 other => stub(other, "exit 0"),
             }
         }
@@ -231,4 +233,26 @@ fn the_makefile_runs_binaries_from_cargo_target_dir() {
             "CARGO_TARGET_DIR={target:?}: {out}"
         );
     }
+}
+
+#[test]
+fn pip_is_installed_where_apt_can_and_only_named_where_it_cannot() {
+    let tools = ["pkg-config+glib", "cc", "c++", "make", "python3-nopip"];
+    let m = Machine::new("pip-root", &tools, 0, None, "1.95.0");
+    let o = m.setup(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        m.apt_calls(),
+        "0 update -qq\n0 install -y -qq python3-pip\n"
+    );
+    // Without root or sudo, a missing pip does not stop the build.
+    let m = Machine::new("pip-user", &tools, 1000, None, "1.95.0");
+    let o = m.setup(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("optional, for two tests that otherwise say NOT CHECKED: python3-pip"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(m.apt_calls(), "");
 }
