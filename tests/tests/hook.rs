@@ -695,3 +695,35 @@ fn a_thread_without_a_context_is_never_blocked() {
     // Generous for a loaded VM; a token wait is a second or more.
     assert!(field(r, "helper_slowest_us") < 300_000, "{r:?}");
 }
+
+/// What the hook leaves alone is right: a `cuMemCreate` handle mapped
+/// three times (cuMemAddressReserve + cuMemMap, as PyTorch's expandable
+/// segments do) counts once, and page-locked host memory (cuMemHostAlloc)
+/// never counts, even four times the group's limit.
+#[test]
+fn mapped_handles_count_once_and_host_memory_never() {
+    let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=512MiB\n");
+    let out = finish(spawn(rust(
+        &g,
+        "a",
+        &[
+            "--seconds",
+            "0",
+            "--alloc-api",
+            "create",
+            "--mem",
+            "384MiB",
+            "--vmm-maps",
+            "3",
+            "--host-mem",
+            "2GiB",
+        ],
+    )));
+    let r = &reports(&out.stdout)[0];
+    assert_eq!(
+        (field(r, "allocated"), field(r, "alloc_error")),
+        (384 << 20, 0)
+    );
+    assert_eq!(field(r, "free"), 128 << 20, "the handle counted once");
+    assert_eq!(field(r, "host_error"), 0, "host memory is not the group's");
+}

@@ -138,6 +138,8 @@ struct Proc {
     pool_allocs: HashMap<u64, usize>,
     /// CUDA arrays (plain and mipmapped) → (device, bytes).
     arrays: HashMap<usize, (usize, u64)>,
+    /// Next free virtual address offset for `cuMemAddressReserve`.
+    next_va: u64,
 }
 
 static PROC: Mutex<Option<Proc>> = Mutex::new(None);
@@ -557,6 +559,21 @@ fn array_bytes(dims: [usize; 3], format: u32, channels: u32, levels: u32) -> Res
         total = total.saturating_add(w * h * d * elem * channels as u64);
     }
     Ok(total)
+}
+
+/// Page-locked host memory of `bytes` (ordinary host memory here).
+fn host_alloc(pp: *mut *mut c_void, bytes: usize) -> R {
+    initialised()?;
+    current_device()?;
+    if pp.is_null() || bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: malloc of a non-zero size; null is reported as out of memory.
+    let p = unsafe { libc::malloc(bytes) };
+    if p.is_null() {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    put(pp, p)
 }
 
 fn create_array(out: *mut usize, bytes: u64) -> R {
@@ -1359,6 +1376,44 @@ driver_api! {
         s.free(dev, size);
         Ok(())
     }
+    // Virtual memory management: an address range is reserved, then
+    // `cuMemCreate` handles are mapped into it (as often as wanted: the
+    // memory is the handle's, allocated once at creation).
+    fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, _align: usize, _addr: CUdeviceptr, _flags: u64) {
+        initialised()?;
+        if size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let va = with_proc(|p| {
+            // Above every device's allocations: 0x7f00_0000_0000.
+            let va = 0x7f00_0000_0000u64 + p.next_va;
+            p.next_va += (size as u64).div_ceil(2 << 20) * (2 << 20);
+            va
+        });
+        put(ptr, va)
+    }
+    fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) { initialised().map(|_| ()) }
+    fn cuMemMap(_ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, _flags: u64) {
+        initialised()?;
+        let bytes = with_proc(|p| p.physical.get(&handle).map(|(_, b)| *b)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if (offset as u64).saturating_add(size as u64) > bytes {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(())
+    }
+    fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) { initialised().map(|_| ()) }
+    fn cuMemSetAccess(_ptr: CUdeviceptr, _size: usize, _desc: *const c_void, _count: usize) { initialised().map(|_| ()) }
+
+    // Page-locked host memory: the host's, never the device's.
+    fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, _flags: u32) { host_alloc(pp, bytes) }
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) { host_alloc(pp, bytes) }
+    fn cuMemFreeHost(p: *mut c_void) {
+        initialised()?;
+        // SAFETY: memory host_alloc returned (libc::malloc), freed once.
+        unsafe { libc::free(p) };
+        Ok(())
+    }
+
     // CUDA arrays (textures, surfaces): device memory by their descriptor.
     fn cuArrayCreate_v2(out: *mut usize, desc: *const [usize; 3]) {
         // CUDA_ARRAY_DESCRIPTOR: width, height, then format and channels (u32 each).

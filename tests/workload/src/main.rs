@@ -117,6 +117,14 @@ struct Args {
     /// cuMemAlloc: each must answer CUDA_ERROR_INVALID_CONTEXT at once
     #[arg(long)]
     helper: bool,
+    /// With --alloc-api create: map each handle into this many address
+    /// ranges (cuMemAddressReserve + cuMemMap), as expandable segments do
+    #[arg(long, default_value_t = 0)]
+    vmm_maps: u32,
+    /// Page-locked host memory to allocate with cuMemHostAlloc after the
+    /// device memory, e.g. 2GiB (0: none)
+    #[arg(long, default_value = "0", value_parser = |s: &str| parse_size::parse_size(s))]
+    host_mem: u64,
 }
 
 /// The exported symbol a dlsym-resolving program asks for.
@@ -209,6 +217,10 @@ struct Driver {
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> CUresult,
     begin_capture: unsafe extern "C" fn(Ptr, u32) -> CUresult,
     default_mem_pool: unsafe extern "C" fn(*mut Ptr, i32) -> CUresult,
+    address_reserve: unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> CUresult,
+    mem_map: unsafe extern "C" fn(u64, usize, usize, u64, u64) -> CUresult,
+    host_alloc: unsafe extern "C" fn(*mut Ptr, usize, u32) -> CUresult,
+    free_host: unsafe extern "C" fn(Ptr) -> CUresult,
     array_create: unsafe extern "C" fn(*mut usize, *const [usize; 3]) -> CUresult,
     array3d_create: unsafe extern "C" fn(*mut usize, *const [usize; 5]) -> CUresult,
     array_destroy: unsafe extern "C" fn(usize) -> CUresult,
@@ -320,6 +332,10 @@ impl Driver {
             memcpy_dtoh: f!("cuMemcpyDtoH"),
             begin_capture: f!("cuStreamBeginCapture"),
             default_mem_pool: f!("cuDeviceGetDefaultMemPool"),
+            address_reserve: f!("cuMemAddressReserve"),
+            mem_map: f!("cuMemMap"),
+            host_alloc: f!("cuMemHostAlloc"),
+            free_host: f!("cuMemFreeHost"),
             array_create: f!("cuArrayCreate"),
             array3d_create: f!("cuArray3DCreate"),
             array_destroy: f!("cuArrayDestroy"),
@@ -331,6 +347,8 @@ impl Driver {
 }
 
 struct Report {
+    /// Result of the `--host-mem` allocation.
+    host_error: CUresult,
     /// The helper thread's calls, those that did not answer
     /// CUDA_ERROR_INVALID_CONTEXT, and its slowest call (µs).
     helper: Option<(u64, u64, u64)>,
@@ -381,6 +399,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         )?;
 
         let mut report = Report {
+            host_error: 0,
             helper: None,
             nvml: None,
             kernels: 0,
@@ -427,9 +446,19 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                     "async" => (d.mem_alloc_async)(&mut p, n, std::ptr::null_mut()),
                     "create" => {
                         let prop: [u32; 8] = [1, 0, 1, dev as u32, 0, 0, 0, 0];
-                        let r = (d.mem_create)(&mut p, n, &prop, 0);
+                        let mut r = (d.mem_create)(&mut p, n, &prop, 0);
                         if r == 0 {
                             handles.push(p);
+                            for _ in 0..args.vmm_maps {
+                                let mut va = 0u64;
+                                r = (d.address_reserve)(&mut va, n, 0, 0, 0);
+                                if r == 0 {
+                                    r = (d.mem_map)(va, n, 0, p, 0);
+                                }
+                                if r != 0 {
+                                    break;
+                                }
+                            }
                         }
                         r
                     }
@@ -464,6 +493,10 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             }
         }
         report.alloc_done_ns = monotonic_ns();
+        let mut host: Ptr = std::ptr::null_mut();
+        if args.host_mem > 0 {
+            report.host_error = (d.host_alloc)(&mut host, args.host_mem as usize, 0);
+        }
         if args.free_first {
             free_all(&d, args, &mut ptrs, &mut handles, &mut arrays)?;
             check("cuCtxSynchronize", (d.ctx_sync)())?;
@@ -531,6 +564,9 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         report.helper = helper.1;
         check("cuCtxSynchronize", (d.ctx_sync)())?;
         free_all(&d, args, &mut ptrs, &mut handles, &mut arrays)?;
+        if !host.is_null() {
+            check("cuMemFreeHost", (d.free_host)(host))?;
+        }
         Ok(report)
     }
 }
@@ -984,7 +1020,7 @@ fn main() -> anyhow::Result<()> {
                 format!(" nvml_free={f} nvml_total={t} nvml_v2_free={f2} nvml_v2_total={t2} nvml_v2_used={u2}")
             });
             println!(
-                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={}{nvml}{helper}",
+                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={} host_error={}{nvml}{helper}",
                 std::process::id(),
                 r.kernels,
                 args.kernel_us,
@@ -994,7 +1030,8 @@ fn main() -> anyhow::Result<()> {
                 r.alloc_start_ns,
                 r.alloc_done_ns,
                 r.free,
-                r.total
+                r.total,
+                r.host_error
             );
             0
         }
