@@ -727,3 +727,48 @@ fn mapped_handles_count_once_and_host_memory_never() {
     assert_eq!(field(r, "free"), 128 << 20, "the handle counted once");
     assert_eq!(field(r, "host_error"), 0, "host memory is not the group's");
 }
+
+/// An allocation opened through an IPC handle (cuIpcOpenMemHandle, as
+/// PyTorch's multiprocessing shares CUDA tensors) is its owner's: the
+/// opener's group, whose limit is a third of it, opens it and is charged
+/// nothing.
+#[test]
+fn memory_opened_through_ipc_is_paid_by_its_owner() {
+    let g = Gemini::start(
+        SimEnv::default(),
+        "[owner]\nMemoryLimit=1GiB\n[opener]\nMemoryLimit=128MiB\n",
+    );
+    let file = g.sim.path().join("ipc-handle");
+    let owner = spawn(rust(
+        &g,
+        "owner",
+        &[
+            "--mem",
+            "384MiB",
+            "--ipc-export",
+            file.to_str().unwrap(),
+            "--seconds",
+            "3",
+            "--kernel-us",
+            "100",
+            "--burst-ms",
+            "1",
+            "--gap-ms",
+            "20",
+        ],
+    ));
+    let out = finish(spawn(rust(
+        &g,
+        "opener",
+        &["--seconds", "0", "--ipc-import", file.to_str().unwrap()],
+    )));
+    let r = &reports(&out.stdout)[0];
+    assert_eq!(field(r, "ipc_error"), 0, "{r:?}");
+    assert_eq!(
+        (field(r, "free"), field(r, "total")),
+        (128 << 20, 128 << 20),
+        "the opener's group is charged nothing"
+    );
+    let o = finish(owner);
+    assert_eq!(field(&reports(&o.stdout)[0], "free"), (1 << 30) - (384 << 20));
+}

@@ -140,6 +140,8 @@ struct Proc {
     arrays: HashMap<usize, (usize, u64)>,
     /// Next free virtual address offset for `cuMemAddressReserve`.
     next_va: u64,
+    /// Allocations of other processes opened through IPC handles.
+    ipc_opened: std::collections::HashSet<u64>,
 }
 
 static PROC: Mutex<Option<Proc>> = Mutex::new(None);
@@ -1403,6 +1405,38 @@ driver_api! {
     }
     fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) { initialised().map(|_| ()) }
     fn cuMemSetAccess(_ptr: CUdeviceptr, _size: usize, _desc: *const c_void, _count: usize) { initialised().map(|_| ()) }
+
+    // Interprocess memory: a handle names an allocation of its owner;
+    // opening it maps the owner's memory (the opener allocates nothing).
+    fn cuIpcGetMemHandle(handle: *mut IpcMemHandle, dptr: CUdeviceptr) {
+        initialised()?;
+        let (dev, bytes) = with_proc(|p| p.allocs.get(&dptr).copied()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut h = IpcMemHandle { reserved: [0; 64] };
+        h.reserved[..8].copy_from_slice(&dptr.to_le_bytes());
+        h.reserved[8..16].copy_from_slice(&bytes.to_le_bytes());
+        h.reserved[16..24].copy_from_slice(&(dev as u64).to_le_bytes());
+        h.reserved[24..28].copy_from_slice(&std::process::id().to_le_bytes());
+        put(handle, h)
+    }
+    fn cuIpcOpenMemHandle_v2(dptr: *mut CUdeviceptr, handle: IpcMemHandle, _flags: u32) {
+        initialised()?;
+        let word = |i: usize| u64::from_le_bytes(handle.reserved[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+        let owner = u32::from_le_bytes(handle.reserved[24..28].try_into().unwrap_or_default());
+        if owner == 0 || owner == std::process::id() {
+            return Err(CUDA_ERROR_INVALID_CONTEXT); // not from another process
+        }
+        // SAFETY: kill with signal 0 only checks that the owner exists.
+        if unsafe { libc::kill(owner as i32, 0) } != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let ptr = word(0);
+        with_proc(|p| p.ipc_opened.insert(ptr));
+        put(dptr, ptr)
+    }
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) {
+        initialised()?;
+        if with_proc(|p| p.ipc_opened.remove(&dptr)) { Ok(()) } else { Err(CUDA_ERROR_INVALID_VALUE) }
+    }
 
     // Page-locked host memory: the host's, never the device's.
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, _flags: u32) { host_alloc(pp, bytes) }

@@ -10,6 +10,7 @@
 pub const VERSIONED: &[(&str, i32, &str)] = &[
     ("cuArray3DCreate", 3020, "cuArray3DCreate_v2"),
     ("cuArrayCreate", 3020, "cuArrayCreate_v2"),
+    ("cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2"),
     ("cuMemAllocHost", 3020, "cuMemAllocHost_v2"),
     ("cuCtxCreate", 3020, "cuCtxCreate_v2"),
     ("cuCtxDestroy", 4000, "cuCtxDestroy_v2"),

@@ -142,6 +142,13 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
     ),
 ];
 
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct IpcMemHandle {
+    pub reserved: [u8; 64],
+}
+
 /// `CUlaunchConfig` (CUDA 11.8).
 #[repr(C)]
 #[derive(Debug)]

@@ -125,6 +125,14 @@ struct Args {
     /// device memory, e.g. 2GiB (0: none)
     #[arg(long, default_value = "0", value_parser = |s: &str| parse_size::parse_size(s))]
     host_mem: u64,
+    /// Export the first allocation through cuIpcGetMemHandle: write the
+    /// handle (hex) to this file, then run as usual
+    #[arg(long)]
+    ipc_export: Option<std::path::PathBuf>,
+    /// Open the allocation whose handle another process wrote to this
+    /// file (waiting up to 10 s for it) with cuIpcOpenMemHandle
+    #[arg(long)]
+    ipc_import: Option<std::path::PathBuf>,
 }
 
 /// The exported symbol a dlsym-resolving program asks for.
@@ -136,6 +144,7 @@ fn versioned(name: &str, ptsz: bool) -> String {
         "cuMemGetInfo",
         "cuArrayCreate",
         "cuArray3DCreate",
+        "cuIpcOpenMemHandle",
         "cuEventDestroy",
     ];
     let per_thread = [
@@ -220,6 +229,9 @@ struct Driver {
     address_reserve: unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> CUresult,
     mem_map: unsafe extern "C" fn(u64, usize, usize, u64, u64) -> CUresult,
     host_alloc: unsafe extern "C" fn(*mut Ptr, usize, u32) -> CUresult,
+    ipc_get: unsafe extern "C" fn(*mut IpcMemHandle, u64) -> CUresult,
+    ipc_open: unsafe extern "C" fn(*mut u64, IpcMemHandle, u32) -> CUresult,
+    ipc_close: unsafe extern "C" fn(u64) -> CUresult,
     free_host: unsafe extern "C" fn(Ptr) -> CUresult,
     array_create: unsafe extern "C" fn(*mut usize, *const [usize; 3]) -> CUresult,
     array3d_create: unsafe extern "C" fn(*mut usize, *const [usize; 5]) -> CUresult,
@@ -227,6 +239,11 @@ struct Driver {
     mem_pool_set_attribute: unsafe extern "C" fn(Ptr, i32, *mut c_void) -> CUresult,
     end_capture: unsafe extern "C" fn(Ptr, *mut Ptr) -> CUresult,
 }
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct IpcMemHandle([u8; 64]);
 
 #[repr(C)]
 struct LaunchConfig {
@@ -335,6 +352,9 @@ impl Driver {
             address_reserve: f!("cuMemAddressReserve"),
             mem_map: f!("cuMemMap"),
             host_alloc: f!("cuMemHostAlloc"),
+            ipc_get: f!("cuIpcGetMemHandle"),
+            ipc_open: f!("cuIpcOpenMemHandle"),
+            ipc_close: f!("cuIpcCloseMemHandle"),
             free_host: f!("cuMemFreeHost"),
             array_create: f!("cuArrayCreate"),
             array3d_create: f!("cuArray3DCreate"),
@@ -349,6 +369,8 @@ impl Driver {
 struct Report {
     /// Result of the `--host-mem` allocation.
     host_error: CUresult,
+    /// Result of opening `--ipc-import`'s handle.
+    ipc_error: CUresult,
     /// The helper thread's calls, those that did not answer
     /// CUDA_ERROR_INVALID_CONTEXT, and its slowest call (µs).
     helper: Option<(u64, u64, u64)>,
@@ -400,6 +422,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
 
         let mut report = Report {
             host_error: 0,
+            ipc_error: 0,
             helper: None,
             nvml: None,
             kernels: 0,
@@ -493,6 +516,33 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             }
         }
         report.alloc_done_ns = monotonic_ns();
+        if let (Some(path), Some(&p)) = (&args.ipc_export, ptrs.first()) {
+            let mut h = IpcMemHandle([0; 64]);
+            check("cuIpcGetMemHandle", (d.ipc_get)(&mut h, p))?;
+            let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, hex).context("writing the IPC handle")?;
+            std::fs::rename(&tmp, path).context("writing the IPC handle")?;
+        }
+        let mut opened = 0u64;
+        if let Some(path) = &args.ipc_import {
+            let until = Instant::now() + Duration::from_secs(10);
+            let hex = loop {
+                match std::fs::read_to_string(path) {
+                    Ok(t) => break t,
+                    Err(_) if Instant::now() < until => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Err(e) => bail!("no IPC handle in {}: {e}", path.display()),
+                }
+            };
+            let mut h = IpcMemHandle([0; 64]);
+            for (i, b) in h.0.iter_mut().enumerate() {
+                *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16)?;
+            }
+            // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1.
+            report.ipc_error = (d.ipc_open)(&mut opened, h, 1);
+        }
         let mut host: Ptr = std::ptr::null_mut();
         if args.host_mem > 0 {
             report.host_error = (d.host_alloc)(&mut host, args.host_mem as usize, 0);
@@ -566,6 +616,9 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         free_all(&d, args, &mut ptrs, &mut handles, &mut arrays)?;
         if !host.is_null() {
             check("cuMemFreeHost", (d.free_host)(host))?;
+        }
+        if opened != 0 {
+            check("cuIpcCloseMemHandle", (d.ipc_close)(opened))?;
         }
         Ok(report)
     }
@@ -1020,7 +1073,7 @@ fn main() -> anyhow::Result<()> {
                 format!(" nvml_free={f} nvml_total={t} nvml_v2_free={f2} nvml_v2_total={t2} nvml_v2_used={u2}")
             });
             println!(
-                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={} host_error={}{nvml}{helper}",
+                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={} host_error={} ipc_error={}{nvml}{helper}",
                 std::process::id(),
                 r.kernels,
                 args.kernel_us,
@@ -1031,7 +1084,8 @@ fn main() -> anyhow::Result<()> {
                 r.alloc_done_ns,
                 r.free,
                 r.total,
-                r.host_error
+                r.host_error,
+                r.ipc_error
             );
             0
         }
