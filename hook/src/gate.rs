@@ -385,6 +385,43 @@ fn synchronize(ctx: *mut c_void) {
     }
 }
 
+/// Waits for the process's work on ordinal `dev`: in `ctx` (the one the
+/// token was taken in) and in every other context the process has there
+/// (a context synchronises only its own work).
+fn synchronize_device(dev: usize, ctx: *mut c_void) {
+    synchronize(ctx);
+    let others: Vec<usize> = state::current().map_or_else(Vec::new, |st| {
+        lock(&st.contexts)
+            .iter()
+            .filter(|&&(c, d)| d as usize == dev && c != ctx as usize)
+            .map(|&(c, _)| c)
+            .collect()
+    });
+    for c in others {
+        synchronize(c as *mut c_void);
+    }
+}
+
+/// A context of ordinal `dev` was created (or a primary one retained):
+/// a token's end waits for its work too.
+pub fn context_made(ctx: *mut c_void, dev: i32) {
+    if ctx.is_null() || dev < 0 {
+        return;
+    }
+    let st = state::get();
+    let mut contexts = lock(&st.contexts);
+    if !contexts.iter().any(|&(c, _)| c == ctx as usize) {
+        contexts.push((ctx as usize, dev as u32));
+    }
+}
+
+/// A context was destroyed.
+pub fn context_gone(ctx: *mut c_void) {
+    if let Some(st) = state::current() {
+        lock(&st.contexts).retain(|&(c, _)| c != ctx as usize);
+    }
+}
+
 /// Why a token's accounting ends.
 #[derive(Debug, Clone, Copy)]
 enum Settle {
@@ -398,7 +435,7 @@ enum Settle {
 /// for the work launched under it and returns the device time it took in
 /// µs, overuse included; `None` if no token was held. The one place that
 /// turns a token into a usage report, for the slow path and the watcher.
-fn settle(g: &Gate, why: Settle) -> Option<u64> {
+fn settle(dev: usize, g: &Gate, why: Settle) -> Option<u64> {
     let granted_at = g.granted_at.swap(0, Ordering::AcqRel);
     if granted_at == 0 {
         return None;
@@ -411,7 +448,7 @@ fn settle(g: &Gate, why: Settle) -> Option<u64> {
     if capturing {
         debug!("a capture is open: token accounted without waiting for its work ({why:?})");
     } else {
-        synchronize(g.ctx.load(Ordering::Relaxed) as *mut c_void);
+        synchronize_device(dev, g.ctx.load(Ordering::Relaxed) as *mut c_void);
     }
     let t1 = now_ns();
     let end = match why {
@@ -467,7 +504,7 @@ fn slow_path(dev: usize) -> Result<(), CUresult> {
     }
     // The token ran out: wait for the work launched under it, so the time
     // it really took (overuse included) is what gets reported.
-    let used_us = settle(g, Settle::RanOut).unwrap_or(0);
+    let used_us = settle(dev, g, Settle::RanOut).unwrap_or(0);
     let now = now_ns();
     let burst_start = g.burst_start.load(Ordering::Relaxed);
     let burst_us = if burst_start == 0 {
@@ -581,7 +618,7 @@ fn watch(st: &'static State) {
                 g.deadline.store(deadline, Ordering::Release);
                 continue;
             }
-            let Some(used_us) = settle(g, Settle::Idle { quiet_since }) else {
+            let Some(used_us) = settle(dev, g, Settle::Idle { quiet_since }) else {
                 continue;
             };
             let device = st.settings.physical(dev as u32);

@@ -121,6 +121,8 @@ pub struct State {
     /// reserved for what the pool holds); see `memory::pool_alloc`.
     pub pools: Mutex<HashMap<usize, (u32, u64)>>,
     pub pools_seen: AtomicBool,
+    /// Contexts the process made: (context, ordinal).
+    pub contexts: Mutex<Vec<(usize, u32)>>,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -174,6 +176,7 @@ pub fn get() -> &'static State {
         captures_open: AtomicUsize::new(0),
         pools: Mutex::new(HashMap::new()),
         pools_seen: AtomicBool::new(false),
+        contexts: Mutex::new(Vec::new()),
     }));
     match STATE.compare_exchange(
         std::ptr::null_mut(),

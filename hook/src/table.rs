@@ -173,6 +173,15 @@ fn array_key(p: *mut usize) -> u64 {
     if p.is_null() { 0 } else { unsafe { *p as u64 } }
 }
 
+/// What a successful call wrote through `p` (null if `p` is).
+fn ptr_read(p: *mut Ptr) -> Ptr {
+    if p.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: read only after the real call succeeded and filled it.
+    unsafe { *p }
+}
+
 fn ptr_key(p: *mut CUdeviceptr) -> u64 {
     // SAFETY: read only after the real call succeeded and filled it.
     if p.is_null() { 0 } else { unsafe { *p } }
@@ -216,6 +225,54 @@ hooks! {
     (exec: Ptr, s: Ptr) => |real| { gated!(s, false, real(exec, s)) }
     cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, true]
     (exec: Ptr, s: Ptr) => |real| { gated!(s, true, real(exec, s)) }
+
+    // Contexts: a token's end waits for the work of every context the
+    // process has on the device (a context synchronises only its own).
+    cuCtxCreate_v2 ["cuCtxCreate", 3020, false]
+    (pctx: *mut Ptr, flags: u32, dev: i32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(pctx, flags, dev) };
+        if r == 0 {
+            gate::context_made(ptr_read(pctx), dev);
+        }
+        r
+    }
+    cuCtxCreate_v3 ["cuCtxCreate", 11040, false]
+    (pctx: *mut Ptr, params: Ptr, n: i32, flags: u32, dev: i32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(pctx, params, n, flags, dev) };
+        if r == 0 {
+            gate::context_made(ptr_read(pctx), dev);
+        }
+        r
+    }
+    cuCtxCreate_v4 ["cuCtxCreate", 12050, false]
+    (pctx: *mut Ptr, params: Ptr, flags: u32, dev: i32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(pctx, params, flags, dev) };
+        if r == 0 {
+            gate::context_made(ptr_read(pctx), dev);
+        }
+        r
+    }
+    cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain", 7000, false]
+    (pctx: *mut Ptr, dev: i32) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(pctx, dev) };
+        if r == 0 {
+            gate::context_made(ptr_read(pctx), dev);
+        }
+        r
+    }
+    cuCtxDestroy_v2 ["cuCtxDestroy", 4000, false]
+    (ctx: Ptr) => |real| {
+        // SAFETY: the program's argument, passed on unchanged.
+        let r = unsafe { real(ctx) };
+        if r == 0 {
+            gate::context_gone(ctx);
+        }
+        r
+    }
 
     // Stream capture: tracked so that the hook never synchronises while a
     // capture is open (see `capture`).

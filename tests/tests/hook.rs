@@ -770,5 +770,8 @@ fn memory_opened_through_ipc_is_paid_by_its_owner() {
         "the opener's group is charged nothing"
     );
     let o = finish(owner);
-    assert_eq!(field(&reports(&o.stdout)[0], "free"), (1 << 30) - (384 << 20));
+    assert_eq!(
+        field(&reports(&o.stdout)[0], "free"),
+        (1 << 30) - (384 << 20)
+    );
 }

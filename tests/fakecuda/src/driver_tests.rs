@@ -438,3 +438,43 @@ fn freed_pool_memory_stays_reserved_until_a_sync_trims_it_to_the_threshold() {
     }
     assert_eq!(free_mem(), f0);
 }
+
+#[test]
+fn a_context_synchronises_only_its_own_work() {
+    let d = dev();
+    let mut other = std::ptr::null_mut();
+    let mut m = std::ptr::null_mut();
+    let mut long = std::ptr::null_mut();
+    let null = std::ptr::null_mut();
+    let t = Instant::now();
+    // SAFETY: out-pointers to locals; a context, module and function of
+    // this process; no kernel parameters.
+    unsafe {
+        assert_eq!(cuCtxCreate_v2(&mut other, 0, 0), 0); // now current
+        assert_eq!(cuModuleLoadData(&mut m, c"image".as_ptr().cast()), 0);
+        assert_eq!(
+            cuModuleGetFunction(&mut long, m, c"fixed_300000us".as_ptr()),
+            0
+        );
+        assert_eq!(
+            cuLaunchKernel(long, 1, 1, 1, 1, 1, 1, 0, null, null.cast(), null.cast()),
+            0
+        );
+    }
+    d.enter(); // the primary context
+    assert_eq!(ctx_sync(), 0);
+    // SAFETY: contexts and the legacy stream of this process.
+    unsafe {
+        assert_eq!(cuCtxSetCurrent(other), 0);
+        assert_eq!(
+            cuStreamQuery(null),
+            CUDA_ERROR_NOT_READY,
+            "the primary context's sync did not wait for the other's 300 ms kernel ({:?})",
+            t.elapsed()
+        );
+    }
+    assert!(synced_after(t, null) >= Duration::from_millis(300));
+    d.enter();
+    // SAFETY: a context this test created.
+    assert_eq!(unsafe { cuCtxDestroy_v2(other) }, 0);
+}

@@ -91,11 +91,12 @@ enum Obj {
         device: usize,
     },
     /// `blocking`: not created `CU_STREAM_NON_BLOCKING` (it synchronises
-    /// with the legacy stream).
+    /// with the legacy stream); `ctx`: the context it belongs to.
     Stream {
         device: usize,
         tail: Arc<AtomicU64>,
         blocking: bool,
+        ctx: usize,
     },
     /// `captured`: last recorded in the open capture of that id.
     Event {
@@ -140,11 +141,17 @@ struct Proc {
     arrays: HashMap<usize, (usize, u64)>,
     /// Next free virtual address offset for `cuMemAddressReserve`.
     next_va: u64,
+    /// Where each context's work ends, once a process has more than one
+    /// context (`MANY_CONTEXTS`): `cuCtxSynchronize` waits for its own.
+    ctx_end: HashMap<usize, Arc<AtomicU64>>,
     /// Allocations of other processes opened through IPC handles.
     ipc_opened: std::collections::HashSet<u64>,
 }
 
 static PROC: Mutex<Option<Proc>> = Mutex::new(None);
+/// Set once a process creates a context besides the primary ones: from
+/// then on work is tracked per context, not only per device.
+static MANY_CONTEXTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static INIT_PID: AtomicU32 = AtomicU32::new(0);
 
 fn proc_lock() -> MutexGuard<'static, Option<Proc>> {
@@ -314,7 +321,8 @@ fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Option<Kind>) -> R {
     if !capture::any_open() {
         let (dev, tail) = stream(s, h, ptsz)?;
         if let Some(kind) = kind {
-            s.run(dev, ns, &tail, kind as u32);
+            let end = s.run(dev, ns, &tail, kind as u32);
+            note_ctx_end(h, ptsz, end);
         }
         return Ok(());
     }
@@ -333,9 +341,47 @@ fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Option<Kind>) -> R {
     })?;
     let (dev, tail) = stream(s, h, ptsz)?;
     if let (false, Some(kind)) = (captured, kind) {
-        s.run(dev, ns, &tail, kind as u32);
+        let end = s.run(dev, ns, &tail, kind as u32);
+        note_ctx_end(h, ptsz, end);
     }
     Ok(())
+}
+
+/// Work on stream `h` ends at `end`: so does its context's, where the
+/// process has several contexts.
+fn note_ctx_end(h: CUstream, ptsz: bool, end: u64) {
+    if !MANY_CONTEXTS.load(Ordering::Acquire) {
+        return;
+    }
+    let own = matches!(h as usize, 0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD);
+    let current = ctx_stack(|st| st.last().copied());
+    let _ = ptsz;
+    with_proc(|p| {
+        let ctx = if own {
+            current
+        } else {
+            match p.objects.get(&(h as usize)) {
+                Some(Obj::Stream { ctx, .. }) => Some(*ctx),
+                _ => None,
+            }
+        };
+        if let Some(ctx) = ctx {
+            p.ctx_end
+                .entry(ctx)
+                .or_default()
+                .fetch_max(end, Ordering::AcqRel);
+        }
+    });
+}
+
+/// Where the current context's work ends: its own, with several
+/// contexts; else the device's (the process's one context there).
+fn current_ctx_end(s: &Sim, dev: usize) -> u64 {
+    if !MANY_CONTEXTS.load(Ordering::Acquire) {
+        return s.last_end[dev].load(Ordering::Acquire);
+    }
+    let ctx = ctx_stack(|st| st.last().copied()).unwrap_or(0);
+    with_proc(|p| p.ctx_end.get(&ctx).map_or(0, |e| e.load(Ordering::Acquire)))
 }
 
 /// A wait for (or query of) stream `h`: refused on a capturing stream
@@ -701,7 +747,7 @@ fn sync_copy_on(ptds: bool) -> R {
         tail.load(Ordering::Acquire)
             .max(s.legacy_tail[dev].load(Ordering::Acquire))
     } else {
-        s.last_end[dev].load(Ordering::Acquire)
+        current_ctx_end(s, dev)
     };
     sleep_until(until);
     trim_pools(s);
@@ -839,6 +885,27 @@ fn destroy(h: *mut c_void, is_kind: fn(&Obj) -> bool) -> R {
 
 fn create_ctx(out: *mut CUcontext, dev: CUdevice) -> R {
     let s = initialised()?;
+    if !MANY_CONTEXTS.swap(true, Ordering::AcqRel) {
+        // From now on per context: the contexts so far own all the work
+        // their devices have had.
+        with_proc(|p| {
+            let existing: Vec<(usize, usize)> = p
+                .objects
+                .iter()
+                .filter_map(|(h, o)| match o {
+                    Obj::Ctx { device } => Some((*h, *device)),
+                    _ => None,
+                })
+                .collect();
+            for (h, device) in existing {
+                let end = s.last_end[device].load(Ordering::Acquire);
+                p.ctx_end
+                    .entry(h)
+                    .or_default()
+                    .fetch_max(end, Ordering::AcqRel);
+            }
+        });
+    }
     let dev = check_device(s, dev)?;
     let h = with_proc(|p| p.add(Obj::Ctx { device: dev }));
     ctx_stack(|st| st.push(h));
@@ -1103,7 +1170,7 @@ driver_api! {
         let s = initialised()?;
         current_device()?;
         with_proc(|p| p.captures.unsafe_call())?;
-        sleep_until(s.last_end[current_device()?].load(Ordering::Acquire));
+        sleep_until(current_ctx_end(s, current_device()?));
         trim_pools(s);
         Ok(())
     }
@@ -1114,7 +1181,8 @@ driver_api! {
         let dev = current_device()?;
         // CU_STREAM_NON_BLOCKING = 1.
         let blocking = flags & 1 == 0;
-        let h = with_proc(|p| p.add(Obj::Stream { device: dev, tail: Arc::new(AtomicU64::new(0)), blocking }));
+        let ctx = ctx_stack(|st| st.last().copied()).unwrap_or(0);
+        let h = with_proc(|p| p.add(Obj::Stream { device: dev, tail: Arc::new(AtomicU64::new(0)), blocking, ctx }));
         put(out, h as CUstream)
     }
     fn cuStreamCreateWithPriority(out: *mut CUstream, flags: u32, _priority: i32) {

@@ -133,6 +133,14 @@ struct Args {
     /// file (waiting up to 10 s for it) with cuIpcOpenMemHandle
     #[arg(long)]
     ipc_import: Option<std::path::PathBuf>,
+    /// A second thread launches as the first does, in a context of its
+    /// own (cuCtxCreate) on the same device
+    #[arg(long)]
+    second_context: bool,
+    /// Kernel length of the --second-context thread (default: --kernel-us);
+    /// its kernels are not in the report's count
+    #[arg(long)]
+    second_kernel_us: Option<u64>,
 }
 
 /// The exported symbol a dlsym-resolving program asks for.
@@ -145,6 +153,7 @@ fn versioned(name: &str, ptsz: bool) -> String {
         "cuArrayCreate",
         "cuArray3DCreate",
         "cuIpcOpenMemHandle",
+        "cuCtxCreate",
         "cuEventDestroy",
     ];
     let per_thread = [
@@ -225,6 +234,7 @@ struct Driver {
     event_query: unsafe extern "C" fn(Ptr) -> CUresult,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> CUresult,
     begin_capture: unsafe extern "C" fn(Ptr, u32) -> CUresult,
+    ctx_create: unsafe extern "C" fn(*mut Ptr, u32, i32) -> CUresult,
     default_mem_pool: unsafe extern "C" fn(*mut Ptr, i32) -> CUresult,
     address_reserve: unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> CUresult,
     mem_map: unsafe extern "C" fn(u64, usize, usize, u64, u64) -> CUresult,
@@ -298,6 +308,13 @@ impl Driver {
             let c = CString::new(name)?;
             let mut p: Ptr = std::ptr::null_mut();
             let mut status = -1i32;
+            // The workload calls cuCtxCreate with the v2 signature, which
+            // the name means up to CUDA 11.3 (11.4 made it v3, 12.5 v4).
+            let version = if name == "cuCtxCreate" {
+                version.min(11030)
+            } else {
+                version
+            };
             // SAFETY: valid name, out-pointers to locals.
             let r = unsafe { get_proc(c.as_ptr(), &mut p, version, flags, &mut status) };
             if r != 0 || p.is_null() {
@@ -348,6 +365,7 @@ impl Driver {
             event_query: f!("cuEventQuery"),
             memcpy_dtoh: f!("cuMemcpyDtoH"),
             begin_capture: f!("cuStreamBeginCapture"),
+            ctx_create: f!("cuCtxCreate"),
             default_mem_pool: f!("cuDeviceGetDefaultMemPool"),
             address_reserve: f!("cuMemAddressReserve"),
             mem_map: f!("cuMemMap"),
@@ -598,10 +616,41 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             let h = args
                 .helper
                 .then(|| scope.spawn(|| helper_thread(&d, f, &helping)));
+            let second = args.second_context.then(|| {
+                scope.spawn(|| -> anyhow::Result<u64> {
+                    // The new context becomes this thread's current one; it
+                    // gets a module of its own (functions belong to one).
+                    let mut own: Ptr = std::ptr::null_mut();
+                    check("cuCtxCreate", (d.ctx_create)(&mut own, 0, dev))?;
+                    let mut module: Ptr = std::ptr::null_mut();
+                    let mut func: Ptr = std::ptr::null_mut();
+                    check(
+                        "cuModuleLoadData",
+                        (d.module_load)(&mut module, c"fakecuda".as_ptr() as *const c_void),
+                    )?;
+                    check(
+                        "cuModuleGetFunction",
+                        (d.get_function)(&mut func, module, c"fake_spin".as_ptr()),
+                    )?;
+                    let mut own_args = args.clone();
+                    own_args.kernel_us = args.second_kernel_us.unwrap_or(args.kernel_us);
+                    let n = launch_loop(&d, &own_args, func as usize, e, per_launch)?;
+                    Ok(if args.second_kernel_us.is_some() {
+                        0
+                    } else {
+                        n
+                    })
+                })
+            });
             let launched = if args.threads <= 1 {
                 launch_loop(&d, args, f, e, per_launch)
             } else {
                 launch_threads(&d, args, f, e, c, per_launch)
+            };
+            let launched = match second.map(|h| h.join()) {
+                None => launched,
+                Some(Ok(n)) => launched.and_then(|a| n.map(|b| a + b)),
+                Some(Err(_)) => Err(anyhow::anyhow!("the second context's thread panicked")),
             };
             helping.store(false, std::sync::atomic::Ordering::Release);
             let helped = h
