@@ -94,15 +94,7 @@ pub fn guarded_alloc_on(
         Ok(d) => d,
         Err(e) => return e,
     };
-    let (mut r, mut key) = alloc();
-    // Within the group's limit but the device is full: the holder may be
-    // sitting on the memory. Ask for it back and try again.
-    for _ in 0..3 {
-        if r != CUDA_ERROR_OUT_OF_MEMORY || !holder_gives_back(device, bytes) {
-            break;
-        }
-        (r, key) = alloc();
-    }
+    let (r, key) = alloc_past_holder(device, bytes, &mut alloc);
     if r == 0 {
         record(key, device, bytes);
     } else {
@@ -177,13 +169,7 @@ pub fn pool_alloc(
         }
         pools.insert(pool as usize, (device, need));
     }
-    let (mut r, mut ptr) = alloc();
-    for _ in 0..3 {
-        if r != CUDA_ERROR_OUT_OF_MEMORY || !holder_gives_back(device, bytes) {
-            break;
-        }
-        (r, ptr) = alloc();
-    }
+    let (r, ptr) = alloc_past_holder(device, bytes, &mut alloc);
     // The driver reserves in chunks of its own: settle with what it holds.
     if !settle_pool(pool, &mut pools) && r == 0 {
         crate::log::debug!(
@@ -252,6 +238,24 @@ pub fn pool_destroyed(pool: *mut c_void) {
     {
         unreserve(device, held);
     }
+}
+
+/// Calls `alloc`; within the group's limit but with the device full, the
+/// holder may be sitting on the memory: asks for it back and tries again
+/// (up to three times).
+fn alloc_past_holder(
+    device: u32,
+    bytes: u64,
+    alloc: &mut impl FnMut() -> (CUresult, u64),
+) -> (CUresult, u64) {
+    let mut result = alloc();
+    for _ in 0..3 {
+        if result.0 != CUDA_ERROR_OUT_OF_MEMORY || !holder_gives_back(device, bytes) {
+            break;
+        }
+        result = alloc();
+    }
+    result
 }
 
 /// Asks the scheduler to have the holder free memory on `device`; true if
