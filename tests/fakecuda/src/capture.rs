@@ -108,9 +108,6 @@ impl Captures {
         self.open.iter_mut().find(|c| c.streams.contains(&h))
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.open.is_empty()
-    }
     /// The open capture of that id.
     pub fn of_id(&mut self, id: u64) -> Option<&mut Capture> {
         self.open.iter_mut().find(|c| c.id == id)

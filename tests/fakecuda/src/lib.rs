@@ -318,44 +318,38 @@ fn is_legacy(h: CUstream, ptsz: bool) -> bool {
 /// takes no device time): recorded into the stream's capture if it is
 /// capturing, else queued on the device.
 fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Option<Kind>) -> R {
-    if !capture::any_open() {
-        let (dev, tail) = stream(s, h, ptsz)?;
-        if let Some(kind) = kind {
-            let end = s.run(dev, ns, &tail, kind as u32);
-            note_ctx_end(h, ptsz, end);
-        }
-        return Ok(());
-    }
-    let captured = with_proc(|p| {
-        if is_legacy(h, ptsz) {
-            return p.captures.legacy_work().map(|_| false);
-        }
-        match p.captures.of(h as usize) {
-            Some(c) if c.invalidated => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
-            Some(c) => {
-                c.nodes.push(ns);
-                Ok(true)
+    // Without an open capture, the capture bookkeeping (a process-wide
+    // lock) is skipped.
+    let captured = capture::any_open()
+        && with_proc(|p| {
+            if is_legacy(h, ptsz) {
+                return p.captures.legacy_work().map(|_| false);
             }
-            None => Ok(false),
-        }
-    })?;
+            match p.captures.of(h as usize) {
+                Some(c) if c.invalidated => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+                Some(c) => {
+                    c.nodes.push(ns);
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        })?;
     let (dev, tail) = stream(s, h, ptsz)?;
     if let (false, Some(kind)) = (captured, kind) {
         let end = s.run(dev, ns, &tail, kind as u32);
-        note_ctx_end(h, ptsz, end);
+        note_ctx_end(h, end);
     }
     Ok(())
 }
 
 /// Work on stream `h` ends at `end`: so does its context's, where the
 /// process has several contexts.
-fn note_ctx_end(h: CUstream, ptsz: bool, end: u64) {
+fn note_ctx_end(h: CUstream, end: u64) {
     if !MANY_CONTEXTS.load(Ordering::Acquire) {
         return;
     }
     let own = matches!(h as usize, 0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD);
     let current = ctx_stack(|st| st.last().copied());
-    let _ = ptsz;
     with_proc(|p| {
         let ctx = if own {
             current
