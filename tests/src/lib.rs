@@ -438,6 +438,10 @@ pub struct Outcome {
     pub got: Vec<f64>,
     /// Share of time the device was busy.
     pub busy: f64,
+    /// Share of time at least one process had work for the device: from
+    /// the first launch of a burst to the return of its wait (waiting for
+    /// a token included).
+    pub demand: f64,
 }
 
 impl Scenario<'_> {
@@ -461,12 +465,15 @@ impl Scenario<'_> {
     pub fn run_on(&self, g: &Gemini) -> Outcome {
         let t0 = now_ns();
         let secs = format!("{}", self.seconds);
+        let demand_file = g.sim.sim_dir().join(format!("demand-{t0}"));
         let children: Vec<(usize, std::process::Child)> = (0..self.groups.len())
             .flat_map(|i| (0..self.procs).map(move |_| i))
             .map(|i| {
                 let mut c = g.hooked(g.sim.workload(), &format!("g{i}"));
                 c.args(["--seconds", &secs])
                     .args(self.args)
+                    .arg("--demand-file")
+                    .arg(&demand_file)
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped());
                 (i, c.spawn().expect("start gem-workload"))
@@ -486,9 +493,19 @@ impl Scenario<'_> {
         let from = t0 + (self.skip * 1e9) as u64;
         let to = t0 + (self.seconds * 1e9) as u64;
         let busy = g.sim.busy(0, from, to);
+        let bursts = std::fs::read_to_string(&demand_file).unwrap_or_default();
+        let demanded = fakecuda_log::covered(
+            bursts.lines().filter_map(|l| {
+                let (a, b) = l.split_once(' ')?;
+                Some((a.parse().ok()?, b.parse().ok()?))
+            }),
+            from,
+            to,
+        );
         Outcome {
             got: pids.iter().map(|p| busy.share_of(p)).collect(),
             busy: busy.device_share(),
+            demand: demanded as f64 / busy.span.max(1) as f64,
         }
     }
 }

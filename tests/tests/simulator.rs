@@ -522,6 +522,7 @@ fn every_kind_of_wait_waits_for_the_work_before_it() {
     ];
     for (i, case) in cases.iter().enumerate() {
         let bursts = sim.path().join(format!("bursts-{i}.txt"));
+        let demand = sim.path().join(format!("demand-{i}.txt"));
         let mut c = sim.workload();
         c.args([
             "--seconds",
@@ -533,7 +534,9 @@ fn every_kind_of_wait_waits_for_the_work_before_it() {
         ])
         .args(*case)
         .arg("--bursts-file")
-        .arg(&bursts);
+        .arg(&bursts)
+        .arg("--demand-file")
+        .arg(&demand);
         let out = run(c);
         let pid = pids(&[&out])[0];
         let recs: Vec<_> = fakecuda_log_records(&sim)
@@ -553,6 +556,29 @@ fn every_kind_of_wait_waits_for_the_work_before_it() {
             assert_eq!(
                 late, 0,
                 "{case:?}: work still running when the wait returned"
+            );
+        }
+        // --demand-file: one `start end` per iteration, and every kernel
+        // ran inside one (from the first launch to the wait's return).
+        let demand: Vec<(u64, u64)> = std::fs::read_to_string(&demand)
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                let (a, b) = l.split_once(' ')?;
+                Some((a.parse().ok()?, b.parse().ok()?))
+            })
+            .collect();
+        assert_eq!(demand.len(), starts.len(), "{case:?}");
+        assert!(
+            demand
+                .iter()
+                .zip(&starts)
+                .all(|(d, s)| d.0 == *s && d.1 > d.0)
+        );
+        for r in &recs {
+            assert!(
+                demand.iter().any(|&(a, b)| r.start >= a && r.end <= b),
+                "{case:?}: kernel {r:?} outside every burst {demand:?}"
             );
         }
     }

@@ -176,30 +176,38 @@ pub fn busy(records: &[Record], from: u64, to: u64) -> Busy {
         span: to.saturating_sub(from),
         ..Busy::default()
     };
-    let mut spans: Vec<(u64, u64)> = Vec::new();
     for r in records {
         let (s, e) = clip(r);
         if e > s {
             *out.per_pid.entry(r.pid).or_default() += e - s;
-            spans.push((s, e));
         }
     }
+    out.device = covered(records.iter().map(|r| (r.start, r.end)), from, to);
+    out
+}
+
+/// Length of `[from, to)` that the union of `spans` (`[start, end)` ns)
+/// covers, overlaps counted once.
+pub fn covered(spans: impl IntoIterator<Item = (u64, u64)>, from: u64, to: u64) -> u64 {
+    let mut spans: Vec<(u64, u64)> = spans
+        .into_iter()
+        .map(|(s, e)| (s.max(from), e.min(to)))
+        .filter(|(s, e)| e > s)
+        .collect();
     spans.sort_unstable();
+    let mut total = 0;
     let mut cur: Option<(u64, u64)> = None;
     for (s, e) in spans {
         match cur {
             Some((cs, ce)) if s <= ce => cur = Some((cs, ce.max(e))),
             Some((cs, ce)) => {
-                out.device += ce - cs;
+                total += ce - cs;
                 cur = Some((s, e));
             }
             None => cur = Some((s, e)),
         }
     }
-    if let Some((cs, ce)) = cur {
-        out.device += ce - cs;
-    }
-    out
+    total + cur.map_or(0, |(cs, ce)| ce - cs)
 }
 
 #[cfg(test)]
@@ -250,5 +258,13 @@ mod tests {
         assert_eq!(b.device, 15 + 20 + 10);
         assert!((b.share(1) - 0.3).abs() < 1e-9);
         assert!((b.device_share() - 0.45).abs() < 1e-9);
+    }
+
+    #[test]
+    fn covered_counts_overlaps_once_within_the_interval() {
+        let spans = [(30, 50), (0, 10), (5, 20), (45, 60), (90, 200)];
+        assert_eq!(covered(spans, 0, 100), 20 + 30 + 10);
+        assert_eq!(covered(spans, 8, 55), 12 + 25);
+        assert_eq!(covered([], 0, 100), 0);
     }
 }

@@ -64,6 +64,11 @@ struct Args {
     /// this file, one per line
     #[arg(long)]
     bursts_file: Option<std::path::PathBuf>,
+    /// Append `start end` (CLOCK_MONOTONIC ns) to this file for each
+    /// burst, from its first launch to the return of its wait: when this
+    /// process had work for the device (every launching thread appends)
+    #[arg(long)]
+    demand_file: Option<std::path::PathBuf>,
     /// Launch from this many threads at once (same context and device)
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -1033,8 +1038,10 @@ fn launch_loop(
         };
         let end = Instant::now() + Duration::from_secs_f64(args.seconds);
         let mut bursts = Vec::new();
+        let mut demand = Vec::new();
         while Instant::now() < end {
-            bursts.push(monotonic_ns());
+            let start = monotonic_ns();
+            bursts.push(start);
             let burst_end = if args.burst_ms > 0.0 {
                 Instant::now() + Duration::from_secs_f64(args.burst_ms / 1e3)
             } else {
@@ -1079,6 +1086,7 @@ fn launch_loop(
                 launched += 1;
             }
             waiter.wait()?;
+            demand.push((start, monotonic_ns()));
             if args.gap_ms > 0.0 && Instant::now() < end {
                 std::thread::sleep(
                     Duration::from_secs_f64(args.gap_ms / 1e3)
@@ -1089,6 +1097,17 @@ fn launch_loop(
         if let Some(path) = &args.bursts_file {
             let text: String = bursts.iter().map(|t| format!("{t}\n")).collect();
             std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        if let Some(path) = &args.demand_file {
+            use std::io::Write as _;
+            let text: String = demand.iter().map(|(a, b)| format!("{a} {b}\n")).collect();
+            // One write on an O_APPEND file: threads never interleave lines.
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .with_context(|| format!("writing {}", path.display()))?;
         }
     }
     Ok(kernels)
