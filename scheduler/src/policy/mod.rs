@@ -204,6 +204,10 @@ struct Device {
     waiters: Vec<Waiter>,
     groups: BTreeMap<String, GroupUse>,
     busy: Usage,
+    /// The latest report's device time `(client, start, end)`: a token
+    /// granted while that work still ran (a lent token ends without its
+    /// holder's report) is charged from its end, not twice.
+    last_report: Option<(ClientId, Micros, Micros)>,
 }
 
 /// The scheduler's whole state.
@@ -620,6 +624,7 @@ impl Policy {
         };
         // A client cannot have used more than the time since the grant.
         let used = used.min(now.saturating_sub(granted_at));
+        let end = granted_at + used;
         let max_util = if c.group == HOLDER {
             1.0
         } else {
@@ -634,13 +639,22 @@ impl Policy {
         if dev.token.as_ref().is_some_and(|t| t.client == client) {
             dev.token = None;
         }
+        // Work of another client that began before this grant and ran past
+        // it (a lent token's overrun, reported late) held the device: the
+        // time this client waited behind it is that client's, charged once.
+        let start = match dev.last_report {
+            Some((other, s, e)) if other != client && s < granted_at => e.clamp(granted_at, end),
+            _ => granted_at,
+        };
+        dev.last_report = Some((client, start, end));
+        let used = end - start;
         let g = match dev.groups.get_mut(&c.group) {
             Some(g) => g,
             None => dev.groups.entry(c.group.clone()).or_default(),
         };
-        g.usage.add(granted_at, granted_at + used);
+        g.usage.add(start, end);
         g.charge(granted_at, now, used, max_util, cap);
-        dev.busy.add(granted_at, granted_at + used);
+        dev.busy.add(start, end);
     }
 
     /// `client` gave the token of `device` back: its group is away from

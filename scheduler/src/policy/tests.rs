@@ -619,11 +619,44 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     assert!(p.handle(Event::Tick, end - 1).is_empty());
     let r = replies(p.handle(Event::Tick, end));
     assert_eq!(token(&r).map(|t| (t.0, t.2)), Some((1, false)));
-    // lo's late report is charged to lo and leaves hi's token alone.
-    assert!(send(&mut p, 2, acquire(params.min_quota), end + 2 * MS).is_empty());
+    // lo's late report (its work ran 2 ms past the token) is charged to
+    // lo and leaves hi's token alone.
+    let late = params.min_quota + 2 * MS;
+    assert!(send(&mut p, 2, acquire(late), end + 2 * MS).is_empty());
     let st = p.status(end + 2 * MS);
     let dev = &st.devices[0];
     assert_eq!(dev.holder, Some(1), "{dev:?}");
+    // hi's 12 ms token began behind lo's overrun: charged 10 ms, once.
+    let now = end + 12 * MS;
+    send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 12 * MS,
+        },
+        now,
+    );
+    let st = p.status(now);
+    let share = |g: &str| {
+        st.devices[0]
+            .groups
+            .iter()
+            .find(|r| r.group == g)
+            .map(|r| r.share)
+            .unwrap()
+    };
+    let span = now.min(params.window) as f64;
+    assert!(
+        (share("hi") - (30 * MS) as f64 / span).abs() < 1e-9,
+        "hi {}",
+        share("hi")
+    );
+    assert!(
+        (share("lo") - (30 * MS + late) as f64 / span).abs() < 1e-9,
+        "lo {}",
+        share("lo")
+    );
 }
 
 #[test]
