@@ -9,6 +9,8 @@ use std::sync::atomic::AtomicUsize;
 pub type CUresult = u32;
 /// Returned when the real driver lacks a function.
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+/// Work not completed yet.
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 
 /// Resolves `name` into a function pointer of type `F`.
 ///
@@ -160,4 +162,49 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
 /// `bytes` must be writable.
 pub unsafe fn device_total_mem(bytes: *mut usize, dev: i32) -> CUresult {
     real_call!(c"cuDeviceTotalMem_v2", fn(*mut usize, i32), bytes, dev)
+}
+
+/// `cuEventCreate` with timing (flags 0), in the current context.
+pub fn event_create() -> Option<usize> {
+    let mut e: *mut c_void = std::ptr::null_mut();
+    let r = real_call!(c"cuEventCreate", fn(*mut *mut c_void, u32), &mut e, 0u32);
+    (r == 0 && !e.is_null()).then_some(e as usize)
+}
+
+/// `cuEventRecord` (`_ptsz` where the null stream is the per-thread one).
+pub fn event_record(event: usize, stream: *mut c_void, per_thread: bool) -> CUresult {
+    let e = event as *mut c_void;
+    if per_thread {
+        real_call!(
+            c"cuEventRecord_ptsz",
+            fn(*mut c_void, *mut c_void),
+            e,
+            stream
+        )
+    } else {
+        real_call!(c"cuEventRecord", fn(*mut c_void, *mut c_void), e, stream)
+    }
+}
+
+/// `cuEventElapsedTime` between two completed events, in ns; the driver's
+/// error otherwise (`CUDA_ERROR_NOT_READY` while either is pending).
+pub fn event_elapsed_ns(start: usize, end: usize) -> Result<u64, CUresult> {
+    let mut ms: f32 = 0.0;
+    let r = real_call!(
+        c"cuEventElapsedTime",
+        fn(*mut f32, *mut c_void, *mut c_void),
+        &mut ms,
+        start as *mut c_void,
+        end as *mut c_void
+    );
+    if r == 0 {
+        Ok((f64::from(ms.max(0.0)) * 1e6) as u64)
+    } else {
+        Err(r)
+    }
+}
+
+/// `cuEventDestroy_v2`.
+pub fn event_destroy(event: usize) {
+    let _ = real_call!(c"cuEventDestroy_v2", fn(*mut c_void), event as *mut c_void);
 }

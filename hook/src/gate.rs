@@ -107,6 +107,13 @@ pub struct Gate {
     sample_start: AtomicU64,
     sample_launches: AtomicU64,
     sample_blocked: AtomicU64,
+    sample_graphs: AtomicU64,
+    sample_graph_ns: AtomicU64,
+    /// Graph launches of known cost admitted, and their predicted device
+    /// time (ns), cumulative: the time per launch of kernels is learned
+    /// without them.
+    graph_launches: AtomicU64,
+    graph_ns: AtomicU64,
     /// Time spent waiting for a grant with none of this process's work
     /// on the device (ns, cumulative): not device time of its launches.
     blocked: AtomicU64,
@@ -160,11 +167,38 @@ pub fn admit_on(stream: *mut c_void, per_thread: bool) -> Result<InCall, CUresul
     admit()
 }
 
+/// [`admit_on`] for a launch of the graph `exec`: under a lent token it
+/// is counted as the device time its last runs took (see `graphs`), not
+/// as one ordinary launch.
+pub fn admit_graph(
+    exec: *mut c_void,
+    stream: *mut c_void,
+    per_thread: bool,
+) -> Result<InCall, CUresult> {
+    if capture::any_open() && capture::capturing(stream, per_thread) {
+        return Ok(InCall(None));
+    }
+    let cost = crate::graphs::cost(exec).unwrap_or(0);
+    let call = admit_cost(cost)?;
+    if let (Some(g), true) = (call.0, cost != 0) {
+        g.graph_launches.fetch_add(1, Ordering::Relaxed);
+        g.graph_ns.fetch_add(cost, Ordering::Relaxed);
+    }
+    Ok(call)
+}
+
 /// Lets a launch through once this process holds the token of the current
 /// device; keep the returned guard alive across the real launch call.
 /// `Err` is the CUDA result to return instead of launching.
 #[inline]
 pub fn admit() -> Result<InCall, CUresult> {
+    admit_cost(0)
+}
+
+/// [`admit`] for a launch predicted to take `cost` ns on the device (0:
+/// as long as the process's launches usually take).
+#[inline]
+fn admit_cost(cost: u64) -> Result<InCall, CUresult> {
     let Some(dev) = current_device() else {
         // No context (the real call will report it) or a device beyond the
         // gates: let the driver answer.
@@ -176,7 +210,7 @@ pub fn admit() -> Result<InCall, CUresult> {
         if g.wait_exit.load(Ordering::Relaxed) != 0 {
             g.learn_gap(now, st);
         }
-        if now < g.deadline.load(Ordering::Acquire) && g.queue_ahead(now) {
+        if now < g.deadline.load(Ordering::Acquire) && g.queue_ahead(now, cost) {
             g.entered.fetch_add(1, Ordering::AcqRel);
             return Ok(InCall(Some(g)));
         }
@@ -187,7 +221,7 @@ pub fn admit() -> Result<InCall, CUresult> {
     if !has_context() {
         return Ok(InCall(None));
     }
-    slow_path(dev)?;
+    slow_path(dev, cost)?;
     let g: &'static Gate = &state::get().gates[dev];
     g.entered.fetch_add(1, Ordering::AcqRel);
     Ok(InCall(Some(g)))
@@ -210,6 +244,12 @@ impl Gate {
                 .store(self.launches(), Ordering::Relaxed);
             self.sample_blocked
                 .store(self.blocked.load(Ordering::Relaxed), Ordering::Relaxed);
+            self.sample_graphs.store(
+                self.graph_launches.load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+            self.sample_graph_ns
+                .store(self.graph_ns.load(Ordering::Relaxed), Ordering::Relaxed);
             self.sample_start.store(now, Ordering::Relaxed);
         }
     }
@@ -233,13 +273,18 @@ impl Gate {
     /// end, behind the work already queued, within the quota (and it is
     /// counted if so). Also true while the device time per launch is
     /// unknown, and for a launch onto an empty queue (a kernel longer than
-    /// the token runs and is accounted as overuse).
+    /// the token runs and is accounted as overuse). `cost`: the launch's
+    /// predicted device time (ns), 0 for the usual per launch.
     #[inline]
-    fn queue_ahead(&self, now: u64) -> bool {
+    fn queue_ahead(&self, now: u64, cost: u64) -> bool {
         if !self.lent.load(Ordering::Relaxed) {
             return true;
         }
-        let per = self.kernel_ns.load(Ordering::Relaxed);
+        let per = if cost != 0 {
+            cost
+        } else {
+            self.kernel_ns.load(Ordering::Relaxed)
+        };
         if per == 0 {
             return true;
         }
@@ -260,17 +305,23 @@ impl Gate {
         if start == 0 || now <= start {
             return;
         }
+        // Graph launches of known cost are left out, with their time.
+        let since = |total: &AtomicU64, at: &AtomicU64| {
+            total
+                .load(Ordering::Relaxed)
+                .saturating_sub(at.load(Ordering::Relaxed))
+        };
+        let graphs = since(&self.graph_launches, &self.sample_graphs);
+        let graph_ns = since(&self.graph_ns, &self.sample_graph_ns);
         let n = self
             .launches()
-            .saturating_sub(self.sample_launches.load(Ordering::Relaxed));
+            .saturating_sub(self.sample_launches.load(Ordering::Relaxed))
+            .saturating_sub(graphs);
         if n == 0 {
             return;
         }
-        let blocked = self
-            .blocked
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.sample_blocked.load(Ordering::Relaxed));
-        let sample = (now - start).saturating_sub(blocked) / n;
+        let blocked = since(&self.blocked, &self.sample_blocked);
+        let sample = (now - start).saturating_sub(blocked + graph_ns) / n;
         // Too long an estimate stops a lent token's launches early and
         // leaves the device idle; too short one only queues a little past
         // the token, as without an estimate: lean towards the shorter. The
@@ -482,7 +533,7 @@ fn settle(dev: usize, g: &Gate, why: Settle) -> Option<u64> {
 }
 
 #[cold]
-fn slow_path(dev: usize) -> Result<(), CUresult> {
+fn slow_path(dev: usize, cost: u64) -> Result<(), CUresult> {
     let st = state::get();
     let refused = st.refused.load(Ordering::Acquire);
     if refused != 0 {
@@ -492,7 +543,7 @@ fn slow_path(dev: usize) -> Result<(), CUresult> {
     let _slow = lock(&g.slow);
     let now = now_ns();
     if now < g.deadline.load(Ordering::Acquire) {
-        if g.queue_ahead(now) {
+        if g.queue_ahead(now, cost) {
             return Ok(()); // another thread got a token meanwhile
         }
         // A lent token whose quota the queued work fills: it ends here.
@@ -526,7 +577,13 @@ fn slow_path(dev: usize) -> Result<(), CUresult> {
             // waited for it): not device time of the launches.
             g.blocked.fetch_add(t - now, Ordering::Relaxed);
             g.lent.store(lent, Ordering::Relaxed);
-            g.queued_end.store(t, Ordering::Relaxed);
+            // The launch that asked goes first, onto an empty queue.
+            let first = if cost != 0 {
+                cost
+            } else {
+                g.kernel_ns.load(Ordering::Relaxed)
+            };
+            g.queued_end.store(t + first, Ordering::Relaxed);
             let mut ctx: *mut c_void = std::ptr::null_mut();
             // SAFETY: out-pointer to a local.
             unsafe { driver::ctx_get_current(&mut ctx) };

@@ -12,6 +12,7 @@
 use crate::capture;
 use crate::driver::{self, CUDA_ERROR_NOT_FOUND, CUresult};
 use crate::gate;
+use crate::graphs;
 use crate::memory::{self, guarded_alloc, guarded_alloc_on};
 use std::ffi::{CStr, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -126,6 +127,24 @@ macro_rules! trims {
     }};
 }
 
+/// `cuGraphLaunch[_ptsz]` through `real`: gated by the graph's predicted
+/// cost and timed with events (see `graphs`); a launch into a capturing
+/// stream passes ungated and untimed.
+fn graph_launch(
+    exec: Ptr,
+    s: Ptr,
+    pt: bool,
+    real: unsafe extern "C" fn(Ptr, Ptr) -> CUresult,
+) -> CUresult {
+    match gate::admit_graph(exec, s, pt) {
+        Ok(_in_call) => graphs::launch(exec, s, pt, || {
+            // SAFETY: the program's own arguments, passed on unchanged.
+            unsafe { real(exec, s) }
+        }),
+        Err(e) => e,
+    }
+}
+
 /// The symbol `cuGetProcAddress(base, version, flags)` stands for, when it
 /// is one of ours.
 pub fn resolve(base: &str, version: i32, flags: u64) -> Option<&'static Entry> {
@@ -221,10 +240,18 @@ hooks! {
     (f: Ptr, w: i32, h: i32) => |real| { gated!(std::ptr::null_mut(), false, real(f, w, h)) }
     cuLaunchGridAsync ["cuLaunchGridAsync", 2000, false]
     (f: Ptr, w: i32, h: i32, s: Ptr) => |real| { gated!(s, false, real(f, w, h, s)) }
+    // A graph launch is gated as the device time its last runs took, and
+    // timed with events (see `graphs`).
     cuGraphLaunch ["cuGraphLaunch", 10000, false]
-    (exec: Ptr, s: Ptr) => |real| { gated!(s, false, real(exec, s)) }
+    (exec: Ptr, s: Ptr) => |real| { graph_launch(exec, s, false, real) }
     cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, true]
-    (exec: Ptr, s: Ptr) => |real| { gated!(s, true, real(exec, s)) }
+    (exec: Ptr, s: Ptr) => |real| { graph_launch(exec, s, true, real) }
+    cuGraphExecDestroy ["cuGraphExecDestroy", 10000, false]
+    (exec: Ptr) => |real| {
+        graphs::forget(exec);
+        // SAFETY: the program's argument, passed on unchanged.
+        unsafe { real(exec) }
+    }
 
     // Contexts: a token's end waits for the work of every context the
     // process has on the device (a context synchronises only its own).
@@ -270,6 +297,7 @@ hooks! {
         let r = unsafe { real(ctx) };
         if r == 0 {
             gate::context_gone(ctx);
+            graphs::context_gone(ctx);
         }
         r
     }

@@ -584,6 +584,50 @@ fn a_graph_captured_beside_a_launching_thread_survives_and_its_replays_are_gated
     assert_capped("graph replays", share, 0.40, 0.05, counts);
 }
 
+/// A graph launch runs all its kernels: the hook times each launch with
+/// events and learns what the graph costs on the device (20 captured 1 ms
+/// kernels: 20 ms), which a lent token then counts it as, instead of one
+/// ordinary launch. Timing a launch beside a capture would break the
+/// capture: the capture half of the workload must still succeed.
+#[test]
+fn a_graph_launch_is_counted_as_the_device_time_it_takes() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let mut c = rust(
+        &g,
+        "a",
+        &[
+            "--capture",
+            "20",
+            "--capture-pause-ms",
+            "0",
+            "--kernel-us",
+            "1000",
+            "--iter-kernels",
+            "1",
+            "--seconds",
+            "0.5",
+        ],
+    );
+    c.env("GEMINI_LOG", "debug");
+    let out = finish(spawn(c));
+    let log = String::from_utf8_lossy(&out.stderr);
+    let costs: Vec<u64> = log
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split_once("graph 0x")?.1;
+            let us = rest.split_once(": ")?.1.split_once(" us on the device")?.0;
+            us.parse().ok()
+        })
+        .collect();
+    assert_eq!(costs.len(), 1, "one graph, learned once: {log}");
+    assert!(
+        (19_000..=25_000).contains(&costs[0]),
+        "a 20 x 1 ms graph measured {} us",
+        costs[0]
+    );
+    assert!(field(&reports(&out.stdout)[0], "kernels") >= 100);
+}
+
 /// Stream-ordered allocations come from a pool that keeps freed memory up
 /// to its release threshold (PyTorch's cudaMallocAsync backend keeps it
 /// all): the group is charged what the pool holds, so memory a pool sits
