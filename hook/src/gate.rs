@@ -92,11 +92,14 @@ pub struct Gate {
     /// again at once look quiet after its waits.
     gap_avg: AtomicU64,
     /// The token is lent (another group is owed the device and will be
-    /// back): launches are admitted only while the work queued is
-    /// predicted to end within the quota.
+    /// back).
     lent: AtomicBool,
-    /// Predicted end of the work queued under a lent token (ns).
+    /// Predicted end of the work queued under the token (ns): launches
+    /// are admitted only while it is within the quota.
     queued_end: AtomicU64,
+    /// Launches admitted under the token while the device time per launch
+    /// is not known yet.
+    unknown_launches: AtomicU64,
     /// Smoothed device time per launch (ns), learned from waits that
     /// returned with the work done; 0: not known yet.
     kernel_ns: AtomicU64,
@@ -239,6 +242,12 @@ impl Gate {
         let gap = now.saturating_sub(exit).min(cap);
         let avg = self.gap_avg.load(Ordering::Relaxed);
         self.gap_avg.store(lean_low(avg, gap), Ordering::Relaxed);
+        self.begin_sample(now);
+    }
+
+    /// Starts a sample of the device time per launch at `now`, unless one
+    /// is under way.
+    fn begin_sample(&self, now: u64) {
         if self.sample_start.load(Ordering::Relaxed) == 0 {
             self.sample_launches
                 .store(self.launches(), Ordering::Relaxed);
@@ -268,33 +277,34 @@ impl Gate {
         entered.saturating_sub(self.waits.load(Ordering::Acquire))
     }
 
-    /// Whether one more launch may be queued under the token: always
-    /// under a token not lent; under a lent one, while it is predicted to
-    /// end, behind the work already queued, within the quota (and it is
-    /// counted if so). Also true while the device time per launch is
-    /// unknown, and for a launch onto an empty queue (a kernel longer than
-    /// the token runs and is accounted as overuse). `cost`: the launch's
-    /// predicted device time (ns), 0 for the usual per launch.
+    /// Whether one more launch may be queued under the token: while it is
+    /// predicted to end, behind the work already queued, within the quota
+    /// (and it is counted if so). Launches are asynchronous: without this
+    /// bound a program that never waits queues as deep as the driver lets
+    /// it (1024 launches: 20 s of 20 ms kernels) under one token, and the
+    /// device is its for all of that, whatever its MaxUtil. A launch onto
+    /// an empty queue is always admitted (a kernel longer than the token
+    /// runs and is accounted as overuse). While the device time per launch
+    /// is unknown, `UNKNOWN_LAUNCHES` are admitted per token; the token's
+    /// end then measures them. `cost`: the launch's predicted device time
+    /// (ns), 0 for the usual per launch.
     #[inline]
     fn queue_ahead(&self, now: u64, cost: u64) -> bool {
-        if !self.lent.load(Ordering::Relaxed) {
-            return true;
-        }
         let per = if cost != 0 {
             cost
         } else {
             self.kernel_ns.load(Ordering::Relaxed)
         };
         if per == 0 {
-            return true;
+            return self.unknown_launches.fetch_add(1, Ordering::Relaxed) < UNKNOWN_LAUNCHES;
         }
-        let queued = self.queued_end.load(Ordering::Relaxed);
-        let end = queued.max(now) + per;
-        if queued > now && end > self.quota_end.load(Ordering::Relaxed) {
-            return false;
-        }
-        self.queued_end.store(end, Ordering::Relaxed);
-        true
+        let quota_end = self.quota_end.load(Ordering::Relaxed);
+        self.queued_end
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |queued| {
+                let end = queued.max(now) + per;
+                (queued <= now || end <= quota_end).then_some(end)
+            })
+            .is_ok()
     }
 
     /// A wait returned with the work launched before it done and no other
@@ -335,6 +345,10 @@ impl Gate {
         self.kernel_ns.store(est.max(1), Ordering::Relaxed);
     }
 }
+
+/// Launches admitted per token while the device time per launch is not
+/// known (see `Gate::queue_ahead`).
+const UNKNOWN_LAUNCHES: u64 = 16;
 
 /// A smoothed estimate that follows a shorter `sample` at once and a
 /// longer one by an eighth: one outlier (a thread descheduled, a slow
@@ -502,6 +516,10 @@ fn settle(dev: usize, g: &Gate, why: Settle) -> Option<u64> {
         synchronize_device(dev, g.ctx.load(Ordering::Relaxed) as *mut c_void);
     }
     let t1 = now_ns();
+    if !capturing && matches!(why, Settle::RanOut) {
+        // Every launch of the sample has run: learn from it.
+        g.learn_kernel(t1);
+    }
     let end = match why {
         // If the work was still running, it ended now; else it ended
         // (about) when the process went quiet.
@@ -546,9 +564,14 @@ fn slow_path(dev: usize, cost: u64) -> Result<(), CUresult> {
         if g.queue_ahead(now, cost) {
             return Ok(()); // another thread got a token meanwhile
         }
-        // A lent token whose quota the queued work fills: it ends here.
+        // A token whose quota the queued work fills: it ends here.
         debug!(
-            "device {dev}: lent token full, {} us of work queued",
+            "device {dev}: {}token full, {} us of work queued",
+            if g.lent.load(Ordering::Relaxed) {
+                "lent "
+            } else {
+                ""
+            },
             g.queued_end.load(Ordering::Relaxed).saturating_sub(now) / 1000
         );
         g.deadline.store(0, Ordering::Release);
@@ -584,6 +607,9 @@ fn slow_path(dev: usize, cost: u64) -> Result<(), CUresult> {
                 g.kernel_ns.load(Ordering::Relaxed)
             };
             g.queued_end.store(t + first, Ordering::Relaxed);
+            g.unknown_launches.store(1, Ordering::Relaxed);
+            // A program that never waits is measured over its tokens.
+            g.begin_sample(t);
             let mut ctx: *mut c_void = std::ptr::null_mut();
             // SAFETY: out-pointer to a local.
             unsafe { driver::ctx_get_current(&mut ctx) };

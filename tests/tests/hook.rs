@@ -584,6 +584,38 @@ fn a_graph_captured_beside_a_launching_thread_survives_and_its_replays_are_gated
     assert_capped("graph replays", share, 0.40, 0.05, counts);
 }
 
+/// Launches are asynchronous: a program that never waits (no sync, no
+/// blocking copy) queues as deep as the driver lets it. Gated only by the
+/// token being valid, one token let it queue 1024 launches of 20 ms, and
+/// the device ran them for 20 s straight under MaxUtil 0.4 (measured
+/// before the change: share 1.0, the 3 s program ended after 51 s). The
+/// hook bounds the work queued under a token by the time a launch takes,
+/// so the cap holds while the program runs and its work ends with it.
+#[test]
+fn a_program_that_never_waits_is_held_to_its_cap() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::default(), "[capped]\nMaxUtil=0.4\n");
+    let run = || {
+        let t0 = now_ns();
+        let out = finish(spawn(rust(
+            &g,
+            "capped",
+            &["--kernel-us", "20000", "--seconds", "3"],
+        )));
+        let r = &reports(&out.stdout)[0];
+        // The program's end waits for its work: all of it ran by then.
+        let ran_for: f64 = r["seconds"].parse().unwrap();
+        assert!(
+            ran_for < 5.0,
+            "a 3 s program ran for {ran_for} s: its queue outlived it"
+        );
+        g.sim.busy(0, t0 + SEC, t0 + 3 * SEC).share(pid_of(&out))
+    };
+    let (share, counts) = measured("a program that never waits", MAX_STEAL, 2, run);
+    // One 20 ms kernel past a token is overuse the next tokens pay back.
+    assert_capped("a program that never waits", share, 0.40, 0.06, counts);
+}
+
 /// A graph launch runs all its kernels: the hook times each launch with
 /// events and learns what the graph costs on the device (20 captured 1 ms
 /// kernels: 20 ms), which a lent token then counts it as, instead of one
