@@ -101,8 +101,14 @@ pub struct Gate {
     /// is not known yet.
     unknown_launches: AtomicU64,
     /// Smoothed device time per launch (ns), learned from waits that
-    /// returned with the work done; 0: not known yet.
+    /// returned with the work done and from tokens' ends; 0: not known
+    /// yet. Leans towards shorter samples: a lent token's bound, where too
+    /// long an estimate leaves the device idle.
     kernel_ns: AtomicU64,
+    /// The same, leaning towards longer samples: the bound of a token not
+    /// lent, where too short an estimate lets launches of a longer kernel
+    /// (another thread's) queue far past the token and past MaxUtil.
+    kernel_hi_ns: AtomicU64,
     /// Wait calls entered (launches = `entered` - `waits`).
     waits: AtomicU64,
     /// First launch after the last wait (ns; 0: none since), with the
@@ -292,8 +298,10 @@ impl Gate {
     fn queue_ahead(&self, now: u64, cost: u64) -> bool {
         let per = if cost != 0 {
             cost
-        } else {
+        } else if self.lent.load(Ordering::Relaxed) {
             self.kernel_ns.load(Ordering::Relaxed)
+        } else {
+            self.kernel_hi_ns.load(Ordering::Relaxed)
         };
         if per == 0 {
             return self.unknown_launches.fetch_add(1, Ordering::Relaxed) < UNKNOWN_LAUNCHES;
@@ -343,6 +351,23 @@ impl Gate {
             lean_low(avg, sample)
         };
         self.kernel_ns.store(est.max(1), Ordering::Relaxed);
+        let hi = self.kernel_hi_ns.load(Ordering::Relaxed);
+        let est = if hi == 0 {
+            sample
+        } else {
+            lean_high(hi, sample)
+        };
+        self.kernel_hi_ns.store(est.max(1), Ordering::Relaxed);
+    }
+}
+
+/// A smoothed estimate that follows a longer `sample` at once and a
+/// shorter one by an eighth.
+fn lean_high(avg: u64, sample: u64) -> u64 {
+    if sample >= avg {
+        sample
+    } else {
+        avg - (avg - sample) / 8
     }
 }
 
