@@ -181,6 +181,10 @@ fn run(settings: Settings, ipc: &Path) -> anyhow::Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
+    // SIGHUP (a closed terminal, a unit's reload) used to kill the holder
+    // silently: it has nothing to re-read, so it says so and goes on.
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))?;
     let engine = engine::Engine::new(settings, ipc.to_path_buf())?;
     let ctx = zmq::Context::new();
     let sock = ctx.socket(zmq::REP)?;
@@ -193,6 +197,11 @@ fn run(settings: Settings, ipc: &Path) -> anyhow::Result<()> {
         control::endpoint(ipc)
     );
     while !stop.load(Ordering::Relaxed) {
+        if hup.swap(false, Ordering::AcqRel) {
+            eprintln!(
+                "gem-holder: SIGHUP ignored: nothing to reload (change settings with `gem-holder restart …`)"
+            );
+        }
         if sock.poll(zmq::POLLIN, 100).unwrap_or(0) == 0 {
             continue;
         }

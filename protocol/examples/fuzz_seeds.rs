@@ -41,6 +41,7 @@ fn main() -> std::io::Result<()> {
         Request::MemoryInfo { device: 3 },
         Request::Status,
         Request::Shutdown,
+        Request::Reload,
         Request::Goodbye,
         Request::NeedMemory {
             device: 0,

@@ -143,6 +143,7 @@ mod tests {
             Request::Status,
             Request::Shutdown,
             Request::Goodbye,
+            Request::Reload,
             Request::NeedMemory {
                 device: 1,
                 bytes: 1 << 30,

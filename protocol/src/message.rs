@@ -139,6 +139,11 @@ pub enum Request {
         /// Longest wait, in microseconds.
         wait_us: u64,
     },
+    /// Re-read `resource.conf` now (as SIGHUP does). Allowed without hello,
+    /// only for the daemon's own user or root. Reply: [`Reply::Done`] once
+    /// the new configuration is in force, or [`ErrorKind::BadRequest`]
+    /// with the file's errors (the previous configuration stays).
+    Reload,
 }
 
 /// Scheduler → client.

@@ -80,6 +80,8 @@ pub struct Daemon {
     reload_rx: mpsc::Receiver<()>,
     reload_due: Option<Instant>,
     stop: Arc<AtomicBool>,
+    /// Set by SIGHUP: re-read resource.conf now.
+    hup: Arc<AtomicBool>,
     ipc_dir: PathBuf,
     endpoint: String,
     access: IpcAccess,
@@ -135,8 +137,10 @@ impl IpcAccess {
 }
 
 /// Creates the IPC directory (mode 0700, or 0750 for an `ipc_group`) if it
-/// is missing; refuses one that other users could write to or that
-/// belongs to someone else (they could replace the socket).
+/// is missing. An existing directory is used as it is, never chmodded (it
+/// may be `/tmp`, or shared): it is refused if it belongs to another user
+/// (not root) or if anyone but its owner may write to it, since they could
+/// replace the socket.
 fn prepare_ipc_dir(dir: &Path, access: IpcAccess) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt;
     if !dir.exists() {
@@ -145,7 +149,11 @@ fn prepare_ipc_dir(dir: &Path, access: IpcAccess) -> anyhow::Result<()> {
             .mode(0o700)
             .create(dir)
             .with_context(|| format!("cannot create IPC directory {}", dir.display()))?;
-    } else if !dir.is_dir() {
+        // `recursive` applies the mode through the umask: set it exactly
+        // on the directory this daemon made.
+        return access.apply(dir, access.dir_mode());
+    }
+    if !dir.is_dir() {
         bail!("IPC path {} exists and is not a directory", dir.display());
     }
     let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
@@ -157,9 +165,23 @@ fn prepare_ipc_dir(dir: &Path, access: IpcAccess) -> anyhow::Result<()> {
             euid()
         );
     }
-    // `recursive` applies the mode through the umask, and an existing
-    // directory may have any: set it exactly.
-    access.apply(dir, access.dir_mode())
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        bail!(
+            "IPC directory {} may be written by other users (mode {mode:04o}): they could replace the socket. \
+             gem-schd changes no directory it did not create; name one of its own (it is created 0700), e.g. --ipc-dir {}",
+            dir.display(),
+            dir.join("gemini").display()
+        );
+    }
+    if access.group.is_some() && mode & 0o050 != 0o050 {
+        warn!(
+            "IPC directory {} (mode {mode:04o}) does not let the ipc_group enter it: its members cannot connect. \
+             Give it mode 0750 and that group, or let gem-schd create a new one",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// True if a scheduler already answers in `dir`.
@@ -270,6 +292,9 @@ impl Daemon {
         ipc_dir: &Path,
         stop: Arc<AtomicBool>,
     ) -> anyhow::Result<Daemon> {
+        let hup = Arc::new(AtomicBool::new(false));
+        signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
+            .context("cannot install the SIGHUP handler")?;
         let config_path = settings.config.clone();
         let (config, warnings) = load_resource(&config_path)
             .map_err(|e| anyhow::anyhow!("{e}"))
@@ -331,6 +356,7 @@ impl Daemon {
             reload_rx,
             reload_due: None,
             stop,
+            hup,
             ipc_dir: ipc_dir.to_path_buf(),
             endpoint,
             access,
@@ -474,6 +500,38 @@ impl Daemon {
         }
     }
 
+    /// Who `client` is, for the log.
+    fn peer(&self, client: ClientId) -> String {
+        self.conn(client)
+            .and_then(|c| c.cred)
+            .map_or("a peer".into(), |c| {
+                format!("pid {} (uid {})", c.pid, c.uid)
+            })
+    }
+
+    /// Refuses (with a reply) an administrative request (`what`: stop,
+    /// reload) from anyone but the daemon's user or root; true if refused.
+    fn refuse_admin(&mut self, client: ClientId, seq: u32, what: &str) -> bool {
+        let me = euid();
+        match self.conn(client).and_then(|c| c.cred) {
+            Some(c) if c.uid != me && c.uid != 0 => {
+                warn!("refused {what} from uid {} (pid {})", c.uid, c.pid);
+                let message =
+                    format!("only uid {me} (the daemon's user) or root may {what} the scheduler");
+                self.reply(
+                    client,
+                    seq,
+                    &Reply::Error(ErrorReply {
+                        kind: ErrorKind::PermissionDenied,
+                        message,
+                    }),
+                );
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn on_request(&mut self, client: ClientId, seq: u32, req: Request) -> bool {
         debug!("client {client} #{seq}: {req:?}");
         match req {
@@ -484,33 +542,32 @@ impl Daemon {
                 false
             }
             Request::Shutdown => {
-                let cred = self.conn(client).and_then(|c| c.cred);
-                let me = euid();
-                match cred {
-                    Some(c) if c.uid != me && c.uid != 0 => {
-                        warn!("refused shutdown from uid {} (pid {})", c.uid, c.pid);
-                        let message = format!(
-                            "only uid {me} (the daemon's user) or root may stop the scheduler"
-                        );
-                        self.reply(
-                            client,
-                            seq,
-                            &Reply::Error(ErrorReply {
-                                kind: ErrorKind::PermissionDenied,
-                                message,
-                            }),
-                        );
-                        false
-                    }
-                    _ => {
-                        info!(
-                            "shutdown requested by {}",
-                            cred.map_or("a peer".into(), |c| format!("pid {}", c.pid))
-                        );
-                        self.reply(client, seq, &Reply::Done);
-                        true
-                    }
+                if self.refuse_admin(client, seq, "stop") {
+                    return false;
                 }
+                info!("shutdown requested by {}", self.peer(client));
+                self.reply(client, seq, &Reply::Done);
+                true
+            }
+            Request::Reload => {
+                if self.refuse_admin(client, seq, "reload") {
+                    return false;
+                }
+                info!(
+                    "reload of {} requested by {}",
+                    self.config_path.display(),
+                    self.peer(client)
+                );
+                self.reload_due = None;
+                let reply = match self.reload() {
+                    Ok(()) => Reply::Done,
+                    Err(message) => Reply::Error(ErrorReply {
+                        kind: ErrorKind::BadRequest,
+                        message: format!("{message}\nthe previous configuration stays in force"),
+                    }),
+                };
+                self.reply(client, seq, &reply);
+                false
             }
             Request::Hello {
                 ref role,
@@ -716,6 +773,12 @@ impl Daemon {
     }
 
     fn check_reload(&mut self) {
+        if self.hup.swap(false, Ordering::AcqRel) {
+            info!("SIGHUP: reloading {}", self.config_path.display());
+            self.reload_due = None;
+            let _ = self.reload();
+            return;
+        }
         let mut changed = false;
         while self.reload_rx.try_recv().is_ok() {
             changed = true;
@@ -728,6 +791,12 @@ impl Daemon {
             Some(due) if Instant::now() >= due => self.reload_due = None,
             _ => return,
         }
+        let _ = self.reload();
+    }
+
+    /// Re-reads resource.conf and puts it in force; on errors keeps the
+    /// previous configuration and returns them.
+    fn reload(&mut self) -> Result<(), String> {
         match load_resource(&self.config_path) {
             Ok((cfg, warnings)) => {
                 for w in &warnings {
@@ -743,6 +812,7 @@ impl Daemon {
                 self.config_error = None;
                 let actions = self.policy.handle(Event::Reconfigure(cfg), self.now());
                 self.send_actions(actions);
+                Ok(())
             }
             Err(e) => {
                 for err in &e.0 {
@@ -753,6 +823,7 @@ impl Daemon {
                     self.config_path.display()
                 );
                 self.config_error = Some(e.to_string());
+                Err(e.to_string())
             }
         }
     }

@@ -89,6 +89,9 @@ enum Command {
     },
     /// Stop the running scheduler
     Shutdown,
+    /// Re-read resource.conf now (as SIGHUP does); exits 1 with the file's
+    /// errors if it is invalid (the running configuration then stays)
+    Reload,
 }
 
 fn main() -> ExitCode {
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
         Some(Command::Check { file }) => return check(&file),
         Some(Command::Status { json, watch }) => status(&ipc_dir, json, watch),
         Some(Command::Shutdown) => shutdown(&ipc_dir),
+        Some(Command::Reload) => reload(&ipc_dir),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -180,21 +184,84 @@ fn fetch_status(client: &mut Client) -> anyhow::Result<StatusReport> {
 }
 
 fn status(ipc_dir: &std::path::Path, json: bool, watch: Option<f64>) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let Some(secs) = watch else {
+        let report = fetch_status(&mut Client::connect(ipc_dir)?)?;
+        return print_status(&mut std::io::stdout().lock(), &report, json, false);
+    };
+    let period = Duration::from_secs_f64(secs.max(0.1));
     let mut client = Client::connect(ipc_dir)?;
+    let mut away = false;
     loop {
-        let report = fetch_status(&mut client)?;
-        if watch.is_some() {
-            print!("\x1b[2J\x1b[H");
+        // A restarted scheduler (or one briefly gone) is waited for, not
+        // a reason to stop watching.
+        match fetch_status(&mut client) {
+            Ok(report) => {
+                away = false;
+                print_status(&mut std::io::stdout().lock(), &report, json, true)?;
+            }
+            Err(e) => {
+                if !away {
+                    let mut out = std::io::stdout().lock();
+                    let line = writeln!(out, "gem-schd status: {e:#}; waiting for the scheduler")
+                        .and_then(|()| out.flush());
+                    if closed(&line) {
+                        return Ok(());
+                    }
+                    away = true;
+                }
+                if let Ok(c) = Client::connect(ipc_dir) {
+                    client = c;
+                }
+            }
         }
-        if json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else {
-            print!("{}", gemini_scheduler::status::render(&report));
+        std::thread::sleep(period);
+    }
+}
+
+/// Whether a write failed because the reader went away (`status --watch |
+/// head`): the end of the output, not an error.
+fn closed(r: &std::io::Result<()>) -> bool {
+    matches!(r, Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
+/// Prints one status report: a table (with a screen clear first when
+/// `watching`), or one JSON document per report (never with escapes).
+/// A closed reader ends the program quietly.
+fn print_status(
+    out: &mut impl std::io::Write,
+    report: &StatusReport,
+    json: bool,
+    watching: bool,
+) -> anyhow::Result<()> {
+    let text = if json {
+        let mut doc = serde_json::to_string_pretty(report)?;
+        doc.push('\n');
+        doc
+    } else if watching {
+        format!("\x1b[2J\x1b[H{}", gemini_scheduler::status::render(report))
+    } else {
+        gemini_scheduler::status::render(report)
+    };
+    let r = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    if closed(&r) {
+        std::process::exit(0);
+    }
+    Ok(r?)
+}
+
+fn reload(ipc_dir: &std::path::Path) -> anyhow::Result<()> {
+    let mut client = Client::connect(ipc_dir)?;
+    match client.request(&Request::Reload, Duration::from_secs(5))? {
+        Reply::Done => {
+            println!(
+                "gem-schd in {} reloaded its configuration",
+                ipc_dir.display()
+            );
+            Ok(())
         }
-        match watch {
-            Some(secs) => std::thread::sleep(Duration::from_secs_f64(secs.max(0.1))),
-            None => return Ok(()),
-        }
+        Reply::Error(e) => anyhow::bail!("{}", e.message),
+        other => anyhow::bail!("unexpected answer to reload: {other:?}"),
     }
 }
 

@@ -173,6 +173,45 @@ fn status_lists_configured_groups_and_ipc_dir_is_private() {
     assert_eq!(mode, 0o700, "IPC dir mode {mode:o}");
 }
 
+/// An existing IPC directory is never chmodded: one that others may write
+/// to (`/tmp`, mode 1777) is refused with a message naming a private one,
+/// and keeps its mode; one of this user's, closed to others, is used as
+/// it is. (The daemon used to set 0700 on whatever it was given.)
+#[test]
+fn an_existing_ipc_dir_keeps_its_mode_and_a_shared_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("resource.conf"), "[a]\n").unwrap();
+    let ipc = dir.path().join("ipc");
+    fs::create_dir(&ipc).unwrap();
+    fs::set_permissions(&ipc, fs::Permissions::from_mode(0o1777)).unwrap();
+    let mut c = Schd::spawn(dir.path(), &[]);
+    let deadline = Instant::now() + T;
+    let status = loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gem-schd started in a shared directory"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let log = fs::read_to_string(dir.path().join("schd.log")).unwrap();
+    assert!(
+        log.contains("may be written by other users (mode 1777)") && log.contains("/ipc/gemini"),
+        "{log}"
+    );
+    let mode = fs::metadata(&ipc).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o1777, "the shared directory's mode was changed");
+
+    fs::set_permissions(&ipc, fs::Permissions::from_mode(0o755)).unwrap();
+    let s = Schd::start_in(dir, &[]);
+    assert_eq!(s.status().groups.len(), 1);
+    let mode = fs::metadata(s.ipc()).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o755, "the existing directory's mode was changed");
+}
+
 #[test]
 fn status_cli_prints_table_and_json() {
     let s = Schd::start("[train]\nMinUtil=0.5\n");
@@ -192,6 +231,75 @@ fn status_cli_prints_table_and_json() {
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["groups"][0]["name"], "train");
+}
+
+/// `status --json --watch` prints plain JSON documents (no screen-clear
+/// escapes), keeps watching across a scheduler restart, and ends quietly
+/// with exit 0 when its reader goes away (`| head`: it used to panic on
+/// the broken pipe).
+#[test]
+fn status_watch_survives_a_restart_and_a_closed_pipe() {
+    use std::io::Read as _;
+    let mut s = Schd::start("[a]\n");
+    let mut watch = Command::new(BIN)
+        .args(["status", "--json", "--watch", "0.1", "--ipc-dir"])
+        .arg(s.ipc())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = watch.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut read_until = |what: &str, buf: &mut Vec<u8>| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut chunk = [0u8; 4096];
+        while !String::from_utf8_lossy(buf).contains(what) {
+            assert!(
+                Instant::now() < deadline,
+                "no {what:?} in {}",
+                String::from_utf8_lossy(buf)
+            );
+            let n = stdout.read(&mut chunk).unwrap();
+            assert!(
+                n > 0,
+                "status --watch ended: {}",
+                String::from_utf8_lossy(buf)
+            );
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    read_until("\"groups\"", &mut seen);
+    // The scheduler stops and a new one starts on the same directory.
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    s.child.wait().unwrap();
+    read_until("waiting for the scheduler", &mut seen);
+    fs::write(s.conf(), "[b]\n").unwrap();
+    let mut again = Command::new(BIN)
+        .arg("--config")
+        .arg(s.conf())
+        .arg("--ipc-dir")
+        .arg(s.ipc())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    read_until("\"b\"", &mut seen);
+    let text = String::from_utf8_lossy(&seen);
+    assert!(!text.contains('\x1b'), "escapes in JSON output: {text:?}");
+    // The reader goes away.
+    drop(stdout);
+    let status = watch.wait().unwrap();
+    let mut err = String::new();
+    watch
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    let _ = again.kill();
+    let _ = again.wait();
 }
 
 #[test]
@@ -638,6 +746,51 @@ fn sigterm_stops_the_daemon_cleanly() {
     let status = s.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
     assert!(!s.ipc().join("scheduler.sock").exists());
+}
+
+/// SIGHUP re-reads resource.conf (it used to kill the daemon silently and
+/// leave its socket behind), and `gem-schd reload` does the same on
+/// request: the new groups are in force when it returns, and a broken file
+/// is reported with its line while the running configuration stays.
+#[test]
+fn sighup_and_the_reload_subcommand_reread_the_config() {
+    let mut s = Schd::start("[a]\nMinUtil=0.2\n");
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGHUP) };
+    s.wait_status("after SIGHUP", |_| true);
+    assert!(s.alive(), "SIGHUP killed the daemon");
+    let deadline = Instant::now() + T;
+    while !s.log().contains("SIGHUP: reloading") {
+        assert!(Instant::now() < deadline, "no SIGHUP line: {}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reload = |s: &Schd| {
+        Command::new(BIN)
+            .arg("reload")
+            .arg("--ipc-dir")
+            .arg(s.ipc())
+            .output()
+            .unwrap()
+    };
+    fs::write(s.conf(), "[a]\nMinUtil=0.4\n[b]\n").unwrap();
+    let out = reload(&s);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = s.status();
+    assert_eq!(group_min(&st, "a"), Some(0.4));
+    assert_eq!(group_min(&st, "b"), Some(0.0));
+    fs::write(s.conf(), "[a]\nMinUtil=banana\n").unwrap();
+    let out = reload(&s);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("resource.conf:2") && err.contains("previous configuration stays"),
+        "{err}"
+    );
+    assert_eq!(group_min(&s.status(), "a"), Some(0.4));
 }
 
 #[test]

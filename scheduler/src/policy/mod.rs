@@ -417,11 +417,11 @@ impl Policy {
             reply(self.hello(client, role, group, pid, held));
             return;
         }
-        if matches!(req, Request::Status | Request::Shutdown) {
+        if matches!(req, Request::Status | Request::Shutdown | Request::Reload) {
             // Answered by the shell, which knows the process-level facts.
             reply(error(
                 ErrorKind::Unexpected,
-                "status and shutdown are handled by the daemon",
+                "status, shutdown and reload are handled by the daemon",
             ));
             return;
         }
@@ -538,7 +538,7 @@ impl Policy {
                     reply: Reply::Done,
                 });
             }
-            Request::Hello { .. } | Request::Status | Request::Shutdown => {}
+            Request::Hello { .. } | Request::Status | Request::Shutdown | Request::Reload => {}
         }
     }
 
