@@ -42,7 +42,17 @@ pub fn reserve(dev: u32, bytes: u64) -> Result<u32, CUresult> {
     match st.call(&Request::ReserveMemory { device, bytes }, device)? {
         Reply::Memory { .. } => Ok(device),
         Reply::Error(e) if e.kind == ErrorKind::OutOfMemory => {
-            crate::log::debug!("allocation of {bytes} bytes refused: {}", e.message);
+            // Once per process whatever GEMINI_LOG says: a PyTorch user
+            // must be able to tell the group's cap from a full GPU.
+            static TOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !TOLD.swap(true, Ordering::Relaxed) {
+                crate::log::error!(
+                    "allocation of {bytes} bytes refused by gemini: {}; the program gets CUDA_ERROR_OUT_OF_MEMORY (further refusals are logged with GEMINI_LOG=1)",
+                    e.message
+                );
+            } else {
+                crate::log::debug!("allocation of {bytes} bytes refused: {}", e.message);
+            }
             Err(CUDA_ERROR_OUT_OF_MEMORY)
         }
         other => {

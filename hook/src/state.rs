@@ -55,14 +55,31 @@ impl Settings {
     /// Reads the environment.
     pub fn from_env() -> Settings {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let connect_timeout = var(env::CONNECT_TIMEOUT)
-            .and_then(|v| parse_seconds(&v))
-            .filter(|d| !d.is_zero());
-        let idle = var("GEMINI_IDLE_MS")
-            .and_then(|v| v.parse::<f64>().ok())
-            .map_or(Duration::from_millis(5), |ms| {
-                Duration::from_secs_f64(ms.max(0.1) / 1e3)
-            });
+        // A value that does not parse is said once, not silently dropped.
+        let connect_timeout = var(env::CONNECT_TIMEOUT).and_then(|v| {
+            let d = parse_seconds(&v);
+            if d.is_none() {
+                crate::log::error!(
+                    "{}={v:?} is not a duration (e.g. 30s, 2m, 500ms, or seconds); waiting for the scheduler without a limit",
+                    env::CONNECT_TIMEOUT
+                );
+            }
+            d.filter(|d| !d.is_zero())
+        });
+        let idle_ms = var("GEMINI_IDLE_MS").and_then(|v| {
+            let ms = v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0);
+            if ms.is_none() {
+                crate::log::error!(
+                    "GEMINI_IDLE_MS={v:?} is not a number of milliseconds (e.g. 5 or 0.5); using 5"
+                );
+            }
+            ms
+        });
+        let idle = Duration::from_secs_f64(idle_ms.unwrap_or(5.0).max(0.1) / 1e3);
         let visible = var("CUDA_VISIBLE_DEVICES")
             .map(|v| {
                 v.split(',')

@@ -204,6 +204,23 @@ fn group_memory_limit_across_processes_and_release_on_kill() {
         (0, 2),
         "CUDA_ERROR_OUT_OF_MEMORY"
     );
+    // Said once on stderr without GEMINI_LOG: the group, its limit, what
+    // it uses and what was asked (a user must tell the cap from a full
+    // GPU).
+    let err = String::from_utf8_lossy(&out.stderr);
+    let told: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("refused by gemini"))
+        .collect();
+    assert_eq!(told.len(), 1, "{err}");
+    for part in [
+        "group \"a\"",
+        "MemoryLimit of 1073741824",
+        "in use: 629145600",
+        "asked: 629145600",
+    ] {
+        assert!(told[0].contains(part), "{part:?} missing: {}", told[0]);
+    }
     assert_eq!(
         field(r, "total"),
         1 << 30,
@@ -582,6 +599,36 @@ fn a_graph_captured_beside_a_launching_thread_survives_and_its_replays_are_gated
     };
     let (share, counts) = measured("graph replays", MAX_STEAL, 2, run);
     assert_capped("graph replays", share, 0.40, 0.05, counts);
+}
+
+/// Environment values that do not parse are said, once each, instead of
+/// being silently dropped (`GEMINI_IDLE_MS=banana` used to mean 5 ms and
+/// `GEMINI_CONNECT_TIMEOUT=1sec` no limit, without a word), and the
+/// program still runs with the defaults.
+#[test]
+fn bad_environment_values_are_reported() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    for (idle, timeout) in [("banana", "1sec"), ("-5", "banana")] {
+        let mut c = rust(&g, "a", &["--seconds", "0.1"]);
+        c.env("GEMINI_IDLE_MS", idle)
+            .env("GEMINI_CONNECT_TIMEOUT", timeout);
+        let out = finish(spawn(c));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let idle_lines = err
+            .lines()
+            .filter(|l| l.contains(&format!("GEMINI_IDLE_MS={idle:?} is not a number")))
+            .count();
+        let timeout_lines = err
+            .lines()
+            .filter(|l| {
+                l.contains(&format!(
+                    "GEMINI_CONNECT_TIMEOUT={timeout:?} is not a duration"
+                ))
+            })
+            .count();
+        assert_eq!((idle_lines, timeout_lines), (1, 1), "{err}");
+        assert!(field(&reports(&out.stdout)[0], "kernels") > 0);
+    }
 }
 
 /// Launches are asynchronous: a program that never waits (no sync, no
