@@ -198,9 +198,16 @@ fn stop_signal_and_scheduler_shutdown_release_everything() {
     let (free, total) = device_free(&g);
     assert_eq!(free, total, "memory left after stop");
     g.wait_holder("stopped", |s| s.contains("\"state\": \"stopped\""));
-    // start, then SIGTERM.
+    // start, then SIGHUP (it used to kill the holder silently): the
+    // holder goes on holding; then SIGTERM.
     run_ok(g.holder(&["start"]));
     g.wait_holder("holding again", |s| {
+        s.contains("\"held_bytes\": 2147483648")
+    });
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(h.child.id() as i32, libc::SIGHUP) };
+    std::thread::sleep(Duration::from_millis(300));
+    g.wait_holder("holding after SIGHUP", |s| {
         s.contains("\"held_bytes\": 2147483648")
     });
     let mut child = {
