@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release test demo bench test-gpu fuzz soak install lint fmt clean
+.PHONY: all setup build release test demo bench test-gpu fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -67,13 +67,29 @@ lint: setup
 fmt:
 	$(CARGO) fmt --all
 
-install: release
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)/etc/gemini
-	install -m 755 $(RELEASE_DIR)/gem-schd $(RELEASE_DIR)/gem-holder $(RELEASE_DIR)/gem-launch $(DESTDIR)$(PREFIX)/bin/
-	install -m 755 $(RELEASE_DIR)/libgemhook.so $(DESTDIR)$(PREFIX)/lib/
+# Installs what `make release` built: run that first as yourself, so that
+# `sudo make install` runs no cargo as root. Binaries are stripped (the
+# hook is loaded into every program's exec: 21 MB with debug info).
+BINS = gem-schd gem-holder gem-launch
+UNITS = gem-schd gem-holder
+install:
+	@for f in $(BINS) libgemhook.so; do test -f $(RELEASE_DIR)/$$f || { \
+	  echo "make install: $(RELEASE_DIR)/$$f is missing; run \`make release\` first (as yourself, not root)" >&2; exit 1; }; done
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/share/doc/gemini $(DESTDIR)/etc/gemini
+	install -s -m 755 $(addprefix $(RELEASE_DIR)/,$(BINS)) $(DESTDIR)$(PREFIX)/bin/
+	install -s -m 755 $(RELEASE_DIR)/libgemhook.so $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libgemhook.so $(DESTDIR)$(PREFIX)/lib/libgemhook.so.1
-	for u in gem-schd gem-holder; do sed 's|@PREFIX@|$(PREFIX)|g' dist/$$u.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$u.service; done
+	for u in $(UNITS); do sed 's|@PREFIX@|$(PREFIX)|g' dist/$$u.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$u.service; done
+	install -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/gemini/README.md
 	test -e $(DESTDIR)/etc/gemini/resource.conf || install -m 644 examples/resource.conf $(DESTDIR)/etc/gemini/resource.conf
+
+# Removes what `make install` put in place, but not /etc/gemini (the
+# site's configuration).
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(BINS))
+	rm -f $(DESTDIR)$(PREFIX)/lib/libgemhook.so $(DESTDIR)$(PREFIX)/lib/libgemhook.so.1
+	rm -f $(foreach u,$(UNITS),$(DESTDIR)$(PREFIX)/lib/systemd/system/$(u).service)
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/gemini
 
 clean:
 	$(CARGO) clean

@@ -264,6 +264,8 @@ fn strip_trailing_comment(value: &str) -> &str {
 }
 
 fn parse_raw(text: &str, file: &Path) -> Result<(Vec<RawGroup>, LineIndex), ConfigErrors> {
+    // A byte order mark (some Windows editors write one) is not content.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let idx = scan_lines(text);
     let at = |line: Option<usize>, group: Option<&str>| Location {
         file: file.to_path_buf(),
@@ -365,6 +367,17 @@ fn parse_names(value: &str) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
+/// Whether the user database knows `name` (a lookup that fails counts as
+/// known: no warning on a guess).
+fn user_exists(name: &str) -> bool {
+    !matches!(nix::unistd::User::from_name(name), Ok(None))
+}
+
+/// Whether the group database knows `name` (as [`user_exists`]).
+fn group_exists(name: &str) -> bool {
+    !matches!(nix::unistd::Group::from_name(name), Ok(None))
+}
+
 fn suggestion(key: &str) -> String {
     match KNOWN_KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) {
         Some(k) => format!("; did you mean `{k}` (keys are case-sensitive)?"),
@@ -417,17 +430,46 @@ pub fn parse_resource(
             allowed_groups: None,
         };
         let mut min_line = g.line;
-        let mut ok = true;
+        // Whether MinUtil and MaxUtil are usable (absent or valid): their
+        // order is checked whatever else in the group is wrong, so every
+        // error is reported at once.
+        let (mut min_ok, mut max_ok) = (true, true);
+        let mut memory_line = None;
         for e in &g.entries {
             let result = match e.key.as_str() {
-                MIN_UTIL => parse_util(&e.value).map(|v| {
-                    cfg.min_util = v;
-                    min_line = e.line;
+                MIN_UTIL => parse_util(&e.value)
+                    .map(|v| {
+                        cfg.min_util = v;
+                        min_line = e.line;
+                    })
+                    .inspect_err(|_| min_ok = false),
+                MAX_UTIL => parse_util(&e.value)
+                    .map(|v| cfg.max_util = v)
+                    .inspect_err(|_| max_ok = false),
+                MEMORY_LIMIT => parse_size(&e.value).map(|v| {
+                    cfg.memory_limit = v;
+                    memory_line = Some(e.line);
                 }),
-                MAX_UTIL => parse_util(&e.value).map(|v| cfg.max_util = v),
-                MEMORY_LIMIT => parse_size(&e.value).map(|v| cfg.memory_limit = v),
-                ALLOWED_USERS => parse_names(&e.value).map(|v| cfg.allowed_users = Some(v)),
-                ALLOWED_GROUPS => parse_names(&e.value).map(|v| cfg.allowed_groups = Some(v)),
+                ALLOWED_USERS => parse_names(&e.value).map(|v| {
+                    for name in v.iter().filter(|n| !user_exists(n)) {
+                        warnings.push(Warning {
+                            at: at(e.line, &g.name),
+                            message: format!("AllowedUsers: no user {name:?} on this machine"),
+                        });
+                    }
+                    cfg.allowed_users = Some(v);
+                }),
+                ALLOWED_GROUPS => parse_names(&e.value).map(|v| {
+                    for name in v.iter().filter(|n| !group_exists(n)) {
+                        warnings.push(Warning {
+                            at: at(e.line, &g.name),
+                            message: format!(
+                                "AllowedGroups: no Unix group {name:?} on this machine"
+                            ),
+                        });
+                    }
+                    cfg.allowed_groups = Some(v);
+                }),
                 other => {
                     warnings.push(Warning {
                         at: at(e.line, &g.name),
@@ -437,14 +479,13 @@ pub fn parse_resource(
                 }
             };
             if let Err(msg) = result {
-                ok = false;
                 errors.push(ConfigError {
                     at: at(e.line, &g.name),
                     message: format!("{}: {msg}", e.key),
                 });
             }
         }
-        if ok && cfg.min_util > cfg.max_util {
+        if min_ok && max_ok && cfg.min_util > cfg.max_util {
             errors.push(ConfigError {
                 at: at(min_line, &g.name),
                 message: format!(
@@ -453,10 +494,18 @@ pub fn parse_resource(
                 ),
             });
         }
-        if ok && cfg.max_util == 0.0 {
+        if max_ok && cfg.max_util == 0.0 {
             warnings.push(Warning {
                 at: at(g.line, &g.name),
                 message: "MaxUtil is 0: programs of this group will never run a kernel".into(),
+            });
+        }
+        if let (Some(line), 0) = (memory_line, cfg.memory_limit) {
+            warnings.push(Warning {
+                at: at(line, &g.name),
+                message: "MemoryLimit is 0: programs of this group can allocate no GPU memory \
+                          (remove the key for no limit)"
+                    .into(),
             });
         }
         groups.insert(g.name.clone(), cfg);

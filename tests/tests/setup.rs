@@ -256,3 +256,93 @@ fn pip_is_installed_where_apt_can_and_only_named_where_it_cannot() {
     );
     assert_eq!(m.apt_calls(), "");
 }
+
+/// `make install` installs what `make release` built without running a
+/// build (so `sudo make install` compiles nothing as root), strips the
+/// binaries (the hook is loaded into every exec), installs the README the
+/// units' `Documentation=` names, and says what to do when nothing was
+/// built; `make uninstall` removes it all but the site's configuration.
+#[test]
+fn install_strips_and_builds_nothing_and_uninstall_removes_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let release = tmp.path().join("release");
+    std::fs::create_dir(&release).unwrap();
+    // A small program with debug info stands in for each built file.
+    let src = tmp.path().join("fake.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+    let fake = release.join("fake");
+    let cc = Command::new("cc")
+        .arg("-g")
+        .arg("-o")
+        .arg(&fake)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(cc.status.success(), "{}", stderr(&cc));
+    for f in ["gem-schd", "gem-holder", "gem-launch", "libgemhook.so"] {
+        std::fs::copy(&fake, release.join(f)).unwrap();
+    }
+    let has_debug = |p: &Path| {
+        let b = std::fs::read(p).unwrap();
+        b.windows(11).any(|w| w == b".debug_info")
+    };
+    assert!(has_debug(&fake));
+    let dest = tmp.path().join("root");
+    let make = |target: &str, release: &Path| {
+        Command::new("make")
+            .arg(target)
+            .arg(format!("RELEASE_DIR={}", release.display()))
+            .arg(format!("DESTDIR={}", dest.display()))
+            .arg("PREFIX=/usr")
+            .env("CARGO", "false") // any cargo run would fail the target
+            .current_dir(repo())
+            .output()
+            .unwrap()
+    };
+    let o = make("install", &release);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in [
+        "bin/gem-schd",
+        "bin/gem-holder",
+        "bin/gem-launch",
+        "lib/libgemhook.so",
+    ] {
+        let p = dest.join("usr").join(f);
+        assert!(p.exists(), "{f} not installed");
+        assert!(!has_debug(&p), "{f} not stripped");
+    }
+    assert!(dest.join("usr/lib/libgemhook.so.1").exists());
+    let unit =
+        std::fs::read_to_string(dest.join("usr/lib/systemd/system/gem-schd.service")).unwrap();
+    assert!(
+        unit.contains("Documentation=file:///usr/share/doc/gemini/README.md"),
+        "{unit}"
+    );
+    assert!(dest.join("usr/share/doc/gemini/README.md").exists());
+    assert!(dest.join("etc/gemini/resource.conf").exists());
+
+    let o = make("uninstall", &release);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in [
+        "bin/gem-schd",
+        "lib/libgemhook.so",
+        "lib/libgemhook.so.1",
+        "lib/systemd/system/gem-holder.service",
+        "share/doc/gemini",
+    ] {
+        assert!(!dest.join("usr").join(f).exists(), "{f} left by uninstall");
+    }
+    assert!(
+        dest.join("etc/gemini/resource.conf").exists(),
+        "the site's configuration was removed"
+    );
+
+    // Nothing built: one line saying what to run, and nothing installed.
+    let o = make("install", &tmp.path().join("nothing"));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("run `make release` first"),
+        "{}",
+        stderr(&o)
+    );
+}

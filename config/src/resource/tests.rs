@@ -221,7 +221,11 @@ fn unreadable_file_names_the_path() {
 #[test]
 fn allowed_users_and_groups_restrict_a_group() {
     let (cfg, w) = parse("[a]\nAllowedUsers=alice;bob\nAllowedGroups=ml, staff\n[b]\n").unwrap();
-    assert!(w.is_empty(), "{w:?}");
+    // The only warnings: names this machine does not know.
+    assert!(
+        w.iter().all(|w| w.message.contains("on this machine")),
+        "{w:?}"
+    );
     let a = cfg.group("a").unwrap();
     assert_eq!(
         a.allowed_users.as_deref(),
@@ -242,4 +246,50 @@ fn allowed_users_and_groups_restrict_a_group() {
     );
     let e = errors("[a]\nAllowedGroups=ml;rm -rf\n");
     assert!(e[0].contains("is not a user or group name"), "{}", e[0]);
+}
+
+#[test]
+fn min_above_max_is_reported_beside_other_errors_of_the_group() {
+    let e = errors("[a]\nMinUtil=0.8\nMaxUtil=0.5\nMemoryLimit=1Q\n");
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(
+        e.iter()
+            .any(|m| m.contains("MinUtil 0.8 is greater than MaxUtil 0.5")),
+        "{e:?}"
+    );
+    assert!(e.iter().any(|m| m.contains("MemoryLimit")), "{e:?}");
+}
+
+#[test]
+fn a_byte_order_mark_is_not_content() {
+    let (cfg, warnings) = parse("\u{feff}[a]\nMinUtil=0.3\n").unwrap();
+    assert_eq!(cfg.groups["a"].min_util, 0.3);
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn zero_memory_and_unknown_users_or_groups_are_warned_about() {
+    let (_, w) = parse(
+        "[a]\nMemoryLimit=0\nAllowedUsers=root;no-such-user-gemini\nAllowedGroups=no-such-group-gemini\n",
+    )
+    .unwrap();
+    let w: Vec<String> = w.iter().map(ToString::to_string).collect();
+    assert_eq!(w.len(), 3, "{w:?}");
+    assert!(
+        w.iter()
+            .any(|m| m.contains(":2: [a]: warning: MemoryLimit is 0")),
+        "{w:?}"
+    );
+    assert!(
+        w.iter()
+            .any(|m| m.contains(":3: [a]: warning: AllowedUsers: no user \"no-such-user-gemini\"")),
+        "{w:?}"
+    );
+    assert!(
+        w.iter().any(|m| m
+            .contains(":4: [a]: warning: AllowedGroups: no Unix group \"no-such-group-gemini\"")),
+        "{w:?}"
+    );
+    // root exists: no warning for it.
+    assert!(!w.iter().any(|m| m.contains("\"root\"")), "{w:?}");
 }
