@@ -76,8 +76,9 @@ pub struct Daemon {
     next_id: ClientId,
     watched: HashMap<u32, Watched>,
     last_pid_poll: Instant,
-    _watcher: Option<notify::RecommendedWatcher>,
-    reload_rx: mpsc::Receiver<()>,
+    watch: ConfigWatch,
+    /// When the watch was last checked for a directory made again.
+    last_watch_check: Instant,
     reload_due: Option<Instant>,
     stop: Arc<AtomicBool>,
     /// Set by SIGHUP: re-read resource.conf now.
@@ -194,34 +195,129 @@ fn scheduler_alive(dir: &Path) -> bool {
         .is_ok()
 }
 
-fn watch_config(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
-    use notify::{EventKind, RecursiveMode, Watcher};
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+/// A live watch of resource.conf: the watcher, its events, and the
+/// directories it watches with their identity when armed (a directory
+/// removed and made again, or renamed away, is a new inode the watch does
+/// not follow: it is armed again).
+struct ConfigWatch {
+    _watcher: Option<notify::RecommendedWatcher>,
+    rx: mpsc::Receiver<()>,
+    dirs: Vec<(PathBuf, Option<(u64, u64)>)>,
+    /// A watched directory itself was removed or renamed (the inode check
+    /// alone misses a directory made again with its inode number reused).
+    lost: Arc<AtomicBool>,
+    /// The file watched and what it was when the watch was made: the
+    /// directory of its target if it was a symbolic link.
+    path: PathBuf,
+    target: Option<PathBuf>,
+}
+
+/// The directory a symbolic link at `path` leads into (`None`: not a link).
+fn link_target_dir(path: &Path) -> Option<PathBuf> {
+    let linked = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if !linked {
+        return None;
+    }
+    let target = std::fs::canonicalize(path).ok()?;
+    Some(match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
-    };
-    let name = path.file_name().map(|n| n.to_os_string());
-    let (tx, rx) = mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        let Ok(ev) = res else { return };
-        if matches!(ev.kind, EventKind::Access(_)) {
-            return;
-        }
-        if ev
-            .paths
-            .iter()
-            .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
-        {
-            let _ = tx.send(());
-        }
     })
-    .context("cannot start the file watcher")?;
-    // Watch the directory, not the file: an editor's save replaces the
-    // file (write to a temporary, rename), which a file watch loses.
-    watcher
-        .watch(&dir, RecursiveMode::NonRecursive)
-        .with_context(|| format!("cannot watch {}", dir.display()))?;
-    Ok((watcher, rx))
+}
+
+/// `(device, inode)` of `dir`, if it exists.
+fn dir_id(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
+}
+
+impl ConfigWatch {
+    /// Watches `path`'s directory for changes to it; if `path` is a
+    /// symbolic link (a Kubernetes ConfigMap's `..data` swap, a link into
+    /// a configuration repository), also its target's directory, and any
+    /// change in either counts.
+    fn new(path: &Path) -> anyhow::Result<ConfigWatch> {
+        use notify::{EventKind, RecursiveMode, Watcher};
+        let parent = |p: &Path| match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let linked = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+        let target = link_target_dir(path);
+        let mut dirs = vec![parent(path)];
+        if let Some(d) = &target
+            && !dirs.contains(d)
+        {
+            dirs.push(d.clone());
+        }
+        let name = path.file_name().map(|n| n.to_os_string());
+        let (tx, rx) = mpsc::channel();
+        let lost = Arc::new(AtomicBool::new(false));
+        let (lost_cb, dirs_cb) = (Arc::clone(&lost), dirs.clone());
+        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            let Ok(ev) = res else { return };
+            if matches!(ev.kind, EventKind::Access(_)) {
+                return;
+            }
+            if matches!(
+                ev.kind,
+                EventKind::Remove(_) | EventKind::Modify(notify::event::ModifyKind::Name(_))
+            ) && ev.paths.iter().any(|p| dirs_cb.contains(p))
+            {
+                lost_cb.store(true, Ordering::Release);
+                let _ = tx.send(());
+                return;
+            }
+            if linked
+                || ev
+                    .paths
+                    .iter()
+                    .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
+            {
+                let _ = tx.send(());
+            }
+        })
+        .context("cannot start the file watcher")?;
+        // Watch the directory, not the file: an editor's save replaces the
+        // file (write to a temporary, rename), which a file watch loses.
+        let mut watched = Vec::new();
+        for d in dirs {
+            watcher
+                .watch(&d, RecursiveMode::NonRecursive)
+                .with_context(|| format!("cannot watch {}", d.display()))?;
+            let id = dir_id(&d);
+            watched.push((d, id));
+        }
+        Ok(ConfigWatch {
+            _watcher: Some(watcher),
+            rx,
+            dirs: watched,
+            lost,
+            path: path.to_path_buf(),
+            target,
+        })
+    }
+
+    /// A watch that sees nothing (none could be made).
+    fn none() -> ConfigWatch {
+        ConfigWatch {
+            _watcher: None,
+            rx: mpsc::channel().1,
+            dirs: Vec::new(),
+            lost: Arc::new(AtomicBool::new(true)),
+            path: PathBuf::new(),
+            target: None,
+        }
+    }
+
+    /// Whether a watched directory is gone or is not the one watched, or
+    /// the file became (or stopped being, or moved) a symbolic link.
+    fn stale(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+            || self.dirs.is_empty()
+            || self.dirs.iter().any(|(d, id)| dir_id(d) != *id)
+            || link_target_dir(&self.path) != self.target
+    }
 }
 
 /// Number of NVIDIA GPUs the kernel driver lists (no CUDA library needed).
@@ -321,11 +417,11 @@ impl Daemon {
             .with_context(|| format!("cannot bind {endpoint}"))?;
         let socket_path = scheduler_socket_path(ipc_dir);
         access.apply(&socket_path, access.socket_mode())?;
-        let (watcher, reload_rx) = match watch_config(&config_path) {
-            Ok((w, rx)) => (Some(w), rx),
+        let watch = match ConfigWatch::new(&config_path) {
+            Ok(w) => w,
             Err(e) => {
-                warn!("{e:#}; resource.conf will not be reloaded live");
-                (None, mpsc::channel().1)
+                warn!("{e:#}; resource.conf will be reloaded once its directory can be watched");
+                ConfigWatch::none()
             }
         };
         let mut params = Params::from_settings(settings);
@@ -352,8 +448,8 @@ impl Daemon {
             next_id: 1,
             watched: HashMap::new(),
             last_pid_poll: Instant::now(),
-            _watcher: watcher,
-            reload_rx,
+            watch,
+            last_watch_check: Instant::now(),
             reload_due: None,
             stop,
             hup,
@@ -780,8 +876,26 @@ impl Daemon {
             return;
         }
         let mut changed = false;
-        while self.reload_rx.try_recv().is_ok() {
+        while self.watch.rx.try_recv().is_ok() {
             changed = true;
+        }
+        if self.last_watch_check.elapsed() >= Duration::from_secs(1) {
+            self.last_watch_check = Instant::now();
+            if self.watch.stale() {
+                // The directory was removed, renamed or made again: the
+                // old watch sees nothing any more. Watch anew and re-read.
+                match ConfigWatch::new(&self.config_path) {
+                    Ok(w) => {
+                        info!(
+                            "watching {} again (its directory was replaced)",
+                            self.config_path.display()
+                        );
+                        self.watch = w;
+                        changed = true;
+                    }
+                    Err(e) => debug!("cannot watch {} yet: {e:#}", self.config_path.display()),
+                }
+            }
         }
         if changed {
             self.reload_due = Some(Instant::now() + RELOAD_DEBOUNCE);
@@ -797,6 +911,19 @@ impl Daemon {
     /// Re-reads resource.conf and puts it in force; on errors keeps the
     /// previous configuration and returns them.
     fn reload(&mut self) -> Result<(), String> {
+        // A file being rewritten (truncated, then written) is empty for a
+        // moment: that is not "no groups". An empty file after a non-empty
+        // one keeps the configuration; a file with only a comment applies.
+        let emptied = std::fs::read_to_string(&self.config_path)
+            .is_ok_and(|t| t.trim_start_matches('\u{feff}').trim().is_empty());
+        if emptied && !self.policy.config().groups.is_empty() {
+            warn!(
+                "{} is empty; keeping the previous configuration until it has content \
+                 (to remove every group, leave a comment in it)",
+                self.config_path.display()
+            );
+            return Ok(());
+        }
         match load_resource(&self.config_path) {
             Ok((cfg, warnings)) => {
                 for w in &warnings {

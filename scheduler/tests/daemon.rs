@@ -966,12 +966,107 @@ fn ipc_dir_owned_by_another_user_is_refused() {
     assert!(err.contains("belongs to uid 65534"), "{err}");
 }
 
+/// The live reload survives its directory being removed and made again
+/// (it used to stop for good with "No such file or directory"), and a
+/// symlinked resource.conf is re-read when the link is pointed at a new
+/// file, the way a Kubernetes ConfigMap is updated.
+#[test]
+fn live_reload_survives_a_replaced_directory_and_follows_a_symlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let etc = dir.path().join("etc");
+    fs::create_dir(&etc).unwrap();
+    let conf = etc.join("resource.conf");
+    fs::write(&conf, "[a]\n").unwrap();
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(&conf)
+        .arg("--ipc-dir")
+        .arg(dir.path().join("ipc"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = || -> Option<StatusReport> {
+        let mut c = Client::connect(&dir.path().join("ipc")).ok()?;
+        match c.request(&Request::Status, T).ok()? {
+            Reply::Status(s) => Some(*s),
+            _ => None,
+        }
+    };
+    let wait = |what: &str, pred: &dyn Fn(&StatusReport) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if status().is_some_and(|s| pred(&s)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: {:?}", status());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait("started", &|s| group_min(s, "a") == Some(0.0));
+    // The directory goes away and comes back with a new file.
+    fs::remove_dir_all(&etc).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    fs::create_dir(&etc).unwrap();
+    fs::write(&conf, "[b]\nMinUtil=0.2\n").unwrap();
+    wait("directory made again", &|s| {
+        group_min(s, "b") == Some(0.2) && s.config_error.is_none()
+    });
+    // As a ConfigMap is mounted: resource.conf -> ..data/resource.conf,
+    // ..data -> ..v1; an update makes ..v2 and swaps ..data by a rename.
+    // No event names resource.conf.
+    let v1 = etc.join("..v1");
+    let v2 = etc.join("..v2");
+    fs::create_dir(&v1).unwrap();
+    fs::create_dir(&v2).unwrap();
+    fs::write(v1.join("resource.conf"), "[c]\nMinUtil=0.3\n").unwrap();
+    fs::write(v2.join("resource.conf"), "[d]\nMinUtil=0.4\n").unwrap();
+    let data = etc.join("..data");
+    std::os::unix::fs::symlink("..v1", &data).unwrap();
+    let tmp = etc.join("resource.conf.tmp");
+    std::os::unix::fs::symlink("..data/resource.conf", &tmp).unwrap();
+    fs::rename(&tmp, &conf).unwrap();
+    wait("linked to v1", &|s| group_min(s, "c") == Some(0.3));
+    let data_tmp = etc.join("..data_tmp");
+    std::os::unix::fs::symlink("..v2", &data_tmp).unwrap();
+    fs::rename(&data_tmp, &data).unwrap();
+    wait("..data swapped to v2", &|s| group_min(s, "d") == Some(0.4));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn emptied_config_refuses_new_clients_and_keeps_running_ones() {
     let s = Schd::start("[a]\nMemoryLimit=2GiB\n");
     let mut running = s.client();
     assert!(matches!(hello(&mut running, "a"), Reply::Welcome { .. }));
-    save_like_an_editor(&s.conf(), "");
+    // An empty file is a file being rewritten (truncated, then written):
+    // it used to remove every group for a moment. It changes nothing.
+    fs::write(s.conf(), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !s
+        .log()
+        .contains("is empty; keeping the previous configuration")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no word on the empty file:\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!s.log().contains("reloaded: [a] removed"), "{}", s.log());
+    let st = s.status();
+    assert_eq!(
+        st.groups
+            .iter()
+            .map(|g| (g.name.as_str(), g.memory_limit))
+            .collect::<Vec<_>>(),
+        [("a", 2 << 30)],
+        "the configuration in force changed"
+    );
+    // A file with nothing but a comment removes every group, on purpose.
+    save_like_an_editor(&s.conf(), "# no groups for now\n");
     let deadline = Instant::now() + Duration::from_secs(5);
     while !s.log().contains("reloaded: [a] removed") {
         assert!(
