@@ -218,6 +218,13 @@ impl State {
                     }
                 }
             }
+            if let Some(path) = gemini_protocol::endpoint::socket_denied(&self.settings.ipc_dir) {
+                error!(
+                    "{}; CUDA launches and allocations will fail with CUDA_ERROR_NOT_PERMITTED",
+                    gemini_protocol::endpoint::denied_message(&path)
+                );
+                return Err(self.refuse(CUDA_ERROR_NOT_PERMITTED));
+            }
             if !warned {
                 warned = true;
                 error!(
@@ -249,6 +256,10 @@ impl State {
     fn roundtrip(&self, req: &Request, device: u32) -> Result<Reply, Failure> {
         let seq = self.send(req).map_err(Failure::Refused)?;
         let mut last = Instant::now();
+        // When the scheduler last answered anything (a ping while a token
+        // request waits its turn counts): GEMINI_CONNECT_TIMEOUT bounds
+        // silence mid-run too, not only at the start.
+        let mut heard = Instant::now();
         let mut ping: Option<u32> = None;
         let mut warned = false;
         loop {
@@ -271,6 +282,7 @@ impl State {
                     Some(_) => {
                         ping = None;
                         last = Instant::now();
+                        heard = last;
                     }
                     None => {}
                 }
@@ -281,7 +293,22 @@ impl State {
             }
             if ping.is_some() && last.elapsed() >= 5 * PING_AFTER && !warned {
                 warned = true;
-                error!("the scheduler does not answer; waiting for it to come back");
+                error!(
+                    "the scheduler does not answer; waiting for it to come back{}",
+                    match self.settings.connect_timeout {
+                        Some(t) => format!(" up to {t:?} (GEMINI_CONNECT_TIMEOUT)"),
+                        None => String::new(),
+                    }
+                );
+            }
+            if let Some(t) = self.settings.connect_timeout
+                && heard.elapsed() >= t.max(5 * PING_AFTER)
+            {
+                error!(
+                    "the scheduler has not answered for {:?} (GEMINI_CONNECT_TIMEOUT); CUDA launches and allocations will fail with CUDA_ERROR_NOT_INITIALIZED",
+                    heard.elapsed()
+                );
+                return Err(Failure::Refused(self.refuse(CUDA_ERROR_NOT_INITIALIZED)));
             }
         }
     }

@@ -43,6 +43,27 @@ pub fn scheduler_socket_path(ipc_dir: &Path) -> PathBuf {
     ipc_dir.join(SCHEDULER_SOCKET)
 }
 
+/// The scheduler's socket in `ipc_dir`, when the kernel refuses this
+/// process a connection to it (the directory or socket is closed to its
+/// user: it is not in the daemon's `ipc_group`). ZeroMQ connects lazily
+/// and retries forever, so without this a refusal looks like a scheduler
+/// that does not answer.
+pub fn socket_denied(ipc_dir: &Path) -> Option<PathBuf> {
+    let path = scheduler_socket_path(ipc_dir);
+    match std::os::unix::net::UnixStream::connect(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Some(path),
+        _ => None,
+    }
+}
+
+/// What to tell a user refused the scheduler's socket at `path`.
+pub fn denied_message(path: &Path) -> String {
+    format!(
+        "permission denied on {}: this user may not use the scheduler; ask its administrator to add you to the Unix group it serves (gem-schd --ipc-group, ipc_group in gemini.toml)",
+        path.display()
+    )
+}
+
 /// The ZeroMQ endpoint (`ipc://…`) of the scheduler listening in `ipc_dir`.
 pub fn scheduler_endpoint(ipc_dir: &Path) -> Result<String, EndpointError> {
     let path = scheduler_socket_path(ipc_dir);

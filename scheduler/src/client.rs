@@ -19,6 +19,10 @@ pub enum ClientError {
         /// Why.
         reason: String,
     },
+    /// The kernel refuses this user the socket (the message says what to
+    /// ask for).
+    #[error("{0}")]
+    Denied(String),
     /// No answer in time.
     #[error(
         "no answer from the scheduler at {0} (is gem-schd running? start it with `gem-schd --config /etc/gemini/resource.conf`)"
@@ -60,6 +64,11 @@ impl Client {
     /// [`Client::connect`] sharing a ZeroMQ context (and its I/O thread)
     /// with other clients of the same process.
     pub fn connect_in(ctx: &zmq::Context, ipc_dir: &Path) -> Result<Client, ClientError> {
+        if let Some(path) = gemini_protocol::endpoint::socket_denied(ipc_dir) {
+            return Err(ClientError::Denied(
+                gemini_protocol::endpoint::denied_message(&path),
+            ));
+        }
         let endpoint = scheduler_endpoint(ipc_dir).map_err(|e| ClientError::Connect {
             endpoint: ipc_dir.display().to_string(),
             reason: e.to_string(),

@@ -108,7 +108,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gem-schd: {e:#}");
-            if e.downcast_ref::<ClientError>().is_some() {
+            if e.downcast_ref::<ClientError>()
+                .is_some_and(|c| !matches!(c, ClientError::Denied(_)))
+            {
                 ExitCode::from(EXIT_UNREACHABLE)
             } else {
                 ExitCode::FAILURE

@@ -7,6 +7,7 @@
 
 use gemini_tests::cpu::{CpuTimes, MAX_STEAL, measured, serial, unstarved};
 use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -458,6 +459,94 @@ fn absent_scheduler_is_reported_and_connect_timeout_gives_up() {
     );
     assert!(lines.iter().any(|l| l.contains("gave up")), "{lines:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("CUresult 3"));
+}
+
+/// GEMINI_CONNECT_TIMEOUT bounds a scheduler's silence mid-run too: a
+/// program whose scheduler dies while it runs gives up after the timeout
+/// with one line and CUDA_ERROR_NOT_INITIALIZED (it used to wait forever).
+#[test]
+fn connect_timeout_gives_up_when_the_scheduler_dies_mid_run() {
+    let mut g = Gemini::start(SimEnv::default(), "[a]\nMaxUtil=0.5\n");
+    let mut c = rust(&g, "a", &["--seconds", "30", "--kernel-us", "500"]);
+    c.env("GEMINI_CONNECT_TIMEOUT", "2s");
+    let w = spawn(c);
+    std::thread::sleep(Duration::from_millis(800));
+    g.kill_scheduler();
+    let start = Instant::now();
+    let out = w.wait_with_output().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "still waiting after {:?}",
+        start.elapsed()
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("GEMINI_CONNECT_TIMEOUT") && err.contains("CUresult 3"),
+        "{err}"
+    );
+}
+
+/// A user the kernel refuses the scheduler's socket (not in its
+/// ipc_group) is told so, and a hooked program gives up with
+/// CUDA_ERROR_NOT_PERMITTED instead of waiting forever for "no
+/// scheduler". Runs as `nobody` through setpriv, so only as root.
+#[test]
+fn a_user_refused_the_socket_is_told_and_the_program_gives_up() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("SKIPPED: needs root and setpriv to run as another user");
+        return;
+    }
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    // The simulator's files are open to everyone; the IPC directory (0700,
+    // the daemon's) is not.
+    let _ = Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(g.sim.path())
+        .status();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(g.ipc(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let as_nobody = |c: Command| {
+        let prog = c.get_program().to_owned();
+        let args: Vec<_> = c.get_args().map(|a| a.to_owned()).collect();
+        let envs: Vec<_> = c
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+            .collect();
+        let mut n = Command::new("/usr/bin/setpriv");
+        n.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(prog)
+            .args(args)
+            .envs(envs);
+        n
+    };
+    let mut c = as_nobody(rust(&g, "a", &["--seconds", "1"]));
+    c.env("GEMINI_CONNECT_TIMEOUT", "30s");
+    let start = Instant::now();
+    let out = c.output().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "waited {:?}",
+        start.elapsed()
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("permission denied on")
+            && err.contains("ipc_group")
+            && err.contains("CUresult 800"),
+        "{err}"
+    );
+    let mut status = Command::new(gemini_tests::bin("gem-schd"));
+    status.arg("status").arg("--ipc-dir").arg(g.ipc());
+    let out = as_nobody(status).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("permission denied on") && !err.contains("is gem-schd running"),
+        "{err}"
+    );
 }
 
 #[test]
