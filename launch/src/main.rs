@@ -197,30 +197,46 @@ fn reserve(
     wait: bool,
     timeout: Option<Duration>,
 ) -> Vec<u32> {
-    let hello = Request::Hello {
-        role: Role::Control,
-        group: String::new(),
-        pid: std::process::id(),
-        held: vec![],
+    // Registers and asks; again after a scheduler restart, which forgets
+    // the queue (the new scheduler would never answer the old request).
+    // Returns the request's seq and the scheduler's uptime then.
+    let ask = |client: &mut Client| -> (u32, u64) {
+        let uptime = match client.request(&Request::Status, Duration::from_secs(3)) {
+            Ok(Reply::Status(st)) => st.uptime_us,
+            _ => 0,
+        };
+        let hello = Request::Hello {
+            role: Role::Control,
+            group: String::new(),
+            pid: std::process::id(),
+            held: vec![],
+        };
+        if !matches!(
+            client.request(&hello, Duration::from_secs(3)),
+            Ok(Reply::Welcome { .. })
+        ) {
+            fail(
+                EXIT_NO_SCHEDULER,
+                "the scheduler did not accept the connection",
+            );
+        }
+        let seq = client
+            .send(&Request::Reserve {
+                group: group.into(),
+                gpus: gpus.clone(),
+                wait,
+            })
+            .unwrap_or_else(|e| fail(EXIT_NO_SCHEDULER, e));
+        (seq, uptime)
     };
-    if !matches!(
-        client.request(&hello, Duration::from_secs(3)),
-        Ok(Reply::Welcome { .. })
-    ) {
-        fail(
-            EXIT_NO_SCHEDULER,
-            "the scheduler did not accept the connection",
-        );
-    }
-    let seq = client
-        .send(&Request::Reserve {
-            group: group.into(),
-            gpus: gpus.clone(),
-            wait,
-        })
-        .unwrap_or_else(|e| fail(EXIT_NO_SCHEDULER, e));
+    let (mut seq, mut uptime) = ask(client);
+    let mut uptime_at = Instant::now();
     let start = Instant::now();
     let mut told = false;
+    // While waiting, the scheduler's uptime is asked every few seconds: a
+    // scheduler younger than the one asked before has restarted.
+    let mut status_seq: Option<u32> = None;
+    let mut last_status = Instant::now();
     loop {
         let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
         if left.is_some_and(|l| l.is_zero()) {
@@ -250,6 +266,17 @@ fn reserve(
                 return devices;
             }
             Ok((s, Reply::Error(e))) if s == seq => fail(EXIT_NO_GPU, e.message),
+            Ok((s, Reply::Status(st))) if Some(s) == status_seq => {
+                status_seq = None;
+                let expected = uptime + uptime_at.elapsed().as_micros() as u64;
+                if st.uptime_us + 500_000 < expected {
+                    eprintln!("gem-launch: the scheduler restarted; asking again");
+                    (seq, uptime) = ask(client);
+                } else {
+                    uptime = st.uptime_us;
+                }
+                uptime_at = Instant::now();
+            }
             Ok(_) => {}
             Err(gemini_scheduler::client::ClientError::Timeout(_)) => {
                 if !told {
@@ -257,6 +284,10 @@ fn reserve(
                     eprintln!(
                         "gem-launch: no GPU free for group {group:?}; waiting in the queue (see `gem-schd status`)"
                     );
+                }
+                if last_status.elapsed() >= Duration::from_secs(2) {
+                    last_status = Instant::now();
+                    status_seq = client.send(&Request::Status).ok();
                 }
             }
             Err(e) => fail(EXIT_NO_SCHEDULER, e),

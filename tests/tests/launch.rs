@@ -271,3 +271,72 @@ fn a_workload_launched_on_a_reserved_gpu_is_gated_there() {
     }
     assert_eq!(g.sim.busy(0, t0, now_ns()).device, 0, "GPU 0 untouched");
 }
+
+/// GPU reservations survive a scheduler restart (kill -9, or shutdown and
+/// start): the new scheduler reads them back from its state file for the
+/// processes still running and does not hand their GPUs out again. A
+/// launch waiting in the queue asks the new scheduler again and gets its
+/// GPU when the holder ends. (Before: the restarted scheduler gave GPU 0
+/// to the next launch while a job held it, and a queued launch waited
+/// forever.)
+#[test]
+fn reservations_and_the_queue_survive_a_scheduler_restart() {
+    let mut g = Gemini::start_with(SimEnv::new(1, "16GiB"), "[a]\n", &["--devices", "1"]);
+    let holder_prog = show_gpus("4");
+    let holder = launch(&g, &["--group", "a", "--gpus", "1"], &args(&holder_prog))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    g.wait_status(5.0, "GPU 0 reserved", |s| s.reservations.len() == 1);
+    let waiting = launch(&g, &["--group", "a", "--gpus", "1"], &args(&show_gpus("0")))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    g.wait_status(5.0, "a launch queued", |s| s.queue.len() == 1);
+    for how in ["kill -9", "shutdown"] {
+        if how == "shutdown" {
+            let out = Command::new(bin("gem-schd"))
+                .arg("shutdown")
+                .arg("--ipc-dir")
+                .arg(g.ipc())
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while g.ipc().join("scheduler.sock").exists() {
+                assert!(Instant::now() < deadline, "the scheduler did not stop");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        g.kill_scheduler();
+        g.start_scheduler();
+        g.wait_status(5.0, "the reservation restored", |s| {
+            s.reservations.len() == 1 && s.reservations[0].devices == [0]
+        });
+        let out = launch(
+            &g,
+            &["--group", "a", "--gpus", "1", "--nonblock"],
+            &["true"],
+        )
+        .output()
+        .unwrap();
+        assert!(
+            !out.status.success(),
+            "after {how}, GPU 0 was handed out again while its job runs"
+        );
+    }
+    // The holder ends: the launch that waited since before the restarts
+    // gets the GPU.
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(gpus_of(&out.stdout), "0");
+    let start = Instant::now();
+    let out = waiting.wait_with_output().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(gpus_of(&out.stdout), "0");
+}

@@ -226,6 +226,15 @@ impl Policy {
         }
     }
 
+    /// The reservations held, as `(client, group, devices)`, in the order
+    /// they were made (for the daemon's state file).
+    pub fn held_reservations(&self) -> Vec<(ClientId, String, Vec<DeviceId>)> {
+        self.reservations
+            .iter()
+            .map(|r| (r.client, r.group.clone(), r.devices.clone()))
+            .collect()
+    }
+
     /// Reservations and queue for `gem-schd status`.
     pub(super) fn reservation_status(
         &self,
