@@ -769,15 +769,10 @@ impl Daemon {
         match self.conn(client).and_then(|c| c.cred) {
             Some(c) if c.uid != me && c.uid != 0 => {
                 warn!("refused {what} from uid {} (pid {})", c.uid, c.pid);
-                let message =
-                    format!("only uid {me} (the daemon's user) or root may {what} the scheduler");
-                self.reply(
+                self.deny(
                     client,
                     seq,
-                    &Reply::Error(ErrorReply {
-                        kind: ErrorKind::PermissionDenied,
-                        message,
-                    }),
+                    format!("only uid {me} (the daemon's user) or root may {what} the scheduler"),
                 );
                 true
             }
@@ -922,6 +917,12 @@ impl Daemon {
         };
         let Some(message) = denial else { return false };
         warn!("client {client}: refused: {message}");
+        self.deny(client, seq, message);
+        true
+    }
+
+    /// Replies `PermissionDenied` with `message`.
+    fn deny(&mut self, client: ClientId, seq: u32, message: String) {
         self.reply(
             client,
             seq,
@@ -930,7 +931,6 @@ impl Daemon {
                 message,
             }),
         );
-        true
     }
 
     fn conn(&self, client: ClientId) -> Option<&Conn> {
