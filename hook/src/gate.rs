@@ -361,11 +361,13 @@ impl Gate {
     }
 }
 
-/// A smoothed estimate that follows a longer `sample` at once and a
-/// shorter one by an eighth.
+/// A smoothed estimate that follows a longer `sample` by half and a
+/// shorter one by an eighth: longer kernels soon count in full, and one
+/// sample stretched by a stall of the process (its CPU taken) does not
+/// shrink the next tokens' queues at once.
 fn lean_high(avg: u64, sample: u64) -> u64 {
     if sample >= avg {
-        sample
+        avg + (sample - avg) / 2
     } else {
         avg - (avg - sample) / 8
     }
