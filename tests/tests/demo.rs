@@ -35,3 +35,26 @@ fn the_demo_runs_every_step() {
         "a group got nothing: {rows:?}\n{text}"
     );
 }
+
+/// `gem-demo --help` explains (it used to panic, taking `--help` for a
+/// file), and a config it cannot use is one line and exit 1.
+#[test]
+fn the_demo_has_help_and_clear_errors() {
+    let out = Command::new(bin("gem-demo"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("Usage: gem-demo [CONFIG]"),
+        "{text}"
+    );
+    let out = Command::new(bin("gem-demo"))
+        .arg("/nonexistent.conf")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("/nonexistent.conf: No such file"), "{err}");
+}

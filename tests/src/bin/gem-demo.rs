@@ -49,14 +49,36 @@ fn pid(out: &std::process::Output) -> u32 {
         .map_or(0, |r| field(r, "pid") as u32)
 }
 
+/// gemini end to end on the driver simulator (no GPU needed): two groups
+/// sharing a simulated GPU by their MinUtil and MaxUtil, one held to its
+/// cap alone, and training loops of one process per group.
+#[derive(clap::Parser)]
+#[command(name = "gem-demo")]
+struct Args {
+    /// The resource.conf to run with; it must define the groups `train`
+    /// and `notebook`
+    #[arg(default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/resource.conf"))]
+    config: String,
+}
+
 fn main() {
-    let conf_path = std::env::args().nth(1).unwrap_or_else(|| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/resource.conf").to_string()
-    });
-    let conf = std::fs::read_to_string(&conf_path).unwrap_or_else(|e| panic!("{conf_path}: {e}"));
+    let conf_path = <Args as clap::Parser>::parse().config;
+    let fail = |msg: String| -> ! {
+        eprintln!("gem-demo: {msg}");
+        std::process::exit(1)
+    };
+    let conf =
+        std::fs::read_to_string(&conf_path).unwrap_or_else(|e| fail(format!("{conf_path}: {e}")));
     let cfg = gemini_config::parse_resource(&conf, conf_path.as_ref())
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| fail(e.to_string()))
         .0;
+    for g in ["train", "notebook"] {
+        if !cfg.groups.contains_key(g) {
+            fail(format!(
+                "{conf_path} does not define the group [{g}] the demo runs"
+            ));
+        }
+    }
     let g = Gemini::start(SimEnv::default(), &conf);
     println!("gem-schd is running with {conf_path} on a simulated GPU (libcuda.so.1 = fakecuda).");
     let limits = |g: &str| (cfg.groups[g].min_util, cfg.groups[g].max_util);
