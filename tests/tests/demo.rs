@@ -30,8 +30,11 @@ fn the_demo_runs_every_step() {
         .map(|l| l.split_whitespace().nth(3).unwrap().parse().unwrap())
         .collect();
     assert_eq!(rows.len(), 5, "{text}");
+    // A step whose workload failed shows 0.000; a host that takes most of
+    // the CPU can push a working step's share down to 0.05 (seen once in
+    // `make test`), so "nothing" is below 0.01.
     assert!(
-        rows.iter().all(|s| *s > 0.05),
+        rows.iter().all(|s| *s > 0.01),
         "a group got nothing: {rows:?}\n{text}"
     );
 }
