@@ -299,7 +299,12 @@ impl Gemini {
 
     /// The scheduler's status.
     pub fn status(&self) -> gemini_protocol::StatusReport {
-        self.try_status().expect("scheduler answers status")
+        self.try_status().unwrap_or_else(|| {
+            panic!(
+                "the scheduler does not answer status; its log:\n{}",
+                self.log()
+            )
+        })
     }
 
     /// Polls status until `pred` holds, failing after `secs`.
