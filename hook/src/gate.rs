@@ -170,10 +170,17 @@ impl Drop for InCall {
 /// records a graph node and passes ungated (the graph's launch is gated).
 #[inline]
 pub fn admit_on(stream: *mut c_void, per_thread: bool) -> Result<InCall, CUresult> {
-    if capture::any_open() && capture::capturing(stream, per_thread) {
+    if captured(stream, per_thread) {
         return Ok(InCall(None));
     }
     admit()
+}
+
+/// Whether work issued to `stream` is recorded into an open capture (one
+/// relaxed load while no capture is open).
+#[inline]
+fn captured(stream: *mut c_void, per_thread: bool) -> bool {
+    capture::any_open() && capture::capturing(stream, per_thread)
 }
 
 /// [`admit_on`] for a launch of the graph `exec`: under a lent token it
@@ -184,7 +191,7 @@ pub fn admit_graph(
     stream: *mut c_void,
     per_thread: bool,
 ) -> Result<InCall, CUresult> {
-    if capture::any_open() && capture::capturing(stream, per_thread) {
+    if captured(stream, per_thread) {
         return Ok(InCall(None));
     }
     let cost = crate::graphs::cost(exec).unwrap_or(0);
@@ -296,13 +303,7 @@ impl Gate {
     /// (ns), 0 for the usual per launch.
     #[inline]
     fn queue_ahead(&self, now: u64, cost: u64) -> bool {
-        let per = if cost != 0 {
-            cost
-        } else if self.lent.load(Ordering::Relaxed) {
-            self.kernel_ns.load(Ordering::Relaxed)
-        } else {
-            self.kernel_hi_ns.load(Ordering::Relaxed)
-        };
+        let per = self.per_launch(cost);
         if per == 0 {
             return self.unknown_launches.fetch_add(1, Ordering::Relaxed) < UNKNOWN_LAUNCHES;
         }
@@ -313,6 +314,20 @@ impl Gate {
                 (queued <= now || end <= quota_end).then_some(end)
             })
             .is_ok()
+    }
+
+    /// The predicted device time of a launch (ns; 0: not known): `cost`
+    /// if given, else the estimate of the token's kind (see
+    /// `kernel_hi_ns`).
+    #[inline]
+    fn per_launch(&self, cost: u64) -> u64 {
+        if cost != 0 {
+            cost
+        } else if self.lent.load(Ordering::Relaxed) {
+            self.kernel_ns.load(Ordering::Relaxed)
+        } else {
+            self.kernel_hi_ns.load(Ordering::Relaxed)
+        }
     }
 
     /// A wait returned with the work launched before it done and no other
@@ -340,25 +355,20 @@ impl Gate {
         }
         let blocked = since(&self.blocked, &self.sample_blocked);
         let sample = (now - start).saturating_sub(blocked + graph_ns) / n;
-        // Too long an estimate stops a lent token's launches early and
-        // leaves the device idle; too short one only queues a little past
-        // the token, as without an estimate: lean towards the shorter. The
-        // first sample is taken as it is.
-        let avg = self.kernel_ns.load(Ordering::Relaxed);
-        let est = if avg == 0 {
-            sample
-        } else {
-            lean_low(avg, sample)
-        };
-        self.kernel_ns.store(est.max(1), Ordering::Relaxed);
-        let hi = self.kernel_hi_ns.load(Ordering::Relaxed);
-        let est = if hi == 0 {
-            sample
-        } else {
-            lean_high(hi, sample)
-        };
-        self.kernel_hi_ns.store(est.max(1), Ordering::Relaxed);
+        // A lent token's bound leans short (too long an estimate leaves the
+        // device idle); a token not lent leans long (too short one lets a
+        // longer kernel queue past the token and past MaxUtil).
+        fold(&self.kernel_ns, sample, lean_low);
+        fold(&self.kernel_hi_ns, sample, lean_high);
     }
+}
+
+/// Folds `sample` into the estimate in `slot` with `lean` (the first
+/// sample is taken as it is; never 0, which means "not known").
+fn fold(slot: &AtomicU64, sample: u64, lean: fn(u64, u64) -> u64) {
+    let avg = slot.load(Ordering::Relaxed);
+    let est = if avg == 0 { sample } else { lean(avg, sample) };
+    slot.store(est.max(1), Ordering::Relaxed);
 }
 
 /// A smoothed estimate that follows a longer `sample` by half and a
@@ -628,12 +638,8 @@ fn slow_path(dev: usize, cost: u64) -> Result<(), CUresult> {
             g.blocked.fetch_add(t - now, Ordering::Relaxed);
             g.lent.store(lent, Ordering::Relaxed);
             // The launch that asked goes first, onto an empty queue.
-            let first = if cost != 0 {
-                cost
-            } else {
-                g.kernel_ns.load(Ordering::Relaxed)
-            };
-            g.queued_end.store(t + first, Ordering::Relaxed);
+            g.queued_end
+                .store(t + g.per_launch(cost), Ordering::Relaxed);
             g.unknown_launches.store(1, Ordering::Relaxed);
             // A program that never waits is measured over its tokens.
             g.begin_sample(t);
