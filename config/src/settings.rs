@@ -27,7 +27,8 @@ pub const DEFAULT_CONFIG: &str = "/etc/gemini/resource.conf";
 pub struct RawSettings {
     /// Path of `resource.conf`.
     pub config: Option<PathBuf>,
-    /// IPC directory.
+    /// IPC directory: read by every part through
+    /// `gemini_protocol::endpoint::locate_ipc_dir`, not validated here.
     pub ipc_dir: Option<PathBuf>,
     /// Accounting window.
     pub window: Option<String>,
@@ -55,8 +56,6 @@ pub type Overrides = RawSettings;
 pub struct Settings {
     /// Path of `resource.conf`.
     pub config: PathBuf,
-    /// IPC directory (`None`: `GEMINI_IPC_DIR` or the default).
-    pub ipc_dir: Option<PathBuf>,
     /// Accounting window.
     pub window: Duration,
     /// Initial token length.
@@ -81,7 +80,6 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             config: PathBuf::from(DEFAULT_CONFIG),
-            ipc_dir: None,
             window: Duration::from_secs(10),
             base_quota: Duration::from_millis(30),
             min_quota: Duration::from_millis(10),
@@ -145,7 +143,6 @@ impl RawSettings {
         };
         let s = Settings {
             config: self.config.unwrap_or(d.config),
-            ipc_dir: self.ipc_dir,
             window: dur("window", self.window, d.window)?,
             base_quota: dur("base_quota", self.base_quota, d.base_quota)?,
             min_quota: dur("min_quota", self.min_quota, d.min_quota)?,
@@ -226,7 +223,6 @@ mod tests {
             .validate("g.toml")
             .unwrap();
         assert_eq!(s.config, PathBuf::from("/x/r.conf"));
-        assert_eq!(s.ipc_dir, Some(PathBuf::from("/run/g")));
         assert_eq!(s.window, Duration::from_secs(20));
         assert_eq!(
             (s.base_quota, s.min_quota, s.max_quota),

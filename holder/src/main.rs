@@ -19,7 +19,10 @@ mod settings;
 
 use clap::{Args, Parser, Subcommand};
 use control::{Answer, Command, Patch};
-use gemini_protocol::{endpoint::ipc_dir_or_default, env};
+use gemini_protocol::{
+    endpoint::{locate_ipc_dir, settings_path},
+    env,
+};
 use settings::{HoldMem, Settings};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -34,9 +37,12 @@ use std::time::Duration;
     about = "Keeps idle GPUs occupied for gemini; hands them back at once when a real program needs them"
 )]
 struct Cli {
-    /// IPC directory of the scheduler (and of the holder's control socket)
+    /// IPC directory of the scheduler (and of the holder's control socket) [default: ipc_dir in the settings file, else /tmp/gemini/ipc]
     #[arg(long, global = true, env = env::IPC_DIR, value_name = "DIR")]
     ipc_dir: Option<PathBuf>,
+    /// gemini.toml whose ipc_dir locates the scheduler [default: /etc/gemini/gemini.toml when it exists]
+    #[arg(long, global = true, env = env::SETTINGS, value_name = "FILE")]
+    settings: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -109,7 +115,16 @@ fn defaults() -> Settings {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let ipc = ipc_dir_or_default(cli.ipc_dir.as_deref().map(Path::as_os_str));
+    let ipc = match locate_ipc_dir(
+        cli.ipc_dir.as_deref().map(Path::as_os_str),
+        settings_path(cli.settings.as_deref().map(Path::as_os_str)).as_deref(),
+    ) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("gem-holder: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Cmd::Run(flags) => run(flags.patch().apply(&defaults()), &ipc),
         Cmd::Status { json } => ask(&ipc, &Command::Status, json),

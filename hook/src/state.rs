@@ -51,6 +51,22 @@ fn parse_seconds(v: &str) -> Option<Duration> {
         .map(|x| Duration::from_secs_f64(x * scale))
 }
 
+/// The IPC directory, found as the daemon and the tools find it
+/// (`GEMINI_IPC_DIR`, else `ipc_dir` in `gemini.toml`, else the default);
+/// a settings file that cannot be used is reported and the default tried.
+fn ipc_dir() -> PathBuf {
+    use gemini_protocol::endpoint::{DEFAULT_IPC_DIR, locate_ipc_dir, settings_path};
+    let settings = settings_path(std::env::var_os(env::SETTINGS).as_deref());
+    locate_ipc_dir(
+        std::env::var_os(env::IPC_DIR).as_deref(),
+        settings.as_deref(),
+    )
+    .unwrap_or_else(|e| {
+        crate::log::error!("{e}; looking for the scheduler in {DEFAULT_IPC_DIR}");
+        PathBuf::from(DEFAULT_IPC_DIR)
+    })
+}
+
 impl Settings {
     /// Reads the environment.
     pub fn from_env() -> Settings {
@@ -90,9 +106,7 @@ impl Settings {
             .unwrap_or_default();
         Settings {
             group: var(env::GROUP_NAME),
-            ipc_dir: gemini_protocol::endpoint::ipc_dir_or_default(
-                std::env::var_os(env::IPC_DIR).as_deref(),
-            ),
+            ipc_dir: ipc_dir(),
             connect_timeout,
             idle,
             visible,

@@ -14,12 +14,18 @@
 mod duration;
 
 use clap::Parser;
-use gemini_protocol::{GpuRequest, Reply, Request, Role, endpoint::ipc_dir_or_default, env};
+use gemini_protocol::{
+    GpuRequest, Reply, Request, Role,
+    endpoint::{locate_ipc_dir, settings_path},
+    env,
+};
 use gemini_scheduler::client::Client;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The settings file (gemini.toml) cannot say where the scheduler is.
+const EXIT_BAD_SETTINGS: i32 = 2;
 /// The hook library was not found.
 const EXIT_NO_HOOK: i32 = 10;
 /// No scheduler answers.
@@ -59,9 +65,12 @@ struct Args {
     /// Give up waiting after this long, e.g. 30m, 2h, 1d, 0.5h
     #[arg(long, value_parser = duration::parse)]
     timeout: Option<Duration>,
-    /// IPC directory of the scheduler
+    /// IPC directory of the scheduler [default: ipc_dir in the settings file, else /tmp/gemini/ipc]
     #[arg(long, env = env::IPC_DIR, value_name = "DIR")]
     ipc_dir: Option<PathBuf>,
+    /// gemini.toml whose ipc_dir locates the scheduler [default: /etc/gemini/gemini.toml when it exists]
+    #[arg(long, env = env::SETTINGS, value_name = "FILE")]
+    settings: Option<PathBuf>,
     /// The hook library [default: libgemhook.so next to this install, or $GEMINI_HOOK]
     #[arg(long, env = "GEMINI_HOOK", value_name = "PATH")]
     hook: Option<PathBuf>,
@@ -108,7 +117,11 @@ fn user_name() -> Option<String> {
 
 fn main() {
     let args = Args::parse();
-    let ipc = ipc_dir_or_default(args.ipc_dir.as_deref().map(Path::as_os_str));
+    let ipc = locate_ipc_dir(
+        args.ipc_dir.as_deref().map(Path::as_os_str),
+        settings_path(args.settings.as_deref().map(Path::as_os_str)).as_deref(),
+    )
+    .unwrap_or_else(|e| fail(EXIT_BAD_SETTINGS, e));
 
     let hook = match args.hook.clone().or_else(find_hook) {
         Some(h) if h.exists() => h,

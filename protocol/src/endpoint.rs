@@ -1,9 +1,13 @@
 //! Where the scheduler listens: `ipc://$GEMINI_IPC_DIR/scheduler.sock`.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 /// Default for `GEMINI_IPC_DIR`.
 pub const DEFAULT_IPC_DIR: &str = "/tmp/gemini/ipc";
+/// `gemini.toml` read by every part (daemon, tools, hook) when no other
+/// is named and it exists.
+pub const DEFAULT_SETTINGS: &str = "/etc/gemini/gemini.toml";
 /// File name of the scheduler's socket inside the IPC directory.
 pub const SCHEDULER_SOCKET: &str = "scheduler.sock";
 
@@ -29,12 +33,64 @@ pub enum EndpointError {
     NotUtf8(PathBuf),
 }
 
-/// The IPC directory named by `value` (the content of `GEMINI_IPC_DIR`),
-/// or the default when it is unset or empty.
-pub fn ipc_dir_or_default(value: Option<&std::ffi::OsStr>) -> PathBuf {
-    match value {
-        Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => PathBuf::from(DEFAULT_IPC_DIR),
+/// A settings file that does not say where the IPC directory is.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{file}: {message}")]
+pub struct LocateError {
+    /// The settings file.
+    pub file: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// The settings file every part reads: the one `named` (`--settings` or
+/// `GEMINI_SETTINGS`), else [`DEFAULT_SETTINGS`] when it exists.
+pub fn settings_path(named: Option<&OsStr>) -> Option<PathBuf> {
+    settings_path_in(named, Path::new(DEFAULT_SETTINGS))
+}
+
+fn settings_path_in(named: Option<&OsStr>, default: &Path) -> Option<PathBuf> {
+    match named {
+        Some(n) if !n.is_empty() => Some(PathBuf::from(n)),
+        _ => default.exists().then(|| default.to_path_buf()),
+    }
+}
+
+/// Only the key every part needs; the daemon checks the whole file.
+#[derive(serde::Deserialize)]
+struct IpcDirOnly {
+    ipc_dir: Option<PathBuf>,
+}
+
+/// The IPC directory, found the same way by the daemon, the tools and
+/// the hook, so that one setting moves all of them: `given` (`--ipc-dir`
+/// or `GEMINI_IPC_DIR`) when set, else `ipc_dir` in the settings file,
+/// else [`DEFAULT_IPC_DIR`].
+pub fn locate_ipc_dir(
+    given: Option<&OsStr>,
+    settings: Option<&Path>,
+) -> Result<PathBuf, LocateError> {
+    if let Some(g) = given.filter(|g| !g.is_empty()) {
+        return Ok(PathBuf::from(g));
+    }
+    let Some(file) = settings else {
+        return Ok(PathBuf::from(DEFAULT_IPC_DIR));
+    };
+    let err = |message: String| LocateError {
+        file: file.display().to_string(),
+        message,
+    };
+    let text =
+        std::fs::read_to_string(file).map_err(|e| err(format!("cannot read the file: {e}")))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let only: IpcDirOnly = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+    match only.ipc_dir {
+        None => Ok(PathBuf::from(DEFAULT_IPC_DIR)),
+        Some(d) if d.is_absolute() => Ok(d),
+        Some(d) => Err(err(format!(
+            "ipc_dir: expected an absolute path, got {:?}",
+            d.display()
+        ))),
     }
 }
 
@@ -88,14 +144,66 @@ mod tests {
         );
     }
 
+    fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gemini.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
     #[test]
-    fn unset_or_empty_env_gives_default_dir() {
-        assert_eq!(ipc_dir_or_default(None), PathBuf::from(DEFAULT_IPC_DIR));
+    fn no_setting_anywhere_gives_the_default_dir() {
         assert_eq!(
-            ipc_dir_or_default(Some("".as_ref())),
-            PathBuf::from(DEFAULT_IPC_DIR)
+            locate_ipc_dir(None, None),
+            Ok(PathBuf::from(DEFAULT_IPC_DIR))
         );
-        assert_eq!(ipc_dir_or_default(Some("/x".as_ref())), PathBuf::from("/x"));
+        assert_eq!(
+            locate_ipc_dir(Some("".as_ref()), None),
+            Ok(PathBuf::from(DEFAULT_IPC_DIR))
+        );
+        let (_d, f) = file("window = \"10s\"\n");
+        assert_eq!(
+            locate_ipc_dir(None, Some(&f)),
+            Ok(PathBuf::from(DEFAULT_IPC_DIR))
+        );
+    }
+
+    #[test]
+    fn the_settings_file_moves_the_dir_and_the_flag_or_env_wins() {
+        let (_d, f) = file("\u{feff}ipc_dir = \"/run/gemini\"\nwindow = \"10s\"\n");
+        assert_eq!(
+            locate_ipc_dir(None, Some(&f)),
+            Ok(PathBuf::from("/run/gemini"))
+        );
+        assert_eq!(
+            locate_ipc_dir(Some("/x".as_ref()), Some(&f)),
+            Ok(PathBuf::from("/x"))
+        );
+    }
+
+    #[test]
+    fn a_bad_settings_file_is_named_with_what_is_wrong() {
+        let (d, f) = file("ipc_dir = \"run/gemini\"\n");
+        let e = locate_ipc_dir(None, Some(&f)).unwrap_err();
+        assert_eq!(e.file, f.display().to_string());
+        assert!(e.message.contains("absolute path"), "{e}");
+        std::fs::write(&f, "ipc_dir = /run\n").unwrap();
+        let e = locate_ipc_dir(None, Some(&f)).unwrap_err();
+        assert!(e.to_string().contains("line 1"), "{e}");
+        let missing = d.path().join("missing.toml");
+        let e = locate_ipc_dir(None, Some(&missing)).unwrap_err();
+        assert!(e.message.contains("cannot read the file"), "{e}");
+    }
+
+    #[test]
+    fn the_default_settings_file_is_read_only_when_it_exists() {
+        let (d, f) = file("");
+        assert_eq!(settings_path_in(None, &f), Some(f.clone()));
+        assert_eq!(settings_path_in(None, &d.path().join("absent.toml")), None);
+        assert_eq!(
+            settings_path_in(Some("/named.toml".as_ref()), &f),
+            Some(PathBuf::from("/named.toml"))
+        );
     }
 
     #[test]

@@ -9,7 +9,8 @@ pub const IPC_DIR: &str = "GEMINI_IPC_DIR";
 pub const LOG: &str = "GEMINI_LOG";
 /// Path of `resource.conf` for the scheduler (flag `--config` wins).
 pub const CONFIG: &str = "GEMINI_CONFIG";
-/// Path of `gemini.toml` for the scheduler (flag `--settings` wins).
+/// Path of `gemini.toml` (flag `--settings` wins); every part reads its
+/// `ipc_dir`. Default: `/etc/gemini/gemini.toml` when it exists.
 pub const SETTINGS: &str = "GEMINI_SETTINGS";
 /// How long a client waits for an absent scheduler before giving up.
 pub const CONNECT_TIMEOUT: &str = "GEMINI_CONNECT_TIMEOUT";

@@ -4,10 +4,14 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use gemini_config::{Overrides, format_size, load_resource, load_settings};
-use gemini_protocol::{Reply, Request, StatusReport, endpoint::ipc_dir_or_default, env};
+use gemini_protocol::{
+    Reply, Request, StatusReport,
+    endpoint::{locate_ipc_dir, settings_path},
+    env,
+};
 use gemini_scheduler::client::{Client, ClientError};
 use gemini_scheduler::daemon::Daemon;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -26,9 +30,13 @@ const EXIT_UNREACHABLE: u8 = 3;
     long_about = "Runs the gemini token scheduler in the foreground (without a subcommand), or talks to a running one.\n\nGroups, their MinUtil/MaxUtil shares and MemoryLimit come from resource.conf, reloaded live when it is edited."
 )]
 struct Cli {
-    /// IPC directory holding the scheduler's socket.
+    /// IPC directory holding the scheduler's socket [default: ipc_dir in the settings file, else /tmp/gemini/ipc]
     #[arg(long, global = true, env = env::IPC_DIR, value_name = "DIR")]
     ipc_dir: Option<PathBuf>,
+
+    /// gemini.toml with the daemon settings; its ipc_dir is used by every subcommand (flags override it) [default: /etc/gemini/gemini.toml when it exists]
+    #[arg(long, global = true, env = env::SETTINGS, value_name = "FILE")]
+    settings: Option<PathBuf>,
 
     #[command(flatten)]
     run: RunArgs,
@@ -42,9 +50,6 @@ struct RunArgs {
     /// resource.conf with one [group] section per group [default: /etc/gemini/resource.conf]
     #[arg(long, env = env::CONFIG, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// gemini.toml with the daemon settings (flags override it)
-    #[arg(long, env = env::SETTINGS, value_name = "FILE")]
-    settings: Option<PathBuf>,
     /// Accounting window for shares, e.g. 10s
     #[arg(long, value_name = "DURATION")]
     window: Option<String>,
@@ -96,9 +101,19 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let ipc_dir = ipc_dir_or_default(cli.ipc_dir.as_deref().map(|p| p.as_os_str()));
+    let settings = settings_path(cli.settings.as_deref().map(|p| p.as_os_str()));
+    let ipc_dir = match locate_ipc_dir(
+        cli.ipc_dir.as_deref().map(|p| p.as_os_str()),
+        settings.as_deref(),
+    ) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("gem-schd: {e}");
+            return ExitCode::from(EXIT_INVALID);
+        }
+    };
     let result = match cli.command {
-        None => run(cli.run, cli.ipc_dir),
+        None => run(cli.run, settings.as_deref(), ipc_dir),
         Some(Command::Check { file }) => return check(&file),
         Some(Command::Status { json, watch }) => status(&ipc_dir, json, watch),
         Some(Command::Shutdown) => shutdown(&ipc_dir),
@@ -119,10 +134,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: RunArgs, ipc_dir: Option<PathBuf>) -> anyhow::Result<()> {
+fn run(args: RunArgs, settings: Option<&Path>, ipc_dir: PathBuf) -> anyhow::Result<()> {
     let over = Overrides {
         config: args.config,
-        ipc_dir,
+        ipc_dir: None,
         window: args.window,
         base_quota: args.base_quota,
         min_quota: args.min_quota,
@@ -132,7 +147,7 @@ fn run(args: RunArgs, ipc_dir: Option<PathBuf>) -> anyhow::Result<()> {
         devices: args.devices,
         ipc_group: args.ipc_group,
     };
-    let settings = load_settings(args.settings.as_deref(), over)?;
+    let settings = load_settings(settings, over)?;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(format!(
             "gemini_scheduler={0},gem_schd={0}",
@@ -141,10 +156,6 @@ fn run(args: RunArgs, ipc_dir: Option<PathBuf>) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let ipc_dir = settings
-        .ipc_dir
-        .clone()
-        .unwrap_or_else(|| ipc_dir_or_default(None));
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop))

@@ -122,7 +122,9 @@ impl SimEnv {
     /// A command for `program` running on this machine's simulated GPUs.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new(program);
-        c.env("LD_LIBRARY_PATH", self.lib_dir())
+        // No /etc/gemini/gemini.toml of this machine's leaks into a test.
+        c.env("GEMINI_SETTINGS", "/dev/null")
+            .env("LD_LIBRARY_PATH", self.lib_dir())
             .env("FAKECUDA_DIR", self.sim_dir())
             .env("FAKECUDA_DEVICES", self.devices.to_string())
             .env("FAKECUDA_MEM", &self.mem)
@@ -245,6 +247,7 @@ impl Gemini {
             .open(self.sim.path().join("schd.log"))
             .unwrap();
         let child = Command::new(bin("gem-schd"))
+            .env("GEMINI_SETTINGS", "/dev/null")
             .arg("--config")
             .arg(self.conf())
             .arg("--ipc-dir")

@@ -340,3 +340,124 @@ fn reservations_and_the_queue_survive_a_scheduler_restart() {
     );
     assert_eq!(gpus_of(&out.stdout), "0");
 }
+
+/// `ipc_dir` in gemini.toml moves every part, not only the daemon: with
+/// only `GEMINI_SETTINGS` naming the file (no `--ipc-dir`, no
+/// `GEMINI_IPC_DIR`), `gem-schd status`, a hooked program, `gem-launch`
+/// and `gem-schd shutdown` (the unit's `ExecStop`) all find the scheduler
+/// there. (Before, all but the daemon looked in /tmp/gemini/ipc.)
+#[test]
+fn ipc_dir_in_the_settings_file_moves_every_part() {
+    let sim = SimEnv::new(1, "16GiB");
+    let ipc = sim.path().join("elsewhere");
+    let settings = sim.path().join("gemini.toml");
+    std::fs::write(
+        &settings,
+        format!("ipc_dir = \"{}\"\ndevices = 1\n", ipc.display()),
+    )
+    .unwrap();
+    let conf = sim.path().join("resource.conf");
+    std::fs::write(&conf, "[a]\n").unwrap();
+    let tool = |program: &str| {
+        let mut c = sim.command(bin(program));
+        c.env_remove("GEMINI_IPC_DIR")
+            .env("GEMINI_SETTINGS", &settings);
+        c
+    };
+    let mut schd = tool("gem-schd")
+        .arg("--config")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = || {
+        tool("gem-schd")
+            .args(["status", "--json"])
+            .output()
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !status().status.success() {
+        assert!(
+            Instant::now() < deadline,
+            "status never found the scheduler"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(ipc.join("scheduler.sock").exists());
+
+    let mut hooked = tool("gem-workload");
+    hooked
+        .env("LD_PRELOAD", bin("libgemhook.so"))
+        .env("GEMINI_GROUP_NAME", "a")
+        .env("GEMINI_CONNECT_TIMEOUT", "5s")
+        .args(["--seconds", "3", "--kernel-us", "500"])
+        .stdout(Stdio::null());
+    let mut hooked = hooked.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = tool("gem-schd").arg("status").output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.contains("\n1 client(s)") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hooked program never registered: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(hooked.wait().unwrap().success());
+
+    let out = tool("gem-launch")
+        .args(["--group", "a", "--gpus", "1", "--nonblock", "--"])
+        .args(["sh", "-c", "echo dir=$GEMINI_IPC_DIR"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("dir={}", ipc.display())), "{text}");
+
+    assert!(tool("gem-schd").arg("shutdown").status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while schd.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "shutdown did not reach the scheduler"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A settings file that cannot say where the scheduler is stops the tools
+/// with its name and what is wrong, before they wait on a wrong socket.
+#[test]
+fn a_bad_settings_file_is_named_by_every_tool() {
+    let sim = SimEnv::new(1, "16GiB");
+    let settings = sim.path().join("gemini.toml");
+    std::fs::write(&settings, "ipc_dir = \"relative/ipc\"\n").unwrap();
+    for (program, args) in [
+        ("gem-schd", &["status"][..]),
+        ("gem-launch", &["--group", "a", "--", "true"][..]),
+        ("gem-holder", &["status"][..]),
+    ] {
+        let out = sim
+            .command(bin(program))
+            .env_remove("GEMINI_IPC_DIR")
+            .env("GEMINI_SETTINGS", &settings)
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{program}");
+        assert!(
+            err.contains(&settings.display().to_string()) && err.contains("absolute path"),
+            "{program}: {err}"
+        );
+    }
+}
