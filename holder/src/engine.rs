@@ -104,14 +104,28 @@ fn release_token(sched: &mut Sched, device: u32, used_us: u64) {
 impl Engine {
     /// Opens the devices.
     pub fn new(settings: Settings, ipc: PathBuf) -> anyhow::Result<Arc<Engine>> {
+        let count = crate::gpu::device_count()
+            .map_err(|e| anyhow::anyhow!("cannot count the GPUs: {}", crate::gpu::describe(&e)))?;
         let indices: Vec<u32> = if settings.devices.is_empty() {
-            (0..crate::gpu::device_count()?).collect()
+            (0..count).collect()
         } else {
             settings.devices.clone()
         };
+        if let Some(&missing) = indices.iter().find(|&&i| i >= count) {
+            anyhow::bail!(
+                "--devices: there is no device {missing}; the driver reports {count} device(s){}",
+                if count > 0 {
+                    format!(", numbered 0 to {}", count - 1)
+                } else {
+                    String::new()
+                }
+            );
+        }
         let mut devices = Vec::new();
         for index in indices {
-            let gpu = Gpu::open(index).map_err(|e| anyhow::anyhow!("device {index}: {e}"))?;
+            let gpu = Gpu::open(index).map_err(|e| {
+                anyhow::anyhow!("cannot use device {index}: {}", crate::gpu::describe(&e))
+            })?;
             devices.push(Device {
                 index,
                 gpu,

@@ -50,6 +50,23 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
+/// An error as a person reads it: a driver error by its name and
+/// description (`CUDA_ERROR_INVALID_DEVICE: invalid device ordinal`), not
+/// cudarc's `DriverError(…)` debug form.
+pub fn describe(e: &anyhow::Error) -> String {
+    let Some(d) = e.downcast_ref::<cudarc::driver::DriverError>() else {
+        return format!("{e:#}");
+    };
+    let name = d.error_name().map_or_else(
+        |_| format!("CUDA error {}", d.0 as i32),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    match d.error_string() {
+        Ok(text) => format!("{name}: {}", text.to_string_lossy()),
+        Err(_) => name,
+    }
+}
+
 /// Number of devices the driver reports.
 pub fn device_count() -> anyhow::Result<u32> {
     Ok(CudaContext::device_count()? as u32)

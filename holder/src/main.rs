@@ -17,13 +17,16 @@ mod gpu;
 mod sched;
 mod settings;
 
+use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use control::{Answer, Command, Patch};
+use gemini_config::format_size;
 use gemini_protocol::{
+    Request,
     endpoint::{locate_ipc_dir, settings_path},
     env,
 };
-use settings::{HoldMem, Settings};
+use settings::{HoldMem, MAX_WAIT_MINUTES, Settings, number_in};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -73,7 +76,7 @@ struct Flags {
     #[arg(long, value_delimiter = ',')]
     devices: Option<Vec<u32>>,
     /// Minutes a device must stay idle before it is held [default: 10]
-    #[arg(long)]
+    #[arg(long, value_parser = |s: &str| number_in(s, 0.0, MAX_WAIT_MINUTES))]
     wait_minutes: Option<f64>,
     /// Memory used by others under which a device counts idle [default: 0.5GB]
     #[arg(long, value_parser = |s: &str| parse_size::parse_size(s))]
@@ -82,10 +85,10 @@ struct Flags {
     #[arg(long, value_parser = |s: &str| HoldMem::parse(s))]
     hold_mem: Option<HoldMem>,
     /// Utilisation to keep the device at, real programs included, 0..1 [default: 0.5]
-    #[arg(long)]
+    #[arg(long, value_parser = |s: &str| number_in(s, 0.0, 1.0))]
     hold_util: Option<f64>,
-    /// Length of one holder kernel in ms; a real program waits behind at most a few [default: 1]
-    #[arg(long)]
+    /// Length of one holder kernel in ms, 0.05..100; a real program waits behind at most a few [default: 1]
+    #[arg(long, value_parser = |s: &str| number_in(s, 0.05, 100.0))]
     max_kernel_ms: Option<f64>,
 }
 
@@ -147,7 +150,7 @@ fn ask(ipc: &Path, cmd: &Command, json: bool) -> anyhow::Result<()> {
         Answer::Status(s) if json => println!("{}", serde_json::to_string_pretty(&s)?),
         Answer::Status(s) => {
             println!(
-                "gem-holder: {}; scheduler {}; hold-util {:.2}, hold-mem {:?}, wait {} min, threshold {} B, kernel {} ms",
+                "gem-holder: {}; scheduler {}; hold-util {:.2}, hold-mem {}, wait {} min, threshold {}, kernel {} ms",
                 if s.stopped { "stopped" } else { "running" },
                 if s.scheduler {
                     "answering"
@@ -157,7 +160,7 @@ fn ask(ipc: &Path, cmd: &Command, json: bool) -> anyhow::Result<()> {
                 s.settings.hold_util,
                 s.settings.hold_mem,
                 s.settings.wait_minutes,
-                s.settings.mem_threshold,
+                format_size(s.settings.mem_threshold),
                 s.settings.max_kernel_ms
             );
             println!(
@@ -169,11 +172,11 @@ fn ask(ipc: &Path, cmd: &Command, json: bool) -> anyhow::Result<()> {
                     "{:<7} {:<8} {:>14} {:>6.2} {:>6} {:>14} {:>10.1}",
                     d.device,
                     d.state,
-                    d.held_bytes,
+                    format_size(d.held_bytes),
                     d.duty,
                     d.utilisation
                         .map_or("-".into(), |u| format!("{:.0}%", u * 100.0)),
-                    d.others_used,
+                    format_size(d.others_used),
                     d.idle_seconds
                 );
             }
@@ -200,17 +203,32 @@ fn run(settings: Settings, ipc: &Path) -> anyhow::Result<()> {
     // silently: it has nothing to re-read, so it says so and goes on.
     let hup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))?;
+    if !ipc.is_dir() {
+        anyhow::bail!(
+            "the IPC directory {} does not exist: start gem-schd first (the holder's control socket lives beside the scheduler's), with the same ipc_dir",
+            ipc.display()
+        );
+    }
+    let wait = settings.wait_minutes;
     let engine = engine::Engine::new(settings, ipc.to_path_buf())?;
     let ctx = zmq::Context::new();
     let sock = ctx.socket(zmq::REP)?;
     sock.set_linger(100)?;
-    sock.bind(&control::endpoint(ipc))?;
+    sock.bind(&control::endpoint(ipc))
+        .with_context(|| format!("cannot open the control socket {}", control::endpoint(ipc)))?;
     let threads = engine.spawn();
+    let listed: Vec<String> = engine.devices.iter().map(|d| d.index.to_string()).collect();
     eprintln!(
-        "gem-holder: holding {} device(s); control at {}",
-        engine.devices.len(),
+        "gem-holder: watching device(s) {}; each is held once idle for {wait} min; control at {}",
+        listed.join(", "),
         control::endpoint(ipc)
     );
+    let answers = gemini_scheduler::client::Client::connect(ipc)
+        .map_err(anyhow::Error::from)
+        .and_then(|mut c| Ok(c.request(&Request::Status, Duration::from_secs(1))?));
+    if let Err(e) = answers {
+        eprintln!("gem-holder: no scheduler answers yet ({e:#}); nothing is held until one does");
+    }
     while !stop.load(Ordering::Relaxed) {
         if hup.swap(false, Ordering::AcqRel) {
             eprintln!(

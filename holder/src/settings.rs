@@ -37,6 +37,30 @@ impl HoldMem {
     }
 }
 
+impl std::fmt::Display for HoldMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            HoldMem::Bytes(b) => f.write_str(&gemini_config::format_size(b)),
+            HoldMem::FractionOfFree(x) => write!(f, "{}% of free", x * 100.0),
+        }
+    }
+}
+
+/// A flag's number: finite and within `lo..=hi` (a NaN or an overflow to
+/// infinity would cross the control socket's JSON as `null`, which means
+/// "keep the current value"). Clap names the flag before the message.
+pub fn number_in(text: &str, lo: f64, hi: f64) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (lo..=hi).contains(&v) => Ok(v),
+        Ok(_) => Err(format!("expected a number from {lo} to {hi}")),
+        Err(_) => Err("expected a number".into()),
+    }
+}
+
+/// Longest wait before holding: a year (longer overflows the clock's
+/// nanoseconds; stop the holder instead).
+pub const MAX_WAIT_MINUTES: f64 = 525_600.0;
+
 /// Everything that shapes the holder's behaviour.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
@@ -57,15 +81,20 @@ pub struct Settings {
 impl Settings {
     /// Checks ranges; the message says what was expected.
     pub fn validate(&self) -> Result<(), String> {
+        for (i, d) in self.devices.iter().enumerate() {
+            if self.devices[..i].contains(d) {
+                return Err(format!("--devices lists device {d} twice"));
+            }
+        }
         if !(0.0..=1.0).contains(&self.hold_util) {
             return Err(format!(
                 "--hold-util must be from 0 to 1, got {}",
                 self.hold_util
             ));
         }
-        if !(self.wait_minutes >= 0.0 && self.wait_minutes.is_finite()) {
+        if !(self.wait_minutes >= 0.0 && self.wait_minutes <= MAX_WAIT_MINUTES) {
             return Err(format!(
-                "--wait-minutes must be 0 or more, got {}",
+                "--wait-minutes must be from 0 to {MAX_WAIT_MINUTES}, got {}",
                 self.wait_minutes
             ));
         }
@@ -105,6 +134,21 @@ mod tests {
     }
 
     #[test]
+    fn flag_numbers_must_be_finite_and_in_range() {
+        assert_eq!(number_in("0.25", 0.0, 1.0), Ok(0.25));
+        for bad in ["NaN", "nan", "inf", "1e400", "-0.1", "1.5", "half"] {
+            let e = number_in(bad, 0.0, 1.0).unwrap_err();
+            assert!(
+                e.starts_with("expected a number"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(number_in("1e400", 0.0, MAX_WAIT_MINUTES).is_err());
+        assert_eq!(HoldMem::FractionOfFree(0.5).to_string(), "50% of free");
+        assert_eq!(HoldMem::Bytes(8 << 30).to_string(), "8.0 GiB");
+    }
+
+    #[test]
     fn ranges_are_checked() {
         let ok = Settings {
             devices: vec![],
@@ -127,6 +171,22 @@ mod tests {
         assert!(
             Settings {
                 wait_minutes: -1.0,
+                ..ok.clone()
+            }
+            .validate()
+            .is_err()
+        );
+        assert_eq!(
+            Settings {
+                devices: vec![0, 1, 0],
+                ..ok.clone()
+            }
+            .validate(),
+            Err("--devices lists device 0 twice".into())
+        );
+        assert!(
+            Settings {
+                hold_util: f64::NAN,
                 ..ok.clone()
             }
             .validate()

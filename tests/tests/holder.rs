@@ -248,10 +248,87 @@ fn restart_applies_new_settings_and_bad_ones_are_refused() {
     g.wait_holder("holding with the new settings", |s| {
         s.contains("\"hold_util\": 0.8") && s.contains("\"held_bytes\": 2147483648")
     });
-    let out = g.holder(&["restart", "--hold-util", "2"]).output().unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--hold-util must be from 0 to 1"));
+    // Out of range, not a number, or past f64 (which JSON would carry as
+    // null, "keep the current value": `restart` used to report success).
+    for (flag, bad) in [
+        ("--hold-util", "2"),
+        ("--hold-util", "NaN"),
+        ("--wait-minutes", "1e400"),
+        ("--max-kernel-ms", "inf"),
+    ] {
+        let out = g.holder(&["restart", flag, bad]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {bad} accepted");
+        assert!(
+            err.contains(&format!("{flag}: expected a number")),
+            "{flag} {bad}: {err}"
+        );
+    }
+    let status = run_ok(g.holder(&["status"]));
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("hold-util 0.80") && text.contains("hold-mem 2.0 GiB"),
+        "the settings changed or are shown raw: {text}"
+    );
     let out = g.holder(&["run"]).output().unwrap();
     assert!(!out.status.success(), "a second holder must not start");
     assert!(String::from_utf8_lossy(&out.stderr).contains("already running"));
+}
+
+/// `run` refuses a device listed twice (it held device 0 twice) or one the
+/// driver does not have, in words rather than the driver's error; says
+/// when no scheduler answers instead of "holding 2 device(s)"; and names
+/// a missing IPC directory instead of "No such file or directory".
+#[test]
+fn the_holder_refuses_bad_devices_and_says_what_it_waits_for() {
+    let g = Gemini::start(SimEnv::new(2, "16GiB"), "[a]\n");
+    let refused = |args: &[&str], expected: &str| {
+        let out = g.holder(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(err.contains(expected), "{args:?}: {err}");
+        assert!(!err.contains("DriverError"), "{args:?}: {err}");
+    };
+    refused(
+        &["run", "--devices", "0,0"],
+        "--devices lists device 0 twice",
+    );
+    refused(
+        &["run", "--devices", "1,5"],
+        "there is no device 5; the driver reports 2 device(s), numbered 0 to 1",
+    );
+    let missing = g.sim.path().join("no-such-dir");
+    refused(
+        &["--ipc-dir", missing.to_str().unwrap(), "run"],
+        "does not exist: start gem-schd first",
+    );
+
+    // No scheduler in this directory: the holder says so and holds nothing.
+    let alone = g.sim.path().join("alone");
+    std::fs::create_dir(&alone).unwrap();
+    let dir = alone.to_str().unwrap();
+    let child = g
+        .holder(&["--ipc-dir", dir, "run", "--wait-minutes", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !alone.join("holder.sock").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holder never opened its control socket"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The control loop starts after the check of the scheduler, so the
+    // shutdown is answered after its line is written.
+    run_ok(g.holder(&["--ipc-dir", dir, "shutdown"]));
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("watching device(s) 0, 1") && err.contains("no scheduler answers yet"),
+        "{err}"
+    );
+    assert!(!err.contains("holding 2 device(s)"), "{err}");
 }
