@@ -1,7 +1,7 @@
 //! Frames: `b"GM"`, the protocol version (u16, little endian), then the
 //! postcard encoding of an [`Envelope`].
 
-use crate::{Envelope, MAX_FRAME_BYTES, PROTOCOL_VERSION, Reply, Request};
+use crate::{Envelope, MAX_FRAME_BYTES, MAX_REPLY_BYTES, PROTOCOL_VERSION, Reply, Request};
 use serde::{Serialize, de::DeserializeOwned};
 
 const MAGIC: [u8; 2] = *b"GM";
@@ -26,9 +26,10 @@ pub enum CodecError {
         /// Ours.
         ours: u16,
     },
-    /// Larger than [`MAX_FRAME_BYTES`].
-    #[error("frame of {0} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
-    TooLarge(usize),
+    /// Larger than the limit ([`MAX_FRAME_BYTES`] for a request,
+    /// [`MAX_REPLY_BYTES`] for a reply).
+    #[error("frame of {0} bytes exceeds the {1}-byte limit")]
+    TooLarge(usize, usize),
     /// The header is right but the body is not a valid message.
     #[error("malformed message body: {0}")]
     Body(String),
@@ -47,10 +48,10 @@ fn encode<T: Serialize>(seq: u32, body: &T) -> Vec<u8> {
     postcard::to_extend(&Envelope { seq, body }, header()).unwrap_or_else(|_| header())
 }
 
-/// Checks the header and returns the peer's version and the body.
-fn split(frame: &[u8]) -> Result<&[u8], CodecError> {
-    if frame.len() > MAX_FRAME_BYTES {
-        return Err(CodecError::TooLarge(frame.len()));
+/// Checks the size and header and returns the body.
+fn split(frame: &[u8], limit: usize) -> Result<&[u8], CodecError> {
+    if frame.len() > limit {
+        return Err(CodecError::TooLarge(frame.len(), limit));
     }
     if frame.len() < HEADER {
         return Err(CodecError::TooShort(frame.len()));
@@ -68,8 +69,8 @@ fn split(frame: &[u8]) -> Result<&[u8], CodecError> {
     Ok(&frame[HEADER..])
 }
 
-fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<(u32, T), CodecError> {
-    let body = split(frame)?;
+fn decode<T: DeserializeOwned>(frame: &[u8], limit: usize) -> Result<(u32, T), CodecError> {
+    let body = split(frame, limit)?;
     let (env, rest): (Envelope<T>, &[u8]) =
         postcard::take_from_bytes(body).map_err(|e| CodecError::Body(e.to_string()))?;
     if !rest.is_empty() {
@@ -90,19 +91,19 @@ pub fn encode_reply(seq: u32, reply: &Reply) -> Vec<u8> {
 
 /// Decodes a request frame into its sequence number and request.
 pub fn decode_request(frame: &[u8]) -> Result<(u32, Request), CodecError> {
-    decode(frame)
+    decode(frame, MAX_FRAME_BYTES)
 }
 
 /// Decodes a reply frame into its sequence number and reply.
 pub fn decode_reply(frame: &[u8]) -> Result<(u32, Reply), CodecError> {
-    decode(frame)
+    decode(frame, MAX_REPLY_BYTES)
 }
 
 /// The sequence number of a frame whose header is valid, even if its body
 /// is not, so a malformed request can still be answered in order. Postcard
 /// encodes the `u32` as a varint at the start of the body.
 pub fn peek_seq(frame: &[u8]) -> Option<u32> {
-    let body = split(frame).ok()?;
+    let body = split(frame, MAX_FRAME_BYTES).ok()?;
     postcard::take_from_bytes::<u32>(body).ok().map(|(s, _)| s)
 }
 
@@ -245,7 +246,65 @@ mod tests {
         let big = vec![0u8; MAX_FRAME_BYTES + 1];
         assert_eq!(
             decode_request(&big),
-            Err(CodecError::TooLarge(MAX_FRAME_BYTES + 1))
+            Err(CodecError::TooLarge(MAX_FRAME_BYTES + 1, MAX_FRAME_BYTES))
         );
+    }
+
+    /// No memory limit (`u64::MAX`) is `null` in the JSON of
+    /// `gem-schd status --json` (it showed as 18446744073709551615) and
+    /// reads back as no limit; a limit is its number.
+    #[test]
+    fn no_memory_limit_is_null_in_json() {
+        use crate::GroupStatus;
+        let g = GroupStatus {
+            name: "a".into(),
+            min_util: 0.0,
+            max_util: 1.0,
+            memory_limit: u64::MAX,
+            clients: 0,
+        };
+        let json = serde_json::to_value(&g).unwrap();
+        assert!(json["memory_limit"].is_null(), "{json}");
+        assert_eq!(serde_json::from_value::<GroupStatus>(json).unwrap(), g);
+        let capped = GroupStatus {
+            memory_limit: 8 << 30,
+            ..g
+        };
+        assert_eq!(
+            serde_json::to_value(&capped).unwrap()["memory_limit"],
+            8u64 << 30
+        );
+    }
+
+    /// A status report with 20,000 groups is larger than any request may
+    /// be, and still reaches `gem-schd status` (it used to be refused as
+    /// too large, and reported as "no scheduler").
+    #[test]
+    fn a_status_reply_may_be_larger_than_a_request() {
+        use crate::{GroupStatus, StatusReport};
+        let report = StatusReport {
+            server: "test".into(),
+            config_path: "/etc/gemini/resource.conf".into(),
+            config_error: None,
+            window_us: 10_000_000,
+            uptime_us: 1,
+            groups: (0..20_000)
+                .map(|i| GroupStatus {
+                    name: format!("group-{i}"),
+                    min_util: 0.0,
+                    max_util: 1.0,
+                    memory_limit: u64::MAX,
+                    clients: 0,
+                })
+                .collect(),
+            devices: vec![],
+            clients: vec![],
+            reservations: vec![],
+            queue: vec![],
+        };
+        let reply = Reply::Status(Box::new(report));
+        let frame = encode_reply(7, &reply);
+        assert!(frame.len() > MAX_FRAME_BYTES, "{} bytes", frame.len());
+        assert_eq!(decode_reply(&frame), Ok((7, reply)));
     }
 }

@@ -28,7 +28,12 @@ pub use message::*;
 /// [`ErrorKind::ProtocolMismatch`].
 pub const PROTOCOL_VERSION: u16 = 3;
 
-/// Largest frame either side accepts, in bytes. The daemon sets it as the
-/// socket's maximum message size, so a hostile peer cannot make it buffer
-/// more.
+/// Largest request frame the daemon accepts, in bytes. The daemon sets it
+/// as the socket's maximum message size, so a hostile peer cannot make it
+/// buffer more.
 pub const MAX_FRAME_BYTES: usize = 256 * 1024;
+
+/// Largest reply frame a client accepts, in bytes: replies come from the
+/// daemon, and a status report grows with the groups and clients (about
+/// 20 bytes a group; 20,000 groups went past [`MAX_FRAME_BYTES`]).
+pub const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;

@@ -327,6 +327,29 @@ pub struct ReservationStatus {
     pub for_us: u64,
 }
 
+/// A memory limit: `u64::MAX` (no limit) is `null` in a human-readable
+/// format (the JSON of `gem-schd status --json`, where
+/// 18446744073709551615 read as a limit), the number itself on the wire.
+mod unlimited {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() && *v == u64::MAX {
+            s.serialize_none()
+        } else {
+            s.serialize_u64(*v)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        if d.is_human_readable() {
+            Ok(Option::<u64>::deserialize(d)?.unwrap_or(u64::MAX))
+        } else {
+            u64::deserialize(d)
+        }
+    }
+}
+
 /// A group as configured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GroupStatus {
@@ -336,7 +359,8 @@ pub struct GroupStatus {
     pub min_util: f64,
     /// Ceiling on the share of device time.
     pub max_util: f64,
-    /// Memory cap per device, bytes.
+    /// Memory cap per device, bytes (`u64::MAX`: none; `null` in JSON).
+    #[serde(with = "unlimited")]
     pub memory_limit: u64,
     /// Connected processes of the group.
     pub clients: u32,
@@ -362,11 +386,13 @@ pub struct DeviceStatus {
 pub struct GroupDeviceStatus {
     /// The group (`(holder)` for the holder).
     pub group: String,
-    /// Share of device time achieved over the window.
+    /// Share of device time used since the group became active on the
+    /// device (over at most the window).
     pub share: f64,
     /// Bytes reserved by the group's processes.
     pub memory_used: u64,
-    /// The group's limit.
+    /// The group's limit (`u64::MAX`: none; `null` in JSON).
+    #[serde(with = "unlimited")]
     pub memory_limit: u64,
     /// Clients of the group waiting for this device's token.
     pub waiting: u32,

@@ -123,8 +123,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gem-schd: {e:#}");
+            // 3 means "no scheduler answers", and only that: a refused
+            // socket or an answer that cannot be read is a failure (1).
             if e.downcast_ref::<ClientError>()
-                .is_some_and(|c| !matches!(c, ClientError::Denied(_)))
+                .is_some_and(|c| matches!(c, ClientError::Connect { .. } | ClientError::Timeout(_)))
             {
                 ExitCode::from(EXIT_UNREACHABLE)
             } else {

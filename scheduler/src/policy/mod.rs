@@ -1049,7 +1049,29 @@ impl Policy {
         let mut devices = Vec::new();
         for (&id, dev) in self.devices.iter_mut() {
             let mut rows = Vec::new();
+            let holder_group = dev
+                .token
+                .as_ref()
+                .and_then(|t| self.clients.get(&t.client))
+                .map(|c| c.group.as_str());
             for (name, g) in dev.groups.iter_mut() {
+                let memory_used = self.memory.get(&(name.clone(), id)).copied().unwrap_or(0);
+                let waiting = dev
+                    .waiters
+                    .iter()
+                    .filter(|w| {
+                        self.clients
+                            .get(&w.client)
+                            .is_some_and(|c| &c.group == name)
+                    })
+                    .count() as u32;
+                let idle = g.usage.is_empty(now, window);
+                // A group that left the device (nothing used in the
+                // window, no memory, not waiting, not holding) is no longer
+                // shown on it.
+                if idle && memory_used == 0 && waiting == 0 && holder_group != Some(name) {
+                    continue;
+                }
                 let limit = if name == HOLDER {
                     u64::MAX
                 } else {
@@ -1065,18 +1087,14 @@ impl Policy {
                     } else {
                         name.clone()
                     },
-                    share: g.usage.used(now, window) as f64 / span,
-                    memory_used: self.memory.get(&(name.clone(), id)).copied().unwrap_or(0),
+                    // Over the time since the group became active on the
+                    // device (at most a window), as the policy measures it
+                    // against MinUtil: a group started a second ago and
+                    // using all of it shows 100 %, not a tenth.
+                    share: if idle { 0.0 } else { g.share(now, window) },
+                    memory_used,
                     memory_limit: limit,
-                    waiting: dev
-                        .waiters
-                        .iter()
-                        .filter(|w| {
-                            self.clients
-                                .get(&w.client)
-                                .is_some_and(|c| &c.group == name)
-                        })
-                        .count() as u32,
+                    waiting,
                 });
             }
             devices.push(DeviceStatus {
@@ -1087,6 +1105,19 @@ impl Policy {
                 groups: rows,
             });
         }
+        // Every GPU the machine has is listed, used yet or not.
+        for id in 0..self.params.devices {
+            if !self.devices.contains_key(&id) {
+                devices.push(DeviceStatus {
+                    device: id,
+                    busy: 0.0,
+                    holder: None,
+                    waiting: 0,
+                    groups: Vec::new(),
+                });
+            }
+        }
+        devices.sort_by_key(|d| d.device);
         let clients = self
             .clients
             .iter()

@@ -646,17 +646,86 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
             .map(|r| r.share)
             .unwrap()
     };
-    let span = now.min(params.window) as f64;
+    // Each share is over the time since its group became active: hi's
+    // first grant at 0, lo's at 20 ms.
     assert!(
-        (share("hi") - (30 * MS) as f64 / span).abs() < 1e-9,
+        (share("hi") - (30 * MS) as f64 / now as f64).abs() < 1e-9,
         "hi {}",
         share("hi")
     );
     assert!(
-        (share("lo") - (30 * MS + late) as f64 / span).abs() < 1e-9,
+        (share("lo") - (30 * MS + late) as f64 / (now - 20 * MS) as f64).abs() < 1e-9,
         "lo {}",
         share("lo")
     );
+}
+
+/// `status` shows a group's share over the time since it became active on
+/// the device, as the policy weighs it against MinUtil: a group that
+/// starts long after the scheduler and uses all its time shows 100 %, not
+/// a sliver of the window. Every GPU of the machine is listed before any
+/// program used it, and a group that left a device is no longer shown on
+/// it once a window has passed.
+#[test]
+fn status_counts_shares_from_the_group_start_lists_every_gpu_and_drops_rows_that_left() {
+    let params = Params {
+        devices: 2,
+        ..Params::default()
+    };
+    let mut p = Policy::new(params, config("[a]\nMinUtil=0.7\n"));
+    let st = p.status(SEC);
+    assert_eq!(
+        st.devices.iter().map(|d| d.device).collect::<Vec<_>>(),
+        vec![0, 1],
+        "GPUs listed before any client"
+    );
+    hello(&mut p, 1, "a");
+    let start = 30 * SEC;
+    let acquire = |used_us| Request::AcquireToken {
+        device: 0,
+        used_us,
+        burst_us: 0,
+    };
+    let at = |p: &mut Policy, req: Request, now: Micros| {
+        replies(p.handle(
+            Event::Request {
+                client: 1,
+                seq: 1,
+                req,
+            },
+            now,
+        ))
+    };
+    let quota = match at(&mut p, acquire(0), start).as_slice() {
+        [(1, _, Reply::Token { quota_us, .. })] => *quota_us,
+        other => panic!("{other:?}"),
+    };
+    let end = start + quota;
+    at(&mut p, acquire(quota), end);
+    let row = |st: &StatusReport| {
+        st.devices[0]
+            .groups
+            .iter()
+            .find(|r| r.group == "a")
+            .cloned()
+    };
+    let share = row(&p.status(end)).expect("a's row").share;
+    assert!((share - 1.0).abs() < 0.01, "share {share}");
+    at(
+        &mut p,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 1,
+        },
+        end + 1,
+    );
+    assert!(
+        row(&p.status(end + 2)).is_some(),
+        "a used the device in the window"
+    );
+    let later = end + params.window + 10;
+    assert_eq!(row(&p.status(later)), None, "a left a window ago");
+    assert_eq!(p.status(later).devices.len(), 2);
 }
 
 #[test]
