@@ -784,18 +784,74 @@ fn main() {
     );
     if let Some(path) = write {
         let steal_pct = steal * 100.0;
-        let doc = format!(
-            "# Benchmarks\n\nMeasured by `make bench` on {date} (commit {commit}), on {machine}, with the driver simulator (no GPU); the VM's host took {steal_pct:.1} % of its CPU time (steal) during the run.\nEach row is a target of DESIGN.md; `make bench` re-measures them all.\n\n{table}\nNotes:\n\n- Shares are measured from the simulator's busy log (the device side), not from the scheduler's accounting.\n- The simulator's launch takes about 1 µs, so the hooked/un-hooked ratio is lower than on a real GPU, where launches take several µs; the added nanoseconds are the hook's own.\n- Real-GPU figures are in `docs/gpu-results.md` (`make test-gpu`).\n"
+        let latest = format!(
+            "Measured by `make bench` on {date} (commit {commit}), on {machine}, with the driver simulator (no GPU); the VM's host took {steal_pct:.1} % of its CPU time (steal) during the run.\nEach row is a target of DESIGN.md; `make bench` re-measures them all.\n\n{table}\nNotes:\n\n- Shares are measured from the simulator's busy log (the device side), not from the scheduler's accounting.\n- The simulator's launch takes about 1 µs, so the hooked/un-hooked ratio is lower than on a real GPU, where launches take several µs; the added nanoseconds are the hook's own, and vary from run to run on a VM.\n- Real-GPU figures are in `docs/gpu-results.md` (`make test-gpu`).\n"
         );
-        std::fs::write(&path, doc).unwrap();
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        std::fs::write(&path, with_latest(&old, &latest)).unwrap();
         eprintln!("wrote {path}");
     }
     let _ = bin("gem-schd");
 }
 
+/// Marks the part of the benchmarks file that `--write` replaces.
+const LATEST_BEGIN: &str = "<!-- gem-bench --write: latest run -->";
+const LATEST_END: &str = "<!-- end of the latest run -->";
+
+/// The benchmarks file `old` with its latest run replaced by `latest`;
+/// everything else (dated sections written by hand: measurements before
+/// and after a change) is kept. A file without the markers gets the run
+/// under its title, before what it had.
+fn with_latest(old: &str, latest: &str) -> String {
+    let block = format!("{LATEST_BEGIN}\n{latest}{LATEST_END}\n");
+    if let (Some(a), Some(b)) = (old.find(LATEST_BEGIN), old.find(LATEST_END))
+        && a < b
+    {
+        let rest = &old[b + LATEST_END.len()..];
+        return format!(
+            "{}{block}{}",
+            &old[..a],
+            rest.strip_prefix('\n').unwrap_or(rest)
+        );
+    }
+    let body = old
+        .strip_prefix("# Benchmarks\n")
+        .unwrap_or(old)
+        .trim_start();
+    if body.is_empty() {
+        format!("# Benchmarks\n\n{block}")
+    } else {
+        format!("# Benchmarks\n\n{block}\n{body}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::entitled;
+    use super::{entitled, with_latest};
+
+    /// `--write` replaces only the latest run: the dated sections after
+    /// it survive (it used to overwrite the whole file).
+    #[test]
+    fn writing_a_run_keeps_the_sections_written_by_hand() {
+        let first = with_latest("", "run 1\n");
+        assert!(first.starts_with("# Benchmarks\n") && first.contains("run 1"));
+        let edited = format!("{first}\n## Before and after a change\n\nkept\n");
+        let second = with_latest(&edited, "run 2\n");
+        assert!(
+            second.contains("run 2") && !second.contains("run 1"),
+            "{second}"
+        );
+        assert!(
+            second.ends_with("## Before and after a change\n\nkept\n"),
+            "{second}"
+        );
+        assert_eq!(with_latest(&second, "run 2\n"), second);
+        let legacy = with_latest("# Benchmarks\n\nold table\n\n## Section\n", "run\n");
+        assert!(
+            legacy.contains("run\n") && legacy.contains("old table\n\n## Section\n"),
+            "{legacy}"
+        );
+    }
 
     fn close(a: &[f64], b: &[f64]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6)
