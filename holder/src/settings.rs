@@ -138,10 +138,7 @@ mod tests {
         assert_eq!(number_in("0.25", 0.0, 1.0), Ok(0.25));
         for bad in ["NaN", "nan", "inf", "1e400", "-0.1", "1.5", "half"] {
             let e = number_in(bad, 0.0, 1.0).unwrap_err();
-            assert!(
-                e.starts_with("expected a number"),
-                "{bad}: {e}"
-            );
+            assert!(e.starts_with("expected a number"), "{bad}: {e}");
         }
         assert!(number_in("1e400", 0.0, MAX_WAIT_MINUTES).is_err());
         assert_eq!(HoldMem::FractionOfFree(0.5).to_string(), "50% of free");
