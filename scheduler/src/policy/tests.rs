@@ -611,13 +611,17 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     // lo's next token is lent, min_quota long (hi's absences unknown).
     let r = send(&mut p, 2, acquire(30 * MS), 50 * MS);
     assert_eq!(token(&r), Some((2, params.min_quota, true)));
-    // hi comes back and waits; at the lent token's end, not a grace later,
-    // the device is hi's, although lo has not reported yet.
+    // hi comes back and waits; at the lent token's end (HANDOVER_LEAD
+    // before it, so hi's launches queue behind lo's last ones), not a
+    // grace later, the device is hi's, although lo has not reported yet.
     assert!(send(&mut p, 1, acquire(0), 55 * MS).is_empty());
     let end = 50 * MS + params.min_quota;
-    assert_eq!(p.next_deadline(55 * MS), Some(end));
-    assert!(p.handle(Event::Tick, end - 1).is_empty());
-    let r = replies(p.handle(Event::Tick, end));
+    let lead = HANDOVER_LEAD.min(params.min_quota / 4);
+    assert!(lead > 0);
+    let handover = end - lead;
+    assert_eq!(p.next_deadline(55 * MS), Some(handover));
+    assert!(p.handle(Event::Tick, handover - 1).is_empty());
+    let r = replies(p.handle(Event::Tick, handover));
     assert_eq!(token(&r).map(|t| (t.0, t.2)), Some((1, false)));
     // lo's late report (its work ran 2 ms past the token) is charged to
     // lo and leaves hi's token alone.
@@ -626,8 +630,9 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     let st = p.status(end + 2 * MS);
     let dev = &st.devices[0];
     assert_eq!(dev.holder, Some(1), "{dev:?}");
-    // hi's 12 ms token began behind lo's overrun: charged 10 ms, once.
-    let now = end + 12 * MS;
+    // hi's 12 ms token began behind lo's overrun: charged from its end,
+    // 10 ms less the lead, once.
+    let now = handover + 12 * MS;
     send(
         &mut p,
         1,
@@ -649,7 +654,7 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     // Each share is over the time since its group became active: hi's
     // first grant at 0, lo's at 20 ms.
     assert!(
-        (share("hi") - (30 * MS) as f64 / now as f64).abs() < 1e-9,
+        (share("hi") - (30 * MS - lead) as f64 / now as f64).abs() < 1e-9,
         "hi {}",
         share("hi")
     );
