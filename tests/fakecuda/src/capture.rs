@@ -93,6 +93,8 @@ pub struct Capture {
     pub invalidated: bool,
     /// Durations (ns) of the kernels recorded, in order.
     pub nodes: Vec<u64>,
+    /// Allocation nodes (`cuMemAllocAsync` on a capturing stream).
+    pub allocs: Vec<crate::graphmem::AllocNode>,
 }
 
 /// The open captures of a process.
@@ -135,12 +137,18 @@ impl Captures {
             blocking,
             invalidated: false,
             nodes: Vec::new(),
+            allocs: Vec::new(),
         });
         Ok(())
     }
 
-    /// Ends the capture begun on `h`: its kernels, or the error.
-    pub fn end(&mut self, h: usize) -> Result<Vec<u64>, CUresult> {
+    /// Ends the capture begun on `h`: its kernels and allocation nodes, or
+    /// the error.
+    #[allow(clippy::type_complexity)]
+    pub fn end(
+        &mut self,
+        h: usize,
+    ) -> Result<(Vec<u64>, Vec<crate::graphmem::AllocNode>), CUresult> {
         let Some(i) = self.open.iter().position(|c| c.streams.contains(&h)) else {
             return Err(CUDA_ERROR_ILLEGAL_STATE);
         };
@@ -156,7 +164,7 @@ impl Captures {
         if c.invalidated {
             Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
         } else {
-            Ok(c.nodes)
+            Ok((c.nodes, c.allocs))
         }
     }
 

@@ -478,3 +478,142 @@ fn a_context_synchronises_only_its_own_work() {
     // SAFETY: a context this test created.
     assert_eq!(unsafe { cuCtxDestroy_v2(other) }, 0);
 }
+
+fn graph_attr(attr: i32) -> u64 {
+    let mut v = 0u64;
+    // SAFETY: a u64 attribute into a local.
+    let r = unsafe { cuDeviceGetGraphMemAttribute(0, attr, (&mut v as *mut u64).cast()) };
+    assert_eq!(r, 0);
+    v
+}
+
+fn graph_trim() {
+    // SAFETY: a device ordinal.
+    assert_eq!(unsafe { cuDeviceGraphMemTrim(0) }, 0);
+}
+
+/// Graph memory nodes: `cuMemAllocAsync` on a capturing stream adds an
+/// allocation node and takes no memory; a launch takes it from the graph
+/// allocator, which keeps it reserved after the graph frees it (a sync
+/// does not trim it) until `cuDeviceGraphMemTrim`; an allocation the
+/// graph does not free blocks a relaunch until it is freed, unless the
+/// graph was instantiated to free it on launch; a launch the device
+/// cannot give the memory to fails with `CUDA_ERROR_OUT_OF_MEMORY`.
+#[test]
+fn graph_memory_is_taken_at_launch_and_kept_until_trimmed() {
+    use graphmem::*;
+    let d = dev();
+    let s = d.stream(NON_BLOCKING);
+    graph_trim();
+    let f0 = free_mem();
+    // Captured: an allocation freed in the graph, and one left to the
+    // caller.
+    assert_eq!(begin(s, MODE_GLOBAL), 0);
+    let (mut inner, mut outer) = (0u64, 0u64);
+    // SAFETY: out-pointers to locals, a stream of this process.
+    unsafe {
+        assert_eq!(cuMemAllocAsync(&mut inner, (300 * MIB) as usize, s), 0);
+        assert_eq!(d.launch(s), 0);
+        assert_eq!(cuMemFreeAsync(inner, s), 0);
+        assert_eq!(cuMemAllocAsync(&mut outer, (100 * MIB) as usize, s), 0);
+    }
+    assert!(inner != 0 && outer != 0 && inner != outer);
+    let (r, g) = end(s);
+    assert_eq!(r, 0);
+    assert_eq!(free_mem(), f0, "no memory before the graph runs");
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local, a graph of this process.
+    assert_eq!(unsafe { cuGraphInstantiateWithFlags(&mut exec, g, 0) }, 0);
+    // SAFETY: an executable graph and a stream of this process.
+    assert_eq!(unsafe { cuGraphLaunch(exec, s) }, 0);
+    synced_after(Instant::now(), s);
+    assert_eq!(free_mem(), f0 - 400 * MIB, "kept through the sync");
+    assert_eq!(graph_attr(ATTR_RESERVED_MEM_CURRENT), 400 * MIB);
+    assert_eq!(
+        graph_attr(ATTR_USED_MEM_CURRENT),
+        100 * MIB,
+        "outer is in use"
+    );
+    assert_eq!(graph_attr(ATTR_USED_MEM_HIGH), 400 * MIB);
+    // SAFETY: an executable graph and a stream of this process.
+    let again = unsafe { cuGraphLaunch(exec, s) };
+    assert_eq!(again, CUDA_ERROR_INVALID_VALUE, "outer not freed yet");
+    // SAFETY: the graph's allocation, now the caller's.
+    assert_eq!(unsafe { cuMemFree_v2(outer) }, 0);
+    assert_eq!(graph_attr(ATTR_USED_MEM_CURRENT), 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { cuGraphLaunch(exec, s) }, 0);
+    assert_eq!(free_mem(), f0 - 400 * MIB, "the reserve is reused");
+    // SAFETY: as above.
+    assert_eq!(unsafe { cuMemFreeAsync(outer, s) }, 0);
+    graph_trim();
+    assert_eq!(free_mem(), f0, "trimmed");
+    assert_eq!(graph_attr(ATTR_RESERVED_MEM_HIGH), 400 * MIB);
+    let mut zero = 0u64;
+    // SAFETY: a u64 attribute from a local.
+    let r = unsafe {
+        cuDeviceSetGraphMemAttribute(0, ATTR_RESERVED_MEM_HIGH, (&mut zero as *mut u64).cast())
+    };
+    assert_eq!(r, 0);
+    assert_eq!(
+        graph_attr(ATTR_RESERVED_MEM_HIGH),
+        0,
+        "reset to the current"
+    );
+
+    // Built by hand, instantiated to free on launch: relaunches at will;
+    // more than the device has: the launch fails.
+    let mut g2 = std::ptr::null_mut();
+    let mut params = [0u8; 120];
+    params[PARAMS_LOCATION_TYPE..PARAMS_LOCATION_TYPE + 4]
+        .copy_from_slice(&LOCATION_DEVICE.to_le_bytes());
+    params[PARAMS_BYTESIZE..PARAMS_BYTESIZE + 8].copy_from_slice(&(64 * MIB).to_le_bytes());
+    let mut node = std::ptr::null_mut();
+    let mut exec2 = std::ptr::null_mut();
+    // SAFETY: out-pointers to locals; CUDA_MEM_ALLOC_NODE_PARAMS laid out
+    // as cuda.h says.
+    unsafe {
+        assert_eq!(cuGraphCreate(&mut g2, 0), 0);
+        assert_eq!(
+            cuGraphAddMemAllocNode(
+                &mut node,
+                g2,
+                std::ptr::null(),
+                0,
+                params.as_mut_ptr().cast()
+            ),
+            0
+        );
+        assert_eq!(
+            cuGraphInstantiateWithFlags(&mut exec2, g2, AUTO_FREE_ON_LAUNCH),
+            0
+        );
+        assert_eq!(cuGraphLaunch(exec2, s), 0);
+        assert_eq!(cuGraphLaunch(exec2, s), 0, "freed on launch");
+    }
+    let dptr = u64::from_le_bytes(params[PARAMS_DPTR..PARAMS_DPTR + 8].try_into().unwrap());
+    assert_ne!(dptr, 0, "the node's address is returned");
+    assert_eq!(free_mem(), f0 - 64 * MIB);
+    // SAFETY: the graph's allocation; a device ordinal.
+    unsafe {
+        assert_eq!(cuMemFree_v2(dptr), 0);
+        assert_eq!(cuDeviceGraphMemTrim(0), 0);
+    }
+    let mut huge = [0u8; 120];
+    huge[PARAMS_LOCATION_TYPE..PARAMS_LOCATION_TYPE + 4]
+        .copy_from_slice(&LOCATION_DEVICE.to_le_bytes());
+    huge[PARAMS_BYTESIZE..PARAMS_BYTESIZE + 8].copy_from_slice(&(f0 + MIB).to_le_bytes());
+    let (mut g3, mut exec3) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(cuGraphCreate(&mut g3, 0), 0);
+        assert_eq!(
+            cuGraphAddMemAllocNode(&mut node, g3, std::ptr::null(), 0, huge.as_mut_ptr().cast()),
+            0,
+            "no memory is taken when the node is made"
+        );
+        assert_eq!(cuGraphInstantiateWithFlags(&mut exec3, g3, 0), 0);
+        assert_eq!(cuGraphLaunch(exec3, s), CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    assert_eq!(free_mem(), f0);
+}

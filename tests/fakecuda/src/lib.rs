@@ -31,6 +31,7 @@ pub mod capture;
 pub mod device;
 #[cfg(test)]
 mod driver_tests;
+pub mod graphmem;
 pub mod nvml;
 pub mod pool;
 pub mod procaddr;
@@ -107,9 +108,12 @@ enum Obj {
     Function(Func),
     Graph {
         nodes: Vec<u64>,
+        allocs: Vec<graphmem::AllocNode>,
     },
     Exec {
         total: u64,
+        allocs: Vec<graphmem::AllocNode>,
+        auto_free: bool,
     },
     /// A `cuMemCreate` handle.
     Pool,
@@ -146,6 +150,11 @@ struct Proc {
     ctx_end: HashMap<usize, Arc<AtomicU64>>,
     /// Allocations of other processes opened through IPC handles.
     ipc_opened: std::collections::HashSet<u64>,
+    /// Each device's graph allocator (see `graphmem`): a pool trimmed
+    /// only by `cuDeviceGraphMemTrim`.
+    graph_mem: HashMap<usize, pool::Pool>,
+    /// Allocations a launched graph did not free → (device, bytes).
+    graph_live: HashMap<u64, (usize, u64)>,
 }
 
 static PROC: Mutex<Option<Proc>> = Mutex::new(None);
@@ -183,11 +192,27 @@ impl Proc {
 
     /// A device address for `bytes` on `dev`, recorded as an allocation.
     fn new_ptr(&mut self, dev: usize, bytes: u64) -> u64 {
+        let ptr = self.address(dev, bytes);
+        self.allocs.insert(ptr, (dev, bytes));
+        ptr
+    }
+
+    /// A fresh device address for `bytes` on `dev`.
+    fn address(&mut self, dev: usize, bytes: u64) -> u64 {
         let base = 0x7000_0000_0000u64 + ((dev as u64) << 40);
         let ptr = base + self.next_ptr[dev];
         self.next_ptr[dev] += bytes.div_ceil(512) * 512;
-        self.allocs.insert(ptr, (dev, bytes));
         ptr
+    }
+
+    /// An allocation node's address, for a graph: no memory yet.
+    fn graph_alloc(&mut self, dev: usize, bytes: u64) -> graphmem::AllocNode {
+        graphmem::AllocNode {
+            dptr: self.address(dev, bytes),
+            device: dev,
+            bytes,
+            freed_in_graph: false,
+        }
     }
 
     fn default_pool(&mut self, dev: usize) -> usize {
@@ -542,6 +567,26 @@ fn pool_alloc(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let bytes = bytes as u64;
+    // On a capturing stream: an allocation node of the capture's graph.
+    if capture::any_open() && !is_legacy(h, ptsz) {
+        let node = with_proc(|p| {
+            if p.captures.of(h as usize).is_none() {
+                return Ok(None);
+            }
+            let node = p.graph_alloc(dev, bytes);
+            match p.captures.of(h as usize) {
+                Some(c) if c.invalidated => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+                Some(c) => {
+                    c.allocs.push(node);
+                    Ok(Some(node.dptr))
+                }
+                None => Ok(None),
+            }
+        })?;
+        if let Some(ptr) = node {
+            return put(dptr, ptr);
+        }
+    }
     let ptr = with_proc(|p| {
         let ph = match pool {
             Some(ph) => ph as usize,
@@ -568,6 +613,13 @@ fn free(ptr: CUdeviceptr) -> R {
         return Ok(());
     }
     with_proc(|p| {
+        if let Some((dev, bytes)) = p.graph_live.remove(&ptr) {
+            // Back to the graph allocator, not to the device.
+            if let Some(g) = p.graph_mem.get_mut(&dev) {
+                g.take_back(bytes);
+            }
+            return Ok(());
+        }
         let (dev, bytes) = p.allocs.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         match p
             .pool_allocs
@@ -764,11 +816,175 @@ fn check_stream(h: CUstream, ptsz: bool) -> R {
 
 fn graph_launch(exec: CUgraphExec, h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
-    let total = with_proc(|p| match p.objects.get(&(exec as usize)) {
-        Some(Obj::Exec { total }) => Ok(*total),
+    let (total, allocs, auto_free) = with_proc(|p| match p.objects.get(&(exec as usize)) {
+        Some(Obj::Exec {
+            total,
+            allocs,
+            auto_free,
+        }) => Ok((*total, allocs.clone(), *auto_free)),
         _ => Err(CUDA_ERROR_INVALID_HANDLE),
     })?;
+    if !allocs.is_empty() {
+        let in_capture = capture::any_open()
+            && !is_legacy(h, ptsz)
+            && with_proc(|p| p.captures.of(h as usize).is_some());
+        if !in_capture {
+            graph_memory(s, &allocs, auto_free)?;
+        }
+    }
     issue(s, h, ptsz, total, Some(Kind::Graph))
+}
+
+/// A launch of a graph with allocation nodes takes their memory from the
+/// graph allocators (see `graphmem`).
+fn graph_memory(s: &Sim, allocs: &[graphmem::AllocNode], auto_free: bool) -> R {
+    with_proc(|p| {
+        for a in allocs.iter().filter(|a| !a.freed_in_graph) {
+            if let Some((dev, bytes)) = p.graph_live.get(&a.dptr).copied() {
+                if !auto_free {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                p.graph_live.remove(&a.dptr);
+                if let Some(g) = p.graph_mem.get_mut(&dev) {
+                    g.take_back(bytes);
+                }
+            }
+        }
+        let mut devices: Vec<usize> = allocs.iter().map(|a| a.device).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        for &dev in &devices {
+            let need = graphmem::launch_bytes(allocs, dev);
+            let g = p
+                .graph_mem
+                .entry(dev)
+                .or_insert_with(|| pool::Pool::new(dev));
+            let grow = g.growth_for(need);
+            if grow > 0 {
+                s.alloc(dev, grow)?;
+            }
+            g.hand_out(need, grow);
+        }
+        for a in allocs {
+            if a.freed_in_graph {
+                if let Some(g) = p.graph_mem.get_mut(&a.device) {
+                    g.take_back(a.bytes);
+                }
+            } else {
+                p.graph_live.insert(a.dptr, (a.device, a.bytes));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `cuMemFreeAsync` of `ptr` on a capturing stream: a free node, when it
+/// is an allocation of that capture (`Some`); `None` when the stream does
+/// not capture.
+fn captured_free(h: CUstream, ptsz: bool, ptr: CUdeviceptr) -> Option<R> {
+    if !capture::any_open() || is_legacy(h, ptsz) {
+        return None;
+    }
+    with_proc(|p| {
+        let c = p.captures.of(h as usize)?;
+        if c.invalidated {
+            return Some(Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+        }
+        Some(match graphmem::free_in_graph(&mut c.allocs, ptr) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(())) => Err(CUDA_ERROR_INVALID_VALUE),
+            // A free node for memory not allocated in this graph.
+            None => Err(CUDA_ERROR_NOT_SUPPORTED),
+        })
+    })
+}
+
+fn add_mem_alloc_node(node: *mut CUgraphNode, graph: CUgraph, params: *mut c_void) -> R {
+    let s = initialised()?;
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let at = |off: usize| (params as *mut u8).wrapping_add(off);
+    let handle_types = get(at(graphmem::PARAMS_HANDLE_TYPES) as *const u32)?;
+    let location = get(at(graphmem::PARAMS_LOCATION_TYPE) as *const u32)?;
+    let dev = get(at(graphmem::PARAMS_LOCATION_ID) as *const i32)?;
+    let bytes = get(at(graphmem::PARAMS_BYTESIZE) as *const u64)?;
+    if handle_types != 0 || location != graphmem::LOCATION_DEVICE || bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = check_device(s, dev).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let (n, dptr) = with_proc(|p| {
+        let a = p.graph_alloc(dev, bytes);
+        match p.objects.get_mut(&(graph as usize)) {
+            Some(Obj::Graph { nodes, allocs }) => {
+                allocs.push(a);
+                Ok((nodes.len() + allocs.len(), a.dptr))
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    })?;
+    put(at(graphmem::PARAMS_DPTR) as *mut u64, dptr)?;
+    put(node, (graph as usize + n) as CUgraphNode)
+}
+
+fn add_mem_free_node(node: *mut CUgraphNode, graph: CUgraph, dptr: CUdeviceptr) -> R {
+    initialised()?;
+    let n = with_proc(|p| match p.objects.get_mut(&(graph as usize)) {
+        Some(Obj::Graph { nodes, allocs }) => match graphmem::free_in_graph(allocs, dptr) {
+            Some(Ok(())) => Ok(nodes.len() + allocs.len() + 1),
+            Some(Err(())) => Err(CUDA_ERROR_INVALID_VALUE),
+            None => Err(CUDA_ERROR_NOT_SUPPORTED),
+        },
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    })?;
+    put(node, (graph as usize + n) as CUgraphNode)
+}
+
+/// The graph allocator of device `dev` (a valid ordinal).
+fn with_graph_mem<T>(dev: CUdevice, f: impl FnOnce(&mut pool::Pool) -> T) -> Result<T, CUresult> {
+    let s = initialised()?;
+    let d = check_device(s, dev)?;
+    Ok(with_proc(|p| {
+        f(p.graph_mem.entry(d).or_insert_with(|| pool::Pool::new(d)))
+    }))
+}
+
+fn graph_mem_attribute(dev: CUdevice, attr: i32, value: *mut c_void) -> R {
+    use graphmem::*;
+    let v = with_graph_mem(dev, |g| match attr {
+        ATTR_USED_MEM_CURRENT => Ok(g.used),
+        ATTR_USED_MEM_HIGH => Ok(g.used_high),
+        ATTR_RESERVED_MEM_CURRENT => Ok(g.reserved),
+        ATTR_RESERVED_MEM_HIGH => Ok(g.reserved_high),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    })??;
+    put(value as *mut u64, v)
+}
+
+/// Only a high-water mark may be set, and only to 0 (it becomes the
+/// current value).
+fn set_graph_mem_attribute(dev: CUdevice, attr: i32, value: *mut c_void) -> R {
+    use graphmem::*;
+    let v = get(value as *const u64)?;
+    with_graph_mem(dev, |g| match attr {
+        ATTR_USED_MEM_HIGH if v == 0 => {
+            g.used_high = g.used;
+            Ok(())
+        }
+        ATTR_RESERVED_MEM_HIGH if v == 0 => {
+            g.reserved_high = g.reserved;
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    })?
+}
+
+/// `cuDeviceGraphMemTrim`: what no graph uses goes back to the device.
+fn graph_mem_trim(dev: CUdevice) -> R {
+    let s = initialised()?;
+    let excess = with_graph_mem(dev, |g| g.trim(0))?;
+    s.free(check_device(s, dev)?, excess);
+    Ok(())
 }
 
 /// The created stream `h` may capture: the legacy stream may not
@@ -797,8 +1013,8 @@ fn end_capture(h: CUstream, ptsz: bool, graph: *mut CUgraph) -> R {
     }
     capturable(h, ptsz)?;
     let ended = with_proc(|p| {
-        let nodes = p.captures.end(h as usize)?;
-        Ok(p.add(Obj::Graph { nodes }))
+        let (nodes, allocs) = p.captures.end(h as usize)?;
+        Ok(p.add(Obj::Graph { nodes, allocs }))
     });
     match ended {
         Ok(g) => put(graph, g as CUgraph),
@@ -836,9 +1052,9 @@ fn add_kernel_node(
     let params = params_ref(params)?;
     let ns = kernel_ns(params.func, params.kernel_params)?;
     with_proc(|p| match p.objects.get_mut(&(graph as usize)) {
-        Some(Obj::Graph { nodes }) => {
+        Some(Obj::Graph { nodes, allocs }) => {
             nodes.push(ns);
-            Ok(nodes.len())
+            Ok(nodes.len() + allocs.len())
         }
         _ => Err(CUDA_ERROR_INVALID_HANDLE),
     })
@@ -854,14 +1070,18 @@ fn params_ref<'a>(p: *const CudaKernelNodeParams) -> Result<&'a CudaKernelNodePa
     Ok(unsafe { &*p })
 }
 
-fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> R {
+fn instantiate(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> R {
     initialised()?;
     let h = with_proc(|p| {
-        let total = match p.objects.get(&(graph as usize)) {
-            Some(Obj::Graph { nodes }) => nodes.iter().sum(),
+        let (total, allocs) = match p.objects.get(&(graph as usize)) {
+            Some(Obj::Graph { nodes, allocs }) => (nodes.iter().sum(), allocs.clone()),
             _ => return Err(CUDA_ERROR_INVALID_HANDLE),
         };
-        Ok(p.add(Obj::Exec { total }))
+        Ok(p.add(Obj::Exec {
+            total,
+            allocs,
+            auto_free: flags & graphmem::AUTO_FREE_ON_LAUNCH != 0,
+        }))
     })?;
     put(exec, h as CUgraphExec)
 }
@@ -1291,7 +1511,12 @@ driver_api! {
     // Graphs.
     fn cuGraphCreate(out: *mut CUgraph, _flags: u32) {
         initialised()?;
-        let h = with_proc(|p| p.add(Obj::Graph { nodes: Vec::new() }));
+        let h = with_proc(|p| {
+            p.add(Obj::Graph {
+                nodes: Vec::new(),
+                allocs: Vec::new(),
+            })
+        });
         put(out, h as CUgraph)
     }
     fn cuGraphAddKernelNode(node: *mut CUgraphNode, graph: CUgraph, _deps: *const CUgraphNode, _n: usize, params: *const CudaKernelNodeParams) {
@@ -1300,10 +1525,19 @@ driver_api! {
     fn cuGraphAddKernelNode_v2(node: *mut CUgraphNode, graph: CUgraph, _deps: *const CUgraphNode, _n: usize, params: *const CudaKernelNodeParams) {
         add_kernel_node(node, graph, params)
     }
-    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, _flags: u64) { instantiate(exec, graph) }
+    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) { instantiate(exec, graph, flags) }
     fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _size: usize) {
-        instantiate(exec, graph)
+        instantiate(exec, graph, 0)
     }
+    fn cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, _deps: *const CUgraphNode, _n: usize, params: *mut c_void) {
+        add_mem_alloc_node(node, graph, params)
+    }
+    fn cuGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, _deps: *const CUgraphNode, _n: usize, dptr: CUdeviceptr) {
+        add_mem_free_node(node, graph, dptr)
+    }
+    fn cuDeviceGraphMemTrim(dev: CUdevice) { graph_mem_trim(dev) }
+    fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: i32, value: *mut c_void) { graph_mem_attribute(dev, attr, value) }
+    fn cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: i32, value: *mut c_void) { set_graph_mem_attribute(dev, attr, value) }
     fn cuGraphLaunch(exec: CUgraphExec, h: CUstream) { graph_launch(exec, h, false) }
     fn cuGraphLaunch_ptsz(exec: CUgraphExec, h: CUstream) { graph_launch(exec, h, true) }
     fn cuGraphExecDestroy(exec: CUgraphExec) { destroy(exec, |o| matches!(o, Obj::Exec { .. })) }
@@ -1408,10 +1642,16 @@ driver_api! {
     }
     fn cuMemFree_v2(ptr: CUdeviceptr) { free(ptr) }
     fn cuMemFreeAsync(ptr: CUdeviceptr, h: CUstream) {
+        if let Some(r) = captured_free(h, false, ptr) {
+            return r;
+        }
         check_stream(h, false)?;
         free(ptr)
     }
     fn cuMemFreeAsync_ptsz(ptr: CUdeviceptr, h: CUstream) {
+        if let Some(r) = captured_free(h, true, ptr) {
+            return r;
+        }
         check_stream(h, true)?;
         free(ptr)
     }
