@@ -54,6 +54,20 @@ pub fn ended(stream: *mut c_void, per_thread: bool, r: CUresult) -> CUresult {
     r
 }
 
+/// The origin stream of the capture `stream` takes part in: itself when
+/// a capture began on it; else the one capture open, when there is one
+/// (a stream that joined it through an event); else `stream`.
+pub fn origin(stream: *mut c_void) -> *mut c_void {
+    let Some(st) = state::current() else {
+        return stream;
+    };
+    let open = lock(&st.captures);
+    if open.contains(&(stream as usize)) || open.len() != 1 {
+        return stream;
+    }
+    open.iter().next().map_or(stream, |&s| s as *mut c_void)
+}
+
 /// Whether work issued to `stream` is being captured (active or
 /// invalidated: either way it does not run now). A stream the driver
 /// cannot answer for (the legacy stream beside a blocking capture) is not.

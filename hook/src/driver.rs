@@ -131,6 +131,21 @@ pub fn mem_pool_u64(pool: *mut c_void, attr: i32) -> Option<u64> {
     (r == 0).then_some(v)
 }
 
+/// A `u64` graph memory attribute of ordinal `dev`
+/// (`cuDeviceGetGraphMemAttribute`, CUDA 11.4+; `None` where the driver
+/// has none).
+pub fn graph_mem_u64(dev: u32, attr: i32) -> Option<u64> {
+    let mut v = 0u64;
+    let r = real_call!(
+        c"cuDeviceGetGraphMemAttribute",
+        fn(i32, i32, *mut c_void),
+        dev as i32,
+        attr,
+        (&mut v as *mut u64).cast()
+    );
+    (r == 0).then_some(v)
+}
+
 /// `cuMemFreeAsync` then `cuMemPoolTrimTo(pool, 0)`: takes back an
 /// allocation the group may not keep, and the pool's unused memory.
 ///

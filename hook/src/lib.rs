@@ -21,6 +21,7 @@ mod capture;
 mod conn;
 mod driver;
 mod gate;
+mod graphmem;
 mod graphs;
 mod log;
 mod memory;

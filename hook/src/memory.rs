@@ -151,9 +151,14 @@ pub fn pool_alloc(
     bytes: u64,
     mut alloc: impl FnMut() -> (CUresult, u64),
 ) -> CUresult {
-    // Captured: a graph memory node, allocated when the graph runs.
+    // Captured: a graph memory node, allocated when the graph runs (see
+    // `graphmem`).
     if crate::capture::any_open() && crate::capture::capturing(stream, per_thread) {
-        return alloc().0;
+        let r = alloc().0;
+        if r == 0 {
+            crate::graphmem::captured_alloc(crate::capture::origin(stream), bytes);
+        }
+        return r;
     }
     let Some(dev) = current_ordinal() else {
         return alloc().0;

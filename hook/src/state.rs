@@ -152,6 +152,13 @@ pub struct State {
     /// reserved for what the pool holds); see `memory::pool_alloc`.
     pub pools: Mutex<HashMap<usize, (u32, u64)>>,
     pub pools_seen: AtomicBool,
+    /// Graph memory (see [`crate::graphmem`]): what each open capture's
+    /// origin stream, graph and executable graph allocates, (ordinal,
+    /// bytes); what the group holds for each ordinal's graph allocator,
+    /// (physical device, bytes); whether any graph allocated.
+    pub graph_needs: Mutex<HashMap<usize, (u32, u64)>>,
+    pub graph_held: Mutex<HashMap<u32, (u32, u64)>>,
+    pub graph_mem_seen: AtomicBool,
     /// Contexts the process made: (context, ordinal).
     pub contexts: Mutex<Vec<(usize, u32)>>,
 }
@@ -207,6 +214,9 @@ pub fn get() -> &'static State {
         captures_open: AtomicUsize::new(0),
         pools: Mutex::new(HashMap::new()),
         pools_seen: AtomicBool::new(false),
+        graph_needs: Mutex::new(HashMap::new()),
+        graph_held: Mutex::new(HashMap::new()),
+        graph_mem_seen: AtomicBool::new(false),
         contexts: Mutex::new(Vec::new()),
     }));
     match STATE.compare_exchange(

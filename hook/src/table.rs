@@ -12,6 +12,7 @@
 use crate::capture;
 use crate::driver::{self, CUDA_ERROR_NOT_FOUND, CUresult};
 use crate::gate;
+use crate::graphmem;
 use crate::graphs;
 use crate::memory::{self, guarded_alloc, guarded_alloc_on};
 use std::ffi::{CStr, c_char, c_void};
@@ -136,10 +137,16 @@ fn graph_launch(
     pt: bool,
     real: unsafe extern "C" fn(Ptr, Ptr) -> CUresult,
 ) -> CUresult {
+    let captured = capture::any_open() && capture::capturing(s, pt);
     match gate::admit_graph(exec, s, pt) {
         Ok(_in_call) => graphs::launch(exec, s, pt, || {
             // SAFETY: the program's own arguments, passed on unchanged.
-            unsafe { real(exec, s) }
+            let run = || unsafe { real(exec, s) };
+            if captured {
+                run()
+            } else {
+                graphmem::launch(exec, run)
+            }
         }),
         Err(e) => e,
     }
@@ -249,8 +256,55 @@ hooks! {
     cuGraphExecDestroy ["cuGraphExecDestroy", 10000, false]
     (exec: Ptr) => |real| {
         graphs::forget(exec);
+        graphmem::forget(exec);
         // SAFETY: the program's argument, passed on unchanged.
         unsafe { real(exec) }
+    }
+    // Graph memory nodes: what a graph allocates is followed from its
+    // making to its executable graphs, reserved before a launch and
+    // settled after it and after a trim (see `graphmem`).
+    cuGraphAddMemAllocNode ["cuGraphAddMemAllocNode", 11040, false]
+    (node: *mut Ptr, graph: Ptr, deps: *const Ptr, n: usize, params: Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(node, graph, deps, n, params) };
+        graphmem::alloc_node(graph, params, r);
+        r
+    }
+    cuGraphInstantiateWithFlags ["cuGraphInstantiateWithFlags", 11040, false]
+    (exec: *mut Ptr, graph: Ptr, flags: u64) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(exec, graph, flags) };
+        graphmem::instantiated(exec, graph, r);
+        r
+    }
+    cuGraphInstantiateWithParams ["cuGraphInstantiateWithParams", 12000, false]
+    (exec: *mut Ptr, graph: Ptr, params: Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(exec, graph, params) };
+        graphmem::instantiated(exec, graph, r);
+        r
+    }
+    cuGraphInstantiateWithParams_ptsz ["cuGraphInstantiateWithParams", 12000, true]
+    (exec: *mut Ptr, graph: Ptr, params: Ptr) => |real| {
+        // SAFETY: the program's arguments, passed on unchanged.
+        let r = unsafe { real(exec, graph, params) };
+        graphmem::instantiated(exec, graph, r);
+        r
+    }
+    cuGraphDestroy ["cuGraphDestroy", 10000, false]
+    (graph: Ptr) => |real| {
+        graphmem::forget(graph);
+        // SAFETY: the program's argument, passed on unchanged.
+        unsafe { real(graph) }
+    }
+    cuDeviceGraphMemTrim ["cuDeviceGraphMemTrim", 11040, false]
+    (dev: i32) => |real| {
+        // SAFETY: the program's argument, passed on unchanged.
+        let r = unsafe { real(dev) };
+        if r == 0 && dev >= 0 {
+            graphmem::settle(dev as u32);
+        }
+        r
     }
 
     // Contexts: a token's end waits for the work of every context the
@@ -337,12 +391,16 @@ hooks! {
     cuStreamEndCapture ["cuStreamEndCapture", 10000, false]
     (s: Ptr, graph: *mut Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
-        capture::ended(s, false, unsafe { real(s, graph) })
+        let r = capture::ended(s, false, unsafe { real(s, graph) });
+        graphmem::capture_ended(s, graph, r);
+        r
     }
     cuStreamEndCapture_ptsz ["cuStreamEndCapture", 10000, true]
     (s: Ptr, graph: *mut Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
-        capture::ended(s, true, unsafe { real(s, graph) })
+        let r = capture::ended(s, true, unsafe { real(s, graph) });
+        graphmem::capture_ended(s, graph, r);
+        r
     }
 
     // Waiting for (or polling) the device's work: not idle.

@@ -869,6 +869,56 @@ fn memory_a_pool_holds_counts_against_the_group() {
     }
 }
 
+/// Memory a CUDA graph allocates (a graph memory node: `cuMemAllocAsync`
+/// on the capturing stream, freed in the graph, as PyTorch's
+/// cudaMallocAsync backend makes under `torch.cuda.graph`) counts against
+/// the group: it is taken when the graph is launched, the graph allocator
+/// keeps it, and the group's other processes see it used; under a limit
+/// smaller than the graph's memory the launch fails with
+/// `CUDA_ERROR_OUT_OF_MEMORY` instead of taking it. (Before, the graph
+/// took the memory uncounted.)
+#[test]
+fn memory_a_graph_allocates_counts_against_the_group() {
+    let g = Gemini::start(
+        SimEnv::default(),
+        "[a]\nMemoryLimit=1GiB\n[small]\nMemoryLimit=256MiB\n",
+    );
+    let graph_args = [
+        "--capture",
+        "3",
+        "--capture-alloc",
+        "536870912",
+        "--seconds",
+        "2",
+        "--kernel-us",
+        "500",
+    ];
+    let graph = spawn(rust(&g, "a", &graph_args));
+    g.wait_status(10.0, "the graph's 512 MiB charged to a", |s| {
+        s.devices.iter().any(|d| {
+            d.groups
+                .iter()
+                .any(|r| r.group == "a" && r.memory_used >= 512 << 20)
+        })
+    });
+    let other = finish(spawn(rust(&g, "a", &["--seconds", "0", "--mem", "768MiB"])));
+    finish(graph);
+    let o = &reports(&other.stdout)[0];
+    assert_eq!(
+        field(o, "alloc_error"),
+        2,
+        "768 MiB beside a graph holding 512 MiB of a 1 GiB limit: {o:?}"
+    );
+    let small = rust(&g, "small", &graph_args).output().unwrap();
+    let err = String::from_utf8_lossy(&small.stderr);
+    assert!(
+        !small.status.success()
+            && err.contains("launch failed with CUresult 2")
+            && err.contains("over its MemoryLimit"),
+        "a 512 MiB graph under a 256 MiB limit: {err}"
+    );
+}
+
 /// NVML in a job (what `nvidia-smi`, pynvml and vLLM read) shows the
 /// group's memory, as `cuMemGetInfo` does: total = the limit, free = the
 /// limit less the group's use — through our `dlsym` (NVML loaded at run

@@ -100,6 +100,12 @@ struct Args {
     /// the graph in the launch loop (one launch runs them all)
     #[arg(long, default_value_t = 0)]
     capture: u64,
+    /// With --capture: the captured work also allocates this many bytes
+    /// with cuMemAllocAsync on the capturing stream and frees them in the
+    /// graph (a graph memory node, as PyTorch's cudaMallocAsync backend
+    /// makes under torch.cuda.graph); 0: none
+    #[arg(long, default_value_t = 0)]
+    capture_alloc: u64,
     /// Pause between two captured launches, milliseconds (a capture that
     /// outlasts tokens and idle thresholds)
     #[arg(long, default_value_t = 2.0)]
@@ -901,9 +907,22 @@ fn capture_graph(d: &Driver, args: &Args, func: Ptr, ctx: Ptr) -> anyhow::Result
             // SAFETY: a stream of this context; out-pointers to locals.
             unsafe {
                 check("cuStreamBeginCapture", (d.begin_capture)(side, GLOBAL))?;
+                let mut scratch = 0u64;
+                if args.capture_alloc > 0 {
+                    check(
+                        "cuMemAllocAsync (captured)",
+                        (d.mem_alloc_async)(&mut scratch, args.capture_alloc as usize, side),
+                    )?;
+                }
                 for _ in 0..args.capture {
                     launch(side, &mut params)?;
                     std::thread::sleep(Duration::from_secs_f64(args.capture_pause_ms / 1e3));
+                }
+                if scratch != 0 {
+                    check(
+                        "cuMemFreeAsync (captured)",
+                        (d.mem_free_async)(scratch, side),
+                    )?;
                 }
                 let mut graph: Ptr = std::ptr::null_mut();
                 check("cuStreamEndCapture", (d.end_capture)(side, &mut graph))?;
