@@ -384,8 +384,10 @@ fn lean_high(avg: u64, sample: u64) -> u64 {
 }
 
 /// Launches admitted per token while the device time per launch is not
-/// known (see `Gate::queue_ahead`).
-const UNKNOWN_LAUNCHES: u64 = 16;
+/// known (see `Gate::queue_ahead`). Few: a program of 50 ms kernels
+/// queued 16 of them (800 ms) under its first 30 ms token, which a
+/// MaxUtil of 0.3 then made it pay back for 2.7 s.
+const UNKNOWN_LAUNCHES: u64 = 4;
 
 /// A smoothed estimate that follows a shorter `sample` at once and a
 /// longer one by an eighth: one outlier (a thread descheduled, a slow

@@ -772,6 +772,44 @@ fn a_program_that_never_waits_is_held_to_its_cap() {
     }
 }
 
+/// A program of 50 ms kernels under MaxUtil 0.3, beside a group that
+/// takes the rest, gets its 0.3 from its first seconds: before the device
+/// time per launch is known, its first token admits only a few launches.
+/// (With 16, the first token queued 800 ms of kernels, which the cap then
+/// made it pay back for 2.7 s: 0.19 of the device over seconds 1-5.)
+#[test]
+fn long_kernels_get_their_capped_share_from_the_start() {
+    let _serial = serial();
+    let g = Gemini::start(
+        SimEnv::default(),
+        "[capped]\nMaxUtil=0.3\n[other]\nMinUtil=0.7\n",
+    );
+    let run = || {
+        let t0 = now_ns();
+        let other = spawn(rust(
+            &g,
+            "other",
+            &["--kernel-us", "1000", "--seconds", "5"],
+        ));
+        let long = spawn(rust(
+            &g,
+            "capped",
+            &["--kernel-us", "50000", "--seconds", "5"],
+        ));
+        let (long, other) = (finish(long), finish(other));
+        let busy = g.sim.busy(0, t0 + SEC, t0 + 5 * SEC);
+        (busy.share(pid_of(&long)), busy.share(pid_of(&other)))
+    };
+    let ((long, other), counts) = measured("50 ms kernels", MAX_STEAL, 2, run);
+    assert!(long <= 0.36, "50 ms kernels: {long:.3}, over the 0.3 cap");
+    if counts {
+        assert!(
+            long >= 0.25 && other >= 0.6,
+            "50 ms kernels: {long:.3} (cap 0.3), the other group {other:.3} (min 0.7)"
+        );
+    }
+}
+
 /// A graph launch runs all its kernels: the hook times each launch with
 /// events and learns what the graph costs on the device (20 captured 1 ms
 /// kernels: 20 ms), which a lent token then counts it as, instead of one
