@@ -11,8 +11,8 @@ pub mod settings;
 pub mod size;
 
 pub use resource::{
-    ConfigError, ConfigErrors, GroupConfig, ResourceConfig, Warning, diff, load_resource,
-    parse_resource,
+    ConfigError, ConfigErrors, GroupConfig, ResourceConfig, Warning, diff, drop_in_dir,
+    load_resource, load_resource_as, parse_resource,
 };
 
 pub use settings::{

@@ -164,17 +164,124 @@ impl fmt::Display for Warning {
 
 /// Reads and validates `path`.
 pub fn load_resource(path: &Path) -> Result<(ResourceConfig, Vec<Warning>), ConfigErrors> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => parse_resource(&text, path),
-        Err(e) => Err(ConfigErrors(vec![ConfigError {
-            at: Location {
-                file: path.to_path_buf(),
-                line: None,
-                group: None,
-            },
-            message: format!("cannot read the file: {e}"),
-        }])),
+    load_resource_as(path, nix::unistd::geteuid().as_raw())
+}
+
+/// The drop-in directory of `path`: `resource.conf.d` beside
+/// `resource.conf`. Every `*.conf` file in it adds groups.
+pub fn drop_in_dir(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".d");
+    path.with_file_name(name)
+}
+
+/// [`load_resource`] for a daemon running as `owner`: a drop-in file is
+/// accepted only if root or `owner` owns it (and the link to it, if it is
+/// one), since whoever writes one decides a group's share.
+pub fn load_resource_as(
+    path: &Path,
+    owner: u32,
+) -> Result<(ResourceConfig, Vec<Warning>), ConfigErrors> {
+    let unreadable = |file: &Path, e: std::io::Error| ConfigError {
+        at: Location {
+            file: file.to_path_buf(),
+            line: None,
+            group: None,
+        },
+        message: format!("cannot read the file: {e}"),
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|e| ConfigErrors(vec![unreadable(path, e)]))?;
+    let mut files = vec![(path.to_path_buf(), text)];
+    let mut errors = Vec::new();
+    let dir = drop_in_dir(path);
+    let mut drop_ins: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            errors.push(unreadable(&dir, e));
+            Vec::new()
+        }
+    };
+    drop_ins.sort();
+    for file in drop_ins {
+        if let Some(uid) = foreign_owner(&file, owner) {
+            errors.push(ConfigError {
+                at: Location {
+                    file: file.clone(),
+                    line: None,
+                    group: None,
+                },
+                message: format!(
+                    "owned by uid {uid}: a drop-in file must belong to root or to the scheduler's user (uid {owner}), since it decides a group's share"
+                ),
+            });
+            continue;
+        }
+        match std::fs::read_to_string(&file) {
+            Ok(text) => files.push((file, text)),
+            Err(e) => errors.push(unreadable(&file, e)),
+        }
     }
+    let mut warnings = Vec::new();
+    let mut groups: BTreeMap<String, GroupConfig> = BTreeMap::new();
+    let mut defined: BTreeMap<String, (PathBuf, usize)> = BTreeMap::new();
+    for (file, text) in &files {
+        match parse_groups(text, file) {
+            Ok((gs, ws)) => {
+                warnings.extend(ws);
+                for (name, g) in gs {
+                    if let Some((first, line)) = defined.get(&name) {
+                        errors.push(ConfigError {
+                            at: Location {
+                                file: file.clone(),
+                                line: Some(g.line),
+                                group: Some(name.clone()),
+                            },
+                            message: format!(
+                                "group [{name}] is already defined in {} line {line}; each group is defined in one file",
+                                first.display()
+                            ),
+                        });
+                        continue;
+                    }
+                    defined.insert(name.clone(), (file.clone(), g.line));
+                    groups.insert(name, g);
+                }
+            }
+            Err(e) => errors.extend(e.0),
+        }
+    }
+    let several = files.len() > 1;
+    let whole = finish(groups, warnings, errors, path, |name, line| {
+        match defined.get(name) {
+            Some((file, _)) if several && file != path => {
+                format!("{} line {line}", file.display())
+            }
+            _ => format!("line {line}"),
+        }
+    })?;
+    Ok(whole)
+}
+
+/// The owner of `file` (or of the link to it) when it is neither root nor
+/// `owner`.
+fn foreign_owner(file: &Path, owner: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let ok = |uid: u32| uid == 0 || uid == owner;
+    for m in [std::fs::symlink_metadata(file), std::fs::metadata(file)]
+        .into_iter()
+        .flatten()
+    {
+        if !ok(m.uid()) {
+            return Some(m.uid());
+        }
+    }
+    None
 }
 
 /// A key as found in the file.
@@ -391,6 +498,19 @@ pub fn parse_resource(
     text: &str,
     file: &Path,
 ) -> Result<(ResourceConfig, Vec<Warning>), ConfigErrors> {
+    let (groups, warnings) = parse_groups(text, file)?;
+    finish(groups, warnings, Vec::new(), file, |_, line| {
+        format!("line {line}")
+    })
+}
+
+/// The groups of one file, validated one by one (what concerns all
+/// groups together is [`finish`]'s).
+#[allow(clippy::type_complexity)]
+fn parse_groups(
+    text: &str,
+    file: &Path,
+) -> Result<(BTreeMap<String, GroupConfig>, Vec<Warning>), ConfigErrors> {
     let (raw, idx) = parse_raw(text, file)?;
     let at = |line: usize, group: &str| Location {
         file: file.to_path_buf(),
@@ -510,12 +630,29 @@ pub fn parse_resource(
         }
         groups.insert(g.name.clone(), cfg);
     }
+    if !errors.is_empty() {
+        errors.sort_by_key(|e| e.at.line.unwrap_or(usize::MAX));
+        return Err(ConfigErrors(errors));
+    }
+    Ok((groups, warnings))
+}
+
+/// The configuration of all of `groups` (read from `file` and its
+/// drop-ins; `place` says where a group is, for messages), after the
+/// checks that concern them all, with the `errors` found so far.
+fn finish(
+    groups: BTreeMap<String, GroupConfig>,
+    mut warnings: Vec<Warning>,
+    mut errors: Vec<ConfigError>,
+    file: &Path,
+    place: impl Fn(&str, usize) -> String,
+) -> Result<(ResourceConfig, Vec<Warning>), ConfigErrors> {
     let sum: f64 = groups.values().map(|g| g.min_util).sum();
     if sum > 1.0 + SUM_EPSILON {
         let parts: Vec<String> = groups
             .values()
             .filter(|g| g.min_util > 0.0)
-            .map(|g| format!("{} {} (line {})", g.name, g.min_util, g.line))
+            .map(|g| format!("{} {} ({})", g.name, g.min_util, place(&g.name, g.line)))
             .collect();
         errors.push(ConfigError {
             at: Location { file: file.to_path_buf(), line: None, group: None },
@@ -536,7 +673,18 @@ pub fn parse_resource(
         });
     }
     if !errors.is_empty() {
-        errors.sort_by_key(|e| e.at.line.unwrap_or(usize::MAX));
+        errors.sort_by(|a, b| {
+            (
+                a.at.file != file,
+                &a.at.file,
+                a.at.line.unwrap_or(usize::MAX),
+            )
+                .cmp(&(
+                    b.at.file != file,
+                    &b.at.file,
+                    b.at.line.unwrap_or(usize::MAX),
+                ))
+        });
         return Err(ConfigErrors(errors));
     }
     Ok((

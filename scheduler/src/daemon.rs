@@ -83,6 +83,9 @@ pub struct Daemon {
     /// written yet).
     saved_reservations: Option<Vec<(ClientId, String, Vec<u32>)>>,
     reload_due: Option<Instant>,
+    /// resource.conf itself had content at the last good load (groups may
+    /// come from its drop-in files alone).
+    main_had_text: bool,
     stop: Arc<AtomicBool>,
     /// Set by SIGHUP: re-read resource.conf now.
     hup: Arc<AtomicBool>,
@@ -239,6 +242,8 @@ struct ConfigWatch {
     /// directory of its target if it was a symbolic link.
     path: PathBuf,
     target: Option<PathBuf>,
+    /// Whether the drop-in directory existed, and is watched.
+    drop_ins: bool,
 }
 
 /// The directory a symbolic link at `path` leads into (`None`: not a link).
@@ -252,6 +257,11 @@ fn link_target_dir(path: &Path) -> Option<PathBuf> {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     })
+}
+
+/// Whether resource.conf is empty (a UTF-8 mark and blanks at most).
+fn main_is_empty(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| t.trim_start_matches('\u{feff}').trim().is_empty())
 }
 
 /// `(device, inode)` of `dir`, if it exists.
@@ -279,6 +289,13 @@ impl ConfigWatch {
         {
             dirs.push(d.clone());
         }
+        // Drop-in groups: the directory is watched while it exists; its
+        // coming or going is seen in the parent's watch.
+        let drop_in = gemini_config::drop_in_dir(path);
+        let drop_ins = drop_in.is_dir();
+        if drop_ins {
+            dirs.push(drop_in.clone());
+        }
         let name = path.file_name().map(|n| n.to_os_string());
         let (tx, rx) = mpsc::channel();
         let lost = Arc::new(AtomicBool::new(false));
@@ -298,10 +315,11 @@ impl ConfigWatch {
                 return;
             }
             if linked
-                || ev
-                    .paths
-                    .iter()
-                    .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
+                || ev.paths.iter().any(|p| {
+                    p.file_name().map(|n| n.to_os_string()) == name
+                        || p == &drop_in
+                        || p.parent() == Some(drop_in.as_path())
+                })
             {
                 let _ = tx.send(());
             }
@@ -324,6 +342,7 @@ impl ConfigWatch {
             lost,
             path: path.to_path_buf(),
             target,
+            drop_ins,
         })
     }
 
@@ -336,6 +355,7 @@ impl ConfigWatch {
             lost: Arc::new(AtomicBool::new(true)),
             path: PathBuf::new(),
             target: None,
+            drop_ins: false,
         }
     }
 
@@ -346,6 +366,7 @@ impl ConfigWatch {
             || self.dirs.is_empty()
             || self.dirs.iter().any(|(d, id)| dir_id(d) != *id)
             || link_target_dir(&self.path) != self.target
+            || gemini_config::drop_in_dir(&self.path).is_dir() != self.drop_ins
     }
 }
 
@@ -481,6 +502,7 @@ impl Daemon {
             last_watch_check: Instant::now(),
             saved_reservations: None,
             reload_due: None,
+            main_had_text: !main_is_empty(&settings.config),
             stop,
             hup,
             ipc_dir: ipc_dir.to_path_buf(),
@@ -1044,7 +1066,7 @@ impl Daemon {
                 match ConfigWatch::new(&self.config_path) {
                     Ok(w) => {
                         info!(
-                            "watching {} again (its directory was replaced)",
+                            "watching {} again (its directory or its drop-in directory came or went)",
                             self.config_path.display()
                         );
                         self.watch = w;
@@ -1071,9 +1093,8 @@ impl Daemon {
         // A file being rewritten (truncated, then written) is empty for a
         // moment: that is not "no groups". An empty file after a non-empty
         // one keeps the configuration; a file with only a comment applies.
-        let emptied = std::fs::read_to_string(&self.config_path)
-            .is_ok_and(|t| t.trim_start_matches('\u{feff}').trim().is_empty());
-        if emptied && !self.policy.config().groups.is_empty() {
+        let emptied = main_is_empty(&self.config_path);
+        if emptied && self.main_had_text {
             warn!(
                 "{} is empty; keeping the previous configuration until it has content \
                  (to remove every group, leave a comment in it)",
@@ -1094,6 +1115,7 @@ impl Daemon {
                     info!("{} reloaded: {c}", self.config_path.display());
                 }
                 self.config_error = None;
+                self.main_had_text = !emptied;
                 let actions = self.policy.handle(Event::Reconfigure(cfg), self.now());
                 self.send_actions(actions);
                 Ok(())

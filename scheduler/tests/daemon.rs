@@ -1111,3 +1111,38 @@ fn emptied_config_refuses_new_clients_and_keeps_running_ones() {
         "the running client keeps its group's last limit"
     );
 }
+
+/// Drop-in groups: every `*.conf` in `resource.conf.d` adds groups, read
+/// live — the directory made after the start, files added, edited and
+/// removed — while resource.conf itself stays empty; a group defined in
+/// two files is refused naming both, and the last good configuration
+/// stays.
+#[test]
+fn drop_in_files_add_and_remove_groups_live() {
+    let s = Schd::start("");
+    let d = s.dir.path().join("resource.conf.d");
+    fs::create_dir(&d).unwrap();
+    save_like_an_editor(&d.join("job-1.conf"), "[job1]\nMinUtil=0.3\n");
+    s.wait_status("a drop-in group", |st| group_min(st, "job1") == Some(0.3));
+    fs::write(d.join("job-2.conf"), "[job2]\nMinUtil=0.7\n").unwrap();
+    s.wait_status("a second one", |st| group_min(st, "job2") == Some(0.7));
+    fs::write(d.join("notes.txt"), "[not-a-group]\n").unwrap();
+    fs::write(d.join("z-dup.conf"), "[job1]\n").unwrap();
+    let st = s.wait_status("the duplicate refused", |st| st.config_error.is_some());
+    let err = st.config_error.clone().unwrap();
+    assert!(
+        err.contains("z-dup.conf:1: [job1]: group [job1] is already defined in")
+            && err.contains("job-1.conf line 1"),
+        "{err}"
+    );
+    assert_eq!(group_min(&st, "job2"), Some(0.7), "the last good configuration stays");
+    fs::remove_file(d.join("z-dup.conf")).unwrap();
+    fs::remove_file(d.join("job-1.conf")).unwrap();
+    let st = s.wait_status("job1 removed", |st| {
+        st.config_error.is_none() && group_min(st, "job1").is_none()
+    });
+    assert_eq!(group_min(&st, "job2"), Some(0.7));
+    assert!(group_min(&st, "not-a-group").is_none());
+    fs::remove_dir_all(&d).unwrap();
+    s.wait_status("the directory removed", |st| st.groups.is_empty());
+}

@@ -293,3 +293,82 @@ fn zero_memory_and_unknown_users_or_groups_are_warned_about() {
     // root exists: no warning for it.
     assert!(!w.iter().any(|m| m.contains("\"root\"")), "{w:?}");
 }
+
+/// A `resource.conf` and its drop-in directory in a fresh directory.
+fn with_drop_ins(main: &str, drop_ins: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("resource.conf");
+    std::fs::write(&path, main).unwrap();
+    let d = drop_in_dir(&path);
+    std::fs::create_dir(&d).unwrap();
+    for (name, text) in drop_ins {
+        std::fs::write(d.join(name), text).unwrap();
+    }
+    (dir, path)
+}
+
+#[test]
+fn drop_in_files_add_groups() {
+    let (_d, path) = with_drop_ins(
+        "[a]\nMinUtil=0.2\n",
+        &[
+            ("job-2.conf", "[job2]\nMinUtil=0.3\n"),
+            ("job-1.conf", "[job1]\nMinUtil=0.1\nMemoryLimit=2GiB\n"),
+            ("notes.txt", "[ignored]\n"),
+        ],
+    );
+    assert_eq!(drop_in_dir(&path), path.with_file_name("resource.conf.d"));
+    let (cfg, _) = load_resource(&path).unwrap();
+    assert_eq!(
+        cfg.groups.keys().collect::<Vec<_>>(),
+        ["a", "job1", "job2"],
+        "only *.conf files count"
+    );
+    assert_eq!(cfg.groups["job1"].memory_limit, 2 << 30);
+    assert_eq!(cfg.path, path);
+}
+
+#[test]
+fn a_group_defined_twice_or_guarantees_over_1_across_files_are_errors() {
+    let (_d, path) = with_drop_ins(
+        "[a]\nMinUtil=0.5\n",
+        &[
+            ("x.conf", "\n[a]\nMinUtil=0.1\n"),
+            ("y.conf", "[b]\nMinUtil=0.6\n[c]\nMinUtil=bad\n"),
+        ],
+    );
+    let e = load_resource(&path).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("x.conf:2: [a]: group [a] is already defined in")
+            && text.contains("resource.conf line 1"),
+        "{text}"
+    );
+    assert!(text.contains("y.conf:4: [c]: MinUtil"), "{text}");
+    let (_d, path) = with_drop_ins("[a]\nMinUtil=0.5\n", &[("y.conf", "[b]\nMinUtil=0.6\n")]);
+    let text = load_resource(&path).unwrap_err().to_string();
+    assert!(
+        text.contains("adds up to 1.100") && text.contains("y.conf line 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_drop_in_file_of_another_user_is_refused() {
+    let (_d, path) = with_drop_ins("[a]\n", &[("job.conf", "[job]\nMinUtil=0.9\n")]);
+    let file = drop_in_dir(&path).join("job.conf");
+    let me = nix::unistd::geteuid().as_raw();
+    // As root, the file is given to nobody; otherwise the scheduler is
+    // taken to run as another user than the file's owner.
+    let owner = if me == 0 {
+        std::os::unix::fs::chown(&file, Some(65534), None).unwrap();
+        0
+    } else {
+        me + 1
+    };
+    let text = load_resource_as(&path, owner).unwrap_err().to_string();
+    assert!(
+        text.contains("job.conf: owned by uid") && text.contains("must belong to root"),
+        "{text}"
+    );
+}
