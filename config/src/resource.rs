@@ -28,13 +28,16 @@ pub const MEMORY_LIMIT: &str = "MemoryLimit";
 pub const ALLOWED_USERS: &str = "AllowedUsers";
 /// Key for the Unix groups allowed in a group.
 pub const ALLOWED_GROUPS: &str = "AllowedGroups";
+/// Key for the cgroups whose processes belong to a group.
+pub const CGROUPS: &str = "Cgroups";
 /// Keys this version understands.
-pub const KNOWN_KEYS: [&str; 5] = [
+pub const KNOWN_KEYS: [&str; 6] = [
     MIN_UTIL,
     MAX_UTIL,
     MEMORY_LIMIT,
     ALLOWED_USERS,
     ALLOWED_GROUPS,
+    CGROUPS,
 ];
 /// `MemoryLimit` when the key is absent.
 pub const DEFAULT_MEMORY_LIMIT: u64 = 1 << 30;
@@ -53,6 +56,8 @@ pub struct GroupConfig {
     pub max_util: f64,
     /// Bytes per device, summed over the group's processes.
     pub memory_limit: u64,
+    /// The file that defines it (`resource.conf` or a drop-in file).
+    pub file: PathBuf,
     /// Line of the section header.
     pub line: usize,
     /// `AllowedUsers`: user names that may run in the group (`None`: no
@@ -61,9 +66,32 @@ pub struct GroupConfig {
     /// `AllowedGroups`: Unix groups whose members may run in the group
     /// (`None`: no restriction by Unix group).
     pub allowed_groups: Option<Vec<String>>,
+    /// `Cgroups`: cgroup paths (as `/proc/PID/cgroup` shows them, e.g.
+    /// Slurm's `/system.slice/slurmstepd.scope/job_42`) whose processes,
+    /// and those of the cgroups below, belong to this group and to no
+    /// other; `None`: membership is by name.
+    pub cgroups: Option<Vec<String>>,
 }
 
 impl GroupConfig {
+    /// The length of the longest of this group's cgroups that `cgroup`
+    /// is (or is below); `None`: none, or the group has none.
+    pub fn cgroup_match(&self, cgroup: &str) -> Option<usize> {
+        self.cgroups
+            .as_ref()?
+            .iter()
+            .filter(|c| {
+                let c = c.trim_end_matches('/');
+                c.is_empty()
+                    || cgroup == c
+                    || cgroup
+                        .strip_prefix(c)
+                        .is_some_and(|rest| rest.starts_with('/'))
+            })
+            .map(String::len)
+            .max()
+    }
+
     /// Whether a user may join: unrestricted groups admit everyone; a
     /// restricted one admits the users listed and the members of the Unix
     /// groups listed.
@@ -474,6 +502,28 @@ fn parse_names(value: &str) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
+/// `Cgroups`: absolute cgroup paths, `;`-separated.
+fn parse_cgroups(value: &str) -> Result<Vec<String>, String> {
+    let paths: Vec<String> = value
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    if paths.is_empty() {
+        return Err(
+            "expected cgroup paths such as `/system.slice/slurmstepd.scope/job_42`, got nothing"
+                .into(),
+        );
+    }
+    if let Some(bad) = paths.iter().find(|p| !p.starts_with('/')) {
+        return Err(format!(
+            "{bad:?} is not a cgroup path: expected one starting with `/`, as /proc/PID/cgroup shows it"
+        ));
+    }
+    Ok(paths)
+}
+
 /// Whether the user database knows `name` (a lookup that fails counts as
 /// known: no warning on a guess).
 fn user_exists(name: &str) -> bool {
@@ -545,9 +595,11 @@ fn parse_groups(
             min_util: 0.0,
             max_util: 1.0,
             memory_limit: DEFAULT_MEMORY_LIMIT,
+            file: file.to_path_buf(),
             line: g.line,
             allowed_users: None,
             allowed_groups: None,
+            cgroups: None,
         };
         let mut min_line = g.line;
         // Whether MinUtil and MaxUtil are usable (absent or valid): their
@@ -590,6 +642,7 @@ fn parse_groups(
                     }
                     cfg.allowed_groups = Some(v);
                 }),
+                CGROUPS => parse_cgroups(&e.value).map(|v| cfg.cgroups = Some(v)),
                 other => {
                     warnings.push(Warning {
                         at: at(e.line, &g.name),

@@ -162,12 +162,9 @@ impl State {
         if code != 0 {
             return Err(code);
         }
-        let Some(group) = self.settings.group.clone() else {
-            error!(
-                "GEMINI_GROUP_NAME is not set: set it to a group of the scheduler's resource.conf (see `gem-schd status`); CUDA launches and allocations will fail with CUDA_ERROR_NOT_PERMITTED"
-            );
-            return Err(self.refuse(CUDA_ERROR_NOT_PERMITTED));
-        };
+        // Without GEMINI_GROUP_NAME the scheduler places the process by
+        // its cgroup (a group's `Cgroups`), or refuses it saying so.
+        let group = self.settings.group.clone().unwrap_or_default();
         self.open()?;
         let start = Instant::now();
         let hello = Request::Hello {

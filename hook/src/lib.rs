@@ -12,7 +12,7 @@
 //!   re-registering after a scheduler restart);
 //! - [`state`]: settings from the environment, per-process state, fork.
 //!
-//! Environment: `GEMINI_GROUP_NAME` (required), `GEMINI_IPC_DIR`,
+//! Environment: `GEMINI_GROUP_NAME` (unless a group's `Cgroups` places the process), `GEMINI_IPC_DIR`,
 //! `GEMINI_LOG`, `GEMINI_CONNECT_TIMEOUT`, `GEMINI_IDLE_MS`.
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]

@@ -415,6 +415,17 @@ fn identity(c: PeerCred) -> (String, Vec<String>) {
     (name, groups)
 }
 
+/// The cgroup of process `pid`: the unified (v2) hierarchy's path in
+/// `/proc/PID/cgroup`, else the first hierarchy's.
+fn cgroup_of(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = |l: &str| l.splitn(3, ':').nth(2).map(str::to_string);
+    text.lines()
+        .find(|l| l.starts_with("0::"))
+        .and_then(path)
+        .or_else(|| text.lines().next().and_then(path))
+}
+
 fn describe_allowed(cfg: &gemini_config::GroupConfig) -> String {
     let mut parts = Vec::new();
     if let Some(u) = &cfg.allowed_users {
@@ -839,11 +850,6 @@ impl Daemon {
                 self.reply(client, seq, &reply);
                 false
             }
-            Request::Hello {
-                ref role,
-                ref group,
-                ..
-            } if self.refuse_access(client, seq, *role, group) => false,
             Request::Reserve { ref group, .. }
                 if self.refuse_access(client, seq, Role::Control, group) =>
             {
@@ -860,6 +866,22 @@ impl Daemon {
                     .conn(client)
                     .and_then(|c| c.cred)
                     .map_or(pid, |c| c.pid);
+                // A process in a group's cgroup is that group's, whatever
+                // it asks (or with no name at all).
+                let group = match role {
+                    Role::Client => match self.place(client, pid, &group) {
+                        Ok(g) => g,
+                        Err((kind, message)) => {
+                            warn!("client {client} (pid {pid}) refused: {message}");
+                            self.reply(client, seq, &Reply::Error(ErrorReply { kind, message }));
+                            return false;
+                        }
+                    },
+                    _ => group,
+                };
+                if self.refuse_access(client, seq, role, &group) {
+                    return false;
+                }
                 let req = Request::Hello {
                     role,
                     group: group.clone(),
@@ -926,7 +948,7 @@ impl Daemon {
                             format!(
                                 "user {user} (uid {}) may not run in group {group:?}: {} line {} allows {}",
                                 c.uid,
-                                self.config_path.display(),
+                                cfg.file.display(),
                                 cfg.line,
                                 describe_allowed(cfg)
                             )
@@ -941,6 +963,65 @@ impl Daemon {
         warn!("client {client}: refused: {message}");
         self.deny(client, seq, message);
         true
+    }
+
+    /// The group a client process of `pid` belongs to, asking for `asked`
+    /// (empty: none named). A process in a cgroup that a group's `Cgroups`
+    /// lists (or below one) belongs to that group (the longest match) and
+    /// may join no other; a group with `Cgroups` takes no process outside
+    /// them. The cgroup is the kernel's (`/proc/PID/cgroup` of the peer
+    /// `SO_PEERCRED` names), so a job cannot claim another's group.
+    fn place(
+        &self,
+        client: ClientId,
+        pid: u32,
+        asked: &str,
+    ) -> Result<String, (ErrorKind, String)> {
+        let config = self.policy.config();
+        let bound = config.groups.values().any(|g| g.cgroups.is_some());
+        let verified = self.conn(client).and_then(|c| c.cred).is_some();
+        let cgroup = if bound && verified {
+            cgroup_of(pid)
+        } else {
+            None
+        };
+        let at = |g: &gemini_config::GroupConfig| format!("{} line {}", g.file.display(), g.line);
+        let home = cgroup.as_deref().and_then(|cg| {
+            config
+                .groups
+                .values()
+                .filter_map(|g| g.cgroup_match(cg).map(|n| (n, g)))
+                .max_by_key(|(n, _)| *n)
+                .map(|(_, g)| g)
+        });
+        let cg = cgroup.as_deref().unwrap_or("(unknown)");
+        match (home, config.group(asked)) {
+            (Some(h), _) if asked.is_empty() || asked == h.name => Ok(h.name.clone()),
+            (Some(h), _) => Err((
+                ErrorKind::PermissionDenied,
+                format!(
+                    "pid {pid} runs in cgroup {cg}, which belongs to group {:?} ({}): it may not join group {asked:?} (unset GEMINI_GROUP_NAME, or set it to {:?})",
+                    h.name,
+                    at(h),
+                    h.name
+                ),
+            )),
+            (None, Some(g)) if g.cgroups.is_some() => Err((
+                ErrorKind::PermissionDenied,
+                format!(
+                    "group {asked:?} ({}) takes only the processes of its cgroups; pid {pid} runs in cgroup {cg}",
+                    at(g)
+                ),
+            )),
+            (None, _) if asked.is_empty() => Err((
+                ErrorKind::UnknownGroup,
+                format!(
+                    "GEMINI_GROUP_NAME is not set, and pid {pid} (cgroup {cg}) is in no group's Cgroups in {}: set GEMINI_GROUP_NAME to a group (see `gem-schd status`)",
+                    self.config_path.display()
+                ),
+            )),
+            (None, _) => Ok(asked.to_string()),
+        }
     }
 
     /// Replies `PermissionDenied` with `message`.

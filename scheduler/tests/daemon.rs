@@ -1135,7 +1135,11 @@ fn drop_in_files_add_and_remove_groups_live() {
             && err.contains("job-1.conf line 1"),
         "{err}"
     );
-    assert_eq!(group_min(&st, "job2"), Some(0.7), "the last good configuration stays");
+    assert_eq!(
+        group_min(&st, "job2"),
+        Some(0.7),
+        "the last good configuration stays"
+    );
     fs::remove_file(d.join("z-dup.conf")).unwrap();
     fs::remove_file(d.join("job-1.conf")).unwrap();
     let st = s.wait_status("job1 removed", |st| {
@@ -1145,4 +1149,78 @@ fn drop_in_files_add_and_remove_groups_live() {
     assert!(group_min(&st, "not-a-group").is_none());
     fs::remove_dir_all(&d).unwrap();
     s.wait_status("the directory removed", |st| st.groups.is_empty());
+}
+
+/// The cgroup of this process, as the scheduler reads it.
+fn own_cgroup() -> String {
+    let text = fs::read_to_string("/proc/self/cgroup").unwrap();
+    let path = |l: &str| l.splitn(3, ':').nth(2).unwrap().to_string();
+    text.lines()
+        .find(|l| l.starts_with("0::"))
+        .map(path)
+        .unwrap_or_else(|| path(text.lines().next().unwrap()))
+}
+
+/// A group's `Cgroups` decides membership from the kernel's view of the
+/// connecting process: a process in the group's cgroup is placed in it
+/// without naming a group and may not name another; a group bound to
+/// cgroups takes no process outside them; a process in no group's cgroup
+/// that names no group is told to set GEMINI_GROUP_NAME.
+#[test]
+fn a_groups_cgroups_place_its_processes_and_keep_others_out() {
+    let mine = own_cgroup();
+    let s = Schd::start(&format!(
+        "[job]\nCgroups=/no/such/job;{mine}\n[open]\n[elsewhere]\nCgroups=/no/such/cgroup\n"
+    ));
+    let mut c = s.client();
+    assert!(
+        matches!(hello(&mut c, ""), Reply::Welcome { .. }),
+        "placed by its cgroup without a name"
+    );
+    let st = s.status();
+    assert!(
+        st.clients.iter().any(|c| c.group == "job"),
+        "{:?}",
+        st.clients
+    );
+    let mut other = s.client();
+    match hello(&mut other, "open") {
+        Reply::Error(e) => {
+            assert_eq!(e.kind, ErrorKind::PermissionDenied);
+            assert!(
+                e.message.contains(&format!("runs in cgroup {mine}"))
+                    && e.message.contains("belongs to group \"job\"")
+                    && e.message.contains("resource.conf line 1"),
+                "{}",
+                e.message
+            );
+        }
+        r => panic!("a job's process joined another group: {r:?}"),
+    }
+    save_like_an_editor(&s.conf(), "[open]\n[elsewhere]\nCgroups=/no/such/cgroup\n");
+    // The job's group is retired (its connected process keeps it).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !s.log().contains("[job] removed") {
+        assert!(Instant::now() < deadline, "not reloaded:\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut third = s.client();
+    let r = hello(&mut third, "elsewhere");
+    assert_eq!(error_kind(&r), Some(ErrorKind::PermissionDenied), "{r:?}");
+    let r = hello(&mut s.client(), "");
+    match r {
+        Reply::Error(e) => {
+            assert_eq!(e.kind, ErrorKind::UnknownGroup);
+            assert!(
+                e.message.contains("GEMINI_GROUP_NAME is not set"),
+                "{}",
+                e.message
+            );
+        }
+        r => panic!("{r:?}"),
+    }
+    assert!(matches!(
+        hello(&mut s.client(), "open"),
+        Reply::Welcome { .. }
+    ));
 }

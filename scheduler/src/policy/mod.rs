@@ -259,9 +259,11 @@ fn holder_config() -> GroupConfig {
         min_util: 0.0,
         max_util: 1.0,
         memory_limit: u64::MAX,
+        file: std::path::PathBuf::new(),
         line: 0,
         allowed_users: None,
         allowed_groups: None,
+        cgroups: None,
     }
 }
 
@@ -372,9 +374,11 @@ impl Policy {
                 min_util: 0.0,
                 max_util: 0.0,
                 memory_limit: 0,
+                file: std::path::PathBuf::new(),
                 line: 0,
                 allowed_users: None,
                 allowed_groups: None,
+                cgroups: None,
             })
     }
 
