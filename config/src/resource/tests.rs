@@ -375,17 +375,27 @@ fn a_drop_in_file_of_another_user_is_refused() {
 
 #[test]
 fn cgroups_are_absolute_paths_and_match_their_subtrees() {
-    let (cfg, _) = parse("[job]\nCgroups=/system.slice/slurmstepd.scope/job_42 ; /kubepods/pod1/\n").unwrap();
+    let (cfg, _) =
+        parse("[job]\nCgroups=/system.slice/slurmstepd.scope/job_42 ; /kubepods/pod1/\n").unwrap();
     let g = &cfg.groups["job"];
     let m = |cg: &str| g.cgroup_match(cg);
     assert!(m("/system.slice/slurmstepd.scope/job_42").is_some());
     assert!(m("/system.slice/slurmstepd.scope/job_42/step_0/user/task_0").is_some());
-    assert_eq!(m("/system.slice/slurmstepd.scope/job_420"), None, "not a prefix of a name");
+    assert_eq!(
+        m("/system.slice/slurmstepd.scope/job_420"),
+        None,
+        "not a prefix of a name"
+    );
     assert!(m("/kubepods/pod1/c1").is_some());
     assert_eq!(m("/"), None);
     assert_eq!(cfg.groups["job"].cgroups.as_ref().map(Vec::len), Some(2));
-    let e = parse("[job]\nCgroups=system.slice/x\n").unwrap_err().to_string();
-    assert!(e.contains(":2: [job]: Cgroups:") && e.contains("starting with `/`"), "{e}");
+    let e = parse("[job]\nCgroups=system.slice/x\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(":2: [job]: Cgroups:") && e.contains("starting with `/`"),
+        "{e}"
+    );
     let (open, _) = parse("[open]\n").unwrap();
     assert_eq!(open.groups["open"].cgroup_match("/anything"), None);
 }
