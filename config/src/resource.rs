@@ -257,13 +257,12 @@ pub fn load_resource_as(
     }
     let mut warnings = Vec::new();
     let mut groups: BTreeMap<String, GroupConfig> = BTreeMap::new();
-    let mut defined: BTreeMap<String, (PathBuf, usize)> = BTreeMap::new();
     for (file, text) in &files {
         match parse_groups(text, file) {
             Ok((gs, ws)) => {
                 warnings.extend(ws);
                 for (name, g) in gs {
-                    if let Some((first, line)) = defined.get(&name) {
+                    if let Some(first) = groups.get(&name) {
                         errors.push(ConfigError {
                             at: Location {
                                 file: file.clone(),
@@ -271,29 +270,20 @@ pub fn load_resource_as(
                                 group: Some(name.clone()),
                             },
                             message: format!(
-                                "group [{name}] is already defined in {} line {line}; each group is defined in one file",
-                                first.display()
+                                "group [{name}] is already defined in {} line {}; each group is defined in one file",
+                                first.file.display(),
+                                first.line
                             ),
                         });
                         continue;
                     }
-                    defined.insert(name.clone(), (file.clone(), g.line));
                     groups.insert(name, g);
                 }
             }
             Err(e) => errors.extend(e.0),
         }
     }
-    let several = files.len() > 1;
-    let whole = finish(groups, warnings, errors, path, |name, line| {
-        match defined.get(name) {
-            Some((file, _)) if several && file != path => {
-                format!("{} line {line}", file.display())
-            }
-            _ => format!("line {line}"),
-        }
-    })?;
-    Ok(whole)
+    finish(groups, warnings, errors, path)
 }
 
 /// The owner of `file` (or of the link to it) when it is neither root nor
@@ -549,9 +539,7 @@ pub fn parse_resource(
     file: &Path,
 ) -> Result<(ResourceConfig, Vec<Warning>), ConfigErrors> {
     let (groups, warnings) = parse_groups(text, file)?;
-    finish(groups, warnings, Vec::new(), file, |_, line| {
-        format!("line {line}")
-    })
+    finish(groups, warnings, Vec::new(), file)
 }
 
 /// The groups of one file, validated one by one (what concerns all
@@ -691,21 +679,29 @@ fn parse_groups(
 }
 
 /// The configuration of all of `groups` (read from `file` and its
-/// drop-ins; `place` says where a group is, for messages), after the
-/// checks that concern them all, with the `errors` found so far.
+/// drop-ins), after the checks that concern them all, with the `errors`
+/// found so far.
 fn finish(
     groups: BTreeMap<String, GroupConfig>,
     mut warnings: Vec<Warning>,
     mut errors: Vec<ConfigError>,
     file: &Path,
-    place: impl Fn(&str, usize) -> String,
 ) -> Result<(ResourceConfig, Vec<Warning>), ConfigErrors> {
+    // Where a group is, for messages: its line, and its file when that
+    // is a drop-in.
+    let place = |g: &GroupConfig| {
+        if g.file == file {
+            format!("line {}", g.line)
+        } else {
+            format!("{} line {}", g.file.display(), g.line)
+        }
+    };
     let sum: f64 = groups.values().map(|g| g.min_util).sum();
     if sum > 1.0 + SUM_EPSILON {
         let parts: Vec<String> = groups
             .values()
             .filter(|g| g.min_util > 0.0)
-            .map(|g| format!("{} {} ({})", g.name, g.min_util, place(&g.name, g.line)))
+            .map(|g| format!("{} {} ({})", g.name, g.min_util, place(g)))
             .collect();
         errors.push(ConfigError {
             at: Location { file: file.to_path_buf(), line: None, group: None },

@@ -68,6 +68,13 @@ pub fn origin(stream: *mut c_void) -> *mut c_void {
     open.iter().next().map_or(stream, |&s| s as *mut c_void)
 }
 
+/// Whether work issued to `stream` is recorded into an open capture (one
+/// relaxed load while no capture is open): see [`capturing`].
+#[inline]
+pub fn captured(stream: *mut c_void, per_thread: bool) -> bool {
+    any_open() && capturing(stream, per_thread)
+}
+
 /// Whether work issued to `stream` is being captured (active or
 /// invalidated: either way it does not run now). A stream the driver
 /// cannot answer for (the legacy stream beside a blocking capture) is not.

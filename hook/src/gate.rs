@@ -170,17 +170,10 @@ impl Drop for InCall {
 /// records a graph node and passes ungated (the graph's launch is gated).
 #[inline]
 pub fn admit_on(stream: *mut c_void, per_thread: bool) -> Result<InCall, CUresult> {
-    if captured(stream, per_thread) {
+    if capture::captured(stream, per_thread) {
         return Ok(InCall(None));
     }
     admit()
-}
-
-/// Whether work issued to `stream` is recorded into an open capture (one
-/// relaxed load while no capture is open).
-#[inline]
-fn captured(stream: *mut c_void, per_thread: bool) -> bool {
-    capture::any_open() && capture::capturing(stream, per_thread)
 }
 
 /// [`admit_on`] for a launch of the graph `exec`: under a lent token it
@@ -191,7 +184,7 @@ pub fn admit_graph(
     stream: *mut c_void,
     per_thread: bool,
 ) -> Result<InCall, CUresult> {
-    if captured(stream, per_thread) {
+    if capture::captured(stream, per_thread) {
         return Ok(InCall(None));
     }
     let cost = crate::graphs::cost(exec).unwrap_or(0);

@@ -18,7 +18,6 @@
 use crate::driver::CUresult;
 use crate::memory;
 use crate::state::{self, lock};
-use gemini_protocol::{Reply, Request};
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
@@ -166,29 +165,12 @@ pub fn settle(dev: u32) {
     };
     let mut held = lock(&st.graph_held);
     let h = held.entry(dev).or_insert((st.settings.physical(dev), 0));
-    let device = h.0;
-    if now < h.1 {
-        memory::unreserve(device, h.1 - now);
-        h.1 = now;
-    } else if now > h.1 {
-        // The driver reserved in chunks of its own beyond what was asked.
-        let grown = matches!(
-            st.call(
-                &Request::ReserveMemory {
-                    device,
-                    bytes: now - h.1
-                },
-                device
-            ),
-            Ok(Reply::Memory { .. })
+    // The driver may reserve in chunks of its own beyond what was asked.
+    if !memory::charge_to(h, now) {
+        crate::log::error!(
+            "the graph allocator of device {} holds {now} bytes, past what the group's MemoryLimit allowed ({} reserved)",
+            h.0,
+            h.1
         );
-        if grown {
-            h.1 = now;
-        } else {
-            crate::log::error!(
-                "the graph allocator of device {device} holds {now} bytes, past what the group's MemoryLimit allowed ({} reserved)",
-                h.1
-            );
-        }
     }
 }

@@ -153,7 +153,7 @@ pub fn pool_alloc(
 ) -> CUresult {
     // Captured: a graph memory node, allocated when the graph runs (see
     // `graphmem`).
-    if crate::capture::any_open() && crate::capture::capturing(stream, per_thread) {
+    if crate::capture::captured(stream, per_thread) {
         let r = alloc().0;
         if r == 0 {
             crate::graphmem::captured_alloc(crate::capture::origin(stream), bytes);
@@ -202,21 +202,30 @@ pub fn pool_alloc(
 /// Charges the group what `pool` holds now; false if the scheduler
 /// refused a growth (the group would be over its limit).
 fn settle_pool(pool: *mut c_void, pools: &mut HashMap<usize, (u32, u64)>) -> bool {
-    let Some(&(device, held)) = pools.get(&(pool as usize)) else {
+    let Some(held) = pools.get_mut(&(pool as usize)) else {
         return true;
     };
     let Some(now) = crate::driver::mem_pool_u64(pool, POOL_RESERVED) else {
         return true;
     };
-    let st = state::get();
-    if now < held {
-        unreserve(device, held - now);
-    } else if now > held {
+    charge_to(held, now)
+}
+
+/// Brings `held`, the group's reservation (physical device, bytes) for
+/// memory the driver keeps on its own (a pool, the graph allocator), to
+/// the `now` bytes it keeps: what it gave back is released, what it grew
+/// by is asked for. False, and `held` unchanged, if the scheduler refused
+/// the growth (the group would be over its limit).
+pub fn charge_to(held: &mut (u32, u64), now: u64) -> bool {
+    let (device, was) = *held;
+    if now < was {
+        unreserve(device, was - now);
+    } else if now > was {
         let grown = matches!(
-            st.call(
+            state::get().call(
                 &Request::ReserveMemory {
                     device,
-                    bytes: now - held
+                    bytes: now - was
                 },
                 device
             ),
@@ -226,7 +235,7 @@ fn settle_pool(pool: *mut c_void, pools: &mut HashMap<usize, (u32, u64)>) -> boo
             return false;
         }
     }
-    pools.insert(pool as usize, (device, now));
+    held.1 = now;
     true
 }
 

@@ -137,7 +137,7 @@ fn graph_launch(
     pt: bool,
     real: unsafe extern "C" fn(Ptr, Ptr) -> CUresult,
 ) -> CUresult {
-    let captured = capture::any_open() && capture::capturing(s, pt);
+    let captured = capture::captured(s, pt);
     match gate::admit_graph(exec, s, pt) {
         Ok(_in_call) => graphs::launch(exec, s, pt, || {
             // SAFETY: the program's own arguments, passed on unchanged.

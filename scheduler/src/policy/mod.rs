@@ -1107,7 +1107,7 @@ impl Policy {
                     // device (at most a window), as the policy measures it
                     // against MinUtil: a group started a second ago and
                     // using all of it shows 100 %, not a tenth.
-                    share: if idle { 0.0 } else { g.share(now, window) },
+                    share: g.share(now, window),
                     memory_used,
                     memory_limit: limit,
                     waiting,

@@ -205,6 +205,13 @@ impl Proc {
         ptr
     }
 
+    /// The graph allocator of device `dev`.
+    fn graph_allocator(&mut self, dev: usize) -> &mut pool::Pool {
+        self.graph_mem
+            .entry(dev)
+            .or_insert_with(|| pool::Pool::new(dev))
+    }
+
     /// An allocation node's address, for a graph: no memory yet.
     fn graph_alloc(&mut self, dev: usize, bytes: u64) -> graphmem::AllocNode {
         graphmem::AllocNode {
@@ -615,9 +622,7 @@ fn free(ptr: CUdeviceptr) -> R {
     with_proc(|p| {
         if let Some((dev, bytes)) = p.graph_live.remove(&ptr) {
             // Back to the graph allocator, not to the device.
-            if let Some(g) = p.graph_mem.get_mut(&dev) {
-                g.take_back(bytes);
-            }
+            p.graph_allocator(dev).take_back(bytes);
             return Ok(());
         }
         let (dev, bytes) = p.allocs.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -845,9 +850,7 @@ fn graph_memory(s: &Sim, allocs: &[graphmem::AllocNode], auto_free: bool) -> R {
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
                 p.graph_live.remove(&a.dptr);
-                if let Some(g) = p.graph_mem.get_mut(&dev) {
-                    g.take_back(bytes);
-                }
+                p.graph_allocator(dev).take_back(bytes);
             }
         }
         let mut devices: Vec<usize> = allocs.iter().map(|a| a.device).collect();
@@ -855,10 +858,7 @@ fn graph_memory(s: &Sim, allocs: &[graphmem::AllocNode], auto_free: bool) -> R {
         devices.dedup();
         for &dev in &devices {
             let need = graphmem::launch_bytes(allocs, dev);
-            let g = p
-                .graph_mem
-                .entry(dev)
-                .or_insert_with(|| pool::Pool::new(dev));
+            let g = p.graph_allocator(dev);
             let grow = g.growth_for(need);
             if grow > 0 {
                 s.alloc(dev, grow)?;
@@ -867,9 +867,7 @@ fn graph_memory(s: &Sim, allocs: &[graphmem::AllocNode], auto_free: bool) -> R {
         }
         for a in allocs {
             if a.freed_in_graph {
-                if let Some(g) = p.graph_mem.get_mut(&a.device) {
-                    g.take_back(a.bytes);
-                }
+                p.graph_allocator(a.device).take_back(a.bytes);
             } else {
                 p.graph_live.insert(a.dptr, (a.device, a.bytes));
             }
@@ -944,9 +942,7 @@ fn add_mem_free_node(node: *mut CUgraphNode, graph: CUgraph, dptr: CUdeviceptr) 
 fn with_graph_mem<T>(dev: CUdevice, f: impl FnOnce(&mut pool::Pool) -> T) -> Result<T, CUresult> {
     let s = initialised()?;
     let d = check_device(s, dev)?;
-    Ok(with_proc(|p| {
-        f(p.graph_mem.entry(d).or_insert_with(|| pool::Pool::new(d)))
-    }))
+    Ok(with_proc(|p| f(p.graph_allocator(d))))
 }
 
 fn graph_mem_attribute(dev: CUdevice, attr: i32, value: *mut c_void) -> R {
@@ -982,8 +978,8 @@ fn set_graph_mem_attribute(dev: CUdevice, attr: i32, value: *mut c_void) -> R {
 /// `cuDeviceGraphMemTrim`: what no graph uses goes back to the device.
 fn graph_mem_trim(dev: CUdevice) -> R {
     let s = initialised()?;
-    let excess = with_graph_mem(dev, |g| g.trim(0))?;
-    s.free(check_device(s, dev)?, excess);
+    let (d, excess) = with_graph_mem(dev, |g| (g.device, g.trim(0)))?;
+    s.free(d, excess);
     Ok(())
 }
 
