@@ -415,15 +415,29 @@ fn identity(c: PeerCred) -> (String, Vec<String>) {
     (name, groups)
 }
 
-/// The cgroup of process `pid`: the unified (v2) hierarchy's path in
-/// `/proc/PID/cgroup`, else the first hierarchy's.
-fn cgroup_of(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let path = |l: &str| l.splitn(3, ':').nth(2).map(str::to_string);
-    text.lines()
-        .find(|l| l.starts_with("0::"))
-        .and_then(path)
-        .or_else(|| text.lines().next().and_then(path))
+/// The cgroups of process `pid`, one per hierarchy in `/proc/PID/cgroup`,
+/// the unified (v2) one first. A job manager on cgroup v1 places its jobs
+/// in some hierarchies only (Slurm's freezer: `/slurm/uid_0/job_5/...`)
+/// while the unified one, mounted too, says `/`: every path counts.
+fn cgroups_of(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|t| cgroup_paths(&t))
+        .unwrap_or_default()
+}
+
+/// The paths of a `/proc/PID/cgroup` text, unified hierarchy first, each
+/// once.
+fn cgroup_paths(text: &str) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::new();
+    let lines = text.lines().filter(|l| l.starts_with("0::"));
+    for l in lines.chain(text.lines().filter(|l| !l.starts_with("0::"))) {
+        if let Some(p) = l.splitn(3, ':').nth(2)
+            && !paths.iter().any(|q| q == p)
+        {
+            paths.push(p.to_string());
+        }
+    }
+    paths
 }
 
 fn describe_allowed(cfg: &gemini_config::GroupConfig) -> String {
@@ -980,21 +994,26 @@ impl Daemon {
         let config = self.policy.config();
         let bound = config.groups.values().any(|g| g.cgroups.is_some());
         let verified = self.conn(client).and_then(|c| c.cred).is_some();
-        let cgroup = if bound && verified {
-            cgroup_of(pid)
+        let cgroups = if bound && verified {
+            cgroups_of(pid)
         } else {
-            None
+            Vec::new()
         };
         let at = |g: &gemini_config::GroupConfig| format!("{} line {}", g.file.display(), g.line);
-        let home = cgroup.as_deref().and_then(|cg| {
-            config
-                .groups
-                .values()
-                .filter_map(|g| g.cgroup_match(cg).map(|n| (n, g)))
-                .max_by_key(|(n, _)| *n)
-                .map(|(_, g)| g)
-        });
-        let cg = cgroup.as_deref().unwrap_or("(unknown)");
+        let home = config
+            .groups
+            .values()
+            .filter_map(|g| {
+                let n = cgroups.iter().filter_map(|cg| g.cgroup_match(cg)).max()?;
+                Some((n, g))
+            })
+            .max_by_key(|(n, _)| *n)
+            .map(|(_, g)| g);
+        let cg = if cgroups.is_empty() {
+            "(unknown)".to_string()
+        } else {
+            cgroups.join(", ")
+        };
         match (home, config.group(asked)) {
             (Some(h), _) if asked.is_empty() || asked == h.name => Ok(h.name.clone()),
             (Some(h), _) => Err((
@@ -1250,6 +1269,21 @@ impl Drop for Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cgroups_of_every_hierarchy_unified_first() {
+        // Slurm's cgroup v1 plugin on a hybrid host: the job is in the
+        // freezer hierarchy only, the unified one says `/`.
+        let text = "9:name=systemd:/\n6:freezer:/slurm/uid_0/job_5/step_batch\n5:devices:/\n0::/\n";
+        assert_eq!(
+            cgroup_paths(text),
+            ["/", "/slurm/uid_0/job_5/step_batch"].map(String::from)
+        );
+        assert_eq!(
+            cgroup_paths("0::/system.slice/slurmstepd.scope/job_7/step_0\n"),
+            ["/system.slice/slurmstepd.scope/job_7/step_0".to_string()]
+        );
+    }
 
     #[test]
     fn peer_address_of_ipc_peer() {
