@@ -16,6 +16,7 @@ pub use resource::{
 };
 
 pub use settings::{
-    Overrides, RawSettings, Settings, SettingsError, load_settings, parse_settings,
+    DEFAULT_HOOK, Overrides, RawSettings, RawSlurm, Settings, SettingsError, SlurmSettings,
+    load_settings, parse_settings,
 };
 pub use size::{format_size, parse_size};

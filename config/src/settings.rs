@@ -12,6 +12,12 @@
 //! log_level = "info"    # error, warn, info, debug, trace
 //! ipc_group = "gemini"  # let members of this Unix group connect (dir 0750, socket 0770); default: only the daemon's user
 //! devices = 8           # GPUs gem-launch may reserve (default: as many as /proc/driver/nvidia/gpus lists)
+//!
+//! [slurm]                # gem-slurm, the Slurm prolog, epilog and task prolog
+//! max_util = 1.0         # MaxUtil of a job's group (default 1: a job may use what others leave)
+//! shards_per_gpu = 10    # shards of one GPU (default: the node's shards / GPUs, from scontrol)
+//! gpu_memory = "80GiB"   # memory of one GPU (default: from NVML)
+//! hook = "/usr/local/lib/libgemhook.so"  # what the task prolog preloads
 //! ```
 
 use serde::Deserialize;
@@ -46,6 +52,49 @@ pub struct RawSettings {
     pub devices: Option<u32>,
     /// Unix group whose members may connect.
     pub ipc_group: Option<String>,
+    /// `[slurm]`: gem-slurm's settings.
+    pub slurm: Option<RawSlurm>,
+}
+
+/// The `[slurm]` table as written.
+#[derive(Debug, Default, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawSlurm {
+    /// MaxUtil of a job's group.
+    pub max_util: Option<f64>,
+    /// Shards of one GPU.
+    pub shards_per_gpu: Option<u32>,
+    /// Memory of one GPU, as a size.
+    pub gpu_memory: Option<String>,
+    /// The hook the task prolog preloads.
+    pub hook: Option<PathBuf>,
+}
+
+/// gem-slurm's settings (`[slurm]` of `gemini.toml`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlurmSettings {
+    /// MaxUtil of a job's group (default 1).
+    pub max_util: f64,
+    /// Shards of one GPU (`None`: the node's shards over its GPUs).
+    pub shards_per_gpu: Option<u32>,
+    /// Bytes of one GPU's memory (`None`: from NVML).
+    pub gpu_memory: Option<u64>,
+    /// The hook the task prolog preloads.
+    pub hook: PathBuf,
+}
+
+/// Default `[slurm] hook`: where `make install` puts it.
+pub const DEFAULT_HOOK: &str = "/usr/local/lib/libgemhook.so";
+
+impl Default for SlurmSettings {
+    fn default() -> Self {
+        SlurmSettings {
+            max_util: 1.0,
+            shards_per_gpu: None,
+            gpu_memory: None,
+            hook: PathBuf::from(DEFAULT_HOOK),
+        }
+    }
 }
 
 /// Values given on the command line; they replace the file's.
@@ -74,6 +123,8 @@ pub struct Settings {
     /// Unix group whose members may connect (`None`: the daemon's user
     /// only).
     pub ipc_group: Option<String>,
+    /// gem-slurm's settings.
+    pub slurm: SlurmSettings,
 }
 
 impl Default for Settings {
@@ -88,6 +139,7 @@ impl Default for Settings {
             log_level: "info".into(),
             devices: None,
             ipc_group: None,
+            slurm: SlurmSettings::default(),
         }
     }
 }
@@ -127,6 +179,7 @@ impl RawSettings {
             log_level: over.log_level.or(self.log_level),
             devices: over.devices.or(self.devices),
             ipc_group: over.ipc_group.or(self.ipc_group),
+            slurm: over.slurm.or(self.slurm),
         }
     }
 
@@ -151,6 +204,7 @@ impl RawSettings {
             log_level: self.log_level.unwrap_or(d.log_level).to_ascii_lowercase(),
             devices: self.devices,
             ipc_group: self.ipc_group,
+            slurm: slurm_settings(file, self.slurm.unwrap_or_default())?,
         };
         if !LOG_LEVELS.contains(&s.log_level.as_str()) {
             return Err(err(format!(
@@ -176,6 +230,33 @@ impl RawSettings {
         }
         Ok(s)
     }
+}
+
+fn slurm_settings(file: &str, raw: RawSlurm) -> Result<SlurmSettings, SettingsError> {
+    let d = SlurmSettings::default();
+    let err = |message: String| SettingsError {
+        file: file.into(),
+        message: format!("[slurm] {message}"),
+    };
+    let max_util = raw.max_util.unwrap_or(d.max_util);
+    if !(max_util > 0.0 && max_util <= 1.0) {
+        return Err(err(format!(
+            "max_util: expected a share in (0, 1], got {max_util}"
+        )));
+    }
+    if raw.shards_per_gpu == Some(0) {
+        return Err(err("shards_per_gpu: expected at least 1, got 0".into()));
+    }
+    let gpu_memory = match raw.gpu_memory {
+        Some(t) => Some(crate::size::parse_size(&t).map_err(|e| err(format!("gpu_memory: {e}")))?),
+        None => None,
+    };
+    Ok(SlurmSettings {
+        max_util,
+        shards_per_gpu: raw.shards_per_gpu,
+        gpu_memory,
+        hook: raw.hook.unwrap_or(d.hook),
+    })
 }
 
 /// Parses the text of a `gemini.toml` into its raw form.
@@ -205,6 +286,35 @@ pub fn load_settings(path: Option<&Path>, over: Overrides) -> Result<Settings, S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slurm_table_is_read_and_checked() {
+        let s = parse_settings(
+            "[slurm]\nmax_util = 0.5\nshards_per_gpu = 8\ngpu_memory = \"80GiB\"\nhook = \"/opt/g/libgemhook.so\"\n",
+            "g.toml",
+        )
+        .unwrap()
+        .validate("g.toml")
+        .unwrap();
+        assert_eq!(
+            s.slurm,
+            SlurmSettings {
+                max_util: 0.5,
+                shards_per_gpu: Some(8),
+                gpu_memory: Some(80 << 30),
+                hook: PathBuf::from("/opt/g/libgemhook.so"),
+            }
+        );
+        let bad = |text: &str| {
+            parse_settings(text, "g.toml")
+                .and_then(|r| r.validate("g.toml"))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(bad("[slurm]\nmax_util = 1.5\n").contains("[slurm] max_util"));
+        assert!(bad("[slurm]\ngpu_memory = \"lots\"\n").contains("[slurm] gpu_memory"));
+        assert!(bad("[slurm]\nshards = 10\n").contains("unknown field"));
+    }
 
     #[test]
     fn empty_file_gives_defaults() {

@@ -148,6 +148,7 @@ fn run(args: RunArgs, settings: Option<&Path>, ipc_dir: PathBuf) -> anyhow::Resu
         log_level: args.log_level,
         devices: args.devices,
         ipc_group: args.ipc_group,
+        slurm: None,
     };
     let settings = load_settings(settings, over)?;
     tracing_subscriber::fmt()
