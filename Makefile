@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release test demo bench test-gpu fuzz soak install uninstall lint fmt clean
+.PHONY: all setup build release test test-slurm demo bench test-gpu fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -30,6 +30,16 @@ release: setup
 test: setup
 	$(CARGO) build --workspace --all-targets
 	$(CARGO) test --workspace
+
+# gemini under a real Slurm on localhost (docs/slurm.md): installs
+# Debian's slurmd, slurmctld, slurm-client and munge (as root), then runs
+# the ignored test tests/tests/slurm.rs; it skips, saying why, without
+# root or the packages.
+test-slurm: setup
+	@if [ "$$(id -u)" = 0 ] && ! command -v slurmd >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurmd slurmctld slurm-client munge >/dev/null; } || exit 1; fi
+	$(CARGO) build --workspace --all-targets
+	$(CARGO) test -p gemini-tests --test slurm -- --ignored --nocapture
 
 demo: release
 	$(RELEASE_DIR)/gem-demo examples/resource.conf
@@ -70,7 +80,7 @@ fmt:
 # Installs what `make release` built: run that first as yourself, so that
 # `sudo make install` runs no cargo as root. Binaries are stripped (the
 # hook is loaded into every program's exec: 21 MB with debug info).
-BINS = gem-schd gem-holder gem-launch
+BINS = gem-schd gem-holder gem-launch gem-slurm
 UNITS = gem-schd gem-holder
 install:
 	@for f in $(BINS) libgemhook.so; do test -f $(RELEASE_DIR)/$$f || { \
