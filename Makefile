@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release test test-slurm demo bench test-gpu fuzz soak install uninstall lint fmt clean
+.PHONY: all setup build release test test-slurm test-prometheus demo bench test-gpu fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -40,6 +40,15 @@ test-slurm: setup
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurmd slurmctld slurm-client munge >/dev/null; } || exit 1; fi
 	$(CARGO) build --workspace --all-targets
 	$(CARGO) test -p gemini-tests --test slurm -- --ignored --nocapture
+
+# A real Prometheus scraping gem-schd --metrics (docs/metrics.md):
+# installs Debian's prometheus (as root), then runs the ignored test of
+# tests/tests/metrics.rs; it skips, saying why, without the package.
+test-prometheus: setup
+	@if [ "$$(id -u)" = 0 ] && [ ! -x /usr/bin/prometheus ] && command -v apt-get >/dev/null 2>&1; then \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || exit 1; fi
+	$(CARGO) build --workspace --all-targets
+	$(CARGO) test -p gemini-tests --test metrics -- --ignored --nocapture
 
 demo: release
 	$(RELEASE_DIR)/gem-demo examples/resource.conf

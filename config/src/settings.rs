@@ -12,6 +12,7 @@
 //! log_level = "info"    # error, warn, info, debug, trace
 //! ipc_group = "gemini"  # let members of this Unix group connect (dir 0750, socket 0770); default: only the daemon's user
 //! devices = 8           # GPUs gem-launch may reserve (default: as many as /proc/driver/nvidia/gpus lists)
+//! metrics = "127.0.0.1:9400"  # serve Prometheus metrics at http://ADDR/metrics (default: off)
 //!
 //! [slurm]                # gem-slurm, the Slurm prolog, epilog and task prolog
 //! max_util = 1.0         # MaxUtil of a job's group (default 1: a job may use what others leave)
@@ -52,6 +53,8 @@ pub struct RawSettings {
     pub devices: Option<u32>,
     /// Unix group whose members may connect.
     pub ipc_group: Option<String>,
+    /// Address to serve Prometheus metrics on.
+    pub metrics: Option<String>,
     /// `[slurm]`: gem-slurm's settings.
     pub slurm: Option<RawSlurm>,
 }
@@ -123,6 +126,8 @@ pub struct Settings {
     /// Unix group whose members may connect (`None`: the daemon's user
     /// only).
     pub ipc_group: Option<String>,
+    /// Where to serve Prometheus metrics (`None`: not served).
+    pub metrics: Option<std::net::SocketAddr>,
     /// gem-slurm's settings.
     pub slurm: SlurmSettings,
 }
@@ -139,6 +144,7 @@ impl Default for Settings {
             log_level: "info".into(),
             devices: None,
             ipc_group: None,
+            metrics: None,
             slurm: SlurmSettings::default(),
         }
     }
@@ -179,6 +185,7 @@ impl RawSettings {
             log_level: over.log_level.or(self.log_level),
             devices: over.devices.or(self.devices),
             ipc_group: over.ipc_group.or(self.ipc_group),
+            metrics: over.metrics.or(self.metrics),
             slurm: over.slurm.or(self.slurm),
         }
     }
@@ -204,6 +211,14 @@ impl RawSettings {
             log_level: self.log_level.unwrap_or(d.log_level).to_ascii_lowercase(),
             devices: self.devices,
             ipc_group: self.ipc_group,
+            metrics: match self.metrics {
+                Some(a) => Some(a.trim().parse().map_err(|e| {
+                    err(format!(
+                        "metrics: expected an address and port such as \"127.0.0.1:9400\" or \"[::1]:9400\", got {a:?} ({e})"
+                    ))
+                })?),
+                None => None,
+            },
             slurm: slurm_settings(file, self.slurm.unwrap_or_default())?,
         };
         if !LOG_LEVELS.contains(&s.log_level.as_str()) {
@@ -286,6 +301,21 @@ pub fn load_settings(path: Option<&Path>, over: Overrides) -> Result<Settings, S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_address_is_checked() {
+        let s = parse_settings("metrics = \"127.0.0.1:9400\"\n", "g.toml")
+            .unwrap()
+            .validate("g.toml")
+            .unwrap();
+        assert_eq!(s.metrics, Some("127.0.0.1:9400".parse().unwrap()));
+        let e = parse_settings("metrics = \"localhost\"\n", "g.toml")
+            .unwrap()
+            .validate("g.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("g.toml: metrics: expected an address"), "{e}");
+    }
 
     #[test]
     fn slurm_table_is_read_and_checked() {

@@ -4,6 +4,7 @@
 //! when it changes, and a liveness check that releases what dead clients
 //! held. A bad frame gets an error reply and a log line, never a panic.
 
+use crate::metrics::{Metrics, serve as serve_metrics};
 use crate::policy::{Action, Event, Micros, Params, Policy};
 use anyhow::{Context as _, bail};
 use gemini_config::{Settings, diff, load_resource};
@@ -27,6 +28,8 @@ use tracing::{debug, error, info, warn};
 const RELOAD_DEBOUNCE: Duration = Duration::from_millis(100);
 /// Longest sleep of the loop (signals, pid checks without pidfd).
 const MAX_POLL: Duration = Duration::from_millis(250);
+/// How often the metrics' gauges are rebuilt from the status.
+const METRICS_REFRESH: Duration = Duration::from_secs(1);
 
 /// Credentials of a peer, from the kernel (`SO_PEERCRED`) where libzmq
 /// passes them on.
@@ -93,6 +96,11 @@ pub struct Daemon {
     endpoint: String,
     access: IpcAccess,
     last_socket_check: Instant,
+    /// Prometheus metrics (`--metrics`), the last refresh of their
+    /// gauges, and when each pending token request arrived.
+    metrics: Option<Arc<Metrics>>,
+    last_metrics: Instant,
+    asked: HashMap<(ClientId, u32), Instant>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -503,6 +511,15 @@ impl Daemon {
         if settings.devices.is_none() {
             params.devices = detect_gpus();
         }
+        let metrics = match settings.metrics {
+            Some(addr) => {
+                let m = Arc::new(Metrics::new());
+                let bound = serve_metrics(addr, Arc::clone(&m))?;
+                info!("metrics at http://{bound}/metrics");
+                Some(m)
+            }
+            None => None,
+        };
         info!(
             "gem-schd {} listening on {endpoint}; {} group(s) from {}; {} GPU(s) for reservations",
             env!("CARGO_PKG_VERSION"),
@@ -534,7 +551,25 @@ impl Daemon {
             endpoint,
             access,
             last_socket_check: Instant::now(),
+            metrics,
+            last_metrics: Instant::now(),
+            asked: HashMap::new(),
         })
+    }
+
+    /// Refreshes the metrics' gauges about once a second (and at once
+    /// with `force`).
+    fn refresh_metrics(&mut self, force: bool) {
+        let Some(m) = self.metrics.clone() else {
+            return;
+        };
+        if !force && self.last_metrics.elapsed() < METRICS_REFRESH {
+            return;
+        }
+        self.last_metrics = Instant::now();
+        let now = self.now();
+        let report = self.policy.status(now);
+        m.refresh(&report, &self.policy.counters(now));
     }
 
     fn now(&self) -> Micros {
@@ -716,6 +751,7 @@ impl Daemon {
             let actions = self.policy.handle(Event::Tick, now);
             self.send_actions(actions);
             self.save_reservations();
+            self.refresh_metrics(false);
         }
         info!("gem-schd stopping");
         // Tell the holder to let go of everything, and give the message
@@ -779,7 +815,14 @@ impl Daemon {
         });
         let client = conn.id;
         match decode_request(&body) {
-            Ok((seq, req)) => self.on_request(client, seq, req),
+            Ok((seq, req)) => {
+                let t = Instant::now();
+                let stop = self.on_request(client, seq, req);
+                if let Some(m) = &self.metrics {
+                    m.handled(t.elapsed().as_secs_f64());
+                }
+                stop
+            }
             Err(e) => {
                 let kind = match e {
                     CodecError::VersionMismatch { .. } => ErrorKind::ProtocolMismatch,
@@ -924,6 +967,9 @@ impl Daemon {
                 false
             }
             req => {
+                if self.metrics.is_some() && matches!(req, Request::AcquireToken { .. }) {
+                    self.asked.insert((client, seq), Instant::now());
+                }
                 let actions = self
                     .policy
                     .handle(Event::Request { client, seq, req }, self.now());
@@ -1110,6 +1156,7 @@ impl Daemon {
             info!("client {id} (pid {pid}) is gone; releasing its token and memory");
             self.conns.remove(&identity);
             self.ids.remove(&id);
+            self.asked.retain(|&(c, _), _| c != id);
             let actions = self
                 .policy
                 .handle(Event::Disconnected { client: id }, self.now());
@@ -1216,6 +1263,9 @@ impl Daemon {
                 }
                 self.config_error = None;
                 self.main_had_text = !emptied;
+                if let Some(m) = &self.metrics {
+                    m.reloaded(0);
+                }
                 let actions = self.policy.handle(Event::Reconfigure(cfg), self.now());
                 self.send_actions(actions);
                 Ok(())
@@ -1229,6 +1279,9 @@ impl Daemon {
                     self.config_path.display()
                 );
                 self.config_error = Some(e.to_string());
+                if let Some(m) = &self.metrics {
+                    m.reloaded(e.0.len().max(1));
+                }
                 Err(e.to_string())
             }
         }
@@ -1241,6 +1294,13 @@ impl Daemon {
     }
 
     fn reply(&mut self, client: ClientId, seq: u32, reply: &Reply) {
+        if let Some(m) = &self.metrics
+            && let Some(asked) = self.asked.remove(&(client, seq))
+            && let Reply::Token { device, .. } = reply
+            && let Some(group) = self.policy.client_group(client)
+        {
+            m.granted(&group, *device, asked.elapsed().as_secs_f64());
+        }
         let Some(identity) = self.ids.get(&client) else {
             return;
         };

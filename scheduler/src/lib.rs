@@ -5,5 +5,6 @@
 
 pub mod client;
 pub mod daemon;
+pub mod metrics;
 pub mod policy;
 pub mod status;

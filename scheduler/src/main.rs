@@ -74,6 +74,9 @@ struct RunArgs {
     /// Unix group whose members may connect (IPC dir 0750, socket 0770) [default: only this user]
     #[arg(long, value_name = "GROUP")]
     ipc_group: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 [default: off]
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -148,6 +151,7 @@ fn run(args: RunArgs, settings: Option<&Path>, ipc_dir: PathBuf) -> anyhow::Resu
         log_level: args.log_level,
         devices: args.devices,
         ipc_group: args.ipc_group,
+        metrics: args.metrics,
         slurm: None,
     };
     let settings = load_settings(settings, over)?;

@@ -189,6 +189,23 @@ struct Waiter {
 struct Grant {
     client: ClientId,
     expires_at: Micros,
+    /// Lent: it ends at `expires_at` by design, never revoked.
+    lent: bool,
+}
+
+/// Cumulative figures of one group on one device, for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupCounters {
+    /// The group (`(holder)` for the holder).
+    pub group: String,
+    /// The device.
+    pub device: DeviceId,
+    /// Time (µs) the group had a client waiting for the token while its
+    /// `MaxUtil` held it back.
+    pub throttled_us: Micros,
+    /// Tokens of the group revoked: not given back within their length
+    /// and the grace.
+    pub revocations: u64,
 }
 
 #[derive(Debug, Default)]
@@ -204,6 +221,12 @@ struct GroupUse {
     away_since: Option<Micros>,
     /// Smoothed length of the group's past absences (0: none seen yet).
     away_avg: Micros,
+    /// Time a client of the group waited while `MaxUtil` held the group
+    /// back (µs, closed periods), and since when it has now.
+    throttled: Micros,
+    throttled_since: Option<Micros>,
+    /// Tokens revoked.
+    revocations: u64,
 }
 
 #[derive(Debug, Default)]
@@ -244,6 +267,44 @@ pub struct Policy {
     queue: std::collections::VecDeque<reserve::Waiting>,
     /// When each device's last reservation ended.
     released_at: BTreeMap<DeviceId, Micros>,
+}
+
+/// Opens or closes the groups' throttled periods on `dev`: throttled
+/// while a client waits and the group's `MaxUtil` credit holds it back.
+fn note_throttled(
+    dev: &mut Device,
+    clients: &BTreeMap<ClientId, Client>,
+    config: &ResourceConfig,
+    retired: &BTreeMap<String, GroupConfig>,
+    cap: Micros,
+    now: Micros,
+) {
+    let waiting: std::collections::BTreeSet<&str> = dev
+        .waiters
+        .iter()
+        .filter_map(|w| clients.get(&w.client).map(|c| c.group.as_str()))
+        .collect();
+    for (name, g) in dev.groups.iter_mut() {
+        let max_util = if name == HOLDER {
+            1.0
+        } else {
+            config
+                .groups
+                .get(name)
+                .or_else(|| retired.get(name))
+                .map_or(0.0, |c| c.max_util)
+        };
+        let held_back =
+            waiting.contains(name.as_str()) && g.eligible_at(now, max_util, cap) != Some(now);
+        match (held_back, g.throttled_since) {
+            (true, None) => g.throttled_since = Some(now),
+            (false, Some(since)) => {
+                g.throttled += now.saturating_sub(since);
+                g.throttled_since = None;
+            }
+            _ => {}
+        }
+    }
 }
 
 fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
@@ -858,9 +919,13 @@ impl Policy {
         let Some(dev) = devices.get_mut(&device) else {
             return;
         };
-        if dev.token.as_ref().is_some_and(|t| now >= t.expires_at) {
-            dev.token = None;
+        if let Some(t) = dev.token.take_if(|t| now >= t.expires_at)
+            && !t.lent
+            && let Some(c) = clients.get(&t.client)
+        {
+            dev.groups.entry(c.group.clone()).or_default().revocations += 1;
         }
+        note_throttled(dev, clients, config, retired, params.max_quota, now);
         if dev.token.is_some() || dev.waiters.is_empty() {
             return;
         }
@@ -992,6 +1057,7 @@ impl Policy {
         dev.token = Some(Grant {
             client: w.client,
             expires_at,
+            lent,
         });
         out.push(Action::Reply {
             client: w.client,
@@ -1041,6 +1107,37 @@ impl Policy {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Cumulative per group and device figures, for metrics.
+    pub fn counters(&self, now: Micros) -> Vec<GroupCounters> {
+        let mut out = Vec::new();
+        for (&device, dev) in &self.devices {
+            for (name, g) in &dev.groups {
+                let open = g.throttled_since.map_or(0, |s| now.saturating_sub(s));
+                out.push(GroupCounters {
+                    group: if name == HOLDER {
+                        holder_config().name
+                    } else {
+                        name.clone()
+                    },
+                    device,
+                    throttled_us: g.throttled + open,
+                    revocations: g.revocations,
+                });
+            }
+        }
+        out
+    }
+
+    /// The group of client `id`, if it is one (`(holder)` for the holder).
+    pub fn client_group(&self, id: ClientId) -> Option<String> {
+        let c = self.clients.get(&id)?;
+        Some(if c.group == HOLDER {
+            holder_config().name
+        } else {
+            c.group.clone()
+        })
     }
 
     /// Figures for `gem-schd status`.

@@ -777,6 +777,13 @@ fn token_not_returned_is_revoked_after_quota_and_grace() {
         p.handle(Event::Tick, expiry - 1).is_empty(),
         "revoked too early"
     );
+    let revoked = |p: &Policy| {
+        p.counters(expiry)
+            .iter()
+            .find(|c| c.group == "a")
+            .map_or(0, |c| c.revocations)
+    };
+    assert_eq!(revoked(&p), 0);
     let acts = p.handle(Event::Tick, expiry);
     assert!(
         matches!(
@@ -789,6 +796,7 @@ fn token_not_returned_is_revoked_after_quota_and_grace() {
         ),
         "{acts:?}"
     );
+    assert_eq!(revoked(&p), 1, "the revocation is counted for metrics");
     // The late report of the hog is still charged to its group.
     let late = Request::AcquireToken {
         device: 0,
@@ -1708,4 +1716,57 @@ fn queue_is_first_come_first_served_and_bad_requests_are_refused() {
         Reply::Error(e) => assert!(e.message.contains("knows no GPUs"), "{e:?}"),
         other => panic!("{other:?}"),
     }
+}
+
+/// The time a group's client waits while its MaxUtil holds it back is
+/// counted (for `gemini_group_throttled_seconds_total`); waiting behind
+/// another group's token is not.
+#[test]
+fn time_held_back_by_max_util_is_counted() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[capped]\nMaxUtil=0.25\n[b]\n"));
+    hello(&mut p, 1, "capped");
+    hello(&mut p, 2, "b");
+    let acquire = |used_us| Request::AcquireToken {
+        device: 0,
+        used_us,
+        burst_us: 20 * MS,
+    };
+    let ev = |client, seq, req| Event::Request { client, seq, req };
+    assert!(!p.handle(ev(1, 1, acquire(0)), 0).is_empty());
+    // b waits behind capped's token: not throttled.
+    assert!(p.handle(ev(2, 1, acquire(0)), MS).is_empty());
+    // capped used 20 ms at 0.25: it may go again only after 60 ms more.
+    p.handle(ev(1, 2, acquire(20 * MS)), 20 * MS);
+    let throttled = |p: &Policy, now| {
+        p.counters(now)
+            .iter()
+            .filter(|c| c.device == 0)
+            .map(|c| (c.group.clone(), c.throttled_us))
+            .collect::<Vec<_>>()
+    };
+    // b got the token; capped waits, held back by its cap.
+    let t = throttled(&p, 30 * MS);
+    assert!(t.contains(&("capped".to_string(), 10 * MS)), "{t:?}");
+    assert!(t.contains(&("b".to_string(), 0)), "{t:?}");
+    // b gives the token back at 40 ms; capped becomes eligible at 80 ms
+    // and is granted then: 60 ms held back in all.
+    p.handle(
+        Event::Request {
+            client: 2,
+            seq: 2,
+            req: Request::ReleaseToken {
+                device: 0,
+                used_us: 20 * MS,
+            },
+        },
+        40 * MS,
+    );
+    let at = p.next_deadline(40 * MS).unwrap();
+    p.handle(Event::Tick, at);
+    let t = throttled(&p, at + 50 * MS);
+    assert!(
+        t.contains(&("capped".to_string(), at - 20 * MS)),
+        "{t:?} (eligible at {at})"
+    );
 }

@@ -1,0 +1,259 @@
+//! `gem-schd --metrics`: the Prometheus text it serves while groups run
+//! on the simulator, checked here by reading it; and, with a real
+//! Prometheus scraping it (`make test-prometheus`, ignored otherwise),
+//! the shares Prometheus stored.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use gemini_tests::cpu::CpuTimes;
+use gemini_tests::{Gemini, SimEnv, bin};
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The body of `GET http://addr{path}`.
+fn get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
+    body.to_string()
+}
+
+/// The address the scheduler's log says the metrics are served at.
+fn metrics_addr(g: &Gemini) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = g.log();
+        if let Some(rest) = log.split("metrics at http://").nth(1) {
+            return rest.split('/').next().unwrap().to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no metrics address in the log: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The value of the sample `name{labels}` (labels as written, in order).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+fn workload(g: &Gemini, group: &str, seconds: &str) -> Child {
+    let mut c = g.hooked(g.sim.workload(), group);
+    c.args(["--seconds", seconds, "--kernel-us", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    c.spawn().unwrap()
+}
+
+#[test]
+fn metrics_describe_groups_devices_tokens_and_reloads() {
+    let g = Gemini::start_with(
+        SimEnv::default(),
+        "[a]\nMinUtil=0.3\n[b]\nMinUtil=0.7\nMemoryLimit=2GiB\n[idle]\nMaxUtil=0.5\nMemoryLimit=unlimited\n",
+        &["--metrics", "127.0.0.1:0"],
+    );
+    let addr = metrics_addr(&g);
+    let cpu = CpuTimes::now();
+    let (a, b) = (workload(&g, "a", "3"), workload(&g, "b", "3"));
+    std::thread::sleep(Duration::from_millis(2500));
+    let text = get(&addr, "/metrics");
+    for mut c in [a, b] {
+        assert!(c.wait().unwrap().success());
+    }
+    let v =
+        |series: &str| sample(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+    assert_eq!(v("gemini_group_min_util_ratio{group=\"a\"}"), 0.3);
+    assert_eq!(v("gemini_group_max_util_ratio{group=\"idle\"}"), 0.5);
+    assert_eq!(
+        v("gemini_group_memory_limit_bytes{group=\"b\"}"),
+        2147483648.0
+    );
+    assert_eq!(
+        v("gemini_group_memory_limit_bytes{group=\"idle\"}"),
+        f64::INFINITY
+    );
+    assert_eq!(v("gemini_group_clients{group=\"a\"}"), 1.0);
+    assert_eq!(v("gemini_group_clients{group=\"idle\"}"), 0.0);
+    let (sa, sb) = (
+        v("gemini_group_share_ratio{group=\"a\",device=\"0\"}"),
+        v("gemini_group_share_ratio{group=\"b\",device=\"0\"}"),
+    );
+    assert!(sa > 0.0 && sb > sa, "shares a {sa}, b {sb}");
+    if cpu.counts("the shares in the metrics") {
+        assert!(
+            (sa - 0.3).abs() < 0.1 && (sb - 0.7).abs() < 0.1,
+            "a {sa}, b {sb}"
+        );
+    }
+    assert!(v("gemini_device_busy_ratio{device=\"0\"}") > 0.5);
+    let grants = v("gemini_group_token_grants_total{group=\"a\",device=\"0\"}");
+    assert!(grants >= 1.0, "{text}");
+    // Every grant's wait is in the histogram.
+    assert_eq!(
+        v("gemini_group_token_wait_seconds_count{group=\"a\",device=\"0\"}"),
+        grants
+    );
+    assert!(
+        sample(
+            &text,
+            "gemini_group_throttled_seconds_total{group=\"a\",device=\"0\"}"
+        )
+        .is_some()
+    );
+    assert!(v("gemini_request_handling_seconds_count") > 10.0);
+    assert_eq!(v("gemini_config_last_reload_ok"), 1.0);
+    assert!(
+        text.trim_end().ends_with("# EOF"),
+        "OpenMetrics ends with # EOF"
+    );
+
+    // A broken edit: counted, and the last reload shows it.
+    g.write_conf("[a]\nMinUtil=2\n");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let t = get(&addr, "/metrics");
+        if sample(&t, "gemini_config_reloads_total{result=\"error\"}") == Some(1.0) {
+            break t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the broken reload never showed:\n{t}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(sample(&text, "gemini_config_last_reload_ok"), Some(0.0));
+    assert_eq!(sample(&text, "gemini_config_errors"), Some(1.0));
+}
+
+#[test]
+fn a_bad_metrics_address_stops_the_scheduler_at_start() {
+    let sim = SimEnv::default();
+    let conf = sim.path().join("r.conf");
+    std::fs::write(&conf, "[a]\n").unwrap();
+    let out = Command::new(bin("gem-schd"))
+        .env("GEMINI_SETTINGS", "/dev/null")
+        .arg("--config")
+        .arg(&conf)
+        .arg("--ipc-dir")
+        .arg(sim.path().join("ipc"))
+        .args(["--metrics", "localhost"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("metrics: expected an address and port such as \"127.0.0.1:9400\""),
+        "{err}"
+    );
+}
+
+/// Where `prometheus` is, unless this machine lacks it.
+fn prometheus() -> Option<std::path::PathBuf> {
+    ["/usr/bin/prometheus", "/usr/local/bin/prometheus"]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// A real Prometheus scrapes gem-schd every second while two groups of
+/// MinUtil 0.3 and 0.7 saturate the device; the shares it stored, read
+/// back through its HTTP API, are 0.3 and 0.7 within ±0.03.
+#[test]
+#[ignore = "needs Prometheus: run `make test-prometheus`"]
+fn prometheus_stores_the_shares() {
+    let Some(prom) = prometheus() else {
+        eprintln!(
+            "SKIPPED prometheus_stores_the_shares: no prometheus binary (apt-get install prometheus)"
+        );
+        return;
+    };
+    let g = Gemini::start_with(
+        SimEnv::default(),
+        "[a]\nMinUtil=0.3\n[b]\nMinUtil=0.7\n",
+        &["--metrics", "127.0.0.1:0"],
+    );
+    let target = metrics_addr(&g);
+    let dir = g.sim.path().join("prometheus");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gemini\n    static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .unwrap();
+    let web = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut server = Command::new(prom)
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address={web}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("log")).unwrap())
+        .spawn()
+        .unwrap();
+    struct Kill<'a>(&'a mut Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _kill = Kill(&mut server);
+    let query = |q: &str| get(&web, &format!("/api/v1/query?query={q}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(&web).is_err() || !query("up").contains("\"value\":[") {
+        assert!(
+            Instant::now() < deadline,
+            "prometheus did not come up: {}",
+            std::fs::read_to_string(dir.join("log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let cpu = CpuTimes::now();
+    let (a, b) = (workload(&g, "a", "8"), workload(&g, "b", "8"));
+    std::thread::sleep(Duration::from_secs(7));
+    let counts = cpu.counts("the shares Prometheus stored");
+    // The last sample Prometheus took of each group's share.
+    let share = |group: &str| -> f64 {
+        let body = query(&format!(
+            "gemini_group_share_ratio%7Bgroup%3D%22{group}%22%7D"
+        ));
+        let v = body
+            .split("\"value\":[")
+            .nth(1)
+            .and_then(|r| r.split('"').nth(1))
+            .unwrap_or_else(|| panic!("no share of {group} in Prometheus: {body}"));
+        v.parse().unwrap()
+    };
+    let (sa, sb) = (share("a"), share("b"));
+    for mut c in [a, b] {
+        assert!(c.wait().unwrap().success());
+    }
+    assert!(sa > 0.0 && sb > sa, "stored shares a {sa}, b {sb}");
+    if counts {
+        assert!(
+            (sa - 0.3).abs() <= 0.03 && (sb - 0.7).abs() <= 0.03,
+            "Prometheus stored a {sa}, b {sb}; expected 0.3 / 0.7 ± 0.03"
+        );
+    }
+}
