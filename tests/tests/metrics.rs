@@ -257,3 +257,56 @@ fn prometheus_stores_the_shares() {
         );
     }
 }
+
+/// The holder's time and memory have metrics of their own and are in no
+/// group's.
+#[test]
+fn the_holder_is_counted_apart_from_the_groups() {
+    let g = Gemini::start_with(
+        SimEnv::new(1, "4GiB"),
+        "[a]\n",
+        &["--metrics", "127.0.0.1:0"],
+    );
+    let addr = metrics_addr(&g);
+    let mut holder = g
+        .holder(&[
+            "run",
+            "--wait-minutes",
+            "0",
+            "--hold-util",
+            "0.5",
+            "--hold-mem",
+            "1GiB",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    g.wait_holder("holding its memory", |s| {
+        s.contains("\"held_bytes\": 1073741824")
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let t = get(&addr, "/metrics");
+        let share = sample(&t, "gemini_holder_share_ratio{device=\"0\"}").unwrap_or(0.0);
+        if share > 0.0 && sample(&t, "gemini_holder_memory_bytes{device=\"0\"}").is_some() {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "no holder figures:\n{t}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(
+        sample(&text, "gemini_holder_memory_bytes{device=\"0\"}"),
+        Some(1073741824.0)
+    );
+    assert!(
+        sample(&text, "gemini_holder_token_grants_total{device=\"0\"}").unwrap_or(0.0) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        !text.contains("(holder)"),
+        "the holder in a group's metrics:\n{text}"
+    );
+}
