@@ -41,10 +41,12 @@ command -v make >/dev/null 2>&1 || need+=(make)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 # Wanted, not required: pip fetches the pinned CUDA headers the table
 # check reads and installs cuda-python for the third-party client test in
-# a venv of its own; without them those two tests say NOT CHECKED.
+# a venv of its own; tmux is the terminal `gem-schd top` is tested in;
+# without them those three tests say NOT CHECKED.
 want=()
 python3 -m pip --version >/dev/null 2>&1 || want+=(python3-pip)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || want+=(python3-venv)
+command -v tmux >/dev/null 2>&1 || want+=(tmux)
 
 # The Rust toolchain: rustup's, not apt's (Debian's is often too old).
 rust_problem=""
@@ -71,7 +73,7 @@ if [ ${#want[@]} -gt 0 ]; then
     if [ "$can_install" -eq 1 ] && [ "$check_only" -eq 0 ]; then
         need+=("${want[@]}")
     else
-        say "optional, for two tests that otherwise say NOT CHECKED: ${want[*]}"
+        say "optional, for three tests that otherwise say NOT CHECKED: ${want[*]}"
     fi
 fi
 

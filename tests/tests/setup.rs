@@ -96,9 +96,9 @@ impl Drop for Machine {
     }
 }
 
-const ALL: &[&str] = &["pkg-config+glib", "cc", "c++", "make", "python3"];
+const ALL: &[&str] = &["pkg-config+glib", "cc", "c++", "make", "python3", "tmux"];
 /// A fresh Debian machine with Rust: no glib headers, no pkg-config, no C++.
-const FRESH: &[&str] = &["cc", "make", "python3"];
+const FRESH: &[&str] = &["cc", "make", "python3", "tmux"];
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -130,7 +130,7 @@ fn with_passwordless_sudo_it_installs_through_sudo() {
     // logs is the caller's, and the calls went through sudo (no root here).
     let m = Machine::new(
         "sudo",
-        &["pkg-config", "cc", "c++", "make", "python3"],
+        &["pkg-config", "cc", "c++", "make", "python3", "tmux"],
         1000,
         Some(true),
         "1.95.0",
@@ -237,7 +237,14 @@ fn the_makefile_runs_binaries_from_cargo_target_dir() {
 
 #[test]
 fn pip_is_installed_where_apt_can_and_only_named_where_it_cannot() {
-    let tools = ["pkg-config+glib", "cc", "c++", "make", "python3-nopip"];
+    let tools = [
+        "pkg-config+glib",
+        "cc",
+        "c++",
+        "make",
+        "python3-nopip",
+        "tmux",
+    ];
     let m = Machine::new("pip-root", &tools, 0, None, "1.95.0");
     let o = m.setup(&[]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -250,7 +257,8 @@ fn pip_is_installed_where_apt_can_and_only_named_where_it_cannot() {
     let o = m.setup(&[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("optional, for two tests that otherwise say NOT CHECKED: python3-pip"),
+        stderr(&o)
+            .contains("optional, for three tests that otherwise say NOT CHECKED: python3-pip"),
         "{}",
         stderr(&o)
     );
@@ -279,7 +287,13 @@ fn install_strips_and_builds_nothing_and_uninstall_removes_it() {
         .output()
         .unwrap();
     assert!(cc.status.success(), "{}", stderr(&cc));
-    for f in ["gem-schd", "gem-holder", "gem-launch", "libgemhook.so"] {
+    for f in [
+        "gem-schd",
+        "gem-holder",
+        "gem-launch",
+        "gem-slurm",
+        "libgemhook.so",
+    ] {
         std::fs::copy(&fake, release.join(f)).unwrap();
     }
     let has_debug = |p: &Path| {
@@ -305,6 +319,7 @@ fn install_strips_and_builds_nothing_and_uninstall_removes_it() {
         "bin/gem-schd",
         "bin/gem-holder",
         "bin/gem-launch",
+        "bin/gem-slurm",
         "lib/libgemhook.so",
     ] {
         let p = dest.join("usr").join(f);
@@ -325,6 +340,7 @@ fn install_strips_and_builds_nothing_and_uninstall_removes_it() {
     assert!(o.status.success(), "{}", stderr(&o));
     for f in [
         "bin/gem-schd",
+        "bin/gem-slurm",
         "lib/libgemhook.so",
         "lib/libgemhook.so.1",
         "lib/systemd/system/gem-holder.service",
