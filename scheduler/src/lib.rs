@@ -8,3 +8,4 @@ pub mod daemon;
 pub mod metrics;
 pub mod policy;
 pub mod status;
+pub mod top;

@@ -95,6 +95,14 @@ enum Command {
         #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1")]
         watch: Option<f64>,
     },
+    /// A live view: per GPU, each group's share against its MinUtil and
+    /// MaxUtil, its memory, its waiting processes and its last minute
+    /// (q quits); `status --watch` stays for scripts
+    Top {
+        /// Seconds between refreshes
+        #[arg(long, value_name = "SECS", default_value = "1")]
+        interval: f64,
+    },
     /// Stop the running scheduler
     Shutdown,
     /// Re-read resource.conf now (as SIGHUP does); exits 1 with the file's
@@ -119,6 +127,7 @@ fn main() -> ExitCode {
         None => run(cli.run, settings.as_deref(), ipc_dir),
         Some(Command::Check { file }) => return check(&file),
         Some(Command::Status { json, watch }) => status(&ipc_dir, json, watch),
+        Some(Command::Top { interval }) => top(&ipc_dir, interval),
         Some(Command::Shutdown) => shutdown(&ipc_dir),
         Some(Command::Reload) => reload(&ipc_dir),
     };
@@ -283,6 +292,13 @@ fn reload(ipc_dir: &std::path::Path) -> anyhow::Result<()> {
         Reply::Error(e) => anyhow::bail!("{}", e.message),
         other => anyhow::bail!("unexpected answer to reload: {other:?}"),
     }
+}
+
+fn top(ipc_dir: &Path, interval: f64) -> anyhow::Result<()> {
+    if !(interval.is_finite() && (0.1..=3600.0).contains(&interval)) {
+        anyhow::bail!("--interval: expected seconds between 0.1 and 3600, got {interval}");
+    }
+    gemini_scheduler::top::run(ipc_dir, Duration::from_secs_f64(interval))
 }
 
 fn shutdown(ipc_dir: &std::path::Path) -> anyhow::Result<()> {
