@@ -724,11 +724,19 @@ impl Daemon {
                 for &(_, fd) in &pids {
                     items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
                 }
-                // Round up so a deadline less than 1 ms away does not spin.
-                let ms = (timeout.as_micros().div_ceil(1000)) as i64;
-                match zmq::poll(&mut items, ms) {
-                    Ok(_) | Err(zmq::Error::EINTR) => {}
+                // zmq_poll counts whole milliseconds. A deadline (a token's
+                // end, a hand-over) is met to the tens of µs: poll for the
+                // whole milliseconds before it, then sleep the rest, so it
+                // is neither up to 1 ms late (rounding up) nor spun on
+                // (rounding down to 0).
+                let ms = timeout.as_millis() as i64;
+                let ready = match zmq::poll(&mut items, ms) {
+                    Ok(n) => n,
+                    Err(zmq::Error::EINTR) => 1,
                     Err(e) => return Err(e).context("poll failed"),
+                };
+                if ready == 0 && ms == 0 && !timeout.is_zero() {
+                    std::thread::sleep(timeout);
                 }
                 let dead: Vec<u32> = pids
                     .iter()
