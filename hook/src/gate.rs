@@ -42,7 +42,7 @@ use crate::state::{self, MAX_GATES, State, lock};
 use gemini_protocol::{Reply, Request};
 use std::ffi::c_void;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// `CLOCK_MONOTONIC` in ns.
@@ -126,6 +126,13 @@ pub struct Gate {
     /// Time spent waiting for a grant with none of this process's work
     /// on the device (ns, cumulative): not device time of its launches.
     blocked: AtomicU64,
+    /// The end of the work announced to the scheduler when a wait began
+    /// (ns; 0: none announced since), and how late such announcements
+    /// have been, smoothed (ns; negative: early): the device time per
+    /// launch learned from waits runs a little long, and launches start
+    /// a little after their token.
+    quiet_end: AtomicU64,
+    quiet_bias: AtomicI64,
     /// Held by whoever is acquiring or releasing the token.
     slow: Mutex<()>,
 }
@@ -426,6 +433,13 @@ impl Drop for Waiting {
         let now = now_ns();
         if self.finished {
             g.learn_kernel(now);
+            let announced = g.quiet_end.swap(0, Ordering::Relaxed);
+            if announced != 0 {
+                let late = announced as i64 - now as i64;
+                let bias = g.quiet_bias.load(Ordering::Relaxed);
+                g.quiet_bias
+                    .store(bias + (late - bias) / 4, Ordering::Relaxed);
+            }
         }
         g.wait_exit.store(now.max(1), Ordering::Relaxed);
         let idle = st.settings.idle.as_nanos() as u64;
@@ -441,10 +455,13 @@ impl Drop for Waiting {
 
 /// Marks the calling thread as waiting for (or polling) its device work on
 /// the current device until the guard drops: the process is busy, not
-/// idle, and keeps its token. Never blocks and creates no state: a
-/// process that has launched nothing holds no token to keep.
+/// idle, and keeps its token. Never blocks on the device and creates no
+/// state: a process that has launched nothing holds no token to keep.
+/// `blocks`: the call blocks until the work is done (a synchronisation,
+/// a blocking copy), not a query; one in a process that goes quiet after
+/// its waits may announce its end (see [`quieting`]).
 #[inline]
-pub fn waiting() -> Waiting {
+pub fn waiting(blocks: bool) -> Waiting {
     let none = Waiting {
         at: None,
         finished: false,
@@ -458,10 +475,64 @@ pub fn waiting() -> Waiting {
     let g = &st.gates[dev];
     g.waits.fetch_add(1, Ordering::AcqRel);
     g.entered.fetch_add(1, Ordering::AcqRel);
+    if blocks
+        && g.deadline.load(Ordering::Relaxed) != 0
+        && g.quiet_after_waits(st.settings.idle.as_nanos() as u64)
+    {
+        quieting(st, dev, g);
+    }
     Waiting {
         at: Some((st, g)),
         finished: false,
     }
+}
+
+/// Work left shorter than this when a wait begins is not announced (see
+/// [`quieting`]): the notice's round trip would outlast it.
+const QUIET_NOTICE_MIN_NS: u64 = 1_000_000;
+
+/// A wait begins in a process that usually goes quiet after its waits:
+/// if this wait is the only call in flight and the work queued under the
+/// token is predicted to run on for a while, tell the scheduler when it
+/// ends, so the device passes to the next holder just before (instead of
+/// idling while this process wakes, reports and the next one launches),
+/// and launch nothing more under this token (a launch after all takes
+/// the slow path and asks again).
+#[cold]
+fn quieting(st: &State, dev: usize, g: &Gate) {
+    let now = now_ns();
+    let end = g.queued_end.load(Ordering::Relaxed);
+    if end < now + QUIET_NOTICE_MIN_NS
+        || g.entered.load(Ordering::Acquire) != g.exited.load(Ordering::Acquire) + 1
+    {
+        return;
+    }
+    let Ok(_slow) = g.slow.try_lock() else {
+        return;
+    };
+    if g.granted_at.load(Ordering::Acquire) == 0 || g.deadline.swap(0, Ordering::AcqRel) == 0 {
+        return;
+    }
+    // The queue's end was predicted with the estimate that leans long (a
+    // token not lent); the device passes on at the end that leans short:
+    // too early, the next holder's first launches wait behind this work
+    // (its time is not charged to them), too late, the device idles.
+    let (lo, hi) = (
+        g.kernel_ns.load(Ordering::Relaxed),
+        g.kernel_hi_ns.load(Ordering::Relaxed),
+    );
+    let left = if g.lent.load(Ordering::Relaxed) || hi == 0 {
+        end - now
+    } else {
+        ((end - now) as u128 * lo.min(hi) as u128 / hi as u128) as u64
+    };
+    let bias = g.quiet_bias.load(Ordering::Relaxed);
+    let left = (left as i64 - bias).max(0) as u64;
+    g.quiet_end.store(now + left, Ordering::Relaxed);
+    let done_in_us = left / 1000;
+    debug!("device {dev}: waiting, quiet after; work ends in about {done_in_us} us");
+    let device = st.settings.physical(dev as u32);
+    let _ = st.call(&Request::Quieting { device, done_in_us }, device);
 }
 
 /// Waits for the work of the context `ctx` (from any thread: the context

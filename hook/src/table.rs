@@ -97,7 +97,7 @@ macro_rules! gated {
 /// work: while it runs the process is busy, not idle (see [`gate`]).
 macro_rules! waits {
     ($call:expr) => {{
-        let _waiting = gate::waiting();
+        let _waiting = gate::waiting(false);
         // SAFETY: the program's own arguments, passed on unchanged.
         unsafe { $call }
     }};
@@ -107,8 +107,11 @@ macro_rules! waits {
 /// done (a synchronisation, a blocking copy, a query answering
 /// `CUDA_SUCCESS`): the gate learns from it how long launches take.
 macro_rules! syncs {
-    ($call:expr) => {{
-        let mut waiting = gate::waiting();
+    ($call:expr) => {
+        syncs!($call, false)
+    };
+    ($call:expr, $blocks:expr) => {{
+        let mut waiting = gate::waiting($blocks);
         // SAFETY: the program's own arguments, passed on unchanged.
         let r = unsafe { $call };
         if r == 0 {
@@ -118,11 +121,12 @@ macro_rules! syncs {
     }};
 }
 
-/// Like `syncs!`, for a synchronisation: the driver trims memory pools
+/// Like `syncs!`, for a call that blocks until the work is done (a
+/// synchronisation, a blocking copy): the driver trims memory pools
 /// there, so the group's pool memory is settled afterwards.
 macro_rules! trims {
     ($call:expr) => {{
-        let r = syncs!($call);
+        let r = syncs!($call, true);
         memory::settle_pools();
         r
     }};

@@ -30,6 +30,10 @@ fn main() -> std::io::Result<()> {
             device: 1,
             used_us: 5,
         },
+        Request::Quieting {
+            device: 1,
+            done_in_us: 20_000,
+        },
         Request::ReserveMemory {
             device: 0,
             bytes: 1 << 20,

@@ -132,6 +132,10 @@ mod tests {
                 device: 3,
                 used_us: u64::MAX,
             },
+            Request::Quieting {
+                device: 1,
+                done_in_us: 20_000,
+            },
             Request::ReserveMemory {
                 device: 0,
                 bytes: 1 << 40,

@@ -78,6 +78,22 @@ pub enum Request {
         /// Device time used under the token, in microseconds.
         used_us: u64,
     },
+    /// The client holds the token of `device`, has begun waiting for its
+    /// work, predicted to end in `done_in_us`, and expects to go quiet
+    /// after it (a CPU gap after a synchronisation, learned from its past
+    /// waits). The scheduler may pass the device on a little before that
+    /// end, so that the next holder's first launches queue behind the
+    /// client's last work instead of reaching an idle device after the
+    /// client's wait returns and it reports. The client launches nothing
+    /// more under this token and reports with
+    /// [`Request::ReleaseToken`] as usual. Reply: [`Reply::Done`].
+    Quieting {
+        /// The device.
+        device: DeviceId,
+        /// When the client's queued work is predicted to end, in
+        /// microseconds from now.
+        done_in_us: u64,
+    },
     /// Reserve `bytes` of device memory for the client's group before the
     /// real allocation. Reply: [`Reply::Memory`] or
     /// [`ErrorKind::OutOfMemory`].

@@ -1224,3 +1224,44 @@ fn a_groups_cgroups_place_its_processes_and_keep_others_out() {
         Reply::Welcome { .. }
     ));
 }
+
+/// `Quieting` through the daemon: the waiting client's token comes at the
+/// announced end (less `HANDOVER_LEAD`), without the holder's report.
+#[test]
+fn a_quieting_holder_passes_the_token_on_at_the_announced_end() {
+    let s = Schd::start("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n");
+    let mut hi = s.client();
+    let mut lo = s.client();
+    assert!(matches!(hello(&mut hi, "hi"), Reply::Welcome { .. }));
+    assert!(matches!(hello(&mut lo, "lo"), Reply::Welcome { .. }));
+    let acquire = Request::AcquireToken {
+        device: 0,
+        used_us: 0,
+        burst_us: 100_000,
+    };
+    assert!(matches!(
+        hi.request(&acquire, T).unwrap(),
+        Reply::Token { .. }
+    ));
+    let seq = lo.send(&acquire).unwrap();
+    let t0 = Instant::now();
+    assert_eq!(
+        hi.request(
+            &Request::Quieting {
+                device: 0,
+                done_in_us: 50_000
+            },
+            T
+        )
+        .unwrap(),
+        Reply::Done
+    );
+    let (s2, r) = lo.recv(T).unwrap();
+    let waited = t0.elapsed();
+    assert_eq!(s2, seq);
+    assert!(matches!(r, Reply::Token { .. }), "{r:?}");
+    assert!(
+        waited >= Duration::from_millis(45) && waited < Duration::from_millis(90),
+        "lo waited {waited:?} for a holder quieting in 50 ms (its token was 100 ms)"
+    );
+}

@@ -1097,3 +1097,39 @@ fn memory_opened_through_ipc_is_paid_by_its_owner() {
         (1 << 30) - (384 << 20)
     );
 }
+
+/// A process that goes quiet after its waits (a CPU gap after each
+/// synchronisation) announces the end of its queued work as such a wait
+/// begins (`Quieting`), so the scheduler passes the device on as that work
+/// ends instead of after the wait returns; one that launches again at once
+/// after its waits announces nothing and keeps its token.
+#[test]
+fn a_wait_before_a_cpu_gap_announces_its_end_and_one_before_more_work_does_not() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let announced = |gap: &str| {
+        let mut c = rust(
+            &g,
+            "a",
+            &[
+                "--iter-kernels",
+                "20",
+                "--kernel-us",
+                "1000",
+                "--wait",
+                "ctx",
+                "--gap-ms",
+                gap,
+                "--seconds",
+                "1",
+            ],
+        );
+        c.env("GEMINI_LOG", "debug");
+        let out = finish(spawn(c));
+        String::from_utf8_lossy(&out.stderr)
+            .matches("waiting, quiet after")
+            .count()
+    };
+    let with_gap = announced("2");
+    assert!(with_gap >= 5, "a 2 ms CPU gap after each wait: {with_gap} announcements");
+    assert_eq!(announced("0"), 0, "no gap: no announcement");
+}

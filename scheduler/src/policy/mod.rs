@@ -189,8 +189,9 @@ struct Waiter {
 struct Grant {
     client: ClientId,
     expires_at: Micros,
-    /// Lent: it ends at `expires_at` by design, never revoked.
-    lent: bool,
+    /// Lent, or its end announced (`Quieting`): it ends at `expires_at`
+    /// by design, and is not counted as revoked.
+    ends: bool,
 }
 
 /// Cumulative figures of one group on one device, for metrics.
@@ -452,9 +453,9 @@ impl Policy {
         match event {
             Event::Request { client, seq, req } => {
                 only = match &req {
-                    Request::AcquireToken { device, .. } | Request::ReleaseToken { device, .. } => {
-                        Some(*device)
-                    }
+                    Request::AcquireToken { device, .. }
+                    | Request::ReleaseToken { device, .. }
+                    | Request::Quieting { device, .. } => Some(*device),
                     _ => None,
                 };
                 self.request(client, seq, req, now, &mut out);
@@ -509,6 +510,7 @@ impl Policy {
         let device = match &req {
             Request::AcquireToken { device, .. }
             | Request::ReleaseToken { device, .. }
+            | Request::Quieting { device, .. }
             | Request::ReserveMemory { device, .. }
             | Request::ReleaseMemory { device, .. }
             | Request::NeedMemory { device, .. }
@@ -564,6 +566,10 @@ impl Policy {
             Request::ReleaseToken { device, used_us } => {
                 self.report(client, device, used_us, now);
                 self.note_away(client, device, now);
+                reply(Reply::Done);
+            }
+            Request::Quieting { device, done_in_us } => {
+                self.quieting(client, device, done_in_us, now);
                 reply(Reply::Done);
             }
             Request::ReserveMemory { device, bytes } => {
@@ -746,7 +752,38 @@ impl Policy {
             return;
         }
         if let Some(g) = dev.groups.get_mut(group) {
-            g.away_since = Some(now);
+            // Away since its token was passed on ahead of its report
+            // (`quieting`), if it was.
+            g.away_since.get_or_insert(now);
+        }
+    }
+
+    /// The holder of `device`'s token waits for its last work, predicted
+    /// to end in `done_in` µs, and will go quiet after it: the token
+    /// expires `HANDOVER_LEAD` before that end, so the next holder's
+    /// launches queue behind the work instead of reaching an idle device
+    /// after the holder's wait returns and it reports (charged then, in
+    /// full). Its group is away from then on, unless another of its
+    /// processes waits.
+    fn quieting(&mut self, client: ClientId, device: DeviceId, done_in: Micros, now: Micros) {
+        let Some(group) = self.clients.get(&client).map(|c| c.group.as_str()) else {
+            return;
+        };
+        let Some(dev) = self.devices.get_mut(&device) else {
+            return;
+        };
+        let Some(token) = dev.token.as_mut().filter(|t| t.client == client) else {
+            return;
+        };
+        let at = now.saturating_add(done_in.saturating_sub(HANDOVER_LEAD));
+        token.expires_at = token.expires_at.min(at);
+        token.ends = true;
+        let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| c.group == group);
+        if dev.waiters.iter().any(|w| of_group(&w.client)) {
+            return;
+        }
+        if let Some(g) = dev.groups.get_mut(group) {
+            g.away_since = Some(at);
         }
     }
 
@@ -920,7 +957,7 @@ impl Policy {
             return;
         };
         if let Some(t) = dev.token.take_if(|t| now >= t.expires_at)
-            && !t.lent
+            && !t.ends
             && let Some(c) = clients.get(&t.client)
         {
             dev.groups.entry(c.group.clone()).or_default().revocations += 1;
@@ -1057,7 +1094,7 @@ impl Policy {
         dev.token = Some(Grant {
             client: w.client,
             expires_at,
-            lent,
+            ends: lent,
         });
         out.push(Action::Reply {
             client: w.client,

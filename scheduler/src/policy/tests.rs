@@ -1770,3 +1770,80 @@ fn time_held_back_by_max_util_is_counted() {
         "{t:?} (eligible at {at})"
     );
 }
+
+/// A holder that waits for its last work and will go quiet after it
+/// (`Quieting`) has its token end `HANDOVER_LEAD` before that work does:
+/// the waiting group gets the device then, not after the holder's wait
+/// returns and it reports; the report charges the holder in full, and the
+/// next holder is charged from the end of that work.
+#[test]
+fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    let mut seq = 0;
+    let mut send = |p: &mut Policy, client: ClientId, req: Request, now: Micros| {
+        seq += 1;
+        replies(p.handle(Event::Request { client, seq, req }, now))
+    };
+    let acquire = Request::AcquireToken {
+        device: 0,
+        used_us: 0,
+        burst_us: 30 * MS,
+    };
+    let granted = |r: &[(ClientId, u32, Reply)], who: ClientId| {
+        r.iter()
+            .any(|(c, _, rep)| *c == who && matches!(rep, Reply::Token { .. }))
+    };
+    assert!(granted(&send(&mut p, 1, acquire.clone(), 0), 1));
+    assert!(send(&mut p, 2, acquire.clone(), MS).is_empty());
+    // At 1 ms hi waits for work that ends at 21 ms, and will go quiet.
+    let r = send(
+        &mut p,
+        1,
+        Request::Quieting {
+            device: 0,
+            done_in_us: 20 * MS,
+        },
+        MS,
+    );
+    assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
+    let handover = 21 * MS - HANDOVER_LEAD;
+    assert_eq!(p.next_deadline(2 * MS), Some(handover));
+    assert!(p.handle(Event::Tick, handover - 1).is_empty());
+    assert!(granted(&replies(p.handle(Event::Tick, handover)), 2));
+    assert!(
+        p.counters(handover).iter().all(|c| c.revocations == 0),
+        "an announced end is no revocation"
+    );
+    // hi reports when its wait returns: 21 ms of use, all charged to hi.
+    send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 21 * MS,
+        },
+        21 * MS + 100,
+    );
+    // A Quieting from a client without the token changes nothing.
+    let r = send(
+        &mut p,
+        1,
+        Request::Quieting {
+            device: 0,
+            done_in_us: 1,
+        },
+        22 * MS,
+    );
+    assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
+    let st = p.status(22 * MS);
+    assert_eq!(st.devices[0].holder, Some(2));
+    let hi = st.devices[0]
+        .groups
+        .iter()
+        .find(|g| g.group == "hi")
+        .unwrap();
+    assert!((hi.share - 21.0 / 22.0).abs() < 1e-9, "{hi:?}");
+}
