@@ -1130,6 +1130,9 @@ fn a_wait_before_a_cpu_gap_announces_its_end_and_one_before_more_work_does_not()
             .count()
     };
     let with_gap = announced("2");
-    assert!(with_gap >= 5, "a 2 ms CPU gap after each wait: {with_gap} announcements");
+    assert!(
+        with_gap >= 5,
+        "a 2 ms CPU gap after each wait: {with_gap} announcements"
+    );
     assert_eq!(announced("0"), 0, "no gap: no announcement");
 }
