@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use gemini_tests::cpu::{MAX_STEAL, serial, unstarved};
+use gemini_tests::cpu::{CpuTimes, MAX_STEAL, serial, unstarved};
 use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -174,6 +174,7 @@ fn memory_held_by_the_holder_is_handed_back_within_200_ms() {
     assert_eq!((field(r, "free"), field(r, "total")), (2 << 30, 2 << 30));
     let mut c = g.hooked(g.sim.workload(), "a");
     c.args(["--seconds", "0", "--mem", "1536MiB"]);
+    let cpu = CpuTimes::now();
     let r = &reports(&run_ok(c).stdout)[0];
     assert_eq!(
         (field(r, "allocated"), field(r, "alloc_error")),
@@ -181,7 +182,12 @@ fn memory_held_by_the_holder_is_handed_back_within_200_ms() {
     );
     let took = field(r, "alloc_done_ns") - field(r, "alloc_start_ns");
     eprintln!("allocation beside the holder took {} us", took / 1000);
-    assert!(took <= 200 * MS, "allocation took {} ms", took / MS);
+    // The hand-back is always checked (the allocation succeeded); its time
+    // only where the host let the processes run (342 ms was seen at high
+    // steal).
+    if cpu.counts("the holder's hand-back time") {
+        assert!(took <= 200 * MS, "allocation took {} ms", took / MS);
+    }
 }
 
 #[test]
