@@ -28,6 +28,9 @@ use tracing::{debug, error, info, warn};
 const RELOAD_DEBOUNCE: Duration = Duration::from_millis(100);
 /// Longest sleep of the loop (signals, pid checks without pidfd).
 const MAX_POLL: Duration = Duration::from_millis(250);
+/// How often the daemon looks for messages while it waits for a deadline
+/// less than a millisecond away.
+const SLICE: Duration = Duration::from_micros(100);
 /// How often the metrics' gauges are rebuilt from the status.
 const METRICS_REFRESH: Duration = Duration::from_secs(1);
 
@@ -725,18 +728,31 @@ impl Daemon {
                     items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
                 }
                 // zmq_poll counts whole milliseconds. A deadline (a token's
-                // end, a hand-over) is met to the tens of µs: poll for the
-                // whole milliseconds before it, then sleep the rest, so it
-                // is neither up to 1 ms late (rounding up) nor spun on
-                // (rounding down to 0).
+                // end, a hand-over) is met to about a tenth of one: poll for
+                // the whole milliseconds before it, then look again every
+                // SLICE until it, so it is neither up to 1 ms late
+                // (rounding up) nor spun on (rounding down to 0), and a
+                // message arriving meanwhile waits at most a slice.
                 let ms = timeout.as_millis() as i64;
-                let ready = match zmq::poll(&mut items, ms) {
+                let until = Instant::now() + timeout;
+                let mut ready = match zmq::poll(&mut items, ms) {
                     Ok(n) => n,
                     Err(zmq::Error::EINTR) => 1,
                     Err(e) => return Err(e).context("poll failed"),
                 };
-                if ready == 0 && ms == 0 && !timeout.is_zero() {
-                    std::thread::sleep(timeout);
+                if ms == 0 {
+                    while ready == 0 {
+                        let left = until.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        std::thread::sleep(left.min(SLICE));
+                        ready = match zmq::poll(&mut items, 0) {
+                            Ok(n) => n,
+                            Err(zmq::Error::EINTR) => 1,
+                            Err(e) => return Err(e).context("poll failed"),
+                        };
+                    }
                 }
                 let dead: Vec<u32> = pids
                     .iter()
