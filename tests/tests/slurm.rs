@@ -380,3 +380,110 @@ fn slurm_shards_become_guaranteed_shares() {
         .collect();
     assert!(left.is_empty(), "drop-in files left behind: {left:?}");
 }
+
+/// `gem-slurm` against a stand-in `scontrol` (no Slurm needed): a job
+/// whose group the scheduler refuses (MinUtil over 1 with the main file's
+/// group) has its file taken out again and the prolog fails, saying why;
+/// a job that fits is loaded at once and removed by the epilog; without a
+/// scheduler the file stays for it to read when it starts.
+#[test]
+fn the_prolog_takes_a_refused_group_out_and_fails() {
+    let g = Gemini::start(SimEnv::default(), "[other]\nMinUtil=0.5\n");
+    let stub = g.sim.path().join("stub");
+    std::fs::create_dir_all(&stub).unwrap();
+    let scontrol = stub.join("scontrol");
+    std::fs::write(
+        &scontrol,
+        "#!/bin/sh\ncase \"$2\" in\n  job) echo \"JobId=$4\"; echo \"     Nodes=localhost CPU_IDs=0 Mem=0 GRES=shard:$SHARDS(IDX:0)\";;\n  node) echo 'NodeName=localhost'; echo '   Gres=gpu:1,shard:10';;\nesac\n",
+    )
+    .unwrap();
+    Command::new("chmod")
+        .arg("755")
+        .arg(&scontrol)
+        .status()
+        .unwrap();
+    let settings = g.sim.path().join("gemini.toml");
+    std::fs::write(
+        &settings,
+        format!(
+            "config = \"{}\"\nipc_dir = \"{}\"\n[slurm]\ngpu_memory = \"10GiB\"\n",
+            g.conf().display(),
+            g.ipc().display()
+        ),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        stub.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let glue = |what: &str, job: &str, shards: &str| {
+        Command::new(bin("gem-slurm"))
+            .arg("--settings")
+            .arg(&settings)
+            .arg(what)
+            .env("PATH", &path)
+            .env("SHARDS", shards)
+            .env("SLURM_JOB_ID", job)
+            .env("SLURM_JOB_UID", "0")
+            .env("SLURM_JOB_USER", "root")
+            .env("SLURMD_NODENAME", "localhost")
+            .env("SLURM_CONF", "/nonexistent/slurm.conf")
+            .output()
+            .unwrap()
+    };
+    let dropins = gemini_config::drop_in_dir(&g.conf());
+    // 0.5 + 0.7 > 1: refused, taken out, the prolog fails.
+    let out = glue("prolog", "41", "7");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the scheduler refused group slurm-41") && err.contains("MinUtil"),
+        "{err}"
+    );
+    assert!(
+        !dropins.join("slurm-job-41.conf").exists(),
+        "refused file left"
+    );
+    // 0.5 + 0.3 fits: in force at once, with 3/10 of the 10 GiB.
+    let out = glue("prolog", "42", "3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = g.status();
+    let grp = st
+        .groups
+        .iter()
+        .find(|x| x.name == "slurm-42")
+        .expect("slurm-42 loaded");
+    assert!((grp.min_util - 0.3).abs() < 1e-9);
+    assert_eq!(grp.memory_limit, (10u64 << 30) * 3 / 10);
+    // The task prolog of that job puts it under the hook.
+    let out = glue("task-prolog", "42", "3");
+    let exports = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        exports.contains("export GEMINI_GROUP_NAME=slurm-42\n"),
+        "{exports}"
+    );
+    assert!(exports.contains("export LD_PRELOAD="), "{exports}");
+    assert!(
+        glue("task-prolog", "41", "7").stdout.is_empty(),
+        "no group, no exports"
+    );
+    // The epilog removes it, at once.
+    assert!(glue("epilog", "42", "3").status.success());
+    assert!(!g.status().groups.iter().any(|x| x.name == "slurm-42"));
+    // No scheduler: the file stays, and the prolog does not fail the job.
+    let mut g = g;
+    g.kill_scheduler();
+    let out = glue("prolog", "43", "3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dropins.join("slurm-job-43.conf").exists());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reads"));
+}
