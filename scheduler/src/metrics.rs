@@ -5,7 +5,7 @@
 //! things happen); a scrape only reads them. Every metric is listed in
 //! `docs/metrics.md`.
 
-use crate::policy::GroupCounters;
+use crate::policy::{GroupCounters, HOLDER_SHOWN as HOLDER};
 use gemini_protocol::StatusReport;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -16,9 +16,6 @@ use prometheus_client::registry::{Registry, Unit};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-
-/// The holder's name in the scheduler's status.
-const HOLDER: &str = "(holder)";
 
 /// A group.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

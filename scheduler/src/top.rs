@@ -6,6 +6,7 @@
 //! What is drawn is computed by [`view`], free of the terminal.
 
 use crate::client::Client;
+use crate::policy::HOLDER_SHOWN as HOLDER;
 use gemini_config::format_size;
 use gemini_protocol::{Reply, Request, StatusReport};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
@@ -16,8 +17,6 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// The holder's name in the status.
-const HOLDER: &str = "(holder)";
 /// Samples kept per group and device: a minute at one a second.
 const HISTORY: usize = 60;
 const NAME_W: usize = 12;

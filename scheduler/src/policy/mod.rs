@@ -270,6 +270,34 @@ pub struct Policy {
     released_at: BTreeMap<DeviceId, Micros>,
 }
 
+/// A group's `MaxUtil`: from the file in force, or its last settings if
+/// it was removed while clients remain; 1 for the holder, 0 for a group
+/// unknown to both.
+fn max_util_of(
+    config: &ResourceConfig,
+    retired: &BTreeMap<String, GroupConfig>,
+    group: &str,
+) -> f64 {
+    if group == HOLDER {
+        return 1.0;
+    }
+    config
+        .groups
+        .get(group)
+        .or_else(|| retired.get(group))
+        .map_or(0.0, |g| g.max_util)
+}
+
+/// The name a group is shown by (status, metrics): the holder's is
+/// `(holder)`.
+fn shown_name(group: &str) -> String {
+    if group == HOLDER {
+        HOLDER_SHOWN.to_string()
+    } else {
+        group.to_string()
+    }
+}
+
 /// Opens or closes the groups' throttled periods on `dev`: throttled
 /// while a client waits and the group's `MaxUtil` credit holds it back.
 fn note_throttled(
@@ -286,15 +314,7 @@ fn note_throttled(
         .filter_map(|w| clients.get(&w.client).map(|c| c.group.as_str()))
         .collect();
     for (name, g) in dev.groups.iter_mut() {
-        let max_util = if name == HOLDER {
-            1.0
-        } else {
-            config
-                .groups
-                .get(name)
-                .or_else(|| retired.get(name))
-                .map_or(0.0, |c| c.max_util)
-        };
+        let max_util = max_util_of(config, retired, name);
         let held_back =
             waiting.contains(name.as_str()) && g.eligible_at(now, max_util, cap) != Some(now);
         match (held_back, g.throttled_since) {
@@ -315,9 +335,12 @@ fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
     })
 }
 
+/// The holder's name where groups are shown (status, metrics, `top`).
+pub const HOLDER_SHOWN: &str = "(holder)";
+
 fn holder_config() -> GroupConfig {
     GroupConfig {
-        name: "(holder)".into(),
+        name: HOLDER_SHOWN.into(),
         min_util: 0.0,
         max_util: 1.0,
         memory_limit: u64::MAX,
@@ -704,15 +727,7 @@ impl Policy {
         // A client cannot have used more than the time since the grant.
         let used = used.min(now.saturating_sub(granted_at));
         let end = granted_at + used;
-        let max_util = if c.group == HOLDER {
-            1.0
-        } else {
-            config
-                .groups
-                .get(&c.group)
-                .or_else(|| retired.get(&c.group))
-                .map_or(0.0, |g| g.max_util)
-        };
+        let max_util = max_util_of(config, retired, &c.group);
         let cap = params.max_quota;
         let dev = devices.entry(device).or_default();
         if dev.token.as_ref().is_some_and(|t| t.client == client) {
@@ -1122,15 +1137,7 @@ impl Policy {
                 let Some(c) = self.clients.get(&w.client) else {
                     continue;
                 };
-                let max_util = if c.group == HOLDER {
-                    1.0
-                } else {
-                    self.config
-                        .groups
-                        .get(&c.group)
-                        .or_else(|| self.retired.get(&c.group))
-                        .map_or(0.0, |g| g.max_util)
-                };
+                let max_util = max_util_of(&self.config, &self.retired, &c.group);
                 if let Some(t) = dev
                     .groups
                     .get(&c.group)
@@ -1153,11 +1160,7 @@ impl Policy {
             for (name, g) in &dev.groups {
                 let open = g.throttled_since.map_or(0, |s| now.saturating_sub(s));
                 out.push(GroupCounters {
-                    group: if name == HOLDER {
-                        holder_config().name
-                    } else {
-                        name.clone()
-                    },
+                    group: shown_name(name),
                     device,
                     throttled_us: g.throttled + open,
                     revocations: g.revocations,
@@ -1169,12 +1172,7 @@ impl Policy {
 
     /// The group of client `id`, if it is one (`(holder)` for the holder).
     pub fn client_group(&self, id: ClientId) -> Option<String> {
-        let c = self.clients.get(&id)?;
-        Some(if c.group == HOLDER {
-            holder_config().name
-        } else {
-            c.group.clone()
-        })
+        self.clients.get(&id).map(|c| shown_name(&c.group))
     }
 
     /// Figures for `gem-schd status`.
@@ -1232,11 +1230,7 @@ impl Policy {
                         .map_or(0, |c| c.memory_limit)
                 };
                 rows.push(GroupDeviceStatus {
-                    group: if name == HOLDER {
-                        "(holder)".into()
-                    } else {
-                        name.clone()
-                    },
+                    group: shown_name(name),
                     // Over the time since the group became active on the
                     // device (at most a window), as the policy measures it
                     // against MinUtil: a group started a second ago and
