@@ -125,3 +125,18 @@ impl Client {
         }
     }
 }
+
+/// Asks the scheduler at `ipc_dir` to re-read its configuration now (only
+/// its user or root may). `Ok(Err(message))`: it answered and kept the
+/// previous configuration (the message says why); `Err`: it could not be
+/// asked.
+pub fn reload(ipc_dir: &Path) -> Result<Result<(), String>, ClientError> {
+    let mut client = Client::connect(ipc_dir)?;
+    Ok(
+        match client.request(&Request::Reload, Duration::from_secs(5))? {
+            Reply::Done => Ok(()),
+            Reply::Error(e) => Err(e.message),
+            other => Err(format!("unexpected answer to reload: {other:?}")),
+        },
+    )
+}

@@ -560,13 +560,12 @@ impl Daemon {
         })
     }
 
-    /// Refreshes the metrics' gauges about once a second (and at once
-    /// with `force`).
-    fn refresh_metrics(&mut self, force: bool) {
+    /// Refreshes the metrics' gauges about once a second.
+    fn refresh_metrics(&mut self) {
         let Some(m) = self.metrics.clone() else {
             return;
         };
-        if !force && self.last_metrics.elapsed() < METRICS_REFRESH {
+        if self.last_metrics.elapsed() < METRICS_REFRESH {
             return;
         }
         self.last_metrics = Instant::now();
@@ -733,26 +732,20 @@ impl Daemon {
                 // SLICE until it, so it is neither up to 1 ms late
                 // (rounding up) nor spun on (rounding down to 0), and a
                 // message arriving meanwhile waits at most a slice.
-                let ms = timeout.as_millis() as i64;
                 let until = Instant::now() + timeout;
-                let mut ready = match zmq::poll(&mut items, ms) {
-                    Ok(n) => n,
-                    Err(zmq::Error::EINTR) => 1,
-                    Err(e) => return Err(e).context("poll failed"),
-                };
-                if ms == 0 {
-                    while ready == 0 {
-                        let left = until.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            break;
-                        }
-                        std::thread::sleep(left.min(SLICE));
-                        ready = match zmq::poll(&mut items, 0) {
-                            Ok(n) => n,
-                            Err(zmq::Error::EINTR) => 1,
-                            Err(e) => return Err(e).context("poll failed"),
-                        };
+                let mut ms = timeout.as_millis() as i64;
+                loop {
+                    let ready = match zmq::poll(&mut items, ms) {
+                        Ok(n) => n,
+                        Err(zmq::Error::EINTR) => 1,
+                        Err(e) => return Err(e).context("poll failed"),
+                    };
+                    let left = until.saturating_duration_since(Instant::now());
+                    if ready > 0 || ms > 0 || left.is_zero() {
+                        break;
                     }
+                    std::thread::sleep(left.min(SLICE));
+                    ms = 0;
                 }
                 let dead: Vec<u32> = pids
                     .iter()
@@ -775,7 +768,7 @@ impl Daemon {
             let actions = self.policy.handle(Event::Tick, now);
             self.send_actions(actions);
             self.save_reservations();
-            self.refresh_metrics(false);
+            self.refresh_metrics();
         }
         info!("gem-schd stopping");
         // Tell the holder to let go of everything, and give the message

@@ -280,17 +280,15 @@ fn print_status(
 }
 
 fn reload(ipc_dir: &std::path::Path) -> anyhow::Result<()> {
-    let mut client = Client::connect(ipc_dir)?;
-    match client.request(&Request::Reload, Duration::from_secs(5))? {
-        Reply::Done => {
+    match gemini_scheduler::client::reload(ipc_dir)? {
+        Ok(()) => {
             println!(
                 "gem-schd in {} reloaded its configuration",
                 ipc_dir.display()
             );
             Ok(())
         }
-        Reply::Error(e) => anyhow::bail!("{}", e.message),
-        other => anyhow::bail!("unexpected answer to reload: {other:?}"),
+        Err(message) => anyhow::bail!("{message}"),
     }
 }
 

@@ -9,18 +9,16 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use gemini_config::{Overrides, Settings, drop_in_dir, load_settings};
 use gemini_protocol::{
-    Reply, Request,
     endpoint::{locate_ipc_dir, settings_path},
     env,
 };
-use gemini_scheduler::client::{Client, ClientError};
+use gemini_scheduler::client::{self, ClientError};
 use gemini_slurm::{
     JobGroup, file_name, group_name, job_cgroups, job_shards, shards_per_gpu, task_exports,
     tracks_cgroups,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command as Process, ExitCode};
-use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -108,11 +106,11 @@ fn node_name() -> String {
     std::env::var("SLURMD_NODENAME")
         .ok()
         .filter(|n| !n.is_empty())
-        .or_else(|| nix_hostname().map(|h| h.split('.').next().unwrap_or(&h).to_string()))
+        .or_else(|| kernel_hostname().map(|h| h.split('.').next().unwrap_or(&h).to_string()))
         .unwrap_or_else(|| "localhost".into())
 }
 
-fn nix_hostname() -> Option<String> {
+fn kernel_hostname() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_string())
@@ -269,18 +267,12 @@ enum Reload {
 
 /// Asks the scheduler to re-read its configuration now.
 fn reload(ipc: &Path) -> Result<(), Reload> {
-    let unreachable = |e: ClientError| match e {
-        ClientError::Connect { .. } | ClientError::Timeout(_) => Reload::Unreachable(e.to_string()),
-        other => Reload::Refused(other.to_string()),
-    };
-    let mut client = Client::connect(ipc).map_err(unreachable)?;
-    match client
-        .request(&Request::Reload, Duration::from_secs(5))
-        .map_err(unreachable)?
-    {
-        Reply::Done => Ok(()),
-        Reply::Error(e) => Err(Reload::Refused(e.message)),
-        other => Err(Reload::Refused(format!("unexpected answer: {other:?}"))),
+    match client::reload(ipc) {
+        Ok(answer) => answer.map_err(Reload::Refused),
+        Err(e @ (ClientError::Connect { .. } | ClientError::Timeout(_))) => {
+            Err(Reload::Unreachable(e.to_string()))
+        }
+        Err(other) => Err(Reload::Refused(other.to_string())),
     }
 }
 

@@ -7,6 +7,7 @@
 
 use gemini_tests::cpu::CpuTimes;
 use gemini_tests::{Gemini, SimEnv, bin, field, now_ns, reports};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,6 +45,12 @@ fn cannot_run() -> Option<String> {
             missing.join(", ")
         )
     })
+}
+
+/// Writes an executable shell script.
+fn write_script(path: &Path, text: impl AsRef<[u8]>) {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// munged, started if no daemon answers yet.
@@ -92,7 +99,7 @@ impl Slurm {
         // environment slurmd gives; the wrapper adds only where the
         // simulator (for NVML) and this test's gemini.toml are.
         let glue = dir.join("gem-slurm.sh");
-        std::fs::write(
+        write_script(
             &glue,
             format!(
                 "#!/bin/sh\nexport LD_LIBRARY_PATH={} FAKECUDA_DIR={} FAKECUDA_DEVICES=1 FAKECUDA_MEM={}\nexec {} --settings {}\n",
@@ -102,13 +109,7 @@ impl Slurm {
                 bin("gem-slurm").display(),
                 settings.display()
             ),
-        )
-        .unwrap();
-        std::process::Command::new("chmod")
-            .arg("755")
-            .arg(&glue)
-            .status()
-            .unwrap();
+        );
         let port = 20_000 + (std::process::id() % 20_000) as u16;
         let d = dir.display();
         let conf = dir.join("slurm.conf");
@@ -392,16 +393,10 @@ fn the_prolog_takes_a_refused_group_out_and_fails() {
     let stub = g.sim.path().join("stub");
     std::fs::create_dir_all(&stub).unwrap();
     let scontrol = stub.join("scontrol");
-    std::fs::write(
+    write_script(
         &scontrol,
         "#!/bin/sh\ncase \"$2\" in\n  job) echo \"JobId=$4\"; echo \"     Nodes=localhost CPU_IDs=0 Mem=0 GRES=shard:$SHARDS(IDX:0)\";;\n  node) echo 'NodeName=localhost'; echo '   Gres=gpu:1,shard:10';;\nesac\n",
-    )
-    .unwrap();
-    Command::new("chmod")
-        .arg("755")
-        .arg(&scontrol)
-        .status()
-        .unwrap();
+    );
     let settings = g.sim.path().join("gemini.toml");
     std::fs::write(
         &settings,
