@@ -67,6 +67,16 @@ pub const LENT_MIN_QUOTA: Micros = 1_000;
 /// after the token's end. Measured by the shapes of `make bench`: one
 /// process per group with short CPU gaps lost that much at every return.
 pub const HANDOVER_LEAD: Micros = 200;
+/// The longest absence from the device that a group is owed. Time away
+/// counts in the span its share is taken over, so a group that comes back
+/// from a gap between bursts (a data loader's, an optimizer's CPU work) is
+/// first in line until it has had its `MinUtil` of the whole. A longer
+/// absence (a process restarting, an evaluation on the CPU, a checkpoint)
+/// is a pause, left out of the span whole: the group did not ask for the
+/// device then and is not owed it, or else on its return it would take the
+/// device from every group without a `MinUtil` for seconds to catch up
+/// (3.3 s after a 1 s pause at `MinUtil` 0.7 over the 10 s window).
+pub const OWED_ABSENCE: Micros = 200_000;
 
 /// What saturating groups `(MinUtil, MaxUtil)` are entitled to under
 /// these rules: a common level clamped to each group's `[MinUtil,
@@ -222,6 +232,9 @@ struct GroupUse {
     away_since: Option<Micros>,
     /// Smoothed length of the group's past absences (0: none seen yet).
     away_avg: Micros,
+    /// Past absences longer than [`OWED_ABSENCE`] (pauses): left out of
+    /// the span the group's share is taken over.
+    excused: Usage,
     /// Time a client of the group waited while `MaxUtil` held the group
     /// back (µs, closed periods), and since when it has now.
     throttled: Micros,
@@ -411,12 +424,20 @@ impl GroupUse {
     }
 
     /// Share of the time since the group became active (at most a window)
-    /// that it used.
+    /// that it used, leaving out its pauses (past ones and one going on:
+    /// absences longer than [`OWED_ABSENCE`]).
     fn share(&mut self, now: Micros, window: Micros) -> f64 {
         let span = now
             .saturating_sub(self.active_since)
             .clamp(1, window.max(1));
-        self.usage.used(now, window) as f64 / span as f64
+        let mut excused = self.excused.used(now, span);
+        if let Some(since) = self.away_since
+            && now.saturating_sub(since) > OWED_ABSENCE
+        {
+            excused += now - since.max(now.saturating_sub(span));
+        }
+        let counted = span.saturating_sub(excused).max(1);
+        self.usage.used(now, window) as f64 / counted as f64
     }
 }
 
@@ -754,9 +775,15 @@ impl Policy {
     /// `client` gave the token of `device` back: its group is away from
     /// the device if no other client of it holds or waits for the token.
     fn note_away(&mut self, client: ClientId, device: DeviceId, now: Micros) {
-        let Some(group) = self.clients.get(&client).map(|c| c.group.as_str()) else {
+        let Some(group) = self.clients.get(&client).map(|c| c.group.clone()) else {
             return;
         };
+        self.mark_away(&group, device, now);
+    }
+
+    /// `group` is away from `device` from `now` (or since it already was)
+    /// if none of its clients holds or waits for the token.
+    fn mark_away(&mut self, group: &str, device: DeviceId, now: Micros) {
         let Some(dev) = self.devices.get_mut(&device) else {
             return;
         };
@@ -817,6 +844,9 @@ impl Policy {
         };
         if let Some(since) = g.away_since.take() {
             let away = now.saturating_sub(since);
+            if away > OWED_ABSENCE {
+                g.excused.add(since, now);
+            }
             g.away_avg = if g.away_avg == 0 {
                 away
             } else {
@@ -930,6 +960,12 @@ impl Policy {
                     dev.busy.add(*granted_at, granted_at + used);
                 }
             }
+        }
+        // A process that exits while its group waits for nothing leaves the
+        // group away (a restart's absence is a pause, see OWED_ABSENCE).
+        let devices: Vec<DeviceId> = self.devices.keys().copied().collect();
+        for device in devices {
+            self.mark_away(&c.group, device, now);
         }
         if !self.clients.values().any(|o| o.group == c.group) {
             self.retired.remove(&c.group);

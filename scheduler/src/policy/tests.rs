@@ -30,6 +30,9 @@ enum Demand {
     Until(Micros),
     /// Works `burst` (device time), then idles `gap`, releasing the token.
     Bursty { burst: Micros, gap: Micros },
+    /// Wants the device always but from `from` to `to`: it gives the token
+    /// back at its first report after `from` and asks again at `to`.
+    Paused { from: Micros, to: Micros },
 }
 
 #[derive(Debug)]
@@ -183,6 +186,16 @@ impl Sim {
                     .policy
                     .handle(Event::Disconnected { client: id }, self.now);
                 self.apply(acts);
+            }
+            Demand::Paused { from, to } if kind == DONE && (from..to).contains(&self.now) => {
+                self.send(
+                    idx,
+                    Request::ReleaseToken {
+                        device: 0,
+                        used_us: used,
+                    },
+                );
+                self.queue.push(Reverse((to, idx, WAKE)));
             }
             Demand::Bursty { burst, gap } if kind == DONE => {
                 c.left -= used.min(c.left);
@@ -481,6 +494,41 @@ fn group_owed_time_waits_one_short_token_when_it_comes_back() {
     assert!(lent.len() >= 1000, "{} lent tokens", lent.len());
     assert!(lent.iter().all(|&q| q <= min_quota), "{lent:?}");
     assert!(sim.clients[0].lent.is_empty(), "hi is never lent to");
+}
+
+#[test]
+fn a_pause_is_not_owed_time() {
+    // hi (MinUtil 0.7) and lo (no MinUtil) both saturate; hi stops asking
+    // for a second. Back, it is owed the gaps of its bursts but not the
+    // pause: lo keeps its 0.3 instead of waiting the seconds hi would need
+    // to make its share of the window 0.7 again, and hi has its 0.7 of
+    // the time it asks.
+    for (lo_max, pause) in [(0.3, SEC), (1.0, 3 * SEC)] {
+        let mut sim = Sim::new(&format!("[hi]\nMinUtil=0.7\n[lo]\nMaxUtil={lo_max}\n"));
+        sim.add(
+            "hi",
+            Demand::Paused {
+                from: 5 * SEC,
+                to: 5 * SEC + pause,
+            },
+        );
+        sim.add("lo", Demand::Saturating);
+        let back = 5 * SEC + pause;
+        sim.run_until(back + 4 * SEC);
+        let lo = sim.group_share("lo", back + 200 * MS, back + SEC);
+        let hi = sim.group_share("hi", back, back + 4 * SEC);
+        assert!(
+            lo >= 0.25,
+            "pause {pause} us: lo got {lo:.3} of the second after hi came back"
+        );
+        assert!((hi - 0.7).abs() <= 0.02, "pause {pause} us: hi got {hi:.3}");
+        // While hi was away the device was lo's, up to its MaxUtil.
+        let alone = sim.group_share("lo", 5 * SEC + 200 * MS, back);
+        assert!(
+            alone >= lo_max - 0.02,
+            "pause {pause} us: lo alone got {alone:.3}"
+        );
+    }
 }
 
 #[test]
