@@ -298,14 +298,20 @@ impl Gate {
     /// device is its for all of that, whatever its MaxUtil. A launch onto
     /// an empty queue is always admitted (a kernel longer than the token
     /// runs and is accounted as overuse). While the device time per launch
-    /// is unknown, `UNKNOWN_LAUNCHES` are admitted per token; the token's
-    /// end then measures them. `cost`: the launch's predicted device time
-    /// (ns), 0 for the usual per launch.
+    /// is unknown, `UNKNOWN_LAUNCHES` are admitted per token, and only the
+    /// first under a lent one (which ends when the group it is lent from
+    /// is back); the token's end then measures them. `cost`: the launch's
+    /// predicted device time (ns), 0 for the usual per launch.
     #[inline]
     fn queue_ahead(&self, now: u64, cost: u64) -> bool {
         let per = self.per_launch(cost);
         if per == 0 {
-            return self.unknown_launches.fetch_add(1, Ordering::Relaxed) < UNKNOWN_LAUNCHES;
+            let limit = if self.lent.load(Ordering::Relaxed) {
+                1
+            } else {
+                UNKNOWN_LAUNCHES
+            };
+            return self.unknown_launches.fetch_add(1, Ordering::Relaxed) < limit;
         }
         let quota_end = self.quota_end.load(Ordering::Relaxed);
         self.queued_end

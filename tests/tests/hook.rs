@@ -801,6 +801,7 @@ fn long_kernels_get_their_capped_share_from_the_start() {
         (busy.share(pid_of(&long)), busy.share(pid_of(&other)))
     };
     let ((long, other), counts) = measured("50 ms kernels", MAX_STEAL, 2, run);
+    eprintln!("50 ms kernels: capped {long:.3}, other {other:.3} (counts: {counts})");
     assert!(long <= 0.36, "50 ms kernels: {long:.3}, over the 0.3 cap");
     if counts {
         assert!(
