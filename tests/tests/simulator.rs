@@ -583,3 +583,72 @@ fn every_kind_of_wait_waits_for_the_work_before_it() {
         }
     }
 }
+
+/// A device cgroup (Slurm's `ConstrainDevices`, a container's `--gpus`)
+/// hides the other GPUs from CUDA, which numbers the allowed ones from 0,
+/// while NVML still counts every GPU and refuses a handle to the hidden
+/// ones (`NVML_ERROR_NO_PERMISSION`, 4). A GPU's UUID is the same through
+/// both and in every process: what names a GPU across processes whose
+/// ordinals differ.
+#[test]
+fn a_device_cgroup_renumbers_cuda_and_nvml_names_every_gpu_by_uuid() {
+    let sim = SimEnv::new(4, "16GiB");
+    let identify = |cgroup: Option<&str>, visible: Option<&str>| {
+        let mut c = sim.workload();
+        c.arg("--identify");
+        if let Some(v) = cgroup {
+            c.env("FAKECUDA_CGROUP_DEVICES", v);
+        }
+        if let Some(v) = visible {
+            c.env("CUDA_VISIBLE_DEVICES", v);
+        }
+        let out = run(c);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let cuda: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("cuda ordinal="))
+            .map(|l| l.split_once(" uuid=").unwrap().1.to_string())
+            .collect();
+        let nvml: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("nvml index="))
+            .map(|l| l.split_once(' ').unwrap().1.to_string())
+            .collect();
+        (cuda, nvml)
+    };
+    let (cuda, nvml) = identify(None, None);
+    assert_eq!(cuda.len(), 4);
+    let uuids: Vec<String> = nvml
+        .iter()
+        .map(|v| v.strip_prefix("uuid=").unwrap().to_string())
+        .collect();
+    assert_eq!(cuda, uuids, "ordinal i is GPU i without a cgroup");
+    let distinct: std::collections::BTreeSet<&String> = uuids.iter().collect();
+    assert_eq!(distinct.len(), 4);
+    assert!(
+        uuids.iter().all(|u| u.starts_with("GPU-") && u.len() == 40),
+        "{uuids:?}"
+    );
+
+    // A job given GPUs 1 and 3: CUDA sees two, as ordinals 0 and 1.
+    let (cuda, nvml) = identify(Some("3,1"), None);
+    assert_eq!(cuda, [uuids[1].clone(), uuids[3].clone()]);
+    assert_eq!(nvml.len(), 4, "NVML counts every GPU: {nvml:?}");
+    assert_eq!(nvml[0], "error=4");
+    assert_eq!(nvml[1], format!("uuid={}", uuids[1]));
+    assert_eq!(nvml[2], "error=4");
+    assert_eq!(nvml[3], format!("uuid={}", uuids[3]));
+    // CUDA_VISIBLE_DEVICES counts within the cgroup.
+    let (cuda, _) = identify(Some("1,3"), Some("1"));
+    assert_eq!(cuda, [uuids[3].clone()]);
+
+    // A kernel on ordinal 0 of a job given GPU 2 runs on GPU 2.
+    let mut c = sim.workload();
+    c.args(["--seconds", "0.3", "--kernel-us", "1000"])
+        .env("FAKECUDA_CGROUP_DEVICES", "2");
+    let t0 = now_ns();
+    let out = run(c);
+    let pid = pids(&[&out])[0];
+    assert!(sim.busy(2, t0, now_ns()).share(pid) > 0.5);
+    assert_eq!(sim.busy(0, t0, now_ns()).device, 0);
+}

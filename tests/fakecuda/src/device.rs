@@ -13,9 +13,16 @@
 //!   before a launch blocks, as the real launch queue does (default 1024).
 //! - `FAKECUDA_POOLS`: `0` to report no memory-pool support (attribute
 //!   115), so cudarc allocates with `cuMemAlloc_v2` (default 1).
-//! - `CUDA_VISIBLE_DEVICES`: as with the real driver, a list of device
-//!   indices makes the process see only those, renumbered from 0 in that
-//!   order (the list stops at the first entry that is not a valid index).
+//! - `FAKECUDA_CGROUP_DEVICES`: the devices the process's device cgroup
+//!   lets it open (Slurm's `ConstrainDevices`, a container's `--gpus`), a
+//!   list of device indices; default all. As with the real driver, CUDA
+//!   enumerates only those, renumbered from 0 in index order, and NVML
+//!   still counts every device but refuses a handle to the others
+//!   (`NVML_ERROR_NO_PERMISSION`).
+//! - `CUDA_VISIBLE_DEVICES`: as with the real driver, a list of indices
+//!   (of the devices the cgroup allows) makes the process see only those,
+//!   renumbered from 0 in that order (the list stops at the first entry
+//!   that is not a valid index).
 //!
 //! The first process to create the state file fixes devices and memory;
 //! later ones use what the file says.
@@ -59,6 +66,8 @@ pub struct Sim {
     pub pools: bool,
     /// Physical devices this process sees, by ordinal.
     visible: Vec<usize>,
+    /// Physical devices its device cgroup lets it open.
+    allowed: Vec<usize>,
     /// Ends of this process's queued kernels, per device.
     pending: Vec<Mutex<VecDeque<u64>>>,
     /// Latest end of any work of this process, per device.
@@ -192,12 +201,26 @@ impl Sim {
         drop(guard);
         let n = MAX_DEVICES;
         let count = shared.devices.load(Ordering::Relaxed) as usize;
+        let allowed: Vec<usize> = match std::env::var("FAKECUDA_CGROUP_DEVICES") {
+            Ok(list) => {
+                let mut v: Vec<usize> = list
+                    .split(',')
+                    .filter_map(|s| s.trim().parse::<usize>().ok())
+                    .filter(|&d| d < count)
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+            Err(_) => (0..count).collect(),
+        };
         let visible = match std::env::var("CUDA_VISIBLE_DEVICES") {
             Ok(list) => list
                 .split(',')
-                .map_while(|s| s.trim().parse::<usize>().ok().filter(|&d| d < count))
+                .map_while(|s| s.trim().parse::<usize>().ok())
+                .map_while(|i| allowed.get(i).copied())
                 .collect(),
-            Err(_) => (0..count).collect(),
+            Err(_) => allowed.clone(),
         };
         Ok(Sim {
             shared,
@@ -210,6 +233,7 @@ impl Sim {
                 .max(1),
             pools: env_or("FAKECUDA_POOLS", "1") != "0",
             visible,
+            allowed,
             pending: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
             last_end: (0..n).map(|_| AtomicU64::new(0)).collect(),
             legacy_tail: (0..n)
@@ -232,6 +256,11 @@ impl Sim {
     /// The physical device of ordinal `ordinal`.
     pub fn physical(&self, ordinal: usize) -> Option<usize> {
         self.visible.get(ordinal).copied()
+    }
+
+    /// Whether the process's device cgroup lets it open device `dev`.
+    pub fn may_open(&self, dev: usize) -> bool {
+        self.allowed.contains(&dev)
     }
 
     /// The ordinal of physical device `dev` in this process.
@@ -404,4 +433,28 @@ pub fn sim() -> Result<&'static Sim, CUresult> {
             Err(CUDA_ERROR_NOT_INITIALIZED)
         }
     }
+}
+
+/// The UUID of physical device `dev`, as `cuDeviceGetUuid` gives it: the
+/// same for every process, whatever its ordinals.
+pub fn uuid(dev: usize) -> [u8; 16] {
+    let mut u = [
+        0xfa, 0xce, 0xc0, 0xda, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    u[15] = dev as u8;
+    u
+}
+
+/// The UUID of physical device `dev` as NVML writes it
+/// (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, lower-case hex).
+pub fn uuid_text(dev: usize) -> String {
+    let h: String = uuid(dev).iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }

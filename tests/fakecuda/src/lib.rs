@@ -1273,10 +1273,7 @@ driver_api! {
     }
     fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) {
         let s = initialised()?;
-        let dev = check_device(s, dev)?;
-        let mut u = *b"fakecuda-uuid-00";
-        u[15] = b'0' + dev as u8;
-        put(uuid, u)
+        put(uuid, device::uuid(check_device(s, dev)?))
     }
     fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) {
         // SAFETY: same contract as cuDeviceGetUuid.

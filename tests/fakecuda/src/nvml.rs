@@ -12,6 +12,9 @@ type NvmlReturn = u32;
 const NVML_SUCCESS: NvmlReturn = 0;
 const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
 const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
+const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
 /// `nvmlUtilization_t`.
@@ -64,7 +67,10 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut u32) -> NvmlReturn {
     NVML_SUCCESS
 }
 
-/// `nvmlDeviceGetHandleByIndex_v2`: the handle is the index plus one.
+/// `nvmlDeviceGetHandleByIndex_v2`: the handle is the index plus one; a
+/// device the process's device cgroup does not let it open is refused
+/// with `NVML_ERROR_NO_PERMISSION`, as NVML does (`nvidia-smi` in a Slurm
+/// job with `ConstrainDevices`: "Insufficient Permissions").
 ///
 /// # Safety
 /// `handle` must be writable.
@@ -79,8 +85,70 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     if handle.is_null() || index as usize >= s.total_devices() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
+    if !s.may_open(index as usize) {
+        return NVML_ERROR_NO_PERMISSION;
+    }
     // SAFETY: non-null out-pointer from the caller.
     unsafe { *handle = (index as usize + 1) as *mut c_void };
+    NVML_SUCCESS
+}
+
+/// `nvmlDeviceGetHandleByUUID`: `NVML_ERROR_NOT_FOUND` for a UUID of no
+/// device, `NVML_ERROR_NO_PERMISSION` for one the device cgroup hides.
+///
+/// # Safety
+/// `uuid` must be a NUL-terminated string and `handle` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const std::ffi::c_char,
+    handle: *mut *mut c_void,
+) -> NvmlReturn {
+    let Ok(s) = sim() else {
+        return NVML_ERROR_UNINITIALIZED;
+    };
+    if uuid.is_null() || handle.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let text = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_string_lossy();
+    let Some(dev) = (0..s.total_devices()).find(|&d| crate::device::uuid_text(d) == text) else {
+        return NVML_ERROR_NOT_FOUND;
+    };
+    if !s.may_open(dev) {
+        return NVML_ERROR_NO_PERMISSION;
+    }
+    // SAFETY: non-null out-pointer from the caller.
+    unsafe { *handle = (dev + 1) as *mut c_void };
+    NVML_SUCCESS
+}
+
+/// `nvmlDeviceGetUUID`: `GPU-` and the bytes `cuDeviceGetUuid` gives, NUL
+/// terminated; `NVML_ERROR_INSUFFICIENT_SIZE` if `length` cannot hold it.
+///
+/// # Safety
+/// `uuid` must hold `length` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    handle: *mut c_void,
+    uuid: *mut std::ffi::c_char,
+    length: u32,
+) -> NvmlReturn {
+    let dev = match device_of(handle) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    if uuid.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let text = crate::device::uuid_text(dev);
+    if (length as usize) < text.len() + 1 {
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    // SAFETY: the caller's buffer holds `length` > text.len() bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), uuid as *mut u8, text.len());
+        *uuid.add(text.len()) = 0;
+    }
     NVML_SUCCESS
 }
 

@@ -118,6 +118,11 @@ struct Args {
     /// launching (cuMemGetInfo is asked after that)
     #[arg(long)]
     free_first: bool,
+    /// Only say which GPUs the process sees, and exit: for each CUDA
+    /// ordinal `cuda ordinal=N uuid=GPU-…`, and for each NVML index
+    /// `nvml index=N uuid=GPU-…` or `nvml index=N error=CODE`
+    #[arg(long)]
+    identify: bool,
     /// Also ask NVML (libnvidia-ml.so.1, loaded at run time as pynvml
     /// does) for device 0's memory, with nvmlDeviceGetMemoryInfo and _v2
     #[arg(long)]
@@ -1132,8 +1137,74 @@ fn launch_loop(
     Ok(kernels)
 }
 
+/// `--identify`: the GPUs this process sees through CUDA and through
+/// NVML, by UUID.
+fn identify(args: &Args) -> anyhow::Result<()> {
+    type Init = unsafe extern "C" fn(u32) -> CUresult;
+    type Count = unsafe extern "C" fn(*mut i32) -> CUresult;
+    type Uuid = unsafe extern "C" fn(*mut [u8; 16], i32) -> CUresult;
+    type NvmlInit = unsafe extern "C" fn() -> u32;
+    type NvmlCount = unsafe extern "C" fn(*mut u32) -> u32;
+    type NvmlHandle = unsafe extern "C" fn(u32, *mut Ptr) -> u32;
+    type NvmlUuid = unsafe extern "C" fn(Ptr, *mut std::ffi::c_char, u32) -> u32;
+    // SAFETY: loading the driver and NVML and calling them with their C
+    // signatures and pointers to live locals.
+    unsafe {
+        let cuda = libloading::Library::new(&args.driver)
+            .with_context(|| format!("dlopen {}", args.driver))?;
+        let init: libloading::Symbol<Init> = cuda.get(b"cuInit\0")?;
+        let count: libloading::Symbol<Count> = cuda.get(b"cuDeviceGetCount\0")?;
+        let uuid: libloading::Symbol<Uuid> = cuda.get(b"cuDeviceGetUuid_v2\0")?;
+        check("cuInit", init(0))?;
+        let mut n = 0;
+        check("cuDeviceGetCount", count(&mut n))?;
+        for i in 0..n {
+            let mut u = [0u8; 16];
+            check("cuDeviceGetUuid_v2", uuid(&mut u, i))?;
+            let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+            println!(
+                "cuda ordinal={i} uuid=GPU-{}-{}-{}-{}-{}",
+                &h[0..8],
+                &h[8..12],
+                &h[12..16],
+                &h[16..20],
+                &h[20..32]
+            );
+        }
+        let nvml =
+            libloading::Library::new("libnvidia-ml.so.1").context("dlopen libnvidia-ml.so.1")?;
+        let init: libloading::Symbol<NvmlInit> = nvml.get(b"nvmlInit_v2\0")?;
+        let count: libloading::Symbol<NvmlCount> = nvml.get(b"nvmlDeviceGetCount_v2\0")?;
+        let handle: libloading::Symbol<NvmlHandle> =
+            nvml.get(b"nvmlDeviceGetHandleByIndex_v2\0")?;
+        let uuid: libloading::Symbol<NvmlUuid> = nvml.get(b"nvmlDeviceGetUUID\0")?;
+        check("nvmlInit_v2", init() as CUresult)?;
+        let mut n = 0u32;
+        check("nvmlDeviceGetCount_v2", count(&mut n) as CUresult)?;
+        for i in 0..n {
+            let mut h: Ptr = std::ptr::null_mut();
+            let r = handle(i, &mut h);
+            if r != 0 {
+                println!("nvml index={i} error={r}");
+                continue;
+            }
+            let mut buf = [0 as std::ffi::c_char; 96];
+            check(
+                "nvmlDeviceGetUUID",
+                uuid(h, buf.as_mut_ptr(), 96) as CUresult,
+            )?;
+            let text = std::ffi::CStr::from_ptr(buf.as_ptr()).to_string_lossy();
+            println!("nvml index={i} uuid={text}");
+        }
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.identify {
+        return identify(&args);
+    }
     let mut child = None;
     if args.fork {
         // SAFETY: fork before any thread or driver state exists; both
