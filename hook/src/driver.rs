@@ -163,6 +163,27 @@ pub fn device_count() -> Option<i32> {
     (r == 0).then_some(n)
 }
 
+/// The UUID of the driver's device `ordinal` (`cuDeviceGetUuid_v2`, or
+/// `cuDeviceGetUuid` before CUDA 11.4), if the driver is initialised and
+/// answers.
+pub fn device_uuid(ordinal: i32) -> Option<[u8; 16]> {
+    let mut dev = 0i32;
+    if real_call!(c"cuDeviceGet", fn(*mut i32, i32), &mut dev, ordinal) != 0 {
+        return None;
+    }
+    let mut uuid = [0u8; 16];
+    let mut r = real_call!(
+        c"cuDeviceGetUuid_v2",
+        fn(*mut [u8; 16], i32),
+        &mut uuid,
+        dev
+    );
+    if r == CUDA_ERROR_NOT_FOUND {
+        r = real_call!(c"cuDeviceGetUuid", fn(*mut [u8; 16], i32), &mut uuid, dev);
+    }
+    (r == 0).then_some(uuid)
+}
+
 /// `cuMemGetInfo_v2`.
 ///
 /// # Safety

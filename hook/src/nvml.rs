@@ -61,6 +61,46 @@ fn physical_of(device: *mut c_void) -> Option<u32> {
     (unsafe { f(device, &mut index) } == 0).then_some(index)
 }
 
+/// NVML's index of the GPU whose CUDA UUID is `uuid`: the machine's own
+/// numbering, which the scheduler and `nvidia-smi` use, whatever the
+/// process's device cgroup and `CUDA_VISIBLE_DEVICES` made of its CUDA
+/// ordinals. `None` without NVML or where it does not know the GPU.
+pub fn index_of_uuid(uuid: &[u8; 16]) -> Option<u32> {
+    static INIT: AtomicUsize = AtomicUsize::new(0);
+    static BY_UUID: AtomicUsize = AtomicUsize::new(0);
+    type Init = unsafe extern "C" fn() -> NvmlReturn;
+    type ByUuid = unsafe extern "C" fn(*const std::ffi::c_char, *mut *mut c_void) -> NvmlReturn;
+    static STARTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let started = *STARTED.get_or_init(|| {
+        // SAFETY: nvmlInit_v2's C signature.
+        let init = unsafe { real::<Init>(&INIT, c"nvmlInit_v2") };
+        // SAFETY: no arguments; NVML counts its initialisations, so the
+        // program's own init and shutdown are unaffected.
+        init.is_some_and(|f| unsafe { f() } == 0)
+    });
+    if !started {
+        return None;
+    }
+    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    let text = std::ffi::CString::new(format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    ))
+    .ok()?;
+    // SAFETY: nvmlDeviceGetHandleByUUID's C signature.
+    let by_uuid = unsafe { real::<ByUuid>(&BY_UUID, c"nvmlDeviceGetHandleByUUID") }?;
+    let mut handle: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated string and an out-pointer to a local.
+    if unsafe { by_uuid(text.as_ptr(), &mut handle) } != 0 {
+        return None;
+    }
+    physical_of(handle)
+}
+
 /// The group's view of (free, total) on the NVML `device`, if the process
 /// belongs to a group the scheduler answers for.
 fn group_view(device: *mut c_void, free: u64, total: u64) -> Option<(u64, u64)> {

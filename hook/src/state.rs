@@ -31,6 +31,9 @@ pub struct Settings {
     pub idle: Duration,
     /// `CUDA_VISIBLE_DEVICES` as physical indices, when numeric.
     pub visible: Vec<u32>,
+    /// Per CUDA ordinal, NVML's index of that GPU, found by its UUID once
+    /// the driver answers (`None` where NVML does not tell).
+    by_uuid: std::sync::OnceLock<Vec<Option<u32>>>,
 }
 
 fn parse_seconds(v: &str) -> Option<Duration> {
@@ -110,11 +113,27 @@ impl Settings {
             connect_timeout,
             idle,
             visible,
+            by_uuid: std::sync::OnceLock::new(),
         }
     }
 
-    /// The scheduler's device index for the driver's ordinal `dev`.
+    /// The scheduler's device index for the driver's ordinal `dev`: the
+    /// machine's own index of the GPU (NVML's, found by the GPU's UUID),
+    /// which a device cgroup renumbers away from the ordinal (Slurm's
+    /// `ConstrainDevices`: a job's only GPU is ordinal 0 whichever it is);
+    /// else the numeric `CUDA_VISIBLE_DEVICES` entry, else the ordinal.
     pub fn physical(&self, dev: u32) -> u32 {
+        if self.by_uuid.get().is_none()
+            && let Some(count) = crate::driver::device_count()
+        {
+            let map = (0..count)
+                .map(|i| crate::driver::device_uuid(i).and_then(|u| crate::nvml::index_of_uuid(&u)))
+                .collect();
+            let _ = self.by_uuid.set(map);
+        }
+        if let Some(&Some(p)) = self.by_uuid.get().and_then(|m| m.get(dev as usize)) {
+            return p;
+        }
         self.visible.get(dev as usize).copied().unwrap_or(dev)
     }
 }

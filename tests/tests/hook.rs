@@ -599,6 +599,43 @@ fn devices_are_gated_separately_and_visible_devices_are_mapped() {
     );
 }
 
+/// In a device cgroup (Slurm's `ConstrainDevices`) a job's only GPU is
+/// CUDA ordinal 0 and `CUDA_VISIBLE_DEVICES` says 0, whichever GPU of the
+/// machine it is: the hook names it to the scheduler by the machine's own
+/// index, found through the GPU's UUID, so its time and memory count on
+/// that GPU (here 2 of 4), not on GPU 0.
+#[test]
+fn a_job_in_a_device_cgroup_is_scheduled_on_its_own_gpu() {
+    let g = Gemini::start(SimEnv::new(4, "16GiB"), "[job]\nMemoryLimit=1GiB\n");
+    let mut c = rust(
+        &g,
+        "job",
+        &["--seconds", "0.5", "--kernel-us", "500", "--mem", "256MiB"],
+    );
+    c.env("FAKECUDA_CGROUP_DEVICES", "2")
+        .env("CUDA_VISIBLE_DEVICES", "0");
+    let t0 = now_ns();
+    let child = spawn(c);
+    g.wait_status(5.0, "the job's memory on GPU 2", |s| {
+        s.devices.iter().any(|d| {
+            d.device == 2
+                && d.groups
+                    .iter()
+                    .any(|r| r.group == "job" && r.memory_used > 0)
+        })
+    });
+    let st = g.status();
+    assert!(
+        st.devices
+            .iter()
+            .all(|d| d.device == 2 || d.groups.iter().all(|r| r.group != "job")),
+        "{st:?}"
+    );
+    let out = finish(child);
+    assert!(g.sim.busy(2, t0, now_ns()).share(pid_of(&out)) > 0.3);
+    assert_eq!(g.sim.busy(0, t0, now_ns()).device, 0);
+}
+
 #[test]
 fn threads_of_one_process_share_its_token() {
     let _serial = serial();
