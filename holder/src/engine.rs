@@ -48,7 +48,8 @@ fn f64_store(a: &AtomicU64, v: f64) {
 
 /// One held device.
 pub struct Device {
-    /// Physical index (= the CUDA ordinal: run the holder without
+    /// Physical index (= the CUDA ordinal in PCI bus order, which
+    /// `main` asks CUDA for: run the holder without
     /// `CUDA_VISIBLE_DEVICES`).
     pub index: u32,
     gpu: Gpu,

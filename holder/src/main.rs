@@ -118,6 +118,13 @@ fn defaults() -> Settings {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Devices are numbered as the machine numbers them (nvidia-smi, NVML,
+    // the hook's reports to the scheduler): in PCI bus order, which CUDA
+    // follows only when asked to, before it initialises.
+    if std::env::var_os("CUDA_DEVICE_ORDER").is_none() {
+        // SAFETY: no other thread exists yet to read the environment.
+        unsafe { std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID") };
+    }
     let ipc = match locate_ipc_dir(
         cli.ipc_dir.as_deref().map(Path::as_os_str),
         settings_path(cli.settings.as_deref().map(Path::as_os_str)).as_deref(),

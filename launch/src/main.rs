@@ -184,7 +184,11 @@ fn main() {
     if let Some(gpus) = gpus {
         let devices = reserve(&mut client, &group, gpus, !args.nonblock, args.timeout);
         let list: Vec<String> = devices.iter().map(u32::to_string).collect();
-        cmd.env("CUDA_VISIBLE_DEVICES", list.join(","));
+        // The indices are the machine's own (nvidia-smi's, the
+        // scheduler's): in PCI bus order, which CUDA follows only when
+        // asked to (its default puts the fastest GPU first).
+        cmd.env("CUDA_VISIBLE_DEVICES", list.join(","))
+            .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     }
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(p) if !p.is_empty() => format!("{} {p}", hook.display()),

@@ -24,12 +24,15 @@ fn launch(g: &Gemini, args: &[&str], program: &[&str]) -> Command {
     c
 }
 
-/// A program that prints the GPUs it was given, then sleeps.
+/// A program that prints the GPUs it was given (and the numbering CUDA
+/// is told to read them in), then sleeps.
 fn show_gpus(secs: &str) -> Vec<String> {
     vec![
         "sh".into(),
         "-c".into(),
-        format!("echo gpus=$CUDA_VISIBLE_DEVICES group=$GEMINI_GROUP_NAME; sleep {secs}"),
+        format!(
+            "echo gpus=$CUDA_VISIBLE_DEVICES order=$CUDA_DEVICE_ORDER group=$GEMINI_GROUP_NAME; sleep {secs}"
+        ),
     ]
 }
 
@@ -43,11 +46,18 @@ fn gpus_of(out: &[u8]) -> String {
         .lines()
         .find(|l| l.starts_with("gpus="))
         .unwrap_or_else(|| panic!("no gpus line in {text:?}"));
-    line.split_whitespace()
+    let gpus = line
+        .split_whitespace()
         .next()
         .unwrap()
         .trim_start_matches("gpus=")
-        .to_string()
+        .to_string();
+    // The scheduler's indices are nvidia-smi's: PCI bus order.
+    assert!(
+        gpus.is_empty() || line.contains(" order=PCI_BUS_ID "),
+        "{line}"
+    );
+    gpus
 }
 
 #[test]
