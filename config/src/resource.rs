@@ -5,6 +5,7 @@
 //! MinUtil=0.3      # guaranteed share of device time, 0..1 (default 0)
 //! MaxUtil=0.8      # ceiling, 0..1 (default 1)
 //! MemoryLimit=8GiB # per device, all processes of the group (default 1GiB)
+//! Devices=0,2      # only these GPUs, numbered as nvidia-smi does (default all)
 //! ```
 //!
 //! The file is parsed by glib's `KeyFile` (XDG Desktop Entry syntax). glib
@@ -30,14 +31,17 @@ pub const ALLOWED_USERS: &str = "AllowedUsers";
 pub const ALLOWED_GROUPS: &str = "AllowedGroups";
 /// Key for the cgroups whose processes belong to a group.
 pub const CGROUPS: &str = "Cgroups";
+/// Key for the GPUs a group may use.
+pub const DEVICES: &str = "Devices";
 /// Keys this version understands.
-pub const KNOWN_KEYS: [&str; 6] = [
+pub const KNOWN_KEYS: [&str; 7] = [
     MIN_UTIL,
     MAX_UTIL,
     MEMORY_LIMIT,
     ALLOWED_USERS,
     ALLOWED_GROUPS,
     CGROUPS,
+    DEVICES,
 ];
 /// `MemoryLimit` when the key is absent.
 pub const DEFAULT_MEMORY_LIMIT: u64 = 1 << 30;
@@ -71,9 +75,18 @@ pub struct GroupConfig {
     /// and those of the cgroups below, belong to this group and to no
     /// other; `None`: membership is by name.
     pub cgroups: Option<Vec<String>>,
+    /// `Devices`: the GPUs (the machine's indices, as nvidia-smi numbers
+    /// them) the group may use, in order; `MinUtil` is then guaranteed on
+    /// those only and counts against theirs alone. `None`: every GPU.
+    pub devices: Option<Vec<u32>>,
 }
 
 impl GroupConfig {
+    /// Whether the group may use GPU `device`.
+    pub fn uses(&self, device: u32) -> bool {
+        self.devices.as_ref().is_none_or(|d| d.contains(&device))
+    }
+
     /// The length of the longest of this group's cgroups that `cgroup`
     /// is (or is below); `None`: none, or the group has none.
     pub fn cgroup_match(&self, cgroup: &str) -> Option<usize> {
@@ -492,6 +505,30 @@ fn parse_names(value: &str) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
+/// `Devices`: GPU indices, `,`- or `;`-separated, each once.
+fn parse_devices(value: &str) -> Result<Vec<u32>, String> {
+    let mut devices = Vec::new();
+    for part in value
+        .split([',', ';'])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let d: u32 = part.parse().map_err(|_| {
+            format!("{part:?} is not a GPU index: expected numbers as nvidia-smi shows them, such as `0,2`")
+        })?;
+        if devices.contains(&d) {
+            return Err(format!("GPU {d} is listed twice"));
+        }
+        devices.push(d);
+    }
+    if devices.is_empty() {
+        return Err(
+            "expected GPU indices such as `0,2`, got nothing (remove the key for every GPU)".into(),
+        );
+    }
+    Ok(devices)
+}
+
 /// `Cgroups`: absolute cgroup paths, `;`-separated.
 fn parse_cgroups(value: &str) -> Result<Vec<String>, String> {
     let paths: Vec<String> = value
@@ -588,6 +625,7 @@ fn parse_groups(
             allowed_users: None,
             allowed_groups: None,
             cgroups: None,
+            devices: None,
         };
         let mut min_line = g.line;
         // Whether MinUtil and MaxUtil are usable (absent or valid): their
@@ -631,6 +669,7 @@ fn parse_groups(
                     cfg.allowed_groups = Some(v);
                 }),
                 CGROUPS => parse_cgroups(&e.value).map(|v| cfg.cgroups = Some(v)),
+                DEVICES => parse_devices(&e.value).map(|v| cfg.devices = Some(v)),
                 other => {
                     warnings.push(Warning {
                         at: at(e.line, &g.name),
@@ -696,20 +735,39 @@ fn finish(
             format!("{} line {}", g.file.display(), g.line)
         }
     };
-    let sum: f64 = groups.values().map(|g| g.min_util).sum();
-    if sum > 1.0 + SUM_EPSILON {
-        let parts: Vec<String> = groups
-            .values()
-            .filter(|g| g.min_util > 0.0)
-            .map(|g| format!("{} {} ({})", g.name, g.min_util, place(g)))
-            .collect();
-        errors.push(ConfigError {
-            at: Location { file: file.to_path_buf(), line: None, group: None },
-            message: format!(
-                "MinUtil over all groups adds up to {sum:.3}, more than 1: {}; lower them so the guarantees can all be met",
-                parts.join(", ")
-            ),
-        });
+    // MinUtil is a share of each GPU's time: the groups that may use a
+    // GPU must fit on it. A GPU no `Devices` names has the groups without
+    // one (`None` below).
+    let mut named: Vec<Option<u32>> = groups
+        .values()
+        .flat_map(|g| g.devices.iter().flatten().copied().map(Some))
+        .collect();
+    named.sort_unstable();
+    named.dedup();
+    named.insert(0, None);
+    for gpu in named {
+        let on = |g: &&GroupConfig| gpu.map_or(g.devices.is_none(), |d| g.uses(d));
+        let sum: f64 = groups.values().filter(on).map(|g| g.min_util).sum();
+        if sum > 1.0 + SUM_EPSILON {
+            let parts: Vec<String> = groups
+                .values()
+                .filter(on)
+                .filter(|g| g.min_util > 0.0)
+                .map(|g| format!("{} {} ({})", g.name, g.min_util, place(g)))
+                .collect();
+            let over = match gpu {
+                None => "over all groups".to_string(),
+                Some(d) => format!("of the groups on GPU {d}"),
+            };
+            errors.push(ConfigError {
+                at: Location { file: file.to_path_buf(), line: None, group: None },
+                message: format!(
+                    "MinUtil {over} adds up to {sum:.3}, more than 1: {}; lower them so the guarantees can all be met",
+                    parts.join(", ")
+                ),
+            });
+            break;
+        }
     }
     if groups.is_empty() {
         warnings.push(Warning {
@@ -806,6 +864,12 @@ pub fn diff(old: &ResourceConfig, new: &ResourceConfig) -> Vec<Change> {
             format_size(o.memory_limit),
             format_size(n.memory_limit),
         );
+        let gpus = |d: &Option<Vec<u32>>| {
+            d.as_ref().map_or("all".to_string(), |v| {
+                v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            })
+        };
+        field(DEVICES, gpus(&o.devices), gpus(&n.devices));
     }
     for name in old.groups.keys() {
         if !new.groups.contains_key(name) {

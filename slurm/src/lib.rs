@@ -224,6 +224,13 @@ impl JobGroup {
         let _ = writeln!(s, "MaxUtil={}", share(self.max_util.max(min)));
         let _ = writeln!(s, "MemoryLimit={}", self.memory_limit());
         let _ = writeln!(s, "AllowedUsers={}", self.user);
+        if !self.shards.gpus.is_empty() {
+            // Slurm's GPU indices (gres IDX) follow the device files
+            // (/dev/nvidiaN), as NVML's do: the job's guarantee and memory
+            // are on those GPUs, and its MinUtil counts against theirs only.
+            let list: Vec<String> = self.shards.gpus.iter().map(u32::to_string).collect();
+            let _ = writeln!(s, "Devices={}", list.join(","));
+        }
         if !self.cgroups.is_empty() {
             let _ = writeln!(s, "Cgroups={}", self.cgroups.join(";"));
         }
@@ -349,6 +356,7 @@ mod tests {
         assert!((grp.min_util - 0.3).abs() < 1e-9, "{text}");
         assert_eq!(grp.max_util, 1.0);
         assert_eq!(grp.memory_limit, (80u64 << 30) * 3 / 10);
+        assert_eq!(grp.devices, Some(vec![0]), "{text}");
         assert_eq!(
             grp.allowed_users.as_deref(),
             Some(&["root".to_string()][..])
@@ -378,6 +386,7 @@ mod tests {
         let text = g.render();
         assert!(text.contains("MinUtil=0.7\nMaxUtil=0.7\n"), "{text}");
         assert!(!text.contains("Cgroups="), "{text}");
+        assert!(!text.contains("Devices="), "GPUs not known: {text}");
     }
 
     #[test]

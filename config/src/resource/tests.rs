@@ -93,6 +93,48 @@ fn sum_of_min_util_above_one_is_refused() {
     assert!(parse("[a]\nMinUtil=0.1\n[b]\nMinUtil=0.2\n[c]\nMinUtil=0.7\n").is_ok());
 }
 
+/// `Devices` limits a group to some GPUs: MinUtil then counts on those
+/// only, beside the groups without `Devices` (on every GPU).
+#[test]
+fn min_util_adds_up_per_gpu_with_devices() {
+    // 0.6 on GPU 0 and 0.7 on GPU 1, each beside the 0.3 of c: fits.
+    let (cfg, _) =
+        parse("[a]\nMinUtil=0.6\nDevices=0\n[b]\nMinUtil=0.7\nDevices=1\n[c]\nMinUtil=0.3\n")
+            .unwrap();
+    assert_eq!(cfg.group("a").unwrap().devices, Some(vec![0]));
+    assert!(cfg.group("a").unwrap().uses(0) && !cfg.group("a").unwrap().uses(1));
+    assert!(cfg.group("c").unwrap().uses(7));
+    // Both on GPU 1 with c: 1.3 there.
+    let e =
+        errors("[a]\nMinUtil=0.6\nDevices=0;1\n[b]\nMinUtil=0.4\nDevices=1\n[c]\nMinUtil=0.3\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].contains("of the groups on GPU 1 adds up to 1.300"),
+        "{}",
+        e[0]
+    );
+    assert!(
+        e[0].contains("a 0.6 (line 1)")
+            && e[0].contains("b 0.4 (line 4)")
+            && e[0].contains("c 0.3"),
+        "{}",
+        e[0]
+    );
+    for (bad, says) in [
+        ("two", "\"two\" is not a GPU index"),
+        ("0,0", "GPU 0 is listed twice"),
+        (" ", "expected GPU indices"),
+    ] {
+        let e = errors(&format!("[a]\nDevices={bad}\n"));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("/etc/gemini/resource.conf:2: [a]: Devices: ") && e[0].contains(says),
+            "{}",
+            e[0]
+        );
+    }
+}
+
 #[test]
 fn unknown_size_suffix_is_refused_with_its_line() {
     let e = errors("[a]\nMinUtil=0.1\nMemoryLimit=4GX\n");

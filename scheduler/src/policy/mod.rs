@@ -362,6 +362,7 @@ fn holder_config() -> GroupConfig {
         allowed_users: None,
         allowed_groups: None,
         cgroups: None,
+        devices: None,
     }
 }
 
@@ -485,6 +486,7 @@ impl Policy {
                 allowed_users: None,
                 allowed_groups: None,
                 cgroups: None,
+                devices: None,
             })
     }
 
@@ -567,6 +569,35 @@ impl Policy {
             reply(error(
                 ErrorKind::BadRequest,
                 format!("device {d} is out of range (at most {MAX_DEVICES} devices)"),
+            ));
+            return;
+        }
+        // A group with `Devices` runs on those GPUs only: its time and
+        // memory on another are refused (a query is answered).
+        if let Some(d) = device
+            && role == Role::Client
+            && !matches!(
+                req,
+                Request::MemoryInfo { .. } | Request::ReleaseMemory { .. }
+            )
+            && let Some(cfg) = self
+                .config
+                .groups
+                .get(&c.group)
+                .or_else(|| self.retired.get(&c.group))
+            && !cfg.uses(d)
+        {
+            let list: Vec<String> = cfg.devices.iter().flatten().map(u32::to_string).collect();
+            reply(error(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "group \"{}\" may use GPU {} only (Devices= in {} line {}), not GPU {d}; \
+                     run the program with CUDA_VISIBLE_DEVICES naming those",
+                    cfg.name,
+                    list.join(", "),
+                    cfg.file.display(),
+                    cfg.line
+                ),
             ));
             return;
         }

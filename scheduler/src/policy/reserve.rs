@@ -48,12 +48,14 @@ impl Policy {
         self.claimed(device) + claim <= 1.0 + EPSILON
     }
 
-    /// Devices for `gpus` if they have room now.
-    fn pick(&self, gpus: &GpuRequest, claim: f64) -> Option<Vec<DeviceId>> {
+    /// Devices for `gpus` of `group` (among its `Devices`) if they have
+    /// room now.
+    fn pick(&self, group: &str, gpus: &GpuRequest, claim: f64) -> Option<Vec<DeviceId>> {
+        let cfg = self.config.groups.get(group);
         match gpus {
             GpuRequest::Count(n) => {
                 let mut free: Vec<DeviceId> = (0..self.params.devices)
-                    .filter(|&d| self.has_room(d, claim))
+                    .filter(|&d| cfg.is_none_or(|g| g.uses(d)) && self.has_room(d, claim))
                     .collect();
                 free.sort_by_key(|d| (self.released_at.get(d).copied().unwrap_or(0), *d));
                 (free.len() >= *n as usize).then(|| free[..*n as usize].to_vec())
@@ -118,6 +120,27 @@ impl Policy {
                 }
             }
         };
+        // Within the group's `Devices`.
+        let bad = bad.or_else(|| {
+            let allowed = cfg.devices.as_ref()?;
+            let list: Vec<String> = allowed.iter().map(u32::to_string).collect();
+            let place = format!("Devices= in {} line {}", cfg.file.display(), cfg.line);
+            match &gpus {
+                GpuRequest::Count(k) => (*k as usize > allowed.len()).then(|| {
+                    format!(
+                        "asked for {k} GPUs; group {group:?} may use {} ({}: {place})",
+                        allowed.len(),
+                        list.join(", ")
+                    )
+                }),
+                GpuRequest::Ids(ids) => ids.iter().find(|&&d| !cfg.uses(d)).map(|d| {
+                    format!(
+                        "group {group:?} may not use GPU {d}, only {} ({place})",
+                        list.join(", ")
+                    )
+                }),
+            }
+        });
         if let Some(msg) = bad {
             return answer(error(ErrorKind::BadRequest, msg));
         }
@@ -131,7 +154,7 @@ impl Policy {
         }
         // First come, first served: nobody overtakes a waiting launch.
         if self.queue.is_empty()
-            && let Some(devices) = self.pick(&gpus, claim)
+            && let Some(devices) = self.pick(&group, &gpus, claim)
         {
             self.reservations.push(Reservation {
                 client,
@@ -202,7 +225,7 @@ impl Policy {
 
     fn serve_queue(&mut self, now: Micros, out: &mut Vec<Action>) {
         while let Some(head) = self.queue.front() {
-            let Some(devices) = self.pick(&head.gpus, head.claim) else {
+            let Some(devices) = self.pick(&head.group, &head.gpus, head.claim) else {
                 break;
             };
             let Some(w) = self.queue.pop_front() else {

@@ -1138,6 +1138,55 @@ fn unknown_group_error_names_the_config_file_and_known_groups() {
     }
 }
 
+/// A group with `Devices` gets tokens and memory on those GPUs only; on
+/// another it is refused, told which GPUs it has and where that is set.
+#[test]
+fn a_group_with_devices_is_refused_time_and_memory_elsewhere() {
+    let mut p = Policy::new(
+        Params::default(),
+        config("[job]\nMinUtil=0.5\nDevices=1,3\n[free]\n"),
+    );
+    hello(&mut p, 1, "job");
+    hello(&mut p, 2, "free");
+    let acquire = |device| Request::AcquireToken {
+        device,
+        used_us: 0,
+        burst_us: 0,
+    };
+    let r = ask(&mut p, 1, acquire(0));
+    assert_eq!(kind(&r), Some(ErrorKind::PermissionDenied), "{r:?}");
+    let Reply::Error(e) = &r else { unreachable!() };
+    assert!(
+        e.message.contains("group \"job\" may use GPU 1, 3 only")
+            && e.message.contains("/etc/gemini/resource.conf line 1")
+            && e.message.contains("not GPU 0"),
+        "{}",
+        e.message
+    );
+    let reserve = |device| Request::ReserveMemory {
+        device,
+        bytes: 1 << 20,
+    };
+    assert_eq!(
+        kind(&ask(&mut p, 1, reserve(2))),
+        Some(ErrorKind::PermissionDenied)
+    );
+    assert!(matches!(
+        ask(&mut p, 1, acquire(3)),
+        Reply::Token { device: 3, .. }
+    ));
+    assert_eq!(kind(&ask(&mut p, 1, reserve(1))), None);
+    assert!(matches!(
+        ask(&mut p, 1, Request::MemoryInfo { device: 0 }),
+        Reply::MemoryView { .. }
+    ));
+    // A group without Devices uses every GPU.
+    assert!(matches!(
+        ask(&mut p, 2, acquire(0)),
+        Reply::Token { device: 0, .. }
+    ));
+}
+
 #[test]
 fn requests_before_hello_and_bad_devices_are_refused() {
     let mut p = Policy::new(Params::default(), config("[a]\n"));
@@ -1639,6 +1688,50 @@ fn two_gpus(conf: &str) -> Policy {
         },
         config(conf),
     )
+}
+
+/// gem-launch picks a group's GPUs among its `Devices` only, and says so
+/// when it asks for more or others.
+#[test]
+fn launches_of_a_group_with_devices_get_those_gpus() {
+    let mut p = Policy::new(
+        Params {
+            devices: 4,
+            ..Params::default()
+        },
+        config("[job]\nMinUtil=0.5\nDevices=3,1\n"),
+    );
+    assert_eq!(
+        reserve(&mut p, 1, "job", GpuRequest::Count(2), true, 0),
+        vec![(
+            1,
+            1,
+            Reply::Reserved {
+                devices: vec![1, 3]
+            }
+        )]
+    );
+    for (client, gpus, says) in [
+        (
+            2,
+            GpuRequest::Count(3),
+            "asked for 3 GPUs; group \"job\" may use 2 (3, 1: Devices=",
+        ),
+        (
+            3,
+            GpuRequest::Ids(vec![0]),
+            "group \"job\" may not use GPU 0, only 3, 1 (Devices=",
+        ),
+    ] {
+        let r = reserve(&mut p, client, "job", gpus, true, 0);
+        match r.as_slice() {
+            [(_, _, Reply::Error(e))] => {
+                assert_eq!(e.kind, ErrorKind::BadRequest);
+                assert!(e.message.contains(says), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 #[test]
