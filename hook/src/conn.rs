@@ -328,3 +328,16 @@ impl State {
         }
     }
 }
+
+/// The scheduler refused this group a GPU (`Devices=`): said once per
+/// process whatever `GEMINI_LOG` says, then only with it; the call gets
+/// `CUDA_ERROR_NOT_PERMITTED`.
+pub fn not_permitted(message: &str) -> u32 {
+    static TOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !TOLD.swap(true, Ordering::Relaxed) {
+        error!("refused by gemini: {message}; the call gets CUDA_ERROR_NOT_PERMITTED");
+    } else {
+        crate::log::debug!("refused by gemini: {message}");
+    }
+    CUDA_ERROR_NOT_PERMITTED
+}

@@ -734,6 +734,9 @@ fn slow_path(dev: usize, cost: u64) -> Result<(), CUresult> {
             start_watcher(st);
             Ok(())
         }
+        Reply::Error(e) if e.kind == gemini_protocol::ErrorKind::PermissionDenied => {
+            Err(crate::conn::not_permitted(&e.message))
+        }
         other => {
             crate::log::error!("unexpected answer to a token request: {other:?}");
             Err(CUDA_ERROR_NOT_PERMITTED)

@@ -55,6 +55,9 @@ pub fn reserve(dev: u32, bytes: u64) -> Result<u32, CUresult> {
             }
             Err(CUDA_ERROR_OUT_OF_MEMORY)
         }
+        Reply::Error(e) if e.kind == ErrorKind::PermissionDenied => {
+            Err(crate::conn::not_permitted(&e.message))
+        }
         other => {
             crate::log::error!("unexpected answer to a memory reservation: {other:?}");
             Err(CUDA_ERROR_OUT_OF_MEMORY)

@@ -636,6 +636,32 @@ fn a_job_in_a_device_cgroup_is_scheduled_on_its_own_gpu() {
     assert_eq!(g.sim.busy(0, t0, now_ns()).device, 0);
 }
 
+/// A group with `Devices=1` launches on GPU 1; on GPU 0 its launches get
+/// CUDA_ERROR_NOT_PERMITTED, and the program's stderr says why, once.
+#[test]
+fn a_group_launching_outside_its_devices_is_told_why() {
+    let g = Gemini::start(SimEnv::new(2, "16GiB"), "[job]\nDevices=1\n");
+    let out = rust(&g, "job", &["--seconds", "0.3", "--kernel-us", "500"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert_eq!(
+        err.matches("refused by gemini: group \"job\" may use GPU 1 only")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("CUDA_ERROR_NOT_PERMITTED"), "{err}");
+    assert!(err.contains("CUresult 800"), "{err}");
+    let ok = finish(spawn(rust(
+        &g,
+        "job",
+        &["--seconds", "0.3", "--kernel-us", "500", "--device", "1"],
+    )));
+    assert!(field(&reports(&ok.stdout)[0], "kernels") > 10);
+}
+
 #[test]
 fn threads_of_one_process_share_its_token() {
     let _serial = serial();
