@@ -385,8 +385,9 @@ fn slurm_shards_become_guaranteed_shares() {
 /// `gem-slurm` against a stand-in `scontrol` (no Slurm needed): a job
 /// whose group the scheduler refuses (MinUtil over 1 with the main file's
 /// group) has its file taken out again and the prolog fails, saying why;
-/// a job that fits is loaded at once and removed by the epilog; without a
-/// scheduler the file stays for it to read when it starts.
+/// a job that fits is loaded at once and removed by the epilog; a job on
+/// the node's other GPU is counted against that GPU only (`Devices=`);
+/// without a scheduler the file stays for it to read when it starts.
 #[test]
 fn the_prolog_takes_a_refused_group_out_and_fails() {
     let g = Gemini::start(SimEnv::default(), "[other]\nMinUtil=0.5\n");
@@ -395,7 +396,7 @@ fn the_prolog_takes_a_refused_group_out_and_fails() {
     let scontrol = stub.join("scontrol");
     write_script(
         &scontrol,
-        "#!/bin/sh\ncase \"$2\" in\n  job) echo \"JobId=$4\"; echo \"     Nodes=localhost CPU_IDs=0 Mem=0 GRES=shard:$SHARDS(IDX:0)\";;\n  node) echo 'NodeName=localhost'; echo '   Gres=gpu:1,shard:10';;\nesac\n",
+        "#!/bin/sh\ncase \"$2\" in\n  job) echo \"JobId=$4\"; echo \"     Nodes=localhost CPU_IDs=0 Mem=0 GRES=shard:$SHARDS(IDX:${IDX:-0})\";;\n  node) echo 'NodeName=localhost'; echo '   Gres=gpu:2,shard:20';;\nesac\n",
     );
     let settings = g.sim.path().join("gemini.toml");
     std::fs::write(
@@ -412,13 +413,14 @@ fn the_prolog_takes_a_refused_group_out_and_fails() {
         stub.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let glue = |what: &str, job: &str, shards: &str| {
+    let glue_on = |what: &str, job: &str, shards: &str, gpu: &str| {
         Command::new(bin("gem-slurm"))
             .arg("--settings")
             .arg(&settings)
             .arg(what)
             .env("PATH", &path)
             .env("SHARDS", shards)
+            .env("IDX", gpu)
             .env("SLURM_JOB_ID", job)
             .env("SLURM_JOB_UID", "0")
             .env("SLURM_JOB_USER", "root")
@@ -427,6 +429,7 @@ fn the_prolog_takes_a_refused_group_out_and_fails() {
             .output()
             .unwrap()
     };
+    let glue = |what: &str, job: &str, shards: &str| glue_on(what, job, shards, "0");
     let dropins = gemini_config::drop_in_dir(&g.conf());
     // 0.5 + 0.7 > 1: refused, taken out, the prolog fails.
     let out = glue("prolog", "41", "7");
@@ -455,6 +458,26 @@ fn the_prolog_takes_a_refused_group_out_and_fails() {
         .expect("slurm-42 loaded");
     assert!((grp.min_util - 0.3).abs() < 1e-9);
     assert_eq!(grp.memory_limit, (10u64 << 30) * 3 / 10);
+    // 5 more shards fit on the node's other GPU (0.5 + 0.5 there), though
+    // the node's groups add up to 1.3: MinUtil counts per GPU.
+    let out = glue_on("prolog", "44", "5", "1");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(dropins.join("slurm-job-44.conf")).unwrap();
+    assert!(text.contains("\nDevices=1\n"), "{text}");
+    assert!(g.status().groups.iter().any(|x| x.name == "slurm-44"));
+    // Not on GPU 0 (0.5 + 0.3 + 0.5).
+    let out = glue_on("prolog", "45", "5", "0");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("on GPU 0 adds up to 1.300"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(glue_on("epilog", "44", "5", "1").status.success());
     // The task prolog of that job puts it under the hook.
     let out = glue("task-prolog", "42", "3");
     let exports = String::from_utf8_lossy(&out.stdout);
