@@ -66,8 +66,10 @@ fn ensure_munge() {
     if works() {
         return;
     }
+    // -R: a munged once run as root leaves its log file root's, and
+    // munged refuses to start on it.
     let script = "mkdir -p /run/munge /var/log/munge /var/lib/munge && \
-        chown munge:munge /run/munge /var/log/munge /var/lib/munge && \
+        chown -R munge:munge /run/munge /var/log/munge /var/lib/munge && \
         { [ -s /etc/munge/munge.key ] || { mungekey --create 2>/dev/null || \
           dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null; }; } && \
         chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key && \
