@@ -286,7 +286,10 @@ impl Gemini {
         }
     }
 
-    fn try_status(&self) -> Option<gemini_protocol::StatusReport> {
+    /// The scheduler's status, or `None` if it did not answer within
+    /// 300 ms (a loop with a deadline of its own uses this: a host that
+    /// stalls the machine for a moment does not fail it).
+    pub fn try_status(&self) -> Option<gemini_protocol::StatusReport> {
         let mut c = gemini_scheduler::client::Client::connect(&self.ipc()).ok()?;
         match c
             .request(

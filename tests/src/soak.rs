@@ -147,7 +147,12 @@ pub fn chaos(duration: Duration, seed: u64) -> ChaosReport {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut last = None;
     while Instant::now() < deadline {
-        let s = g.status();
+        // A status not answered in time (the host stalled us) is tried
+        // again; one never answered ends in a mismatch below.
+        let Some(s) = g.try_status() else {
+            last = Some("the scheduler does not answer status".into());
+            continue;
+        };
         let mem: BTreeMap<String, u64> = memory_by_group(&s)
             .into_iter()
             .filter(|(_, v)| *v > 0)
@@ -168,7 +173,15 @@ pub fn chaos(duration: Duration, seed: u64) -> ChaosReport {
     }
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        let s = g.status();
+        let Some(s) = g.try_status() else {
+            if Instant::now() > deadline {
+                report
+                    .mismatches
+                    .push("after all died: the scheduler does not answer status".into());
+                break;
+            }
+            continue;
+        };
         let held: u64 = memory_by_group(&s).values().sum();
         let tokens = s.devices.iter().filter(|d| d.holder.is_some()).count();
         if s.clients.is_empty() && held == 0 && tokens == 0 {
