@@ -294,11 +294,17 @@ fn max_util_of(
     if group == HOLDER {
         return 1.0;
     }
-    config
-        .groups
-        .get(group)
-        .or_else(|| retired.get(group))
-        .map_or(0.0, |g| g.max_util)
+    configured(config, retired, group).map_or(0.0, |g| g.max_util)
+}
+
+/// A group's settings: from the file in force, or its last ones if it was
+/// removed while clients remain (`None` for the holder and unknown groups).
+fn configured<'a>(
+    config: &'a ResourceConfig,
+    retired: &'a BTreeMap<String, GroupConfig>,
+    group: &str,
+) -> Option<&'a GroupConfig> {
+    config.groups.get(group).or_else(|| retired.get(group))
 }
 
 /// The name a group is shown by (status, metrics): the holder's is
@@ -580,11 +586,7 @@ impl Policy {
                 req,
                 Request::MemoryInfo { .. } | Request::ReleaseMemory { .. }
             )
-            && let Some(cfg) = self
-                .config
-                .groups
-                .get(&c.group)
-                .or_else(|| self.retired.get(&c.group))
+            && let Some(cfg) = configured(&self.config, &self.retired, &c.group)
             && !cfg.uses(d)
         {
             let list: Vec<String> = cfg.devices.iter().flatten().map(u32::to_string).collect();
