@@ -874,6 +874,56 @@ fn long_kernels_get_their_capped_share_from_the_start() {
     }
 }
 
+/// A group that borrows the device while the group owed it is between
+/// bursts renews its lent token while its last launches still run, so its
+/// kernels follow each other without the round trip's idle gap; and the
+/// device time it learns per launch stays that of its kernels (counting
+/// the other group's burst, which the renewal waited behind, as its own
+/// work made a 1 ms kernel look like 5 ms and starved it: 0.04 of the
+/// device against its 0.3).
+#[test]
+fn a_lent_token_is_renewed_before_its_work_drains() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::default(), "[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n");
+    let args = [
+        "--iter-kernels",
+        "20",
+        "--kernel-us",
+        "1000",
+        "--wait",
+        "ctx",
+        "--gap-ms",
+        "10",
+        "--seconds",
+        "2",
+    ];
+    let hi = spawn(rust(&g, "hi", &args));
+    let mut lo = rust(&g, "lo", &args);
+    lo.env("GEMINI_LOG", "debug");
+    let lo = finish(spawn(lo));
+    finish(hi);
+    let log = String::from_utf8_lossy(&lo.stderr);
+    let ahead = log
+        .lines()
+        .filter(|l| l.contains("renewing the lent token with"))
+        .count();
+    let per_launch: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains(": lent token for "))
+        .filter_map(|l| {
+            let rest = l.rsplit_once(", ")?.1;
+            rest.split_once(" us per launch")?.0.parse().ok()
+        })
+        .collect();
+    assert!(ahead > 0, "no lent token was renewed ahead:\n{log}");
+    assert!(per_launch.len() >= 5, "few lent tokens:\n{log}");
+    let sane = per_launch.iter().filter(|&&us| us < 2000).count();
+    assert!(
+        sane * 10 >= per_launch.len() * 9,
+        "1 ms kernels learned as {per_launch:?} us per launch"
+    );
+}
+
 /// A graph launch runs all its kernels: the hook times each launch with
 /// events and learns what the graph costs on the device (20 captured 1 ms
 /// kernels: 20 ms), which a lent token then counts it as, instead of one

@@ -775,11 +775,13 @@ impl Policy {
         let Some(c) = clients.get_mut(&client) else {
             return;
         };
-        let Some((granted_at, _quota)) = c.uncharged.remove(&device) else {
+        let Some((granted_at, quota)) = c.uncharged.remove(&device) else {
             return;
         };
-        // A client cannot have used more than the time since the grant.
-        let used = used.min(now.saturating_sub(granted_at));
+        // A client cannot have used more than the time since the grant, or
+        // its quota: a lent token is renewed while its last work still runs
+        // (the hook keeps that work within the quota) and reports it ahead.
+        let used = used.min(now.saturating_sub(granted_at).max(quota));
         let end = granted_at + used;
         let max_util = max_util_of(config, retired, &c.group);
         let cap = params.max_quota;
@@ -787,11 +789,12 @@ impl Policy {
         if dev.token.as_ref().is_some_and(|t| t.client == client) {
             dev.token = None;
         }
-        // Work of another client that began before this grant and ran past
-        // it (a lent token's overrun, reported late) held the device: the
-        // time this client waited behind it is that client's, charged once.
+        // Work reported before that began before this grant and ran past it
+        // (a lent token's overrun, reported late; a renewed lent token's
+        // last work, reported ahead) held the device: the time this client
+        // waited behind it, or ran after it, is charged once.
         let start = match dev.last_report {
-            Some((other, s, e)) if other != client && s < granted_at => e.clamp(granted_at, end),
+            Some((_, s, e)) if s < granted_at => e.clamp(granted_at, end),
             _ => granted_at,
         };
         dev.last_report = Some((client, start, end));

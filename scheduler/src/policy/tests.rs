@@ -713,6 +713,95 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     );
 }
 
+/// A lent token is renewed while its last work still runs: the hook
+/// reports that work ahead, up to the quota. It is charged to the
+/// borrower once, and not to the group that comes back behind it.
+#[test]
+fn work_reported_ahead_at_a_lent_renewal_is_charged_once_to_the_borrower() {
+    let params = Params::default();
+    let q = params.min_quota;
+    let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    let mut seq = 0;
+    let mut send = |p: &mut Policy, client: ClientId, req: Request, now: Micros| {
+        seq += 1;
+        replies(p.handle(Event::Request { client, seq, req }, now))
+    };
+    let acquire = |used_us: Micros| Request::AcquireToken {
+        device: 0,
+        used_us,
+        burst_us: 0,
+    };
+    let token = |r: &[(ClientId, u32, Reply)]| match r {
+        [(c, _, Reply::Token { quota_us, lent, .. })] => Some((*c, *quota_us, *lent)),
+        _ => None,
+    };
+    // As above: hi works 20 ms and leaves; lo works 30 ms, then borrows.
+    send(&mut p, 1, acquire(0), 0);
+    send(&mut p, 2, acquire(0), 0);
+    send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 20 * MS,
+        },
+        20 * MS,
+    );
+    let t1 = 50 * MS;
+    assert_eq!(
+        token(&send(&mut p, 2, acquire(30 * MS), t1)),
+        Some((2, q, true))
+    );
+    // 1 ms before the lent token's end lo's queue is full: it asks again,
+    // reporting the whole token (its work ends at the token's end).
+    let t2 = t1 + q - MS;
+    assert_eq!(token(&send(&mut p, 2, acquire(q), t2)), Some((2, q, true)));
+    // hi comes back; lo renews ahead again and the device passes to hi
+    // while lo's last millisecond still runs.
+    assert!(send(&mut p, 1, acquire(0), t2 + 3 * MS).is_empty());
+    let t3 = t2 + q - MS;
+    let r = send(&mut p, 2, acquire(q), t3);
+    let r: Vec<_> = r.into_iter().filter(|(c, ..)| *c == 1).collect();
+    assert_eq!(token(&r).map(|t| (t.0, t.2)), Some((1, false)));
+    // hi's 12 ms from its grant began behind lo's last millisecond.
+    let now = t3 + 12 * MS;
+    send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 12 * MS,
+        },
+        now,
+    );
+    let st = p.status(now);
+    let share = |g: &str| {
+        st.devices[0]
+            .groups
+            .iter()
+            .find(|r| r.group == g)
+            .map(|r| r.share)
+            .unwrap()
+    };
+    // lo: 30 ms, then its two lent tokens back to back, t1 to t3 + 1 ms.
+    let lo = 30 * MS + (t3 + MS - t1);
+    assert!(
+        (share("lo") - lo as f64 / (now - 20 * MS) as f64).abs() < 1e-9,
+        "lo {} against {}",
+        share("lo"),
+        lo as f64 / (now - 20 * MS) as f64
+    );
+    let hi = 20 * MS + 11 * MS;
+    assert!(
+        (share("hi") - hi as f64 / now as f64).abs() < 1e-9,
+        "hi {} against {}",
+        share("hi"),
+        hi as f64 / now as f64
+    );
+}
+
 /// `status` shows a group's share over the time since it became active on
 /// the device, as the policy weighs it against MinUtil: a group that
 /// starts long after the scheduler and uses all its time shows 100 %, not
