@@ -173,11 +173,13 @@ impl State {
             pid: std::process::id(),
             held: self.held_memory(),
         };
-        // Sent once: a scheduler that is not up yet gets it from the
-        // socket's queue when it starts.
-        let seq = self.send(&hello)?;
+        // A scheduler that is not up yet gets it from the socket's queue
+        // when it starts; it is sent again each second all the same, as
+        // one written to a scheduler that died before reading it is lost
+        // (a second hello is answered "already registered").
         let mut warned = false;
         loop {
+            let seq = self.send(&hello)?;
             let asked = Instant::now();
             while asked.elapsed() < Duration::from_secs(1) {
                 match self.take(seq) {
@@ -284,11 +286,14 @@ impl State {
                     None => {}
                 }
             }
-            if ping.is_none() && last.elapsed() >= PING_AFTER {
+            // A ping unanswered for as long is asked again: one written to
+            // a scheduler killed before it read it is lost, and the request
+            // with it (its late answer, if any, is dropped with the stash).
+            if last.elapsed() >= PING_AFTER {
                 ping = self.send(&Request::MemoryInfo { device }).ok();
                 last = Instant::now();
             }
-            if ping.is_some() && last.elapsed() >= 5 * PING_AFTER && !warned {
+            if heard.elapsed() >= 5 * PING_AFTER && !warned {
                 warned = true;
                 error!(
                     "the scheduler does not answer; waiting for it to come back{}",

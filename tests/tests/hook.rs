@@ -397,6 +397,44 @@ fn scheduler_restart_leaves_workloads_running_and_capped() {
     assert_capped("group after the restart", total, 0.40, 0.04, counts);
 }
 
+/// A scheduler that dies before reading what a client wrote loses it: the
+/// token request and the ping that checks on it. The client asks again
+/// (pings each second while unanswered) and finds the new scheduler; it
+/// used to wait for the lost ping's answer for ever.
+#[test]
+fn a_request_lost_with_a_killed_scheduler_is_asked_again() {
+    let _serial = serial();
+    let mut g = Gemini::start(SimEnv::default(), "[a]\nMaxUtil=0.5\n");
+    let mut w = spawn(rust(&g, "a", &["--seconds", "10", "--kernel-us", "500"]));
+    g.wait_status(10.0, "the client registered", |s| {
+        s.clients.iter().any(|c| c.pid == w.id())
+    });
+    let pid = g.scheduler_pid().expect("the scheduler runs") as i32;
+    // SAFETY: signals a child process of this test.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // The client's next request, and its ping a second later, wait unread.
+    std::thread::sleep(Duration::from_millis(2500));
+    g.kill_scheduler();
+    g.start_scheduler();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let mut back = false;
+    while Instant::now() < deadline && !back {
+        back = g
+            .try_status()
+            .is_some_and(|s| s.clients.iter().any(|c| c.pid == w.id()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if !back {
+        let _ = w.kill();
+        let out = w.wait_with_output().unwrap();
+        panic!(
+            "the client never came back to the new scheduler: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    finish(w);
+}
+
 fn stderr_lines(out: &Output) -> Vec<String> {
     String::from_utf8_lossy(&out.stderr)
         .lines()
