@@ -266,6 +266,7 @@ mod tests {
             max_util: 1.0,
             memory_limit: u64::MAX,
             clients: 0,
+            devices: None,
         };
         let json = serde_json::to_value(&g).unwrap();
         assert!(json["memory_limit"].is_null(), "{json}");
@@ -299,6 +300,7 @@ mod tests {
                     max_util: 1.0,
                     memory_limit: u64::MAX,
                     clients: 0,
+                    devices: None,
                 })
                 .collect(),
             devices: vec![],

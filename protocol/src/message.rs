@@ -380,6 +380,8 @@ pub struct GroupStatus {
     pub memory_limit: u64,
     /// Connected processes of the group.
     pub clients: u32,
+    /// The GPUs the group may use (`Devices=`); `None`: every GPU.
+    pub devices: Option<Vec<DeviceId>>,
 }
 
 /// One device.

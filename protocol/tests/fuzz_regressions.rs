@@ -9,8 +9,9 @@ use gemini_protocol::{PROTOCOL_VERSION, Reply, decode_reply, encode_reply};
 /// compared values, and NaN != NaN).
 #[test]
 fn status_with_nan_shares_round_trips_byte_for_byte() {
-    // Recorded at protocol version 2; the status report's layout is the
-    // same since, so only the header's version is brought up to date.
+    // Recorded at protocol version 2; version 5 added a group's GPUs
+    // (`None`, one zero byte after each group's client count, inserted
+    // here); only the header's version is brought up to date.
     let mut frame = include_bytes!("status_with_nan_shares.bin").to_vec();
     frame[2..4].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     let (seq, reply) = decode_reply(&frame).expect("decodes");

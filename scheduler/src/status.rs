@@ -9,6 +9,14 @@ fn pct(x: f64) -> String {
 }
 
 /// Renders a report as tables for humans.
+/// A group's GPUs: `all`, or the `Devices=` list.
+fn gpus(devices: Option<&[u32]>) -> String {
+    match devices {
+        None => "all".to_string(),
+        Some(d) => d.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+    }
+}
+
 pub fn render(r: &StatusReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
@@ -27,18 +35,19 @@ pub fn render(r: &StatusReport) -> String {
     }
     let _ = writeln!(
         s,
-        "\n{:<16} {:>7} {:>7} {:>12} {:>8}",
+        "\n{:<16} {:>7} {:>7} {:>12} {:>8}  GPUS",
         "GROUP", "MIN", "MAX", "MEM LIMIT", "CLIENTS"
     );
     for g in &r.groups {
         let _ = writeln!(
             s,
-            "{:<16} {:>7} {:>7} {:>12} {:>8}",
+            "{:<16} {:>7} {:>7} {:>12} {:>8}  {}",
             g.name,
             pct(g.min_util),
             pct(g.max_util),
             format_size(g.memory_limit),
-            g.clients
+            g.clients,
+            gpus(g.devices.as_deref())
         );
     }
     for d in &r.devices {
@@ -104,4 +113,46 @@ pub fn render(r: &StatusReport) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gemini_protocol::GroupStatus;
+
+    /// Each group's row names the GPUs it may use: its `Devices=` list, or
+    /// `all`.
+    #[test]
+    fn a_groups_row_names_its_gpus() {
+        let group = |name: &str, devices: Option<Vec<u32>>| GroupStatus {
+            name: name.into(),
+            min_util: 0.25,
+            max_util: 1.0,
+            memory_limit: u64::MAX,
+            clients: 0,
+            devices,
+        };
+        let report = StatusReport {
+            server: "test".into(),
+            config_path: "/etc/gemini/resource.conf".into(),
+            config_error: None,
+            window_us: 10_000_000,
+            uptime_us: 1,
+            groups: vec![group("shard", Some(vec![1, 3])), group("wide", None)],
+            devices: vec![],
+            clients: vec![],
+            reservations: vec![],
+            queue: vec![],
+        };
+        let text = render(&report);
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no row for {name}:\n{text}"))
+                .to_string()
+        };
+        assert!(text.contains("GPUS"), "{text}");
+        assert!(row("shard").trim_end().ends_with(" 1,3"), "{text}");
+        assert!(row("wide").trim_end().ends_with(" all"), "{text}");
+    }
 }

@@ -1263,6 +1263,7 @@ impl Policy {
                 max_util: g.max_util,
                 memory_limit: g.memory_limit,
                 clients: self.clients.values().filter(|c| c.group == g.name).count() as u32,
+                devices: g.devices.clone(),
             })
             .collect();
         groups.sort_by(|a, b| a.name.cmp(&b.name));
