@@ -587,15 +587,19 @@ fn every_kind_of_wait_waits_for_the_work_before_it() {
 /// A device cgroup (Slurm's `ConstrainDevices`, a container's `--gpus`)
 /// hides the other GPUs from CUDA, which numbers the allowed ones from 0,
 /// while NVML still counts every GPU and refuses a handle to the hidden
-/// ones (`NVML_ERROR_NO_PERMISSION`, 4). A GPU's UUID is the same through
-/// both and in every process: what names a GPU across processes whose
-/// ordinals differ.
+/// ones (`NVML_ERROR_NO_PERMISSION`, 4); in a container, which has only
+/// its GPUs' device nodes, NVML too numbers them from 0. A GPU's UUID is
+/// the same through both and in every process: what names a GPU across
+/// processes whose ordinals differ.
 #[test]
 fn a_device_cgroup_renumbers_cuda_and_nvml_names_every_gpu_by_uuid() {
     let sim = SimEnv::new(4, "16GiB");
-    let identify = |cgroup: Option<&str>, visible: Option<&str>| {
+    let identify_in = |container: bool, cgroup: Option<&str>, visible: Option<&str>| {
         let mut c = sim.workload();
         c.arg("--identify");
+        if container {
+            c.env("FAKECUDA_CONTAINER", "1");
+        }
         if let Some(v) = cgroup {
             c.env("FAKECUDA_CGROUP_DEVICES", v);
         }
@@ -616,6 +620,8 @@ fn a_device_cgroup_renumbers_cuda_and_nvml_names_every_gpu_by_uuid() {
             .collect();
         (cuda, nvml)
     };
+    let identify =
+        |cgroup: Option<&str>, visible: Option<&str>| identify_in(false, cgroup, visible);
     let (cuda, nvml) = identify(None, None);
     assert_eq!(cuda.len(), 4);
     let uuids: Vec<String> = nvml
@@ -641,6 +647,15 @@ fn a_device_cgroup_renumbers_cuda_and_nvml_names_every_gpu_by_uuid() {
     // CUDA_VISIBLE_DEVICES counts within the cgroup.
     let (cuda, _) = identify(Some("1,3"), Some("1"));
     assert_eq!(cuda, [uuids[3].clone()]);
+    // A container given GPUs 1 and 3 has only their device nodes: NVML
+    // too sees two GPUs, numbered 0 and 1; the UUIDs still name them.
+    let (cuda, nvml) = identify_in(true, Some("3,1"), None);
+    assert_eq!(cuda, [uuids[1].clone(), uuids[3].clone()]);
+    assert_eq!(
+        nvml,
+        [format!("uuid={}", uuids[1]), format!("uuid={}", uuids[3])],
+        "NVML in a container sees only its GPUs"
+    );
 
     // A kernel on ordinal 0 of a job given GPU 2 runs on GPU 2.
     let mut c = sim.workload();

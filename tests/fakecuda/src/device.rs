@@ -19,6 +19,11 @@
 //!   enumerates only those, renumbered from 0 in index order, and NVML
 //!   still counts every device but refuses a handle to the others
 //!   (`NVML_ERROR_NO_PERMISSION`).
+//! - `FAKECUDA_CONTAINER`: `1` for a container that has only the device
+//!   nodes of `FAKECUDA_CGROUP_DEVICES` (Kubernetes' device plugin,
+//!   `docker run --gpus`): NVML too enumerates only those, renumbered from
+//!   0 in index order (`nvmlDeviceGetIndex` gives the container's index),
+//!   and a UUID of another device is not found (`NVML_ERROR_NOT_FOUND`).
 //! - `CUDA_VISIBLE_DEVICES`: as with the real driver, a list of indices
 //!   (of the devices the cgroup allows) makes the process see only those,
 //!   renumbered from 0 in that order (the list stops at the first entry
@@ -68,6 +73,8 @@ pub struct Sim {
     visible: Vec<usize>,
     /// Physical devices its device cgroup lets it open.
     allowed: Vec<usize>,
+    /// Whether NVML too sees only `allowed` (a container).
+    container: bool,
     /// Ends of this process's queued kernels, per device.
     pending: Vec<Mutex<VecDeque<u64>>>,
     /// Latest end of any work of this process, per device.
@@ -234,6 +241,7 @@ impl Sim {
             pools: env_or("FAKECUDA_POOLS", "1") != "0",
             visible,
             allowed,
+            container: std::env::var("FAKECUDA_CONTAINER").is_ok_and(|v| v == "1"),
             pending: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
             last_end: (0..n).map(|_| AtomicU64::new(0)).collect(),
             legacy_tail: (0..n)
@@ -261,6 +269,35 @@ impl Sim {
     /// Whether the process's device cgroup lets it open device `dev`.
     pub fn may_open(&self, dev: usize) -> bool {
         self.allowed.contains(&dev)
+    }
+
+    /// Number of devices NVML enumerates: every device, or in a container
+    /// only its own.
+    pub fn nvml_count(&self) -> usize {
+        if self.container {
+            self.allowed.len()
+        } else {
+            self.total_devices()
+        }
+    }
+
+    /// The physical device of NVML index `index`.
+    pub fn nvml_device(&self, index: usize) -> Option<usize> {
+        if self.container {
+            self.allowed.get(index).copied()
+        } else {
+            (index < self.total_devices()).then_some(index)
+        }
+    }
+
+    /// NVML's index of physical device `dev`, `None` where NVML does not
+    /// see it (a container without it).
+    pub fn nvml_index(&self, dev: usize) -> Option<usize> {
+        if self.container {
+            self.allowed.iter().position(|&d| d == dev)
+        } else {
+            (dev < self.total_devices()).then_some(dev)
+        }
     }
 
     /// The ordinal of physical device `dev` in this process.

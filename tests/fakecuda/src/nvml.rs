@@ -50,7 +50,8 @@ pub extern "C" fn nvmlShutdown() -> NvmlReturn {
 }
 
 /// `nvmlDeviceGetCount_v2`: every simulated device (NVML ignores
-/// `CUDA_VISIBLE_DEVICES`).
+/// `CUDA_VISIBLE_DEVICES`), or in a container (`FAKECUDA_CONTAINER`) the
+/// container's.
 ///
 /// # Safety
 /// `count` must be writable.
@@ -63,7 +64,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut u32) -> NvmlReturn {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     // SAFETY: non-null out-pointer from the caller.
-    unsafe { *count = s.total_devices() as u32 };
+    unsafe { *count = s.nvml_count() as u32 };
     NVML_SUCCESS
 }
 
@@ -82,14 +83,17 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     let Ok(s) = sim() else {
         return NVML_ERROR_UNINITIALIZED;
     };
-    if handle.is_null() || index as usize >= s.total_devices() {
+    let Some(dev) = s.nvml_device(index as usize) else {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    };
+    if handle.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    if !s.may_open(index as usize) {
+    if !s.may_open(dev) {
         return NVML_ERROR_NO_PERMISSION;
     }
     // SAFETY: non-null out-pointer from the caller.
-    unsafe { *handle = (index as usize + 1) as *mut c_void };
+    unsafe { *handle = (dev + 1) as *mut c_void };
     NVML_SUCCESS
 }
 
@@ -111,7 +115,10 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     }
     // SAFETY: the caller passes a NUL-terminated string.
     let text = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_string_lossy();
-    let Some(dev) = (0..s.total_devices()).find(|&d| crate::device::uuid_text(d) == text) else {
+    let Some(dev) = (0..s.total_devices())
+        .filter(|&d| s.nvml_index(d).is_some())
+        .find(|&d| crate::device::uuid_text(d) == text)
+    else {
         return NVML_ERROR_NOT_FOUND;
     };
     if !s.may_open(dev) {
@@ -228,11 +235,14 @@ fn device_of(handle: *mut c_void) -> Result<usize, NvmlReturn> {
 pub unsafe extern "C" fn nvmlDeviceGetIndex(handle: *mut c_void, index: *mut u32) -> NvmlReturn {
     match device_of(handle) {
         Ok(_) if index.is_null() => NVML_ERROR_INVALID_ARGUMENT,
-        Ok(dev) => {
-            // SAFETY: non-null out-pointer from the caller.
-            unsafe { *index = dev as u32 };
-            NVML_SUCCESS
-        }
+        Ok(dev) => match sim().ok().and_then(|s| s.nvml_index(dev)) {
+            Some(i) => {
+                // SAFETY: non-null out-pointer from the caller.
+                unsafe { *index = i as u32 };
+                NVML_SUCCESS
+            }
+            None => NVML_ERROR_INVALID_ARGUMENT,
+        },
         Err(e) => e,
     }
 }
