@@ -537,7 +537,7 @@ fn quieting(st: &State, dev: usize, g: &Gate) {
     g.quiet_end.store(now + left, Ordering::Relaxed);
     let done_in_us = left / 1000;
     debug!("device {dev}: waiting, quiet after; work ends in about {done_in_us} us");
-    let device = st.settings.physical(dev as u32);
+    let device = st.physical(dev as u32);
     let _ = st.call(&Request::Quieting { device, done_in_us }, device);
 }
 
@@ -753,7 +753,7 @@ fn slow_path(dev: usize, cost: u64) -> Result<(), CUresult> {
     } else {
         (now - burst_start) / 1000
     };
-    let device = st.settings.physical(dev as u32);
+    let device = st.physical(dev as u32);
     let req = Request::AcquireToken {
         device,
         used_us,
@@ -872,7 +872,7 @@ fn watch(st: &'static State) {
             let Some(used_us) = settle(dev, g, Settle::Idle { quiet_since }) else {
                 continue;
             };
-            let device = st.settings.physical(dev as u32);
+            let device = st.physical(dev as u32);
             debug!(
                 "device {dev}: idle{}, token given back after {used_us} us",
                 if predicted { " after its wait" } else { "" }

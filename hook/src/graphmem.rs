@@ -143,7 +143,7 @@ pub fn launch(exec: *mut c_void, launch: impl FnOnce() -> CUresult) -> CUresult 
     let target = used.saturating_add(bytes).max(reserved);
     {
         let mut held = lock(&st.graph_held);
-        let h = held.entry(dev).or_insert((st.settings.physical(dev), 0));
+        let h = held.entry(dev).or_insert((st.physical(dev), 0));
         if target > h.1 {
             if let Err(e) = memory::reserve(dev, target - h.1) {
                 return e;
@@ -164,7 +164,7 @@ pub fn settle(dev: u32) {
         return;
     };
     let mut held = lock(&st.graph_held);
-    let h = held.entry(dev).or_insert((st.settings.physical(dev), 0));
+    let h = held.entry(dev).or_insert((st.physical(dev), 0));
     // The driver may reserve in chunks of its own beyond what was asked.
     if !memory::charge_to(h, now) {
         crate::log::error!(

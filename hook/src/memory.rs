@@ -38,7 +38,7 @@ pub fn reserve(dev: u32, bytes: u64) -> Result<u32, CUresult> {
     if refused != 0 {
         return Err(refused);
     }
-    let device = st.settings.physical(dev);
+    let device = st.physical(dev);
     match st.call(&Request::ReserveMemory { device, bytes }, device)? {
         Reply::Memory { .. } => Ok(device),
         Reply::Error(e) if e.kind == ErrorKind::OutOfMemory => {
@@ -174,7 +174,7 @@ pub fn pool_alloc(
     if refused != 0 {
         return refused;
     }
-    let device = st.settings.physical(dev);
+    let device = st.physical(dev);
     let reserved = crate::driver::mem_pool_u64(pool, POOL_RESERVED).unwrap_or(0);
     let used = crate::driver::mem_pool_u64(pool, POOL_USED).unwrap_or(0);
     let mut pools = lock(&st.pools);
@@ -298,7 +298,7 @@ fn holder_gives_back(device: u32, bytes: u64) -> bool {
 /// The group's (used, limit, reclaimable) on ordinal `dev`, if the
 /// scheduler answers; reclaimable is what the holder holds there.
 pub fn view(dev: u32) -> Option<(u64, u64, u64)> {
-    view_physical(state::get().settings.physical(dev))
+    view_physical(state::get().physical(dev))
 }
 
 /// [`view`] of the physical `device`.

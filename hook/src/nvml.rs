@@ -50,8 +50,17 @@ unsafe fn real<F: Copy>(slot: &AtomicUsize, name: &CStr) -> Option<F> {
     (addr != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&addr) })
 }
 
-/// The physical device of an NVML handle.
+/// The physical device of an NVML handle: the scheduler's index of the
+/// CUDA device with the same UUID (NVML's own index is the container's
+/// in a container), else NVML's index.
 fn physical_of(device: *mut c_void) -> Option<u32> {
+    if let Some(text) = uuid_of(device)
+        && let Some(count) = crate::driver::device_count()
+        && let Some(ordinal) = (0..count)
+            .find(|&i| crate::driver::device_uuid(i).is_some_and(|u| uuid_text(&u) == text))
+    {
+        return Some(crate::state::get().physical(ordinal as u32));
+    }
     static SLOT: AtomicUsize = AtomicUsize::new(0);
     type F = unsafe extern "C" fn(*mut c_void, *mut u32) -> NvmlReturn;
     // SAFETY: nvmlDeviceGetIndex's C signature.
@@ -59,6 +68,37 @@ fn physical_of(device: *mut c_void) -> Option<u32> {
     let mut index = 0;
     // SAFETY: the program's handle and an out-pointer to a local.
     (unsafe { f(device, &mut index) } == 0).then_some(index)
+}
+
+/// The UUID text of an NVML handle.
+fn uuid_of(device: *mut c_void) -> Option<String> {
+    static SLOT: AtomicUsize = AtomicUsize::new(0);
+    type F = unsafe extern "C" fn(*mut c_void, *mut std::ffi::c_char, u32) -> NvmlReturn;
+    // SAFETY: nvmlDeviceGetUUID's C signature.
+    let f = unsafe { real::<F>(&SLOT, c"nvmlDeviceGetUUID") }?;
+    let mut buf = [0 as std::ffi::c_char; 96];
+    // SAFETY: the program's handle and a local buffer of the length given.
+    if unsafe { f(device, buf.as_mut_ptr(), buf.len() as u32) } != 0 {
+        return None;
+    }
+    // SAFETY: NVML succeeded, so it wrote a NUL-terminated string into
+    // `buf` (NVML_DEVICE_UUID_V2_BUFFER_SIZE, 96 bytes, the most it needs).
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    Some(text.to_string_lossy().into_owned())
+}
+
+/// A GPU's UUID as NVML and `nvidia-smi` write it: `GPU-` and the 16
+/// bytes `cuDeviceGetUuid` gives, in hex groups of 8-4-4-4-12.
+pub fn uuid_text(uuid: &[u8; 16]) -> String {
+    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// NVML's index of the GPU whose CUDA UUID is `uuid`: the machine's own
@@ -81,16 +121,7 @@ pub fn index_of_uuid(uuid: &[u8; 16]) -> Option<u32> {
     if !started {
         return None;
     }
-    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    let text = std::ffi::CString::new(format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    ))
-    .ok()?;
+    let text = std::ffi::CString::new(uuid_text(uuid)).ok()?;
     // SAFETY: nvmlDeviceGetHandleByUUID's C signature.
     let by_uuid = unsafe { real::<ByUuid>(&BY_UUID, c"nvmlDeviceGetHandleByUUID") }?;
     let mut handle: *mut c_void = std::ptr::null_mut();

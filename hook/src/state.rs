@@ -31,9 +31,6 @@ pub struct Settings {
     pub idle: Duration,
     /// `CUDA_VISIBLE_DEVICES` as physical indices, when numeric.
     pub visible: Vec<u32>,
-    /// Per CUDA ordinal, NVML's index of that GPU, found by its UUID once
-    /// the driver answers (`None` where NVML does not tell).
-    by_uuid: std::sync::OnceLock<Vec<Option<u32>>>,
 }
 
 fn parse_seconds(v: &str) -> Option<Duration> {
@@ -113,27 +110,13 @@ impl Settings {
             connect_timeout,
             idle,
             visible,
-            by_uuid: std::sync::OnceLock::new(),
         }
     }
 
-    /// The scheduler's device index for the driver's ordinal `dev`: the
-    /// machine's own index of the GPU (NVML's, found by the GPU's UUID),
-    /// which a device cgroup renumbers away from the ordinal (Slurm's
-    /// `ConstrainDevices`: a job's only GPU is ordinal 0 whichever it is);
-    /// else the numeric `CUDA_VISIBLE_DEVICES` entry, else the ordinal.
-    pub fn physical(&self, dev: u32) -> u32 {
-        if self.by_uuid.get().is_none()
-            && let Some(count) = crate::driver::device_count()
-        {
-            let map = (0..count)
-                .map(|i| crate::driver::device_uuid(i).and_then(|u| crate::nvml::index_of_uuid(&u)))
-                .collect();
-            let _ = self.by_uuid.set(map);
-        }
-        if let Some(&Some(p)) = self.by_uuid.get().and_then(|m| m.get(dev as usize)) {
-            return p;
-        }
+    /// The device index for ordinal `dev` without the scheduler's or
+    /// NVML's help: the numeric `CUDA_VISIBLE_DEVICES` entry, else the
+    /// ordinal.
+    pub fn fallback_physical(&self, dev: u32) -> u32 {
         self.visible.get(dev as usize).copied().unwrap_or(dev)
     }
 }
@@ -154,6 +137,8 @@ pub struct State {
     pub refused: AtomicU32,
     /// Launch gates per device ordinal.
     pub gates: Vec<Gate>,
+    /// The scheduler's device index of each ordinal, found once.
+    gpus: std::sync::OnceLock<Vec<u32>>,
     /// Device memory reserved through the scheduler: pointer or handle →
     /// (physical device, bytes).
     pub memory: Mutex<HashMap<u64, (u32, u64)>>,
@@ -225,6 +210,7 @@ pub fn get() -> &'static State {
         registered: AtomicBool::new(false),
         refused: AtomicU32::new(0),
         gates: (0..MAX_GATES).map(|_| Gate::default()).collect(),
+        gpus: std::sync::OnceLock::new(),
         memory: Mutex::new(HashMap::new()),
         watcher: AtomicBool::new(false),
         kick: (Mutex::new(false), Condvar::new()),
@@ -253,6 +239,48 @@ pub fn get() -> &'static State {
                 &*winner
             }
         }
+    }
+}
+
+impl State {
+    /// The scheduler's device index for the driver's ordinal `dev`: the
+    /// machine's own index of the GPU, which a device cgroup (Slurm's
+    /// `ConstrainDevices`: a job's only GPU is ordinal 0 whichever it is),
+    /// `CUDA_VISIBLE_DEVICES` and a container (whose NVML, too, numbers
+    /// its GPUs from 0) renumber away from the ordinal. Found once, by each
+    /// GPU's UUID: the scheduler's NVML index, else this process's NVML
+    /// index, else the numeric `CUDA_VISIBLE_DEVICES` entry, else the
+    /// ordinal.
+    pub fn physical(&self, dev: u32) -> u32 {
+        let map = self.gpus.get_or_init(|| self.find_gpus());
+        map.get(dev as usize)
+            .copied()
+            .unwrap_or_else(|| self.settings.fallback_physical(dev))
+    }
+
+    fn find_gpus(&self) -> Vec<u32> {
+        let Some(count) = crate::driver::device_count() else {
+            return Vec::new();
+        };
+        let uuids: Vec<Option<[u8; 16]>> = (0..count).map(crate::driver::device_uuid).collect();
+        let texts = uuids
+            .iter()
+            .map(|u| u.as_ref().map(crate::nvml::uuid_text).unwrap_or_default())
+            .collect();
+        let theirs = match self.call(&gemini_protocol::Request::Gpus { uuids: texts }, 0) {
+            Ok(gemini_protocol::Reply::Gpus { devices }) if devices.len() == uuids.len() => devices,
+            _ => vec![None; uuids.len()],
+        };
+        let map: Vec<u32> = (0..count as u32)
+            .map(|i| {
+                let u = uuids[i as usize];
+                theirs[i as usize]
+                    .or_else(|| u.and_then(|u| crate::nvml::index_of_uuid(&u)))
+                    .unwrap_or_else(|| self.settings.fallback_physical(i))
+            })
+            .collect();
+        crate::log::debug!("GPUs by ordinal, as the scheduler numbers them: {map:?}");
+        map
     }
 }
 

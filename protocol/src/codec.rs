@@ -164,6 +164,9 @@ mod tests {
                 gpus: crate::GpuRequest::Ids(vec![0, 2]),
                 wait: false,
             },
+            Request::Gpus {
+                uuids: vec!["GPU-00000000-0000-0000-0000-000000000001".into()],
+            },
         ]
     }
 
@@ -203,6 +206,9 @@ mod tests {
                 idle_us: u64::MAX,
             }])),
             Reply::Holder(crate::HolderOrder::Stop),
+            Reply::Gpus {
+                devices: vec![Some(3), None],
+            },
         ];
         for r in replies {
             assert_eq!(decode_reply(&encode_reply(9, &r)), Ok((9, r)));

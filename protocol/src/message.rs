@@ -160,6 +160,14 @@ pub enum Request {
     /// the new configuration is in force, or [`ErrorKind::BadRequest`]
     /// with the file's errors (the previous configuration stays).
     Reload,
+    /// The scheduler's index of each GPU named by its UUID (`GPU-…`, as
+    /// NVML writes it), for a process whose own numbering differs: a
+    /// container, whose NVML sees only its GPUs and numbers them from 0.
+    /// Allowed without hello. Reply: [`Reply::Gpus`].
+    Gpus {
+        /// UUIDs, by the process's CUDA ordinal.
+        uuids: Vec<String>,
+    },
 }
 
 /// Scheduler → client.
@@ -220,6 +228,13 @@ pub enum Reply {
         limit: u64,
         /// Bytes the holder holds on the device.
         reclaimable: u64,
+    },
+    /// Answer to [`Request::Gpus`]: the scheduler's index of each UUID, in
+    /// the order asked; `None` for one it does not know (no NVML where the
+    /// scheduler runs, or a GPU of another machine).
+    Gpus {
+        /// Indices, by the request's order.
+        devices: Vec<Option<DeviceId>>,
     },
 }
 

@@ -9,8 +9,8 @@ use crate::policy::{Action, Event, Micros, Params, Policy};
 use anyhow::{Context as _, bail};
 use gemini_config::{Settings, diff, load_resource};
 use gemini_protocol::{
-    ClientId, CodecError, ErrorKind, ErrorReply, GpuRequest, MAX_FRAME_BYTES, Reply, Request, Role,
-    codec::peek_seq, decode_request, encode_reply, endpoint::scheduler_socket_path,
+    ClientId, CodecError, DeviceId, ErrorKind, ErrorReply, GpuRequest, MAX_FRAME_BYTES, Reply,
+    Request, Role, codec::peek_seq, decode_request, encode_reply, endpoint::scheduler_socket_path,
     scheduler_endpoint,
 };
 use std::collections::HashMap;
@@ -104,6 +104,8 @@ pub struct Daemon {
     metrics: Option<Arc<Metrics>>,
     last_metrics: Instant,
     asked: HashMap<(ClientId, u32), Instant>,
+    /// The machine's GPUs: UUID → index (`Request::Gpus`).
+    gpus: HashMap<String, DeviceId>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -381,6 +383,26 @@ impl ConfigWatch {
     }
 }
 
+/// The machine's GPUs by UUID (`GPU-…`) → NVML index, the numbering the
+/// scheduler, `nvidia-smi` and `resource.conf` use. Empty without NVML
+/// (`libnvidia-ml.so.1`): clients then number GPUs themselves.
+fn gpu_uuids() -> HashMap<String, DeviceId> {
+    let nvml = match nvml_wrapper::Nvml::builder()
+        .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
+        .init()
+    {
+        Ok(n) => n,
+        Err(e) => {
+            debug!("no NVML ({e}): clients number the GPUs themselves");
+            return HashMap::new();
+        }
+    };
+    let count = nvml.device_count().unwrap_or(0);
+    (0..count)
+        .filter_map(|i| Some((nvml.device_by_index(i).ok()?.uuid().ok()?, i)))
+        .collect()
+}
+
 /// Number of NVIDIA GPUs the kernel driver lists (no CUDA library needed).
 fn detect_gpus() -> u32 {
     std::fs::read_dir("/proc/driver/nvidia/gpus")
@@ -557,6 +579,7 @@ impl Daemon {
             metrics,
             last_metrics: Instant::now(),
             asked: HashMap::new(),
+            gpus: gpu_uuids(),
         })
     }
 
@@ -890,6 +913,11 @@ impl Daemon {
     fn on_request(&mut self, client: ClientId, seq: u32, req: Request) -> bool {
         debug!("client {client} #{seq}: {req:?}");
         match req {
+            Request::Gpus { uuids } => {
+                let devices = uuids.iter().map(|u| self.gpus.get(u).copied()).collect();
+                self.reply(client, seq, &Reply::Gpus { devices });
+                false
+            }
             Request::Status => {
                 let mut report = self.policy.status(self.now());
                 report.config_error = self.config_error.clone();

@@ -246,8 +246,10 @@ impl Gemini {
             .append(true)
             .open(self.sim.path().join("schd.log"))
             .unwrap();
-        let child = Command::new(bin("gem-schd"))
-            .env("GEMINI_SETTINGS", "/dev/null")
+        // On the simulated machine: its NVML names the GPUs by UUID.
+        let child = self
+            .sim
+            .command(bin("gem-schd"))
             .arg("--config")
             .arg(self.conf())
             .arg("--ipc-dir")

@@ -674,6 +674,52 @@ fn a_job_in_a_device_cgroup_is_scheduled_on_its_own_gpu() {
     assert_eq!(g.sim.busy(0, t0, now_ns()).device, 0);
 }
 
+/// In a container (Kubernetes' device plugin, `docker run --gpus`) NVML
+/// too sees only the container's GPUs and numbers them from 0: the hook
+/// asks the scheduler for its index of each GPU by UUID. A job given GPU 2
+/// of 4, whose group may use GPU 2 only, runs, is accounted on GPU 2, and
+/// NVML's memory view in the job is its group's on GPU 2.
+#[test]
+fn a_job_in_a_container_is_scheduled_on_its_own_gpu() {
+    let g = Gemini::start(
+        SimEnv::new(4, "16GiB"),
+        "[job]\nMemoryLimit=1GiB\nDevices=2\n",
+    );
+    let mut c = rust(
+        &g,
+        "job",
+        &[
+            "--seconds",
+            "0.5",
+            "--kernel-us",
+            "500",
+            "--mem",
+            "256MiB",
+            "--nvml",
+        ],
+    );
+    c.env("FAKECUDA_CGROUP_DEVICES", "2")
+        .env("FAKECUDA_CONTAINER", "1");
+    let t0 = now_ns();
+    let child = spawn(c);
+    g.wait_status(5.0, "the job's memory on GPU 2", |s| {
+        s.devices.iter().any(|d| {
+            d.device == 2
+                && d.groups
+                    .iter()
+                    .any(|r| r.group == "job" && r.memory_used > 0)
+        })
+    });
+    let out = finish(child);
+    assert!(g.sim.busy(2, t0, now_ns()).share(pid_of(&out)) > 0.3);
+    let r = &reports(&out.stdout)[0];
+    assert_eq!(
+        (field(r, "nvml_total"), field(r, "nvml_free")),
+        (1u64 << 30, (1u64 << 30) - (256 << 20)),
+        "NVML's view of the container's GPU is the group's on GPU 2"
+    );
+}
+
 /// A group with `Devices=1` launches on GPU 1; on GPU 0 its launches get
 /// CUDA_ERROR_NOT_PERMITTED, and the program's stderr says why, once.
 #[test]

@@ -543,11 +543,14 @@ impl Policy {
             reply(self.hello(client, role, group, pid, held));
             return;
         }
-        if matches!(req, Request::Status | Request::Shutdown | Request::Reload) {
+        if matches!(
+            req,
+            Request::Status | Request::Shutdown | Request::Reload | Request::Gpus { .. }
+        ) {
             // Answered by the shell, which knows the process-level facts.
             reply(error(
                 ErrorKind::Unexpected,
-                "status, shutdown and reload are handled by the daemon",
+                "status, shutdown, reload and GPUs are handled by the daemon",
             ));
             return;
         }
@@ -694,7 +697,11 @@ impl Policy {
                     reply: Reply::Done,
                 });
             }
-            Request::Hello { .. } | Request::Status | Request::Shutdown | Request::Reload => {}
+            Request::Hello { .. }
+            | Request::Status
+            | Request::Shutdown
+            | Request::Reload
+            | Request::Gpus { .. } => {}
         }
     }
 
