@@ -115,16 +115,8 @@ impl Gpu {
     }
 }
 
-type NvmlInit = unsafe extern "C" fn() -> u32;
-type NvmlHandle = unsafe extern "C" fn(u32, *mut *mut std::ffi::c_void) -> u32;
-type NvmlUtil = unsafe extern "C" fn(*mut std::ffi::c_void, *mut [u32; 2]) -> u32;
-
 /// NVML's utilisation figure, when `libnvidia-ml.so.1` is there.
-pub struct Nvml {
-    _lib: libloading::Library,
-    handle: NvmlHandle,
-    util: NvmlUtil,
-}
+pub struct Nvml(nvml_wrapper::Nvml);
 
 impl std::fmt::Debug for Nvml {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -135,40 +127,17 @@ impl std::fmt::Debug for Nvml {
 impl Nvml {
     /// Loads and initialises NVML, or `None` where there is none.
     pub fn load() -> Option<Nvml> {
-        // SAFETY: loading NVML runs only its own initialisers.
-        let lib = unsafe { libloading::Library::new("libnvidia-ml.so.1") }.ok()?;
-        // SAFETY: the symbols have these C signatures in every NVML since 5.319.
-        let (init, handle, util) = unsafe {
-            (
-                *lib.get::<NvmlInit>(b"nvmlInit_v2\0").ok()?,
-                *lib.get::<NvmlHandle>(b"nvmlDeviceGetHandleByIndex_v2\0")
-                    .ok()?,
-                *lib.get::<NvmlUtil>(b"nvmlDeviceGetUtilizationRates\0")
-                    .ok()?,
-            )
-        };
-        // SAFETY: no arguments.
-        if unsafe { init() } != 0 {
-            return None;
-        }
-        Some(Nvml {
-            _lib: lib,
-            handle,
-            util,
-        })
+        nvml_wrapper::Nvml::builder()
+            .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
+            .init()
+            .ok()
+            .map(Nvml)
     }
 
     /// Share of recent time device `index` (NVML's index, the physical one)
     /// ran a kernel, 0..1.
     pub fn utilisation(&self, index: u32) -> Option<f64> {
-        let mut h = std::ptr::null_mut();
-        let mut u = [0u32; 2];
-        // SAFETY: out-pointers to locals; the handle comes from NVML.
-        unsafe {
-            if (self.handle)(index, &mut h) != 0 || (self.util)(h, &mut u) != 0 {
-                return None;
-            }
-        }
-        Some(f64::from(u[0]) / 100.0)
+        let u = self.0.device_by_index(index).ok()?.utilization_rates().ok()?;
+        Some(f64::from(u.gpu) / 100.0)
     }
 }

@@ -276,38 +276,19 @@ fn reload(ipc: &Path) -> Result<(), Reload> {
     }
 }
 
-type NvmlInit = unsafe extern "C" fn() -> u32;
-type NvmlHandle = unsafe extern "C" fn(u32, *mut *mut std::ffi::c_void) -> u32;
-type NvmlMemory = unsafe extern "C" fn(*mut std::ffi::c_void, *mut [u64; 3]) -> u32;
-
 /// Total memory of GPU `index` from NVML (`libnvidia-ml.so.1`).
 fn nvml_memory(index: u32) -> anyhow::Result<u64> {
-    // SAFETY: loading NVML runs only its own initialisers.
-    let lib = unsafe { libloading::Library::new("libnvidia-ml.so.1") }
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
+        .init()
         .context("NVML (libnvidia-ml.so.1) cannot be loaded")?;
-    // SAFETY: the symbols have these C signatures in every NVML since 5.319
-    // (nvmlMemory_t is three unsigned long longs: total, free, used).
-    let (init, handle, memory) = unsafe {
-        (
-            *lib.get::<NvmlInit>(b"nvmlInit_v2\0")?,
-            *lib.get::<NvmlHandle>(b"nvmlDeviceGetHandleByIndex_v2\0")?,
-            *lib.get::<NvmlMemory>(b"nvmlDeviceGetMemoryInfo\0")?,
-        )
-    };
-    let mut h = std::ptr::null_mut();
-    let mut m = [0u64; 3];
-    // SAFETY: no arguments; then out-pointers to locals and NVML's handle.
-    let r = unsafe {
-        match init() {
-            0 => match handle(index, &mut h) {
-                0 => memory(h, &mut m),
-                r => r,
-            },
-            r => r,
-        }
-    };
-    if r != 0 || m[0] == 0 {
-        bail!("NVML answered {r} for GPU {index}");
+    let total = nvml
+        .device_by_index(index)
+        .and_then(|d| d.memory_info())
+        .with_context(|| format!("NVML has no memory figure for GPU {index}"))?
+        .total;
+    if total == 0 {
+        bail!("NVML reports 0 bytes for GPU {index}");
     }
-    Ok(m[0])
+    Ok(total)
 }
