@@ -137,7 +137,12 @@ impl Nvml {
     /// Share of recent time device `index` (NVML's index, the physical one)
     /// ran a kernel, 0..1.
     pub fn utilisation(&self, index: u32) -> Option<f64> {
-        let u = self.0.device_by_index(index).ok()?.utilization_rates().ok()?;
+        let u = self
+            .0
+            .device_by_index(index)
+            .ok()?
+            .utilization_rates()
+            .ok()?;
         Some(f64::from(u.gpu) / 100.0)
     }
 }

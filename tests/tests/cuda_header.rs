@@ -276,6 +276,69 @@ fn the_hook_table_matches_the_pinned_cuda_headers() {
     );
 }
 
+/// The simulator's `cuGetProcAddress` tables (kept apart from the hook's,
+/// so that a mistake in one is not copied into the other) name versions
+/// the header has: every versioned variant is a `PFN_<base>_v<version>`,
+/// and every function is introduced at the first version the header
+/// types it with. (The simulator introduced `cuLaunchKernelEx` at 11080;
+/// the header, and the hook, at 11060.)
+#[test]
+fn the_simulators_versions_match_the_pinned_cuda_headers() {
+    let Some(dir) = headers() else {
+        eprintln!("NOT CHECKED: the pinned CUDA headers could not be fetched (offline?)");
+        return;
+    };
+    let typedefs = std::fs::read_to_string(dir.join("cudaTypedefs.h")).unwrap();
+    let pfns = parse_pfns(&typedefs);
+    let first = |base: &str| {
+        pfns.keys()
+            .filter(|(b, _, _)| b == base)
+            .map(|(_, v, _)| *v)
+            .min()
+    };
+    let src = std::fs::read_to_string(repo().join("tests/fakecuda/src/procaddr.rs")).unwrap();
+    let section = |name: &str| {
+        let from = src.find(&format!("pub const {name}")).unwrap();
+        let len = src[from..].find("];").unwrap();
+        src[from..from + len].to_string()
+    };
+    let versioned: Vec<(String, u32, String)> =
+        Regex::new(r#"\(\s*"(cu\w+)",\s*(\d+),\s*"(cu\w+)",?\s*\)"#)
+            .unwrap()
+            .captures_iter(&section("VERSIONED"))
+            .map(|c| (c[1].to_string(), c[2].parse().unwrap(), c[3].to_string()))
+            .collect();
+    let introduced: Vec<(String, u32)> = Regex::new(r#"\(\s*"(cu\w+)",\s*(\d+)\s*\)"#)
+        .unwrap()
+        .captures_iter(&section("INTRODUCED"))
+        .map(|c| (c[1].to_string(), c[2].parse().unwrap()))
+        .collect();
+    assert!(versioned.len() > 30, "parsed {versioned:?}");
+    assert!(introduced.len() > 20, "parsed {introduced:?}");
+    let mut problems = Vec::new();
+    for (base, version, symbol) in &versioned {
+        let typed = pfns.contains_key(&(base.clone(), *version, String::new()));
+        // CUDA 12's cuda.h defines cuGraphInstantiate as
+        // cuGraphInstantiateWithFlags: the variant is another function.
+        let renamed = !symbol.starts_with(&format!("{base}_v")) && first(symbol).is_some();
+        if !typed && !renamed {
+            problems.push(format!(
+                "{base} at {version} ({symbol}): no PFN_{base}_v{version}"
+            ));
+        }
+    }
+    for (name, version) in &introduced {
+        match first(name) {
+            Some(v) if v == *version => {}
+            Some(v) => problems.push(format!(
+                "{name} is introduced at {version} in the simulator, at {v} in the header"
+            )),
+            None => problems.push(format!("{name}: no PFN_{name}_v… in the header")),
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
 #[test]
 fn the_parsers_read_what_they_claim() {
     let types = Types::parse(

@@ -59,7 +59,7 @@ pub const VERSIONED: &[(&str, i32, &str)] = &[
 /// in every version the simulator reports).
 pub const INTRODUCED: &[(&str, i32)] = &[
     ("cuGetProcAddress", 11030),
-    ("cuLaunchKernelEx", 11080),
+    ("cuLaunchKernelEx", 11060),
     ("cuMemAllocAsync", 11020),
     ("cuMemFreeAsync", 11020),
     ("cuMemAllocFromPoolAsync", 11020),
