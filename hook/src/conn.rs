@@ -174,12 +174,24 @@ impl State {
             held: self.held_memory(),
         };
         // A scheduler that is not up yet gets it from the socket's queue
-        // when it starts; it is sent again each second all the same, as
-        // one written to a scheduler that died before reading it is lost
-        // (a second hello is answered "already registered").
+        // when it starts. It is sent again all the same, after 1, 2, 4 …
+        // up to 32 s, as one written to a scheduler that died before
+        // reading it is lost; the latest is the one waited for (queued
+        // ones arrive in order, and a second hello is answered "already
+        // registered"). The back-off keeps a long wait from filling the
+        // socket's queue, which would block the send.
         let mut warned = false;
+        let mut seq = 0;
+        let mut sent: Option<Instant> = None;
+        let mut resend_after = Duration::from_secs(1);
         loop {
-            let seq = self.send(&hello)?;
+            if sent.is_none_or(|t| t.elapsed() >= resend_after) {
+                if sent.is_some() {
+                    resend_after = (resend_after * 2).min(Duration::from_secs(32));
+                }
+                seq = self.send(&hello)?;
+                sent = Some(Instant::now());
+            }
             let asked = Instant::now();
             while asked.elapsed() < Duration::from_secs(1) {
                 match self.take(seq) {

@@ -61,6 +61,13 @@ fn physical_of(device: *mut c_void) -> Option<u32> {
     {
         return Some(crate::state::get().physical(ordinal as u32));
     }
+    nvml_index(device)
+}
+
+/// NVML's own index of a handle (the machine's, but the container's in a
+/// container). Not `physical_of`, which `State::physical` is found with:
+/// through it the finding would wait for itself.
+fn nvml_index(device: *mut c_void) -> Option<u32> {
     static SLOT: AtomicUsize = AtomicUsize::new(0);
     type F = unsafe extern "C" fn(*mut c_void, *mut u32) -> NvmlReturn;
     // SAFETY: nvmlDeviceGetIndex's C signature.
@@ -129,7 +136,7 @@ pub fn index_of_uuid(uuid: &[u8; 16]) -> Option<u32> {
     if unsafe { by_uuid(text.as_ptr(), &mut handle) } != 0 {
         return None;
     }
-    physical_of(handle)
+    nvml_index(handle)
 }
 
 /// The group's view of (free, total) on the NVML `device`, if the process
