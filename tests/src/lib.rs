@@ -241,15 +241,23 @@ impl Gemini {
 
     /// Starts (or restarts) the scheduler and waits until it answers.
     pub fn start_scheduler(&mut self) {
+        self.start_scheduler_with(true);
+    }
+
+    /// Starts (or restarts) the scheduler, with the simulated machine's
+    /// NVML (which names the GPUs by UUID) or without any, as on a machine
+    /// where `libnvidia-ml.so.1` cannot be loaded.
+    pub fn start_scheduler_with(&mut self, nvml: bool) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.sim.path().join("schd.log"))
             .unwrap();
-        // On the simulated machine: its NVML names the GPUs by UUID.
-        let child = self
-            .sim
-            .command(bin("gem-schd"))
+        let mut cmd = self.sim.command(bin("gem-schd"));
+        if !nvml {
+            cmd.env_remove("LD_LIBRARY_PATH");
+        }
+        let child = cmd
             .arg("--config")
             .arg(self.conf())
             .arg("--ipc-dir")

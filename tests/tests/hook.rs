@@ -674,6 +674,40 @@ fn a_job_in_a_device_cgroup_is_scheduled_on_its_own_gpu() {
     assert_eq!(g.sim.busy(0, t0, now_ns()).device, 0);
 }
 
+/// Where the scheduler has no NVML it cannot map UUIDs: the hook falls
+/// back to its own NVML, which in a device cgroup still numbers every GPU,
+/// and the job is accounted on its GPU all the same. (A first version of
+/// the scheduler's map hung here: the fallback waited for the map it was
+/// finding.)
+#[test]
+fn without_nvml_at_the_scheduler_a_job_in_a_device_cgroup_keeps_its_gpu() {
+    let mut g = Gemini::start(SimEnv::new(4, "16GiB"), "[job]\nDevices=3\n");
+    g.kill_scheduler();
+    g.start_scheduler_with(false);
+    let mut c = rust(
+        &g,
+        "job",
+        &["--seconds", "0.5", "--kernel-us", "500", "--mem", "64MiB"],
+    );
+    c.env("FAKECUDA_CGROUP_DEVICES", "3");
+    let t0 = now_ns();
+    let mut child = spawn(c);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "a 0.5 s job still ran after 30 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = finish(child);
+    assert!(g.sim.busy(3, t0, now_ns()).share(pid_of(&out)) > 0.3);
+}
+
 /// In a container (Kubernetes' device plugin, `docker run --gpus`) NVML
 /// too sees only the container's GPUs and numbers them from 0: the hook
 /// asks the scheduler for its index of each GPU by UUID. A job given GPU 2
