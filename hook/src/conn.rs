@@ -182,15 +182,13 @@ impl State {
         // socket's queue, which would block the send.
         let mut warned = false;
         let mut seq = 0;
-        let mut sent: Option<Instant> = None;
+        let mut next_send = Instant::now();
         let mut resend_after = Duration::from_secs(1);
         loop {
-            if sent.is_none_or(|t| t.elapsed() >= resend_after) {
-                if sent.is_some() {
-                    resend_after = (resend_after * 2).min(Duration::from_secs(32));
-                }
+            if Instant::now() >= next_send {
                 seq = self.send(&hello)?;
-                sent = Some(Instant::now());
+                next_send = Instant::now() + resend_after;
+                resend_after = (resend_after * 2).min(Duration::from_secs(32));
             }
             let asked = Instant::now();
             while asked.elapsed() < Duration::from_secs(1) {

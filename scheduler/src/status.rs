@@ -8,7 +8,6 @@ fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
 }
 
-/// Renders a report as tables for humans.
 /// A group's GPUs: `all`, or the `Devices=` list.
 fn gpus(devices: Option<&[u32]>) -> String {
     match devices {
@@ -17,6 +16,7 @@ fn gpus(devices: Option<&[u32]>) -> String {
     }
 }
 
+/// Renders a report as tables for humans.
 pub fn render(r: &StatusReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
