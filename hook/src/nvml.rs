@@ -54,19 +54,15 @@ unsafe fn real<F: Copy>(slot: &AtomicUsize, name: &CStr) -> Option<F> {
 /// CUDA device with the same UUID (NVML's own index is the container's
 /// in a container), else NVML's index.
 fn physical_of(device: *mut c_void) -> Option<u32> {
-    if let Some(text) = uuid_of(device)
-        && let Some(count) = crate::driver::device_count()
-        && let Some(ordinal) = (0..count)
-            .find(|&i| crate::driver::device_uuid(i).is_some_and(|u| uuid_text(&u) == text))
-    {
-        return Some(crate::state::get().physical(ordinal as u32));
-    }
-    nvml_index(device)
+    uuid_of(device)
+        .and_then(|text| crate::state::get().physical_of_uuid(&text))
+        .or_else(|| nvml_index(device))
 }
 
 /// NVML's own index of a handle (the machine's, but the container's in a
-/// container). Not `physical_of`, which `State::physical` is found with:
-/// through it the finding would wait for itself.
+/// container). `State::physical` falls back to it while it is being
+/// found, so it must not go through `physical_of`, which would wait for
+/// that finding.
 fn nvml_index(device: *mut c_void) -> Option<u32> {
     static SLOT: AtomicUsize = AtomicUsize::new(0);
     type F = unsafe extern "C" fn(*mut c_void, *mut u32) -> NvmlReturn;

@@ -137,8 +137,8 @@ pub struct State {
     pub refused: AtomicU32,
     /// Launch gates per device ordinal.
     pub gates: Vec<Gate>,
-    /// The scheduler's device index of each ordinal, found once.
-    gpus: std::sync::OnceLock<Vec<u32>>,
+    /// Each ordinal's GPU (UUID text, scheduler's index), found once.
+    gpus: std::sync::OnceLock<Vec<(String, u32)>>,
     /// Device memory reserved through the scheduler: pointer or handle →
     /// (physical device, bytes).
     pub memory: Mutex<HashMap<u64, (u32, u64)>>,
@@ -252,33 +252,44 @@ impl State {
     /// index, else the numeric `CUDA_VISIBLE_DEVICES` entry, else the
     /// ordinal.
     pub fn physical(&self, dev: u32) -> u32 {
-        let map = self.gpus.get_or_init(|| self.find_gpus());
-        map.get(dev as usize)
-            .copied()
-            .unwrap_or_else(|| self.settings.fallback_physical(dev))
+        self.gpus()
+            .get(dev as usize)
+            .map_or_else(|| self.settings.fallback_physical(dev), |g| g.1)
     }
 
-    fn find_gpus(&self) -> Vec<u32> {
+    /// The scheduler's device index of the process's GPU whose UUID text
+    /// is `uuid` (`None`: not one of its CUDA devices).
+    pub fn physical_of_uuid(&self, uuid: &str) -> Option<u32> {
+        self.gpus().iter().find(|g| g.0 == uuid).map(|g| g.1)
+    }
+
+    fn gpus(&self) -> &[(String, u32)] {
+        self.gpus.get_or_init(|| self.find_gpus())
+    }
+
+    fn find_gpus(&self) -> Vec<(String, u32)> {
         let Some(count) = crate::driver::device_count() else {
             return Vec::new();
         };
         let uuids: Vec<Option<[u8; 16]>> = (0..count).map(crate::driver::device_uuid).collect();
-        let texts = uuids
+        let texts: Vec<String> = uuids
             .iter()
             .map(|u| u.as_ref().map(crate::nvml::uuid_text).unwrap_or_default())
             .collect();
-        let theirs = match self.call(&gemini_protocol::Request::Gpus { uuids: texts }, 0) {
+        let asked = gemini_protocol::Request::Gpus {
+            uuids: texts.clone(),
+        };
+        let theirs = match self.call(&asked, 0) {
             Ok(gemini_protocol::Reply::Gpus { devices }) if devices.len() == uuids.len() => devices,
             _ => vec![None; uuids.len()],
         };
-        let map: Vec<u32> = (0..count as u32)
-            .map(|i| {
-                let u = uuids[i as usize];
-                theirs[i as usize]
-                    .or_else(|| u.and_then(|u| crate::nvml::index_of_uuid(&u)))
-                    .unwrap_or_else(|| self.settings.fallback_physical(i))
-            })
-            .collect();
+        let mut map = Vec::with_capacity(texts.len());
+        for (ordinal, (text, theirs)) in texts.into_iter().zip(theirs).enumerate() {
+            let index = theirs
+                .or_else(|| uuids[ordinal].and_then(|u| crate::nvml::index_of_uuid(&u)))
+                .unwrap_or_else(|| self.settings.fallback_physical(ordinal as u32));
+            map.push((text, index));
+        }
         crate::log::debug!("GPUs by ordinal, as the scheduler numbers them: {map:?}");
         map
     }
