@@ -73,8 +73,9 @@ pub struct Sim {
     visible: Vec<usize>,
     /// Physical devices its device cgroup lets it open.
     allowed: Vec<usize>,
-    /// Whether NVML too sees only `allowed` (a container).
-    container: bool,
+    /// Physical devices NVML enumerates, by NVML index: every device, or
+    /// in a container only `allowed`.
+    nvml: Vec<usize>,
     /// Ends of this process's queued kernels, per device.
     pending: Vec<Mutex<VecDeque<u64>>>,
     /// Latest end of any work of this process, per device.
@@ -229,6 +230,11 @@ impl Sim {
                 .collect(),
             Err(_) => allowed.clone(),
         };
+        let nvml = if std::env::var("FAKECUDA_CONTAINER").is_ok_and(|v| v == "1") {
+            allowed.clone()
+        } else {
+            (0..count).collect()
+        };
         Ok(Sim {
             shared,
             file,
@@ -241,7 +247,7 @@ impl Sim {
             pools: env_or("FAKECUDA_POOLS", "1") != "0",
             visible,
             allowed,
-            container: std::env::var("FAKECUDA_CONTAINER").is_ok_and(|v| v == "1"),
+            nvml,
             pending: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
             last_end: (0..n).map(|_| AtomicU64::new(0)).collect(),
             legacy_tail: (0..n)
@@ -274,30 +280,18 @@ impl Sim {
     /// Number of devices NVML enumerates: every device, or in a container
     /// only its own.
     pub fn nvml_count(&self) -> usize {
-        if self.container {
-            self.allowed.len()
-        } else {
-            self.total_devices()
-        }
+        self.nvml.len()
     }
 
     /// The physical device of NVML index `index`.
     pub fn nvml_device(&self, index: usize) -> Option<usize> {
-        if self.container {
-            self.allowed.get(index).copied()
-        } else {
-            (index < self.total_devices()).then_some(index)
-        }
+        self.nvml.get(index).copied()
     }
 
     /// NVML's index of physical device `dev`, `None` where NVML does not
     /// see it (a container without it).
     pub fn nvml_index(&self, dev: usize) -> Option<usize> {
-        if self.container {
-            self.allowed.iter().position(|&d| d == dev)
-        } else {
-            (dev < self.total_devices()).then_some(dev)
-        }
+        self.nvml.iter().position(|&d| d == dev)
     }
 
     /// The ordinal of physical device `dev` in this process.
