@@ -637,6 +637,28 @@ fn devices_are_gated_separately_and_visible_devices_are_mapped() {
     );
 }
 
+/// Waits until the scheduler counts memory of `group` on GPU `dev`.
+fn wait_memory_on(g: &Gemini, group: &str, dev: u32) {
+    g.wait_status(5.0, &format!("{group}'s memory on GPU {dev}"), |s| {
+        s.devices.iter().any(|d| {
+            d.device == dev
+                && d.groups
+                    .iter()
+                    .any(|r| r.group == group && r.memory_used > 0)
+        })
+    });
+}
+
+/// Asserts that the kernels `pid` ran since `t0` ran on GPU `dev` of
+/// `devices` and on no other (how much of the time depends on the host:
+/// it is no measure here).
+fn assert_ran_only_on(g: &Gemini, pid: u32, t0: u64, dev: u32, devices: u32) {
+    for d in 0..devices {
+        let share = g.sim.busy(d, t0, now_ns()).share(pid);
+        assert_eq!(share > 0.0, d == dev, "GPU {d}: {share}");
+    }
+}
+
 /// In a device cgroup (Slurm's `ConstrainDevices`) a job's only GPU is
 /// CUDA ordinal 0 and `CUDA_VISIBLE_DEVICES` says 0, whichever GPU of the
 /// machine it is: the hook names it to the scheduler by the machine's own
@@ -654,14 +676,7 @@ fn a_job_in_a_device_cgroup_is_scheduled_on_its_own_gpu() {
         .env("CUDA_VISIBLE_DEVICES", "0");
     let t0 = now_ns();
     let child = spawn(c);
-    g.wait_status(5.0, "the job's memory on GPU 2", |s| {
-        s.devices.iter().any(|d| {
-            d.device == 2
-                && d.groups
-                    .iter()
-                    .any(|r| r.group == "job" && r.memory_used > 0)
-        })
-    });
+    wait_memory_on(&g, "job", 2);
     let st = g.status();
     assert!(
         st.devices
@@ -670,13 +685,7 @@ fn a_job_in_a_device_cgroup_is_scheduled_on_its_own_gpu() {
         "{st:?}"
     );
     let out = finish(child);
-    // Its kernels ran on GPU 2 and nowhere else (how much of the time
-    // depends on the host: it is no measure here).
-    let pid = pid_of(&out);
-    for d in 0..4 {
-        let share = g.sim.busy(d, t0, now_ns()).share(pid);
-        assert_eq!(share > 0.0, d == 2, "GPU {d}: {share}");
-    }
+    assert_ran_only_on(&g, pid_of(&out), t0, 2, 4);
     assert_eq!(g.sim.busy(0, t0, now_ns()).device, 0);
 }
 
@@ -711,13 +720,7 @@ fn without_nvml_at_the_scheduler_a_job_in_a_device_cgroup_keeps_its_gpu() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let out = finish(child);
-    // Its kernels ran on GPU 3 and nowhere else (how much of the time
-    // depends on the host: it is no measure here).
-    let pid = pid_of(&out);
-    for d in 0..4 {
-        let share = g.sim.busy(d, t0, now_ns()).share(pid);
-        assert_eq!(share > 0.0, d == 3, "GPU {d}: {share}");
-    }
+    assert_ran_only_on(&g, pid_of(&out), t0, 3, 4);
 }
 
 /// In a container (Kubernetes' device plugin, `docker run --gpus`) NVML
@@ -748,22 +751,9 @@ fn a_job_in_a_container_is_scheduled_on_its_own_gpu() {
         .env("FAKECUDA_CONTAINER", "1");
     let t0 = now_ns();
     let child = spawn(c);
-    g.wait_status(5.0, "the job's memory on GPU 2", |s| {
-        s.devices.iter().any(|d| {
-            d.device == 2
-                && d.groups
-                    .iter()
-                    .any(|r| r.group == "job" && r.memory_used > 0)
-        })
-    });
+    wait_memory_on(&g, "job", 2);
     let out = finish(child);
-    // Its kernels ran on GPU 2 and nowhere else (how much of the time
-    // depends on the host: it is no measure here).
-    let pid = pid_of(&out);
-    for d in 0..4 {
-        let share = g.sim.busy(d, t0, now_ns()).share(pid);
-        assert_eq!(share > 0.0, d == 2, "GPU {d}: {share}");
-    }
+    assert_ran_only_on(&g, pid_of(&out), t0, 2, 4);
     let r = &reports(&out.stdout)[0];
     assert_eq!(
         (field(r, "nvml_total"), field(r, "nvml_free")),

@@ -626,20 +626,6 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
     hello(&mut p, 1, "hi");
     hello(&mut p, 2, "lo");
-    let mut seq = 0;
-    let mut send = |p: &mut Policy, client: ClientId, req: Request, now: Micros| {
-        seq += 1;
-        replies(p.handle(Event::Request { client, seq, req }, now))
-    };
-    let acquire = |used_us: Micros| Request::AcquireToken {
-        device: 0,
-        used_us,
-        burst_us: 0,
-    };
-    let token = |r: &[(ClientId, u32, Reply)]| match r {
-        [(c, _, Reply::Token { quota_us, lent, .. })] => Some((*c, *quota_us, *lent)),
-        _ => None,
-    };
     assert_eq!(token(&send(&mut p, 1, acquire(0), 0)).map(|t| t.0), Some(1));
     assert!(send(&mut p, 2, acquire(0), 0).is_empty());
     // hi gives the token back after 20 ms; lo gets it, not lent (hi has
@@ -691,14 +677,7 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
         now,
     );
     let st = p.status(now);
-    let share = |g: &str| {
-        st.devices[0]
-            .groups
-            .iter()
-            .find(|r| r.group == g)
-            .map(|r| r.share)
-            .unwrap()
-    };
+    let share = |g: &str| share_on_0(&st, g);
     // Each share is over the time since its group became active: hi's
     // first grant at 0, lo's at 20 ms.
     assert!(
@@ -723,20 +702,6 @@ fn work_reported_ahead_at_a_lent_renewal_is_charged_once_to_the_borrower() {
     let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
     hello(&mut p, 1, "hi");
     hello(&mut p, 2, "lo");
-    let mut seq = 0;
-    let mut send = |p: &mut Policy, client: ClientId, req: Request, now: Micros| {
-        seq += 1;
-        replies(p.handle(Event::Request { client, seq, req }, now))
-    };
-    let acquire = |used_us: Micros| Request::AcquireToken {
-        device: 0,
-        used_us,
-        burst_us: 0,
-    };
-    let token = |r: &[(ClientId, u32, Reply)]| match r {
-        [(c, _, Reply::Token { quota_us, lent, .. })] => Some((*c, *quota_us, *lent)),
-        _ => None,
-    };
     // As above: hi works 20 ms and leaves; lo works 30 ms, then borrows.
     send(&mut p, 1, acquire(0), 0);
     send(&mut p, 2, acquire(0), 0);
@@ -777,14 +742,7 @@ fn work_reported_ahead_at_a_lent_renewal_is_charged_once_to_the_borrower() {
         now,
     );
     let st = p.status(now);
-    let share = |g: &str| {
-        st.devices[0]
-            .groups
-            .iter()
-            .find(|r| r.group == g)
-            .map(|r| r.share)
-            .unwrap()
-    };
+    let share = |g: &str| share_on_0(&st, g);
     // lo: 30 ms, then its two lent tokens back to back, t1 to t3 + 1 ms.
     let lo = 30 * MS + (t3 + MS - t1);
     assert!(
@@ -1466,6 +1424,46 @@ fn replies(acts: Vec<Action>) -> Vec<(ClientId, u32, Reply)> {
         .collect()
 }
 
+/// `req` from `client` at `now`, numbered after every request before it;
+/// the replies.
+fn send(
+    p: &mut Policy,
+    client: ClientId,
+    req: Request,
+    now: Micros,
+) -> Vec<(ClientId, u32, Reply)> {
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    replies(p.handle(Event::Request { client, seq, req }, now))
+}
+
+/// A token request for device 0 reporting `used_us` of the last token.
+fn acquire(used_us: Micros) -> Request {
+    Request::AcquireToken {
+        device: 0,
+        used_us,
+        burst_us: 0,
+    }
+}
+
+/// The one token granted in `r`: (client, quota, lent).
+fn token(r: &[(ClientId, u32, Reply)]) -> Option<(ClientId, Micros, bool)> {
+    match r {
+        [(c, _, Reply::Token { quota_us, lent, .. })] => Some((*c, *quota_us, *lent)),
+        _ => None,
+    }
+}
+
+/// `group`'s share of device 0 in `st`.
+fn share_on_0(st: &StatusReport, group: &str) -> f64 {
+    st.devices[0]
+        .groups
+        .iter()
+        .find(|r| r.group == group)
+        .map(|r| r.share)
+        .unwrap()
+}
+
 #[test]
 fn holder_gives_memory_back_to_a_client_that_needs_it() {
     let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=8GiB\n"));
@@ -2012,11 +2010,6 @@ fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
     let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
     hello(&mut p, 1, "hi");
     hello(&mut p, 2, "lo");
-    let mut seq = 0;
-    let mut send = |p: &mut Policy, client: ClientId, req: Request, now: Micros| {
-        seq += 1;
-        replies(p.handle(Event::Request { client, seq, req }, now))
-    };
     let acquire = Request::AcquireToken {
         device: 0,
         used_us: 0,
