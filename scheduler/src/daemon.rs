@@ -5,7 +5,7 @@
 //! held. A bad frame gets an error reply and a log line, never a panic.
 
 use crate::metrics::{Metrics, serve as serve_metrics};
-use crate::policy::{Action, Event, Micros, Params, Policy};
+use crate::policy::{Action, Event, Micros, Params, Peer, Policy};
 use anyhow::{Context as _, bail};
 use gemini_config::{Settings, diff, load_resource};
 use gemini_protocol::{
@@ -106,6 +106,8 @@ pub struct Daemon {
     asked: HashMap<(ClientId, u32), Instant>,
     /// The machine's GPUs: UUID → index (`Request::Gpus`).
     gpus: HashMap<String, DeviceId>,
+    /// A client asked to stop (and was allowed to).
+    stopping: bool,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -426,8 +428,9 @@ fn process_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// The user name and Unix groups of a peer, from the system's databases.
-fn identity(c: PeerCred) -> (String, Vec<String>) {
+/// Who a peer is: its credentials, its user's name and Unix groups from
+/// the system's databases, and its process's cgroups.
+fn peer_of(c: PeerCred) -> Peer {
     use nix::unistd::{Gid, Group, Uid, User};
     let user = User::from_uid(Uid::from_raw(c.uid)).ok().flatten();
     let name = user
@@ -445,7 +448,13 @@ fn identity(c: PeerCred) -> (String, Vec<String>) {
         .filter_map(|g| Group::from_gid(g).ok().flatten())
         .map(|g| g.name)
         .collect();
-    (name, groups)
+    Peer {
+        uid: c.uid,
+        pid: c.pid,
+        user: name,
+        groups,
+        cgroups: cgroups_of(c.pid),
+    }
 }
 
 /// The cgroups of process `pid`, one per hierarchy in `/proc/PID/cgroup`,
@@ -471,17 +480,6 @@ fn cgroup_paths(text: &str) -> Vec<String> {
         }
     }
     paths
-}
-
-fn describe_allowed(cfg: &gemini_config::GroupConfig) -> String {
-    let mut parts = Vec::new();
-    if let Some(u) = &cfg.allowed_users {
-        parts.push(format!("users {}", u.join(", ")));
-    }
-    if let Some(g) = &cfg.allowed_groups {
-        parts.push(format!("members of {}", g.join(", ")));
-    }
-    parts.join(" and ")
 }
 
 fn euid() -> u32 {
@@ -536,6 +534,7 @@ impl Daemon {
         if settings.devices.is_none() {
             params.devices = detect_gpus();
         }
+        params.admin_uid = euid();
         let metrics = match settings.metrics {
             Some(addr) => {
                 let m = Arc::new(Metrics::new());
@@ -580,6 +579,7 @@ impl Daemon {
             last_metrics: Instant::now(),
             asked: HashMap::new(),
             gpus: gpu_uuids(),
+            stopping: false,
         })
     }
 
@@ -820,48 +820,40 @@ impl Daemon {
                     break;
                 }
             }
-            if self.on_message(frames) {
+            self.on_message(frames);
+            if self.stopping {
                 return Ok(true);
             }
         }
     }
 
     /// Handles one multipart message: `[identity, (empty,) body]`.
-    fn on_message(&mut self, mut frames: Vec<zmq::Message>) -> bool {
+    fn on_message(&mut self, mut frames: Vec<zmq::Message>) {
         if frames.len() < 2 {
-            return false;
+            return;
         }
         let identity = frames[0].to_vec();
         let delimited = frames.len() == 3 && frames[1].is_empty();
         if frames.len() > 3 || (frames.len() == 3 && !delimited) {
             warn!("dropping a message of {} frames from a peer", frames.len());
-            return false;
+            return;
         }
         let last = frames.len() - 1;
         let cred = frames[last]
             .gets("Peer-Address")
             .and_then(parse_peer_address);
         let body = frames[last].to_vec();
-        let conn = self.conns.entry(identity.clone()).or_insert_with(|| {
-            let id = self.next_id;
-            self.next_id += 1;
-            self.ids.insert(id, identity.clone());
-            Conn {
-                id,
-                delimited,
-                cred,
-                pid: None,
-            }
-        });
-        let client = conn.id;
+        let client = match self.conns.get(&identity) {
+            Some(conn) => conn.id,
+            None => self.connected(identity, delimited, cred),
+        };
         match decode_request(&body) {
             Ok((seq, req)) => {
                 let t = Instant::now();
-                let stop = self.on_request(client, seq, req);
+                self.on_request(client, seq, req);
                 if let Some(m) = &self.metrics {
                     m.handled(t.elapsed().as_secs_f64());
                 }
-                stop
             }
             Err(e) => {
                 let kind = match e {
@@ -878,9 +870,41 @@ impl Daemon {
                         message: e.to_string(),
                     }),
                 );
-                false
             }
         }
+    }
+
+    /// A new connection: numbered, and its peer (where the kernel names
+    /// it) told to the policy.
+    fn connected(
+        &mut self,
+        identity: Vec<u8>,
+        delimited: bool,
+        cred: Option<PeerCred>,
+    ) -> ClientId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.ids.insert(id, identity.clone());
+        self.conns.insert(
+            identity,
+            Conn {
+                id,
+                delimited,
+                cred,
+                pid: None,
+            },
+        );
+        if let Some(c) = cred {
+            let actions = self.policy.handle(
+                Event::Connected {
+                    client: id,
+                    peer: peer_of(c),
+                },
+                self.now(),
+            );
+            self.send_actions(actions);
+        }
+        id
     }
 
     /// Who `client` is, for the log.
@@ -892,258 +916,57 @@ impl Daemon {
             })
     }
 
-    /// Refuses (with a reply) an administrative request (`what`: stop,
-    /// reload) from anyone but the daemon's user or root; true if refused.
-    fn refuse_admin(&mut self, client: ClientId, seq: u32, what: &str) -> bool {
-        let me = euid();
-        match self.conn(client).and_then(|c| c.cred) {
-            Some(c) if c.uid != me && c.uid != 0 => {
-                warn!("refused {what} from uid {} (pid {})", c.uid, c.pid);
-                self.deny(
-                    client,
-                    seq,
-                    format!("only uid {me} (the daemon's user) or root may {what} the scheduler"),
-                );
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn on_request(&mut self, client: ClientId, seq: u32, req: Request) -> bool {
+    fn on_request(&mut self, client: ClientId, seq: u32, req: Request) {
         debug!("client {client} #{seq}: {req:?}");
-        match req {
+        let hello = match req {
             Request::Gpus { uuids } => {
                 let devices = uuids.iter().map(|u| self.gpus.get(u).copied()).collect();
                 self.reply(client, seq, &Reply::Gpus { devices });
-                false
+                return;
             }
             Request::Status => {
                 let mut report = self.policy.status(self.now());
                 report.config_error = self.config_error.clone();
                 self.reply(client, seq, &Reply::Status(Box::new(report)));
-                false
+                return;
             }
+            Request::AcquireToken { .. } if self.metrics.is_some() => {
+                self.asked.insert((client, seq), Instant::now());
+                None
+            }
+            Request::Hello { role, pid, .. } => Some((role, pid)),
             Request::Shutdown => {
-                if self.refuse_admin(client, seq, "stop") {
-                    return false;
-                }
                 info!("shutdown requested by {}", self.peer(client));
-                self.reply(client, seq, &Reply::Done);
-                true
+                None
             }
-            Request::Reload => {
-                if self.refuse_admin(client, seq, "reload") {
-                    return false;
+            _ => None,
+        };
+        let actions = self
+            .policy
+            .handle(Event::Request { client, seq, req }, self.now());
+        if let Some((role, claimed)) = hello {
+            let pid = actions.iter().find_map(|a| match a {
+                Action::Watch { pid, .. } => Some(*pid),
+                _ => None,
+            });
+            match (pid, self.policy.client_group(client)) {
+                (Some(pid), Some(group)) => {
+                    info!("client {client} joined: pid {pid}, {role:?}, group {group:?}")
                 }
-                info!(
-                    "reload of {} requested by {}",
-                    self.config_path.display(),
-                    self.peer(client)
-                );
-                self.reload_due = None;
-                let reply = match self.reload() {
-                    Ok(()) => Reply::Done,
-                    Err(message) => Reply::Error(ErrorReply {
-                        kind: ErrorKind::BadRequest,
-                        message: format!("{message}\nthe previous configuration stays in force"),
-                    }),
-                };
-                self.reply(client, seq, &reply);
-                false
-            }
-            Request::Reserve { ref group, .. }
-                if self.refuse_access(client, seq, Role::Control, group) =>
-            {
-                false
-            }
-            Request::Hello {
-                role,
-                group,
-                pid,
-                held,
-            } => {
-                // The kernel's word wins over the claim.
-                let pid = self
-                    .conn(client)
-                    .and_then(|c| c.cred)
-                    .map_or(pid, |c| c.pid);
-                // A process in a group's cgroup is that group's, whatever
-                // it asks (or with no name at all).
-                let group = match role {
-                    Role::Client => match self.place(client, pid, &group) {
-                        Ok(g) => g,
-                        Err((kind, message)) => {
-                            warn!("client {client} (pid {pid}) refused: {message}");
-                            self.reply(client, seq, &Reply::Error(ErrorReply { kind, message }));
-                            return false;
-                        }
-                    },
-                    _ => group,
-                };
-                if self.refuse_access(client, seq, role, &group) {
-                    return false;
-                }
-                let req = Request::Hello {
-                    role,
-                    group: group.clone(),
-                    pid,
-                    held,
-                };
-                let actions = self
-                    .policy
-                    .handle(Event::Request { client, seq, req }, self.now());
-                let welcomed = actions
-                    .iter()
-                    .any(|Action::Reply { reply, .. }| matches!(reply, Reply::Welcome { .. }));
-                match actions
-                    .iter()
-                    .find_map(|Action::Reply { reply, .. }| match reply {
-                        Reply::Error(e) => Some(e),
+                _ => {
+                    if let Some(e) = actions.iter().find_map(|a| match a {
+                        Action::Reply {
+                            reply: Reply::Error(e),
+                            ..
+                        } if e.kind != ErrorKind::PermissionDenied => Some(e),
                         _ => None,
                     }) {
-                    Some(e) => warn!("client {client} (pid {pid}) refused: {}", e.message),
-                    None => info!("client {client} joined: pid {pid}, {role:?}, group {group:?}"),
-                }
-                if welcomed {
-                    self.watch(client, pid);
-                }
-                self.send_actions(actions);
-                false
-            }
-            req => {
-                if self.metrics.is_some() && matches!(req, Request::AcquireToken { .. }) {
-                    self.asked.insert((client, seq), Instant::now());
-                }
-                let actions = self
-                    .policy
-                    .handle(Event::Request { client, seq, req }, self.now());
-                self.send_actions(actions);
-                false
-            }
-        }
-    }
-
-    /// Checks that the peer may join `group` (its `AllowedUsers` and
-    /// `AllowedGroups`, against the kernel's credentials of the peer) or
-    /// act as the holder (the daemon's user or root only). Answers and
-    /// returns true when refused.
-    fn refuse_access(&mut self, client: ClientId, seq: u32, role: Role, group: &str) -> bool {
-        let cred = self.conn(client).and_then(|c| c.cred);
-        let trusted = |c: &PeerCred| c.uid == 0 || c.uid == euid();
-        let denial = match role {
-            Role::Holder => match cred {
-                Some(c) if !trusted(&c) => Some(format!(
-                    "uid {} may not act as the holder: only the scheduler's user (uid {}) or root",
-                    c.uid,
-                    euid()
-                )),
-                _ => None,
-            },
-            _ => match self.policy.config().group(group) {
-                Some(cfg) if cfg.allowed_users.is_some() || cfg.allowed_groups.is_some() => {
-                    match cred {
-                        None => Some(format!(
-                            "group {group:?} is restricted and this connection's user cannot be verified"
-                        )),
-                        Some(c) if trusted(&c) => None,
-                        Some(c) => {
-                            let (user, groups) = identity(c);
-                            (!cfg.admits(&user, &groups)).then(|| {
-                            format!(
-                                "user {user} (uid {}) may not run in group {group:?}: {} line {} allows {}",
-                                c.uid,
-                                cfg.file.display(),
-                                cfg.line,
-                                describe_allowed(cfg)
-                            )
-                        })
-                        }
+                        warn!("client {client} (pid {claimed}) refused: {}", e.message);
                     }
                 }
-                _ => None,
-            },
-        };
-        let Some(message) = denial else { return false };
-        warn!("client {client}: refused: {message}");
-        self.deny(client, seq, message);
-        true
-    }
-
-    /// The group a client process of `pid` belongs to, asking for `asked`
-    /// (empty: none named). A process in a cgroup that a group's `Cgroups`
-    /// lists (or below one) belongs to that group (the longest match) and
-    /// may join no other; a group with `Cgroups` takes no process outside
-    /// them. The cgroup is the kernel's (`/proc/PID/cgroup` of the peer
-    /// `SO_PEERCRED` names), so a job cannot claim another's group.
-    fn place(
-        &self,
-        client: ClientId,
-        pid: u32,
-        asked: &str,
-    ) -> Result<String, (ErrorKind, String)> {
-        let config = self.policy.config();
-        let bound = config.groups.values().any(|g| g.cgroups.is_some());
-        let verified = self.conn(client).and_then(|c| c.cred).is_some();
-        let cgroups = if bound && verified {
-            cgroups_of(pid)
-        } else {
-            Vec::new()
-        };
-        let at = |g: &gemini_config::GroupConfig| format!("{} line {}", g.file.display(), g.line);
-        let home = config
-            .groups
-            .values()
-            .filter_map(|g| {
-                let n = cgroups.iter().filter_map(|cg| g.cgroup_match(cg)).max()?;
-                Some((n, g))
-            })
-            .max_by_key(|(n, _)| *n)
-            .map(|(_, g)| g);
-        let cg = if cgroups.is_empty() {
-            "(unknown)".to_string()
-        } else {
-            cgroups.join(", ")
-        };
-        match (home, config.group(asked)) {
-            (Some(h), _) if asked.is_empty() || asked == h.name => Ok(h.name.clone()),
-            (Some(h), _) => Err((
-                ErrorKind::PermissionDenied,
-                format!(
-                    "pid {pid} runs in cgroup {cg}, which belongs to group {:?} ({}): it may not join group {asked:?} (unset GEMINI_GROUP_NAME, or set it to {:?})",
-                    h.name,
-                    at(h),
-                    h.name
-                ),
-            )),
-            (None, Some(g)) if g.cgroups.is_some() => Err((
-                ErrorKind::PermissionDenied,
-                format!(
-                    "group {asked:?} ({}) takes only the processes of its cgroups; pid {pid} runs in cgroup {cg}",
-                    at(g)
-                ),
-            )),
-            (None, _) if asked.is_empty() => Err((
-                ErrorKind::UnknownGroup,
-                format!(
-                    "GEMINI_GROUP_NAME is not set, and pid {pid} (cgroup {cg}) is in no group's Cgroups in {}: set GEMINI_GROUP_NAME to a group (see `gem-schd status`)",
-                    self.config_path.display()
-                ),
-            )),
-            (None, _) => Ok(asked.to_string()),
+            }
         }
-    }
-
-    /// Replies `PermissionDenied` with `message`.
-    fn deny(&mut self, client: ClientId, seq: u32, message: String) {
-        self.reply(
-            client,
-            seq,
-            &Reply::Error(ErrorReply {
-                kind: ErrorKind::PermissionDenied,
-                message,
-            }),
-        );
+        self.send_actions(actions);
     }
 
     fn conn(&self, client: ClientId) -> Option<&Conn> {
@@ -1332,9 +1155,43 @@ impl Daemon {
         }
     }
 
+    /// Does what the policy asks.
     fn send_actions(&mut self, actions: Vec<Action>) {
-        for Action::Reply { client, seq, reply } in actions {
-            self.reply(client, seq, &reply);
+        for action in actions {
+            match action {
+                Action::Reply { client, seq, reply } => {
+                    if let Reply::Error(e) = &reply
+                        && e.kind == ErrorKind::PermissionDenied
+                    {
+                        warn!(
+                            "{} (client {client}) refused: {}",
+                            self.peer(client),
+                            e.message
+                        );
+                    }
+                    self.reply(client, seq, &reply);
+                }
+                Action::Watch { client, pid } => self.watch(client, pid),
+                Action::Reload { client, seq } => {
+                    info!(
+                        "reload of {} requested by {}",
+                        self.config_path.display(),
+                        self.peer(client)
+                    );
+                    self.reload_due = None;
+                    let reply = match self.reload() {
+                        Ok(()) => Reply::Done,
+                        Err(message) => Reply::Error(ErrorReply {
+                            kind: ErrorKind::BadRequest,
+                            message: format!(
+                                "{message}\nthe previous configuration stays in force"
+                            ),
+                        }),
+                    };
+                    self.reply(client, seq, &reply);
+                }
+                Action::Stop => self.stopping = true,
+            }
         }
     }
 

@@ -32,9 +32,12 @@
 //!   at the lent token's end (no grace: the borrower's report is charged
 //!   whenever it comes).
 
+mod access;
 mod holder;
 mod reserve;
 mod usage;
+
+pub use access::Peer;
 
 use gemini_config::{GroupConfig, ResourceConfig};
 use gemini_protocol::{
@@ -116,6 +119,9 @@ pub struct Params {
     pub grace: Micros,
     /// GPUs that `gem-launch` may reserve (indices 0..devices).
     pub devices: u32,
+    /// The daemon's user: with root, the only one that may stop or reload
+    /// the scheduler, act as the holder, and join any group.
+    pub admin_uid: u32,
 }
 
 impl Params {
@@ -129,6 +135,7 @@ impl Params {
             max_quota: us(s.max_quota),
             grace: us(s.token_grace),
             devices: s.devices.unwrap_or(0),
+            admin_uid: 0,
         }
     }
 }
@@ -142,8 +149,15 @@ impl Default for Params {
 /// What the policy is told.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// A decoded request from connection `client`, whose process is `pid`
-    /// (from the kernel where the transport tells, else as claimed).
+    /// A new connection whose peer the kernel names (sent before its first
+    /// request; a connection never announced is unverified).
+    Connected {
+        /// Connection.
+        client: ClientId,
+        /// Who is at the other end.
+        peer: Peer,
+    },
+    /// A decoded request from connection `client`.
     Request {
         /// Connection.
         client: ClientId,
@@ -175,6 +189,24 @@ pub enum Action {
         /// The reply.
         reply: Reply,
     },
+    /// Watch process `pid` of `client`, and send
+    /// [`Event::Disconnected`] for each of its connections when it ends.
+    Watch {
+        /// Connection.
+        client: ClientId,
+        /// Its process.
+        pid: u32,
+    },
+    /// Re-read `resource.conf` and answer `client`'s request `seq` with
+    /// the outcome (the caller may reload: checked).
+    Reload {
+        /// Connection.
+        client: ClientId,
+        /// Sequence number of the request.
+        seq: u32,
+    },
+    /// Stop the scheduler once the replies before this are sent.
+    Stop,
 }
 
 #[derive(Debug)]
@@ -281,6 +313,8 @@ pub struct Policy {
     queue: std::collections::VecDeque<reserve::Waiting>,
     /// When each device's last reservation ended.
     released_at: BTreeMap<DeviceId, Micros>,
+    /// Connections' verified peers.
+    peers: BTreeMap<ClientId, Peer>,
 }
 
 /// A group's `MaxUtil`: from the file in force, or its last settings if
@@ -465,6 +499,7 @@ impl Policy {
             reservations: Vec::new(),
             queue: Default::default(),
             released_at: BTreeMap::new(),
+            peers: BTreeMap::new(),
         }
     }
 
@@ -503,6 +538,10 @@ impl Policy {
         // else may change any.
         let mut only = None;
         match event {
+            Event::Connected { client, peer } => {
+                self.peers.insert(client, peer);
+                return out;
+            }
             Event::Request { client, seq, req } => {
                 only = match &req {
                     Request::AcquireToken { device, .. }
@@ -512,7 +551,10 @@ impl Policy {
                 };
                 self.request(client, seq, req, now, &mut out);
             }
-            Event::Disconnected { client } => self.disconnect(client, now, &mut out),
+            Event::Disconnected { client } => {
+                self.peers.remove(&client);
+                self.disconnect(client, now, &mut out);
+            }
             Event::Reconfigure(cfg) => self.reconfigure(cfg),
             Event::Tick => {}
         }
@@ -532,28 +574,58 @@ impl Policy {
         now: Micros,
         out: &mut Vec<Action>,
     ) {
+        let answer = |reply: Reply| Action::Reply { client, seq, reply };
+        match req {
+            Request::Hello {
+                role,
+                group,
+                pid,
+                held,
+            } => {
+                // The kernel's word wins over the claim.
+                let pid = self.peer(client).map_or(pid, |p| p.pid);
+                let r = self.admit(client, role, group, pid, held);
+                let welcomed = matches!(r, Reply::Welcome { .. });
+                out.push(answer(r));
+                if welcomed {
+                    out.push(Action::Watch { client, pid });
+                }
+                return;
+            }
+            Request::Shutdown => {
+                match self.refuse_admin(client, "stop") {
+                    Some(r) => out.push(answer(r)),
+                    None => {
+                        out.push(answer(Reply::Done));
+                        out.push(Action::Stop);
+                    }
+                }
+                return;
+            }
+            Request::Reload => {
+                match self.refuse_admin(client, "reload") {
+                    Some(r) => out.push(answer(r)),
+                    None => out.push(Action::Reload { client, seq }),
+                }
+                return;
+            }
+            Request::Reserve { ref group, .. } => {
+                if let Some(r) = self.refuse_access(client, Role::Control, group) {
+                    out.push(answer(r));
+                    return;
+                }
+            }
+            Request::Status | Request::Gpus { .. } => {
+                // Answered by the shell, which knows the process-level facts.
+                out.push(answer(error(
+                    ErrorKind::Unexpected,
+                    "status and GPUs are answered by the daemon",
+                )));
+                return;
+            }
+            _ => {}
+        }
         let mut reply = |reply: Reply| out.push(Action::Reply { client, seq, reply });
-        if let Request::Hello {
-            role,
-            group,
-            pid,
-            held,
-        } = req
-        {
-            reply(self.hello(client, role, group, pid, held));
-            return;
-        }
-        if matches!(
-            req,
-            Request::Status | Request::Shutdown | Request::Reload | Request::Gpus { .. }
-        ) {
-            // Answered by the shell, which knows the process-level facts.
-            reply(error(
-                ErrorKind::Unexpected,
-                "status, shutdown, reload and GPUs are handled by the daemon",
-            ));
-            return;
-        }
         let Some(c) = self.clients.get(&client) else {
             reply(error(
                 ErrorKind::NotRegistered,
@@ -703,6 +775,31 @@ impl Policy {
             | Request::Reload
             | Request::Gpus { .. } => {}
         }
+    }
+
+    /// Places a client process in its group and checks that the peer may
+    /// take the role and group, then says hello.
+    fn admit(
+        &mut self,
+        client: ClientId,
+        role: Role,
+        group: String,
+        pid: u32,
+        held: Vec<HeldMemory>,
+    ) -> Reply {
+        // A process in a group's cgroup is that group's, whatever it asks
+        // (or with no name at all).
+        let group = match role {
+            Role::Client => match self.place(client, pid, &group) {
+                Ok(g) => g,
+                Err(r) => return r,
+            },
+            _ => group,
+        };
+        if let Some(r) = self.refuse_access(client, role, &group) {
+            return r;
+        }
+        self.hello(client, role, group, pid, held)
     }
 
     fn hello(

@@ -593,8 +593,13 @@ fn policy_throughput(t: &mut Table) {
     let mut events: BinaryHeap<std::cmp::Reverse<(u64, u64, u64)>> = BinaryHeap::new();
     let grant = |acts: Vec<Action>, now: u64, events: &mut BinaryHeap<_>| {
         let mut n = 0;
-        for Action::Reply { client, reply, .. } in acts {
-            if let Reply::Token { quota_us, .. } = reply {
+        for a in acts {
+            if let Action::Reply {
+                client,
+                reply: Reply::Token { quota_us, .. },
+                ..
+            } = a
+            {
                 events.push(std::cmp::Reverse((now + quota_us, client, quota_us)));
                 n += 1;
             }

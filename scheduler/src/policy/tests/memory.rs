@@ -1,0 +1,332 @@
+//! Memory caps per group, reloads of the limits, devices and bad requests.
+
+use super::*;
+
+#[test]
+fn memory_is_capped_per_group_across_processes() {
+    let mut p = Policy::new(
+        Params::default(),
+        config("[a]\nMemoryLimit=1GiB\n[b]\nMemoryLimit=1GiB\n"),
+    );
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "a");
+    hello(&mut p, 3, "b");
+    let r = ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 600 << 20,
+        },
+    );
+    assert_eq!(
+        r,
+        Reply::Memory {
+            device: 0,
+            used: 600 << 20,
+            limit: 1 << 30
+        }
+    );
+    let r = ask(
+        &mut p,
+        2,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 600 << 20,
+        },
+    );
+    assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory));
+    // Another group and another device are not affected.
+    assert!(matches!(
+        ask(
+            &mut p,
+            3,
+            Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 30
+            }
+        ),
+        Reply::Memory { .. }
+    ));
+    assert!(matches!(
+        ask(
+            &mut p,
+            2,
+            Request::ReserveMemory {
+                device: 1,
+                bytes: 1 << 30
+            }
+        ),
+        Reply::Memory { .. }
+    ));
+    let r = ask(&mut p, 2, Request::MemoryInfo { device: 0 });
+    assert_eq!(
+        r,
+        Reply::MemoryView {
+            device: 0,
+            used: 600 << 20,
+            limit: 1 << 30,
+            reclaimable: 0
+        }
+    );
+    // The process dies: its reservation goes with it.
+    p.handle(Event::Disconnected { client: 1 }, 1);
+    let r = ask(
+        &mut p,
+        2,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 600 << 20,
+        },
+    );
+    assert_eq!(
+        r,
+        Reply::Memory {
+            device: 0,
+            used: 600 << 20,
+            limit: 1 << 30
+        }
+    );
+}
+
+#[test]
+fn memory_release_never_underflows_or_frees_others() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "a");
+    ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 100,
+        },
+    );
+    ask(
+        &mut p,
+        2,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 100,
+        },
+    );
+    let r = ask(
+        &mut p,
+        1,
+        Request::ReleaseMemory {
+            device: 0,
+            bytes: u64::MAX,
+        },
+    );
+    assert_eq!(
+        r,
+        Reply::Memory {
+            device: 0,
+            used: 100,
+            limit: 1 << 30
+        }
+    );
+    let r = ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: u64::MAX,
+        },
+    );
+    assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory));
+}
+
+#[test]
+fn lowered_limit_applies_to_new_reservations_and_reload_keeps_usage() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=2GiB\n"));
+    hello(&mut p, 1, "a");
+    ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 1 << 30,
+        },
+    );
+    p.handle(Event::Reconfigure(config("[a]\nMemoryLimit=1GiB\n")), 1);
+    let r = ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 1,
+        },
+    );
+    assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory));
+    assert_eq!(
+        ask(&mut p, 1, Request::MemoryInfo { device: 0 }),
+        Reply::MemoryView {
+            device: 0,
+            used: 1 << 30,
+            limit: 1 << 30,
+            reclaimable: 0
+        }
+    );
+}
+
+#[test]
+fn removed_group_keeps_running_clients_but_refuses_new_ones() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=2GiB\n[b]\n"));
+    hello(&mut p, 1, "a");
+    p.handle(Event::Reconfigure(config("[b]\n")), 1);
+    assert!(
+        matches!(ask(&mut p, 1, Request::ReserveMemory { device: 0, bytes: 1 << 30 }), Reply::Memory { limit, .. } if limit == 2 << 30)
+    );
+    assert_eq!(kind(&hello(&mut p, 2, "a")), Some(ErrorKind::UnknownGroup));
+    assert!(p.status(1).groups.iter().any(|g| g.name == "a"));
+    p.handle(Event::Disconnected { client: 1 }, 2);
+    assert!(!p.status(2).groups.iter().any(|g| g.name == "a"));
+}
+
+#[test]
+fn unknown_group_error_names_the_config_file_and_known_groups() {
+    let mut p = Policy::new(Params::default(), config("[train]\n[infer]\n"));
+    match hello(&mut p, 1, "trian") {
+        Reply::Error(e) => {
+            assert_eq!(e.kind, ErrorKind::UnknownGroup);
+            assert!(
+                e.message.contains("/etc/gemini/resource.conf"),
+                "{}",
+                e.message
+            );
+            assert!(e.message.contains("infer, train"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A group with `Devices` gets tokens and memory on those GPUs only; on
+/// another it is refused, told which GPUs it has and where that is set.
+#[test]
+fn a_group_with_devices_is_refused_time_and_memory_elsewhere() {
+    let mut p = Policy::new(
+        Params::default(),
+        config("[job]\nMinUtil=0.5\nDevices=1,3\n[free]\n"),
+    );
+    hello(&mut p, 1, "job");
+    hello(&mut p, 2, "free");
+    let acquire = |device| Request::AcquireToken {
+        device,
+        used_us: 0,
+        burst_us: 0,
+    };
+    let r = ask(&mut p, 1, acquire(0));
+    assert_eq!(kind(&r), Some(ErrorKind::PermissionDenied), "{r:?}");
+    let Reply::Error(e) = &r else { unreachable!() };
+    assert!(
+        e.message.contains("group \"job\" may use GPU 1, 3 only")
+            && e.message.contains("/etc/gemini/resource.conf line 1")
+            && e.message.contains("not GPU 0"),
+        "{}",
+        e.message
+    );
+    let reserve = |device| Request::ReserveMemory {
+        device,
+        bytes: 1 << 20,
+    };
+    assert_eq!(
+        kind(&ask(&mut p, 1, reserve(2))),
+        Some(ErrorKind::PermissionDenied)
+    );
+    assert!(matches!(
+        ask(&mut p, 1, acquire(3)),
+        Reply::Token { device: 3, .. }
+    ));
+    assert_eq!(kind(&ask(&mut p, 1, reserve(1))), None);
+    assert!(matches!(
+        ask(&mut p, 1, Request::MemoryInfo { device: 0 }),
+        Reply::MemoryView { .. }
+    ));
+    // A group without Devices uses every GPU.
+    assert!(matches!(
+        ask(&mut p, 2, acquire(0)),
+        Reply::Token { device: 0, .. }
+    ));
+}
+
+#[test]
+fn requests_before_hello_and_bad_devices_are_refused() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    let r = ask(
+        &mut p,
+        9,
+        Request::AcquireToken {
+            device: 0,
+            used_us: 0,
+            burst_us: 0,
+        },
+    );
+    assert_eq!(kind(&r), Some(ErrorKind::NotRegistered));
+    hello(&mut p, 9, "a");
+    assert_eq!(
+        kind(&hello(&mut p, 9, "a")),
+        Some(ErrorKind::AlreadyRegistered)
+    );
+    let r = ask(
+        &mut p,
+        9,
+        Request::ReserveMemory {
+            device: MAX_DEVICES,
+            bytes: 1,
+        },
+    );
+    assert_eq!(kind(&r), Some(ErrorKind::BadRequest));
+}
+
+#[test]
+fn disconnect_while_holding_the_token_frees_the_device() {
+    let mut p = Policy::new(Params::default(), config("[a]\n[b]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let acts = p.handle(
+        Event::Request {
+            client: 1,
+            seq: 1,
+            req: Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 0,
+            },
+        },
+        0,
+    );
+    assert!(matches!(
+        acts[0],
+        Action::Reply {
+            client: 1,
+            reply: Reply::Token { .. },
+            ..
+        }
+    ));
+    let acts = p.handle(
+        Event::Request {
+            client: 2,
+            seq: 1,
+            req: Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 0,
+            },
+        },
+        10,
+    );
+    assert!(acts.is_empty(), "{acts:?}");
+    let acts = p.handle(Event::Disconnected { client: 1 }, 20);
+    assert!(
+        matches!(
+            acts.as_slice(),
+            [Action::Reply {
+                client: 2,
+                reply: Reply::Token { .. },
+                ..
+            }]
+        ),
+        "{acts:?}"
+    );
+}

@@ -1,0 +1,181 @@
+//! GPU reservations of gem-launch and their queue.
+
+use super::*;
+
+#[test]
+fn launches_get_different_gpus_and_a_third_waits_its_turn() {
+    let mut p = two_gpus("[a]\n");
+    assert_eq!(
+        reserve(&mut p, 1, "a", GpuRequest::Count(1), true, 0),
+        vec![(1, 1, Reply::Reserved { devices: vec![0] })]
+    );
+    assert_eq!(
+        reserve(&mut p, 2, "a", GpuRequest::Count(1), true, 0),
+        vec![(2, 1, Reply::Reserved { devices: vec![1] })]
+    );
+    assert!(
+        reserve(&mut p, 3, "a", GpuRequest::Count(1), true, 0).is_empty(),
+        "third waits"
+    );
+    let r = reserve(&mut p, 4, "a", GpuRequest::Count(1), false, 0);
+    assert_eq!(
+        kind(&r[0].2),
+        Some(ErrorKind::Unavailable),
+        "nonblock fails at once"
+    );
+    let st = p.status(1);
+    assert_eq!((st.reservations.len(), st.queue.len()), (2, 1));
+    // The first program exits: the third gets its GPU.
+    let r = replies(p.handle(Event::Disconnected { client: 1 }, 10));
+    assert_eq!(r, vec![(3, 1, Reply::Reserved { devices: vec![0] })]);
+}
+
+#[test]
+fn least_recently_released_gpu_is_chosen_first() {
+    let mut p = two_gpus("[a]\n");
+    reserve(&mut p, 1, "a", GpuRequest::Count(1), true, 0);
+    reserve(&mut p, 2, "a", GpuRequest::Count(1), true, 0);
+    p.handle(Event::Disconnected { client: 2 }, 10); // device 1 released at 10
+    p.handle(Event::Disconnected { client: 1 }, 20); // device 0 released at 20
+    assert_eq!(
+        reserve(&mut p, 3, "a", GpuRequest::Count(1), true, 30),
+        vec![(3, 1, Reply::Reserved { devices: vec![1] })]
+    );
+    assert_eq!(
+        reserve(&mut p, 4, "a", GpuRequest::Count(1), true, 30),
+        vec![(4, 1, Reply::Reserved { devices: vec![0] })]
+    );
+}
+
+#[test]
+fn groups_with_guarantees_share_a_gpu_up_to_their_minimums() {
+    let mut p = Policy::new(
+        Params {
+            devices: 1,
+            ..Params::default()
+        },
+        config("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n[c]\n"),
+    );
+    assert!(matches!(
+        reserve(&mut p, 1, "a", GpuRequest::Count(1), true, 0)[0].2,
+        Reply::Reserved { .. }
+    ));
+    assert!(matches!(
+        reserve(&mut p, 2, "b", GpuRequest::Count(1), true, 0)[0].2,
+        Reply::Reserved { .. }
+    ));
+    assert!(
+        reserve(&mut p, 3, "a", GpuRequest::Count(1), true, 0).is_empty(),
+        "the minimums add up to 1"
+    );
+    // A group without a minimum claims a whole device.
+    let mut p = Policy::new(
+        Params {
+            devices: 1,
+            ..Params::default()
+        },
+        config("[a]\nMinUtil=0.5\n[c]\n"),
+    );
+    reserve(&mut p, 1, "a", GpuRequest::Count(1), true, 0);
+    assert_eq!(
+        kind(&reserve(&mut p, 2, "c", GpuRequest::Count(1), false, 0)[0].2),
+        Some(ErrorKind::Unavailable)
+    );
+}
+
+#[test]
+fn queue_is_first_come_first_served_and_bad_requests_are_refused() {
+    let mut p = two_gpus("[a]\n");
+    reserve(&mut p, 1, "a", GpuRequest::Ids(vec![1]), true, 0);
+    assert!(reserve(&mut p, 2, "a", GpuRequest::Count(2), true, 0).is_empty());
+    // Device 0 is free, but the launch waiting for two is first in line.
+    assert!(reserve(&mut p, 3, "a", GpuRequest::Count(1), true, 0).is_empty());
+    let r = replies(p.handle(Event::Disconnected { client: 1 }, 5));
+    assert_eq!(
+        r,
+        vec![(
+            2,
+            1,
+            Reply::Reserved {
+                devices: vec![0, 1]
+            }
+        )]
+    );
+    for (gpus, what) in [
+        (GpuRequest::Count(3), "has 2"),
+        (GpuRequest::Count(0), "has 2"),
+        (GpuRequest::Ids(vec![2]), "does not exist"),
+        (GpuRequest::Ids(vec![0, 0]), "repeat"),
+    ] {
+        let r = reserve(&mut p, 9, "a", gpus, true, 10);
+        match &r[0].2 {
+            Reply::Error(e) => assert!(
+                e.kind == ErrorKind::BadRequest && e.message.contains(what),
+                "{e:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        p.handle(Event::Disconnected { client: 9 }, 10);
+    }
+    let r = reserve(&mut p, 10, "nosuch", GpuRequest::Count(1), true, 10);
+    assert_eq!(kind(&r[0].2), Some(ErrorKind::UnknownGroup));
+    let mut none = Policy::new(Params::default(), config("[a]\n"));
+    let r = reserve(&mut none, 1, "a", GpuRequest::Count(1), true, 0);
+    match &r[0].2 {
+        Reply::Error(e) => assert!(e.message.contains("knows no GPUs"), "{e:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The time a group's client waits while its MaxUtil holds it back is
+/// counted (for `gemini_group_throttled_seconds_total`); waiting behind
+/// another group's token is not.
+#[test]
+fn time_held_back_by_max_util_is_counted() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[capped]\nMaxUtil=0.25\n[b]\n"));
+    hello(&mut p, 1, "capped");
+    hello(&mut p, 2, "b");
+    let acquire = |used_us| Request::AcquireToken {
+        device: 0,
+        used_us,
+        burst_us: 20 * MS,
+    };
+    let ev = |client, seq, req| Event::Request { client, seq, req };
+    assert!(!p.handle(ev(1, 1, acquire(0)), 0).is_empty());
+    // b waits behind capped's token: not throttled.
+    assert!(p.handle(ev(2, 1, acquire(0)), MS).is_empty());
+    // capped used 20 ms at 0.25: it may go again only after 60 ms more.
+    p.handle(ev(1, 2, acquire(20 * MS)), 20 * MS);
+    let throttled = |p: &Policy, now| {
+        p.counters(now)
+            .iter()
+            .filter(|c| c.device == 0)
+            .map(|c| (c.group.clone(), c.throttled_us))
+            .collect::<Vec<_>>()
+    };
+    // b got the token; capped waits, held back by its cap.
+    let t = throttled(&p, 30 * MS);
+    assert!(t.contains(&("capped".to_string(), 10 * MS)), "{t:?}");
+    assert!(t.contains(&("b".to_string(), 0)), "{t:?}");
+    // b gives the token back at 40 ms; capped becomes eligible at 80 ms
+    // and is granted then: 60 ms held back in all.
+    p.handle(
+        Event::Request {
+            client: 2,
+            seq: 2,
+            req: Request::ReleaseToken {
+                device: 0,
+                used_us: 20 * MS,
+            },
+        },
+        40 * MS,
+    );
+    let at = p.next_deadline(40 * MS).unwrap();
+    p.handle(Event::Tick, at);
+    let t = throttled(&p, at + 50 * MS);
+    assert!(
+        t.contains(&("capped".to_string(), at - 20 * MS)),
+        "{t:?} (eligible at {at})"
+    );
+}

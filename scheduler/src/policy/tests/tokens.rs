@@ -1,0 +1,418 @@
+//! Token hand-over, revocation, status counters and overuse.
+
+use super::*;
+
+#[test]
+fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    assert_eq!(token(&send(&mut p, 1, acquire(0), 0)).map(|t| t.0), Some(1));
+    assert!(send(&mut p, 2, acquire(0), 0).is_empty());
+    // hi gives the token back after 20 ms; lo gets it, not lent (hi has
+    // used all the time since it became active).
+    let r = send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 20 * MS,
+        },
+        20 * MS,
+    );
+    let r: Vec<_> = r.into_iter().filter(|(c, ..)| *c == 2).collect();
+    assert_eq!(token(&r), Some((2, params.base_quota, false)));
+    // 30 ms later hi has used 20 of 50 ms, below its MinUtil, and is away:
+    // lo's next token is lent, min_quota long (hi's absences unknown).
+    let r = send(&mut p, 2, acquire(30 * MS), 50 * MS);
+    assert_eq!(token(&r), Some((2, params.min_quota, true)));
+    // hi comes back and waits; at the lent token's end (HANDOVER_LEAD
+    // before it, so hi's launches queue behind lo's last ones), not a
+    // grace later, the device is hi's, although lo has not reported yet.
+    assert!(send(&mut p, 1, acquire(0), 55 * MS).is_empty());
+    let end = 50 * MS + params.min_quota;
+    let lead = HANDOVER_LEAD.min(params.min_quota / 4);
+    assert!(lead > 0);
+    let handover = end - lead;
+    assert_eq!(p.next_deadline(55 * MS), Some(handover));
+    assert!(p.handle(Event::Tick, handover - 1).is_empty());
+    let r = replies(p.handle(Event::Tick, handover));
+    assert_eq!(token(&r).map(|t| (t.0, t.2)), Some((1, false)));
+    // lo's late report (its work ran 2 ms past the token) is charged to
+    // lo and leaves hi's token alone.
+    let late = params.min_quota + 2 * MS;
+    assert!(send(&mut p, 2, acquire(late), end + 2 * MS).is_empty());
+    let st = p.status(end + 2 * MS);
+    let dev = &st.devices[0];
+    assert_eq!(dev.holder, Some(1), "{dev:?}");
+    // hi's 12 ms token began behind lo's overrun: charged from its end,
+    // 10 ms less the lead, once.
+    let now = handover + 12 * MS;
+    send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 12 * MS,
+        },
+        now,
+    );
+    let st = p.status(now);
+    let share = |g: &str| share_on_0(&st, g);
+    // Each share is over the time since its group became active: hi's
+    // first grant at 0, lo's at 20 ms.
+    assert!(
+        (share("hi") - (30 * MS - lead) as f64 / now as f64).abs() < 1e-9,
+        "hi {}",
+        share("hi")
+    );
+    assert!(
+        (share("lo") - (30 * MS + late) as f64 / (now - 20 * MS) as f64).abs() < 1e-9,
+        "lo {}",
+        share("lo")
+    );
+}
+
+/// A lent token is renewed while its last work still runs: the hook
+/// reports that work ahead, up to the quota. It is charged to the
+/// borrower once, and not to the group that comes back behind it.
+#[test]
+fn work_reported_ahead_at_a_lent_renewal_is_charged_once_to_the_borrower() {
+    let params = Params::default();
+    let q = params.min_quota;
+    let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    // As above: hi works 20 ms and leaves; lo works 30 ms, then borrows.
+    send(&mut p, 1, acquire(0), 0);
+    send(&mut p, 2, acquire(0), 0);
+    send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 20 * MS,
+        },
+        20 * MS,
+    );
+    let t1 = 50 * MS;
+    assert_eq!(
+        token(&send(&mut p, 2, acquire(30 * MS), t1)),
+        Some((2, q, true))
+    );
+    // 1 ms before the lent token's end lo's queue is full: it asks again,
+    // reporting the whole token (its work ends at the token's end).
+    let t2 = t1 + q - MS;
+    assert_eq!(token(&send(&mut p, 2, acquire(q), t2)), Some((2, q, true)));
+    // hi comes back; lo renews ahead again and the device passes to hi
+    // while lo's last millisecond still runs.
+    assert!(send(&mut p, 1, acquire(0), t2 + 3 * MS).is_empty());
+    let t3 = t2 + q - MS;
+    let r = send(&mut p, 2, acquire(q), t3);
+    let r: Vec<_> = r.into_iter().filter(|(c, ..)| *c == 1).collect();
+    assert_eq!(token(&r).map(|t| (t.0, t.2)), Some((1, false)));
+    // hi's 12 ms from its grant began behind lo's last millisecond.
+    let now = t3 + 12 * MS;
+    send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 12 * MS,
+        },
+        now,
+    );
+    let st = p.status(now);
+    let share = |g: &str| share_on_0(&st, g);
+    // lo: 30 ms, then its two lent tokens back to back, t1 to t3 + 1 ms.
+    let lo = 30 * MS + (t3 + MS - t1);
+    assert!(
+        (share("lo") - lo as f64 / (now - 20 * MS) as f64).abs() < 1e-9,
+        "lo {} against {}",
+        share("lo"),
+        lo as f64 / (now - 20 * MS) as f64
+    );
+    let hi = 20 * MS + 11 * MS;
+    assert!(
+        (share("hi") - hi as f64 / now as f64).abs() < 1e-9,
+        "hi {} against {}",
+        share("hi"),
+        hi as f64 / now as f64
+    );
+}
+
+/// `status` shows a group's share over the time since it became active on
+/// the device, as the policy weighs it against MinUtil: a group that
+/// starts long after the scheduler and uses all its time shows 100 %, not
+/// a sliver of the window. Every GPU of the machine is listed before any
+/// program used it, and a group that left a device is no longer shown on
+/// it once a window has passed.
+#[test]
+fn status_counts_shares_from_the_group_start_lists_every_gpu_and_drops_rows_that_left() {
+    let params = Params {
+        devices: 2,
+        ..Params::default()
+    };
+    let mut p = Policy::new(params, config("[a]\nMinUtil=0.7\n"));
+    let st = p.status(SEC);
+    assert_eq!(
+        st.devices.iter().map(|d| d.device).collect::<Vec<_>>(),
+        vec![0, 1],
+        "GPUs listed before any client"
+    );
+    hello(&mut p, 1, "a");
+    let start = 30 * SEC;
+    let acquire = |used_us| Request::AcquireToken {
+        device: 0,
+        used_us,
+        burst_us: 0,
+    };
+    let at = |p: &mut Policy, req: Request, now: Micros| {
+        replies(p.handle(
+            Event::Request {
+                client: 1,
+                seq: 1,
+                req,
+            },
+            now,
+        ))
+    };
+    let quota = match at(&mut p, acquire(0), start).as_slice() {
+        [(1, _, Reply::Token { quota_us, .. })] => *quota_us,
+        other => panic!("{other:?}"),
+    };
+    let end = start + quota;
+    at(&mut p, acquire(quota), end);
+    let row = |st: &StatusReport| {
+        st.devices[0]
+            .groups
+            .iter()
+            .find(|r| r.group == "a")
+            .cloned()
+    };
+    let share = row(&p.status(end)).expect("a's row").share;
+    assert!((share - 1.0).abs() < 0.01, "share {share}");
+    at(
+        &mut p,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 1,
+        },
+        end + 1,
+    );
+    assert!(
+        row(&p.status(end + 2)).is_some(),
+        "a used the device in the window"
+    );
+    let later = end + params.window + 10;
+    assert_eq!(row(&p.status(later)), None, "a left a window ago");
+    assert_eq!(p.status(later).devices.len(), 2);
+}
+
+#[test]
+fn token_not_returned_is_revoked_after_quota_and_grace() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[a]\n[b]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let acquire = Request::AcquireToken {
+        device: 0,
+        used_us: 0,
+        burst_us: 0,
+    };
+    let acts = p.handle(
+        Event::Request {
+            client: 1,
+            seq: 1,
+            req: acquire.clone(),
+        },
+        0,
+    );
+    assert!(matches!(
+        acts.as_slice(),
+        [Action::Reply {
+            client: 1,
+            reply: Reply::Token { .. },
+            ..
+        }]
+    ));
+    assert!(
+        p.handle(
+            Event::Request {
+                client: 2,
+                seq: 1,
+                req: acquire
+            },
+            1
+        )
+        .is_empty()
+    );
+    let expiry = params.base_quota + params.grace;
+    assert_eq!(p.next_deadline(1), Some(expiry));
+    assert!(
+        p.handle(Event::Tick, expiry - 1).is_empty(),
+        "revoked too early"
+    );
+    let revoked = |p: &Policy| {
+        p.counters(expiry)
+            .iter()
+            .find(|c| c.group == "a")
+            .map_or(0, |c| c.revocations)
+    };
+    assert_eq!(revoked(&p), 0);
+    let acts = p.handle(Event::Tick, expiry);
+    assert!(
+        matches!(
+            acts.as_slice(),
+            [Action::Reply {
+                client: 2,
+                reply: Reply::Token { .. },
+                ..
+            }]
+        ),
+        "{acts:?}"
+    );
+    assert_eq!(revoked(&p), 1, "the revocation is counted for metrics");
+    // The late report of the hog is still charged to its group.
+    let late = Request::AcquireToken {
+        device: 0,
+        used_us: expiry,
+        burst_us: 0,
+    };
+    p.handle(
+        Event::Request {
+            client: 1,
+            seq: 2,
+            req: late,
+        },
+        expiry + 10,
+    );
+    let st = p.status(expiry + 10);
+    let a = st.devices[0]
+        .groups
+        .iter()
+        .find(|g| g.group == "a")
+        .map(|g| g.share)
+        .unwrap_or(0.0);
+    assert!(a > 0.9, "a's overuse not charged: {a}");
+}
+
+#[test]
+fn holder_runs_only_when_no_real_client_waits() {
+    let mut sim = Sim::new("[a]\nMaxUtil=0.5\n");
+    sim.add_role("", Demand::Saturating, Role::Holder);
+    sim.run_until(SEC);
+    let holder_alone: Micros = sim.clients[0].busy.iter().map(|&(s, e)| e - s).sum();
+    assert!(holder_alone as f64 >= 0.97 * SEC as f64, "{holder_alone}");
+    sim.add("a", Demand::Saturating);
+    sim.run_until(11 * SEC);
+    let a = sim.group_share("a", SEC, 11 * SEC);
+    assert!((a - 0.5).abs() <= 0.02, "a got {a}");
+    // The holder fills what a's cap leaves.
+    let holder: Micros = sim.clients[0]
+        .busy
+        .iter()
+        .map(|&(s, e)| e.min(11 * SEC).saturating_sub(s.max(SEC)))
+        .sum();
+    assert!(holder as f64 / (10 * SEC) as f64 >= 0.45, "{holder}");
+}
+
+#[test]
+fn overuse_is_charged() {
+    // a reports 3x its quota each time: it must end up with about the same
+    // device time as b, not three times as much.
+    let mut p = Policy::new(Params::default(), config("[a]\n[b]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let used = take_turns(&mut p, 400, 0, |c, q| if c == 1 { 3 * q } else { q });
+    let ratio = used[0] as f64 / used[1] as f64;
+    assert!((0.8..1.25).contains(&ratio), "a/b = {ratio}");
+}
+
+#[test]
+fn overuse_beyond_the_credit_cap_does_not_pause_an_uncapped_group() {
+    // Both always report 178 ms for a 100 ms token (deep queues); with
+    // MaxUtil 1, a must stay eligible, so its MinUtil 0.7 holds against b.
+    let mut p = Policy::new(
+        Params::default(),
+        config("[a]\nMinUtil=0.7\n[b]\nMinUtil=0.3\n"),
+    );
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let used = take_turns(&mut p, 200, 100 * MS, |_, _| 178 * MS);
+    let share = used[0] as f64 / (used[0] + used[1]) as f64;
+    assert!((share - 0.7).abs() <= 0.02, "a got {share}");
+}
+
+/// A holder that waits for its last work and will go quiet after it
+/// (`Quieting`) has its token end `HANDOVER_LEAD` before that work does:
+/// the waiting group gets the device then, not after the holder's wait
+/// returns and it reports; the report charges the holder in full, and the
+/// next holder is charged from the end of that work.
+#[test]
+fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    let acquire = Request::AcquireToken {
+        device: 0,
+        used_us: 0,
+        burst_us: 30 * MS,
+    };
+    let granted = |r: &[(ClientId, u32, Reply)], who: ClientId| {
+        r.iter()
+            .any(|(c, _, rep)| *c == who && matches!(rep, Reply::Token { .. }))
+    };
+    assert!(granted(&send(&mut p, 1, acquire.clone(), 0), 1));
+    assert!(send(&mut p, 2, acquire.clone(), MS).is_empty());
+    // At 1 ms hi waits for work that ends at 21 ms, and will go quiet.
+    let r = send(
+        &mut p,
+        1,
+        Request::Quieting {
+            device: 0,
+            done_in_us: 20 * MS,
+        },
+        MS,
+    );
+    assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
+    let handover = 21 * MS - HANDOVER_LEAD;
+    assert_eq!(p.next_deadline(2 * MS), Some(handover));
+    assert!(p.handle(Event::Tick, handover - 1).is_empty());
+    assert!(granted(&replies(p.handle(Event::Tick, handover)), 2));
+    assert!(
+        p.counters(handover).iter().all(|c| c.revocations == 0),
+        "an announced end is no revocation"
+    );
+    // hi reports when its wait returns: 21 ms of use, all charged to hi.
+    send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 21 * MS,
+        },
+        21 * MS + 100,
+    );
+    // A Quieting from a client without the token changes nothing.
+    let r = send(
+        &mut p,
+        1,
+        Request::Quieting {
+            device: 0,
+            done_in_us: 1,
+        },
+        22 * MS,
+    );
+    assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
+    let st = p.status(22 * MS);
+    assert_eq!(st.devices[0].holder, Some(2));
+    let hi = st.devices[0]
+        .groups
+        .iter()
+        .find(|g| g.group == "hi")
+        .unwrap();
+    assert!((hi.share - 21.0 / 22.0).abs() < 1e-9, "{hi:?}");
+}
