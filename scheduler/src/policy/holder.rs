@@ -2,11 +2,8 @@
 //! the holder, the holder's long poll for orders, and the activity report
 //! it uses to tell idle devices.
 
-use super::{Action, Micros, Policy, error};
+use super::{Action, GroupKey, Micros, Policy, error};
 use gemini_protocol::{ClientId, DeviceActivity, DeviceId, ErrorKind, HolderOrder, Reply};
-
-/// The group key under which the holder's memory is accounted.
-use super::HOLDER;
 
 /// How long a client waits for the holder to give memory back.
 pub const DEMAND_TIMEOUT: Micros = 1_000_000;
@@ -31,7 +28,7 @@ pub struct Poll {
 impl Policy {
     pub(super) fn holder_memory(&self, device: DeviceId) -> u64 {
         self.memory
-            .get(&(HOLDER.to_string(), device))
+            .get(&(GroupKey::Holder, device))
             .copied()
             .unwrap_or(0)
     }

@@ -54,8 +54,43 @@ pub type Micros = u64;
 /// daemon allocate).
 pub const MAX_DEVICES: DeviceId = 1024;
 
-/// Internal group key of the holder (no configured group can be empty).
-const HOLDER: &str = "";
+/// Whose time and memory a client's are.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum GroupKey {
+    /// The holder (`gem-holder`): leftover time and memory, handed back.
+    Holder,
+    /// A control connection (gem-launch, status): no time, no memory.
+    Control,
+    /// A group of `resource.conf`.
+    Named(String),
+}
+
+impl GroupKey {
+    /// The configured group's name.
+    fn name(&self) -> Option<&str> {
+        match self {
+            GroupKey::Named(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The name shown in status, metrics and `top`.
+    fn shown(&self) -> String {
+        match self {
+            GroupKey::Holder => HOLDER_SHOWN.to_string(),
+            GroupKey::Control => "(control)".to_string(),
+            GroupKey::Named(n) => n.clone(),
+        }
+    }
+}
+
+/// What a group is given.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Limits {
+    min_util: f64,
+    max_util: f64,
+    memory_limit: u64,
+}
 /// Shortest token the holder is given (its kernels are short so a real
 /// client never waits long behind one).
 pub const HOLDER_MIN_QUOTA: Micros = 100;
@@ -212,7 +247,7 @@ pub enum Action {
 #[derive(Debug)]
 struct Client {
     role: Role,
-    group: String,
+    group: GroupKey,
     pid: u32,
     memory: BTreeMap<DeviceId, u64>,
     /// Per device, the last grant not yet charged: (granted_at, quota).
@@ -279,7 +314,7 @@ struct GroupUse {
 struct Device {
     token: Option<Grant>,
     waiters: Vec<Waiter>,
-    groups: BTreeMap<String, GroupUse>,
+    groups: BTreeMap<GroupKey, GroupUse>,
     busy: Usage,
     /// The latest report's device time `(client, start, end)`: a token
     /// granted while that work still ran (a lent token ends without its
@@ -298,7 +333,7 @@ pub struct Policy {
     clients: BTreeMap<ClientId, Client>,
     devices: BTreeMap<DeviceId, Device>,
     /// Bytes reserved per (group, device).
-    memory: BTreeMap<(String, DeviceId), u64>,
+    memory: BTreeMap<(GroupKey, DeviceId), u64>,
     /// When a real client last asked for a token or memory, per device.
     activity: BTreeMap<DeviceId, Micros>,
     /// The holder's pending poll for orders.
@@ -317,18 +352,32 @@ pub struct Policy {
     peers: BTreeMap<ClientId, Peer>,
 }
 
-/// A group's `MaxUtil`: from the file in force, or its last settings if
-/// it was removed while clients remain; 1 for the holder, 0 for a group
-/// unknown to both.
-fn max_util_of(
+/// A group's limits: from the file in force, or its last settings if it
+/// was removed while clients remain. The holder may use everything left;
+/// a control connection, or a group unknown to both, nothing.
+fn limits(
     config: &ResourceConfig,
     retired: &BTreeMap<String, GroupConfig>,
-    group: &str,
-) -> f64 {
-    if group == HOLDER {
-        return 1.0;
+    key: &GroupKey,
+) -> Limits {
+    const NOTHING: Limits = Limits {
+        min_util: 0.0,
+        max_util: 0.0,
+        memory_limit: 0,
+    };
+    match key {
+        GroupKey::Holder => Limits {
+            min_util: 0.0,
+            max_util: 1.0,
+            memory_limit: u64::MAX,
+        },
+        GroupKey::Control => NOTHING,
+        GroupKey::Named(name) => configured(config, retired, name).map_or(NOTHING, |g| Limits {
+            min_util: g.min_util,
+            max_util: g.max_util,
+            memory_limit: g.memory_limit,
+        }),
     }
-    configured(config, retired, group).map_or(0.0, |g| g.max_util)
 }
 
 /// A group's settings: from the file in force, or its last ones if it was
@@ -341,16 +390,6 @@ fn configured<'a>(
     config.groups.get(group).or_else(|| retired.get(group))
 }
 
-/// The name a group is shown by (status, metrics): the holder's is
-/// `(holder)`.
-fn shown_name(group: &str) -> String {
-    if group == HOLDER {
-        HOLDER_SHOWN.to_string()
-    } else {
-        group.to_string()
-    }
-}
-
 /// Opens or closes the groups' throttled periods on `dev`: throttled
 /// while a client waits and the group's `MaxUtil` credit holds it back.
 fn note_throttled(
@@ -361,15 +400,14 @@ fn note_throttled(
     cap: Micros,
     now: Micros,
 ) {
-    let waiting: std::collections::BTreeSet<&str> = dev
+    let waiting: std::collections::BTreeSet<&GroupKey> = dev
         .waiters
         .iter()
-        .filter_map(|w| clients.get(&w.client).map(|c| c.group.as_str()))
+        .filter_map(|w| clients.get(&w.client).map(|c| &c.group))
         .collect();
-    for (name, g) in dev.groups.iter_mut() {
-        let max_util = max_util_of(config, retired, name);
-        let held_back =
-            waiting.contains(name.as_str()) && g.eligible_at(now, max_util, cap) != Some(now);
+    for (key, g) in dev.groups.iter_mut() {
+        let max_util = limits(config, retired, key).max_util;
+        let held_back = waiting.contains(key) && g.eligible_at(now, max_util, cap) != Some(now);
         match (held_back, g.throttled_since) {
             (true, None) => g.throttled_since = Some(now),
             (false, Some(since)) => {
@@ -390,21 +428,6 @@ fn error(kind: ErrorKind, message: impl Into<String>) -> Reply {
 
 /// The holder's name where groups are shown (status, metrics, `top`).
 pub const HOLDER_SHOWN: &str = "(holder)";
-
-fn holder_config() -> GroupConfig {
-    GroupConfig {
-        name: HOLDER_SHOWN.into(),
-        min_util: 0.0,
-        max_util: 1.0,
-        memory_limit: u64::MAX,
-        file: std::path::PathBuf::new(),
-        line: 0,
-        allowed_users: None,
-        allowed_groups: None,
-        cgroups: None,
-        devices: None,
-    }
-}
 
 impl GroupUse {
     /// Credit at `now`, refilled at `max_util` per µs, capped at `cap`.
@@ -508,27 +531,8 @@ impl Policy {
         &self.config
     }
 
-    fn group_config(&self, group: &str) -> GroupConfig {
-        if group == HOLDER {
-            return holder_config();
-        }
-        self.config
-            .groups
-            .get(group)
-            .or_else(|| self.retired.get(group))
-            .cloned()
-            .unwrap_or_else(|| GroupConfig {
-                name: group.to_string(),
-                min_util: 0.0,
-                max_util: 0.0,
-                memory_limit: 0,
-                file: std::path::PathBuf::new(),
-                line: 0,
-                allowed_users: None,
-                allowed_groups: None,
-                cgroups: None,
-                devices: None,
-            })
+    fn limits(&self, key: &GroupKey) -> Limits {
+        limits(&self.config, &self.retired, key)
     }
 
     /// Handles one event at time `now` (µs, never decreasing).
@@ -661,7 +665,10 @@ impl Policy {
                 req,
                 Request::MemoryInfo { .. } | Request::ReleaseMemory { .. }
             )
-            && let Some(cfg) = configured(&self.config, &self.retired, &c.group)
+            && let Some(cfg) = c
+                .group
+                .name()
+                .and_then(|n| configured(&self.config, &self.retired, n))
             && !cfg.uses(d)
         {
             let list: Vec<String> = cfg.devices.iter().flatten().map(u32::to_string).collect();
@@ -833,10 +840,10 @@ impl Policy {
                         ),
                     );
                 }
-                group
+                GroupKey::Named(group)
             }
-            Role::Holder => HOLDER.to_string(),
-            Role::Control => String::new(),
+            Role::Holder => GroupKey::Holder,
+            Role::Control => GroupKey::Control,
         };
         let mut memory = BTreeMap::new();
         if role != Role::Control {
@@ -887,7 +894,7 @@ impl Policy {
         // (the hook keeps that work within the quota) and reports it ahead.
         let used = used.min(now.saturating_sub(granted_at).max(quota));
         let end = granted_at + used;
-        let max_util = max_util_of(config, retired, &c.group);
+        let max_util = limits(config, retired, &c.group).max_util;
         let cap = params.max_quota;
         let dev = devices.entry(device).or_default();
         if dev.token.as_ref().is_some_and(|t| t.client == client) {
@@ -923,11 +930,11 @@ impl Policy {
 
     /// `group` is away from `device` from `now` (or since it already was)
     /// if none of its clients holds or waits for the token.
-    fn mark_away(&mut self, group: &str, device: DeviceId, now: Micros) {
+    fn mark_away(&mut self, group: &GroupKey, device: DeviceId, now: Micros) {
         let Some(dev) = self.devices.get_mut(&device) else {
             return;
         };
-        let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| c.group == group);
+        let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| &c.group == group);
         if dev.waiters.iter().any(|w| of_group(&w.client))
             || dev.token.as_ref().is_some_and(|t| of_group(&t.client))
         {
@@ -948,7 +955,7 @@ impl Policy {
     /// full). Its group is away from then on, unless another of its
     /// processes waits.
     fn quieting(&mut self, client: ClientId, device: DeviceId, done_in: Micros, now: Micros) {
-        let Some(group) = self.clients.get(&client).map(|c| c.group.as_str()) else {
+        let Some(group) = self.clients.get(&client).map(|c| &c.group) else {
             return;
         };
         let Some(dev) = self.devices.get_mut(&device) else {
@@ -960,7 +967,7 @@ impl Policy {
         let at = now.saturating_add(done_in.saturating_sub(HANDOVER_LEAD));
         token.expires_at = token.expires_at.min(at);
         token.ends = true;
-        let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| c.group == group);
+        let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| &c.group == group);
         if dev.waiters.iter().any(|w| of_group(&w.client)) {
             return;
         }
@@ -1006,7 +1013,7 @@ impl Policy {
             );
         }
         let group = c.group.clone();
-        let limit = self.group_config(&group).memory_limit;
+        let limit = self.limits(&group).memory_limit;
         let used = self
             .memory
             .get(&(group.clone(), device))
@@ -1029,7 +1036,7 @@ impl Policy {
                 ErrorKind::OutOfMemory,
                 format!(
                     "group {:?} would use {} bytes on device {device}, over its MemoryLimit of {limit} (in use: {used}, asked: {bytes})",
-                    self.group_config(&group).name,
+                    group.shown(),
                     used.saturating_add(bytes)
                 ),
             ),
@@ -1051,7 +1058,7 @@ impl Policy {
         Reply::Memory {
             device,
             used: *used,
-            limit: self.group_config(&group).memory_limit,
+            limit: self.limits(&group).memory_limit,
         }
     }
 
@@ -1059,6 +1066,12 @@ impl Policy {
         let Some(c) = self.clients.get(&client) else {
             return error(ErrorKind::NotRegistered, "say hello first");
         };
+        if c.group == GroupKey::Control {
+            return error(
+                ErrorKind::Unexpected,
+                "a control connection holds no memory",
+            );
+        }
         let used = self
             .memory
             .get(&(c.group.clone(), device))
@@ -1067,8 +1080,8 @@ impl Policy {
         Reply::MemoryView {
             device,
             used,
-            limit: self.group_config(&c.group).memory_limit,
-            reclaimable: if c.group == HOLDER {
+            limit: self.limits(&c.group).memory_limit,
+            reclaimable: if c.group == GroupKey::Holder {
                 0
             } else {
                 self.holder_memory(device)
@@ -1085,7 +1098,7 @@ impl Policy {
                 *m = m.saturating_sub(*bytes);
             }
         }
-        let max_util = self.group_config(&c.group).max_util;
+        let max_util = self.limits(&c.group).max_util;
         for (device, dev) in self.devices.iter_mut() {
             dev.waiters.retain(|w| w.client != client);
             if dev.token.as_ref().is_some_and(|t| t.client == client) {
@@ -1107,8 +1120,10 @@ impl Policy {
         for device in devices {
             self.mark_away(&c.group, device, now);
         }
-        if !self.clients.values().any(|o| o.group == c.group) {
-            self.retired.remove(&c.group);
+        if let Some(name) = c.group.name()
+            && !self.clients.values().any(|o| o.group == c.group)
+        {
+            self.retired.remove(name);
         }
         if c.role == Role::Holder {
             self.holder_gone(client, out);
@@ -1118,7 +1133,9 @@ impl Policy {
 
     fn reconfigure(&mut self, cfg: ResourceConfig) {
         for (name, old) in &self.config.groups {
-            if !cfg.groups.contains_key(name) && self.clients.values().any(|c| &c.group == name) {
+            if !cfg.groups.contains_key(name)
+                && self.clients.values().any(|c| c.group.name() == Some(name))
+            {
                 self.retired.insert(name.clone(), old.clone());
             }
         }
@@ -1165,18 +1182,13 @@ impl Policy {
             let Some(c) = clients.get(&w.client) else {
                 continue;
             };
-            let (min_util, max_util) = if c.group == HOLDER {
-                (0.0, 1.0)
-            } else {
-                match config
-                    .groups
-                    .get(&c.group)
-                    .or_else(|| retired.get(&c.group))
-                {
-                    Some(g) => (g.min_util, g.max_util),
-                    None => continue,
-                }
-            };
+            let Limits {
+                min_util, max_util, ..
+            } = limits(config, retired, &c.group);
+            if max_util <= 0.0 {
+                // Never eligible (a group unknown to the file).
+                continue;
+            }
             let g = match dev.groups.get_mut(&c.group) {
                 Some(g) => g,
                 None => dev.groups.entry(c.group.clone()).or_default(),
@@ -1190,7 +1202,7 @@ impl Policy {
             } else {
                 g.share(now, params.window)
             };
-            let (class, key) = if c.group == HOLDER {
+            let (class, key) = if c.group == GroupKey::Holder {
                 (2, share)
             } else if share < min_util {
                 (0, share - min_util)
@@ -1218,18 +1230,15 @@ impl Policy {
         if class != 0 {
             let waiters = &dev.waiters;
             // The chosen waiter's own group is among the waiting ones.
-            let waiting = |name: &str| {
+            let waiting = |key: &GroupKey| {
                 waiters
                     .iter()
-                    .any(|w| clients.get(&w.client).is_some_and(|c| c.group == name))
+                    .any(|w| clients.get(&w.client).is_some_and(|c| &c.group == key))
             };
-            for (name, g) in dev.groups.iter_mut() {
-                let min_util = match config.groups.get(name).or_else(|| retired.get(name)) {
-                    Some(cfg) => cfg.min_util,
-                    None => continue,
-                };
+            for (key, g) in dev.groups.iter_mut() {
+                let min_util = limits(config, retired, key).min_util;
                 if min_util > 0.0
-                    && !waiting(name)
+                    && !waiting(key)
                     && !g.usage.is_empty(now, params.window)
                     && g.share(now, params.window) < min_util
                 {
@@ -1313,7 +1322,7 @@ impl Policy {
                 let Some(c) = self.clients.get(&w.client) else {
                     continue;
                 };
-                let max_util = max_util_of(&self.config, &self.retired, &c.group);
+                let max_util = limits(&self.config, &self.retired, &c.group).max_util;
                 if let Some(t) = dev
                     .groups
                     .get(&c.group)
@@ -1333,10 +1342,10 @@ impl Policy {
     pub fn counters(&self, now: Micros) -> Vec<GroupCounters> {
         let mut out = Vec::new();
         for (&device, dev) in &self.devices {
-            for (name, g) in &dev.groups {
+            for (key, g) in &dev.groups {
                 let open = g.throttled_since.map_or(0, |s| now.saturating_sub(s));
                 out.push(GroupCounters {
-                    group: shown_name(name),
+                    group: key.shown(),
                     device,
                     throttled_us: g.throttled + open,
                     revocations: g.revocations,
@@ -1348,7 +1357,7 @@ impl Policy {
 
     /// The group of client `id`, if it is one (`(holder)` for the holder).
     pub fn client_group(&self, id: ClientId) -> Option<String> {
-        self.clients.get(&id).map(|c| shown_name(&c.group))
+        self.clients.get(&id).map(|c| c.group.shown())
     }
 
     /// Figures for `gem-schd status`.
@@ -1366,7 +1375,11 @@ impl Policy {
                 min_util: g.min_util,
                 max_util: g.max_util,
                 memory_limit: g.memory_limit,
-                clients: self.clients.values().filter(|c| c.group == g.name).count() as u32,
+                clients: self
+                    .clients
+                    .values()
+                    .filter(|c| c.group.name() == Some(&g.name))
+                    .count() as u32,
                 devices: g.devices.clone(),
             })
             .collect();
@@ -1378,43 +1391,30 @@ impl Policy {
                 .token
                 .as_ref()
                 .and_then(|t| self.clients.get(&t.client))
-                .map(|c| c.group.as_str());
-            for (name, g) in dev.groups.iter_mut() {
-                let memory_used = self.memory.get(&(name.clone(), id)).copied().unwrap_or(0);
+                .map(|c| &c.group);
+            for (key, g) in dev.groups.iter_mut() {
+                let memory_used = self.memory.get(&(key.clone(), id)).copied().unwrap_or(0);
                 let waiting = dev
                     .waiters
                     .iter()
-                    .filter(|w| {
-                        self.clients
-                            .get(&w.client)
-                            .is_some_and(|c| &c.group == name)
-                    })
+                    .filter(|w| self.clients.get(&w.client).is_some_and(|c| &c.group == key))
                     .count() as u32;
                 let idle = g.usage.is_empty(now, window);
                 // A group that left the device (nothing used in the
                 // window, no memory, not waiting, not holding) is no longer
                 // shown on it.
-                if idle && memory_used == 0 && waiting == 0 && holder_group != Some(name) {
+                if idle && memory_used == 0 && waiting == 0 && holder_group != Some(key) {
                     continue;
                 }
-                let limit = if name == HOLDER {
-                    u64::MAX
-                } else {
-                    self.config
-                        .groups
-                        .get(name)
-                        .or_else(|| self.retired.get(name))
-                        .map_or(0, |c| c.memory_limit)
-                };
                 rows.push(GroupDeviceStatus {
-                    group: shown_name(name),
+                    group: key.shown(),
                     // Over the time since the group became active on the
                     // device (at most a window), as the policy measures it
                     // against MinUtil: a group started a second ago and
                     // using all of it shows 100 %, not a tenth.
                     share: g.share(now, window),
                     memory_used,
-                    memory_limit: limit,
+                    memory_limit: limits(&self.config, &self.retired, key).memory_limit,
                     waiting,
                 });
             }
@@ -1446,11 +1446,7 @@ impl Policy {
                 id,
                 pid: c.pid,
                 role: c.role,
-                group: if c.group == HOLDER {
-                    String::new()
-                } else {
-                    c.group.clone()
-                },
+                group: c.group.name().unwrap_or_default().to_string(),
             })
             .collect();
         StatusReport {

@@ -330,3 +330,41 @@ fn disconnect_while_holding_the_token_frees_the_device() {
         "{acts:?}"
     );
 }
+
+/// A control connection (gem-launch) has no group: its memory query is
+/// refused. It used to share the holder's internal key (the empty name)
+/// and was shown the holder's memory as its own.
+#[test]
+fn a_control_connection_is_not_shown_the_holders_memory() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=1GiB\n"));
+    hello_holder(&mut p, 9);
+    let r = ask(
+        &mut p,
+        9,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 5 << 30,
+        },
+    );
+    assert!(
+        matches!(r, Reply::Memory { used, .. } if used == 5 << 30),
+        "{r:?}"
+    );
+    control(&mut p, 3);
+    let r = ask(&mut p, 3, Request::MemoryInfo { device: 0 });
+    assert_eq!(kind(&r), Some(ErrorKind::Unexpected), "{r:?}");
+    // A group's view counts the holder's memory as reclaimable only.
+    hello(&mut p, 1, "a");
+    let r = ask(&mut p, 1, Request::MemoryInfo { device: 0 });
+    assert_eq!(
+        r,
+        Reply::MemoryView {
+            device: 0,
+            used: 0,
+            limit: 1 << 30,
+            reclaimable: 5 << 30
+        }
+    );
+    assert_eq!(p.client_group(3).as_deref(), Some("(control)"));
+    assert_eq!(p.client_group(9).as_deref(), Some("(holder)"));
+}
