@@ -1,0 +1,133 @@
+//! One group's use of one device: its usage over the window, its
+//! `MaxUtil` credit, its absences and the time it was held back.
+
+use super::*;
+
+#[derive(Debug, Default)]
+pub(super) struct GroupUse {
+    pub(super) usage: Usage,
+    /// Credit (µs of device time) at `credit_at`, for `MaxUtil`.
+    pub(super) credit: i64,
+    pub(super) credit_at: Micros,
+    /// Start of the group's current period of activity on the device.
+    pub(super) active_since: Micros,
+    /// Since when none of the group's clients has held or asked for the
+    /// token (a client gave it back); `None` while one does.
+    pub(super) away_since: Option<Micros>,
+    /// Smoothed length of the group's past absences (0: none seen yet).
+    pub(super) away_avg: Micros,
+    /// Past absences longer than [`OWED_ABSENCE`] (pauses): left out of
+    /// the span the group's share is taken over.
+    pub(super) excused: Usage,
+    /// Time a client of the group waited while `MaxUtil` held the group
+    /// back (µs, closed periods), and since when it has now.
+    pub(super) throttled: Micros,
+    pub(super) throttled_since: Option<Micros>,
+    /// Tokens revoked.
+    pub(super) revocations: u64,
+}
+
+impl GroupUse {
+    /// Credit at `now`, refilled at `max_util` per µs, capped at `cap`.
+    pub(super) fn credit_now(&self, now: Micros, max_util: f64, cap: Micros) -> i64 {
+        let earned = (now.saturating_sub(self.credit_at) as f64 * max_util) as i64;
+        self.credit.saturating_add(earned).min(cap as i64)
+    }
+
+    /// When the group may next be granted the device (`None`: never).
+    pub(super) fn eligible_at(&self, now: Micros, max_util: f64, cap: Micros) -> Option<Micros> {
+        if max_util <= 0.0 {
+            return None;
+        }
+        if max_util >= 1.0 {
+            return Some(now);
+        }
+        let c = self.credit_now(now, max_util, cap);
+        if c >= 0 {
+            Some(now)
+        } else {
+            Some(now + ((-c) as f64 / max_util).ceil() as Micros)
+        }
+    }
+
+    /// Charges `used` µs of a token granted at `granted_at`. Credit is
+    /// capped as it stood at the grant; what was earned while the token was
+    /// held counts in full, so a holder's own token time is never lost to
+    /// the cap (with `MaxUtil` 1 the credit never goes negative).
+    pub(super) fn charge(
+        &mut self,
+        granted_at: Micros,
+        now: Micros,
+        used: Micros,
+        max_util: f64,
+        cap: Micros,
+    ) {
+        let at_grant = self.credit_now(granted_at.max(self.credit_at), max_util, cap);
+        let earned = (now.saturating_sub(granted_at.max(self.credit_at)) as f64 * max_util) as i64;
+        self.credit = at_grant
+            .saturating_add(earned)
+            .saturating_sub(used as i64)
+            .min(cap as i64);
+        self.credit_at = now;
+    }
+
+    /// When the group, away from the device, is expected back: its usual
+    /// absence after it left. `None` when that is not known, or long past
+    /// (it is late by more than its usual absence and `late_by` more: it
+    /// may not come back soon, and lending in short tokens would only cost
+    /// round trips).
+    pub(super) fn expected_back(&self, now: Micros, late_by: Micros) -> Option<Micros> {
+        let since = self.away_since?;
+        if self.away_avg == 0 {
+            return None;
+        }
+        let back = since + self.away_avg;
+        (now < back + self.away_avg + late_by).then_some(back)
+    }
+
+    /// Share of the time since the group became active (at most a window)
+    /// that it used, leaving out its pauses (past ones and one going on:
+    /// absences longer than [`OWED_ABSENCE`]).
+    pub(super) fn share(&mut self, now: Micros, window: Micros) -> f64 {
+        let span = now
+            .saturating_sub(self.active_since)
+            .clamp(1, window.max(1));
+        let mut excused = self.excused.used(now, span);
+        if let Some(since) = self.away_since
+            && now.saturating_sub(since) > OWED_ABSENCE
+        {
+            excused += now - since.max(now.saturating_sub(span));
+        }
+        let counted = span.saturating_sub(excused).max(1);
+        self.usage.used(now, window) as f64 / counted as f64
+    }
+}
+
+/// Opens or closes the groups' throttled periods on `dev`: throttled
+/// while a client waits and the group's `MaxUtil` credit holds it back.
+pub(super) fn note_throttled(
+    dev: &mut Device,
+    clients: &BTreeMap<ClientId, Client>,
+    config: &ResourceConfig,
+    retired: &BTreeMap<String, GroupConfig>,
+    cap: Micros,
+    now: Micros,
+) {
+    let waiting: std::collections::BTreeSet<&GroupKey> = dev
+        .waiters
+        .iter()
+        .filter_map(|w| clients.get(&w.client).map(|c| &c.group))
+        .collect();
+    for (key, g) in dev.groups.iter_mut() {
+        let max_util = limits(config, retired, key).max_util;
+        let held_back = waiting.contains(key) && g.eligible_at(now, max_util, cap) != Some(now);
+        match (held_back, g.throttled_since) {
+            (true, None) => g.throttled_since = Some(now),
+            (false, Some(since)) => {
+                g.throttled += now.saturating_sub(since);
+                g.throttled_since = None;
+            }
+            _ => {}
+        }
+    }
+}

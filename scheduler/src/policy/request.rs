@@ -1,0 +1,307 @@
+//! Requests: hello and the admission of a client, and dispatch of the
+//! rest to the token, memory, holder and reservation handlers.
+
+use super::*;
+
+impl Policy {
+    pub(super) fn request(
+        &mut self,
+        client: ClientId,
+        seq: u32,
+        req: Request,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        let answer = |reply: Reply| Action::Reply { client, seq, reply };
+        match req {
+            Request::Hello {
+                role,
+                group,
+                pid,
+                held,
+            } => {
+                // The kernel's word wins over the claim.
+                let pid = self.peer(client).map_or(pid, |p| p.pid);
+                let r = self.admit(client, role, group, pid, held);
+                let welcomed = matches!(r, Reply::Welcome { .. });
+                out.push(answer(r));
+                if welcomed {
+                    out.push(Action::Watch { client, pid });
+                }
+                return;
+            }
+            Request::Shutdown => {
+                match self.refuse_admin(client, "stop") {
+                    Some(r) => out.push(answer(r)),
+                    None => {
+                        out.push(answer(Reply::Done));
+                        out.push(Action::Stop);
+                    }
+                }
+                return;
+            }
+            Request::Reload => {
+                match self.refuse_admin(client, "reload") {
+                    Some(r) => out.push(answer(r)),
+                    None => out.push(Action::Reload { client, seq }),
+                }
+                return;
+            }
+            Request::Reserve { ref group, .. } => {
+                if let Some(r) = self.refuse_access(client, Role::Control, group) {
+                    out.push(answer(r));
+                    return;
+                }
+            }
+            Request::Status | Request::Gpus { .. } => {
+                // Answered by the shell, which knows the process-level facts.
+                out.push(answer(error(
+                    ErrorKind::Unexpected,
+                    "status and GPUs are answered by the daemon",
+                )));
+                return;
+            }
+            _ => {}
+        }
+        let mut reply = |reply: Reply| out.push(Action::Reply { client, seq, reply });
+        let Some(c) = self.clients.get(&client) else {
+            reply(error(
+                ErrorKind::NotRegistered,
+                "say hello first: this connection has not registered",
+            ));
+            return;
+        };
+        let role = c.role;
+        let device = match &req {
+            Request::AcquireToken { device, .. }
+            | Request::ReleaseToken { device, .. }
+            | Request::Quieting { device, .. }
+            | Request::ReserveMemory { device, .. }
+            | Request::ReleaseMemory { device, .. }
+            | Request::NeedMemory { device, .. }
+            | Request::MemoryInfo { device } => Some(*device),
+            _ => None,
+        };
+        if let Some(d) = device
+            && d >= MAX_DEVICES
+        {
+            reply(error(
+                ErrorKind::BadRequest,
+                format!("device {d} is out of range (at most {MAX_DEVICES} devices)"),
+            ));
+            return;
+        }
+        // A group with `Devices` runs on those GPUs only: its time and
+        // memory on another are refused (a query is answered).
+        if let Some(d) = device
+            && role == Role::Client
+            && !matches!(
+                req,
+                Request::MemoryInfo { .. } | Request::ReleaseMemory { .. }
+            )
+            && let Some(cfg) = c
+                .group
+                .name()
+                .and_then(|n| configured(&self.config, &self.retired, n))
+            && !cfg.uses(d)
+        {
+            let list: Vec<String> = cfg.devices.iter().flatten().map(u32::to_string).collect();
+            reply(error(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "group \"{}\" may use GPU {} only (Devices= in {} line {}), not GPU {d}; \
+                     run the program with CUDA_VISIBLE_DEVICES naming those",
+                    cfg.name,
+                    list.join(", "),
+                    cfg.file.display(),
+                    cfg.line
+                ),
+            ));
+            return;
+        }
+        match req {
+            Request::AcquireToken {
+                device,
+                used_us,
+                burst_us,
+            } => {
+                if role == Role::Control {
+                    reply(error(
+                        ErrorKind::Unexpected,
+                        "a control connection cannot take tokens",
+                    ));
+                    return;
+                }
+                if role == Role::Client {
+                    self.activity.insert(device, now);
+                }
+                self.report(client, device, used_us, now);
+                self.note_back(client, device, now);
+                let dev = self.devices.entry(device).or_default();
+                if let Some(old) = dev.waiters.iter_mut().find(|w| w.client == client) {
+                    // A second request while one waits: answer the old one.
+                    let old_seq = std::mem::replace(&mut old.seq, seq);
+                    old.burst = burst_us;
+                    out.push(Action::Reply {
+                        client,
+                        seq: old_seq,
+                        reply: error(ErrorKind::Unexpected, "superseded by a newer token request"),
+                    });
+                } else {
+                    dev.waiters.push(Waiter {
+                        client,
+                        seq,
+                        since: now,
+                        burst: burst_us,
+                    });
+                }
+            }
+            Request::ReleaseToken { device, used_us } => {
+                self.report(client, device, used_us, now);
+                self.note_away(client, device, now);
+                reply(Reply::Done);
+            }
+            Request::Quieting { device, done_in_us } => {
+                self.quieting(client, device, done_in_us, now);
+                reply(Reply::Done);
+            }
+            Request::ReserveMemory { device, bytes } => {
+                if role == Role::Client {
+                    self.activity.insert(device, now);
+                }
+                reply(self.reserve(client, device, bytes))
+            }
+            Request::ReleaseMemory { device, bytes } => {
+                reply(self.release_memory(client, device, bytes));
+                if role == Role::Holder {
+                    self.holder_released(device, out);
+                }
+            }
+            Request::NeedMemory { device, bytes } => {
+                if role != Role::Client {
+                    reply(error(
+                        ErrorKind::Unexpected,
+                        "only clients ask the holder for memory",
+                    ));
+                    return;
+                }
+                self.activity.insert(device, now);
+                self.need_memory(client, seq, device, bytes, now, out);
+            }
+            Request::Reserve { group, gpus, wait } => {
+                self.reserve_gpus(client, seq, group, gpus, wait, now, out);
+            }
+            Request::HolderPoll { wait_us } => {
+                if role != Role::Holder {
+                    reply(error(
+                        ErrorKind::Unexpected,
+                        "only the holder polls for orders",
+                    ));
+                    return;
+                }
+                self.holder_poll(client, seq, wait_us, now, out);
+            }
+            Request::MemoryInfo { device } => reply(self.memory_view(client, device)),
+            Request::Goodbye => {
+                self.disconnect(client, now, out);
+                out.push(Action::Reply {
+                    client,
+                    seq,
+                    reply: Reply::Done,
+                });
+            }
+            Request::Hello { .. }
+            | Request::Status
+            | Request::Shutdown
+            | Request::Reload
+            | Request::Gpus { .. } => {}
+        }
+    }
+
+    /// Places a client process in its group and checks that the peer may
+    /// take the role and group, then says hello.
+    pub(super) fn admit(
+        &mut self,
+        client: ClientId,
+        role: Role,
+        group: String,
+        pid: u32,
+        held: Vec<HeldMemory>,
+    ) -> Reply {
+        // A process in a group's cgroup is that group's, whatever it asks
+        // (or with no name at all).
+        let group = match role {
+            Role::Client => match self.place(client, pid, &group) {
+                Ok(g) => g,
+                Err(r) => return r,
+            },
+            _ => group,
+        };
+        if let Some(r) = self.refuse_access(client, role, &group) {
+            return r;
+        }
+        self.hello(client, role, group, pid, held)
+    }
+
+    pub(super) fn hello(
+        &mut self,
+        client: ClientId,
+        role: Role,
+        group: String,
+        pid: u32,
+        held: Vec<HeldMemory>,
+    ) -> Reply {
+        if self.clients.contains_key(&client) {
+            return error(
+                ErrorKind::AlreadyRegistered,
+                "this connection has already said hello",
+            );
+        }
+        let group = match role {
+            Role::Client => {
+                if !self.config.groups.contains_key(&group) {
+                    let known: Vec<&str> = self.config.groups.keys().map(String::as_str).collect();
+                    return error(
+                        ErrorKind::UnknownGroup,
+                        format!(
+                            "group {group:?} is not defined in {}; add a [{group}] section there or set GEMINI_GROUP_NAME to one of: {}",
+                            self.config.path.display(),
+                            if known.is_empty() {
+                                "(no groups defined)".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                    );
+                }
+                GroupKey::Named(group)
+            }
+            Role::Holder => GroupKey::Holder,
+            Role::Control => GroupKey::Control,
+        };
+        let mut memory = BTreeMap::new();
+        if role != Role::Control {
+            for h in held.iter().filter(|h| h.device < MAX_DEVICES) {
+                let m: &mut u64 = memory.entry(h.device).or_default();
+                *m = m.saturating_add(h.bytes);
+                let g = self.memory.entry((group.clone(), h.device)).or_default();
+                *g = g.saturating_add(h.bytes);
+            }
+        }
+        self.clients.insert(
+            client,
+            Client {
+                role,
+                group,
+                pid,
+                memory,
+                uncharged: BTreeMap::new(),
+            },
+        );
+        Reply::Welcome {
+            client,
+            server: env!("CARGO_PKG_VERSION").to_string(),
+            config_path: self.config.path.display().to_string(),
+        }
+    }
+}

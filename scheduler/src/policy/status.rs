@@ -1,0 +1,125 @@
+//! Figures for `gem-schd status`, `top` and the metrics.
+
+use super::*;
+
+impl Policy {
+    /// Cumulative per group and device figures, for metrics.
+    pub fn counters(&self, now: Micros) -> Vec<GroupCounters> {
+        let mut out = Vec::new();
+        for (&device, dev) in &self.devices {
+            for (key, g) in &dev.groups {
+                let open = g.throttled_since.map_or(0, |s| now.saturating_sub(s));
+                out.push(GroupCounters {
+                    group: key.shown(),
+                    device,
+                    throttled_us: g.throttled + open,
+                    revocations: g.revocations,
+                });
+            }
+        }
+        out
+    }
+
+    /// Figures for `gem-schd status`.
+    pub fn status(&mut self, now: Micros) -> StatusReport {
+        let (reservations, queue) = self.reservation_status(now);
+        let window = self.params.window;
+        let span = now.clamp(1, window.max(1)) as f64;
+        let mut groups: Vec<GroupStatus> = self
+            .config
+            .groups
+            .values()
+            .chain(self.retired.values())
+            .map(|g| GroupStatus {
+                name: g.name.clone(),
+                min_util: g.min_util,
+                max_util: g.max_util,
+                memory_limit: g.memory_limit,
+                clients: self
+                    .clients
+                    .values()
+                    .filter(|c| c.group.name() == Some(&g.name))
+                    .count() as u32,
+                devices: g.devices.clone(),
+            })
+            .collect();
+        groups.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut devices = Vec::new();
+        for (&id, dev) in self.devices.iter_mut() {
+            let mut rows = Vec::new();
+            let holder_group = dev
+                .token
+                .as_ref()
+                .and_then(|t| self.clients.get(&t.client))
+                .map(|c| &c.group);
+            for (key, g) in dev.groups.iter_mut() {
+                let memory_used = self.memory.get(&(key.clone(), id)).copied().unwrap_or(0);
+                let waiting = dev
+                    .waiters
+                    .iter()
+                    .filter(|w| self.clients.get(&w.client).is_some_and(|c| &c.group == key))
+                    .count() as u32;
+                let idle = g.usage.is_empty(now, window);
+                // A group that left the device (nothing used in the
+                // window, no memory, not waiting, not holding) is no longer
+                // shown on it.
+                if idle && memory_used == 0 && waiting == 0 && holder_group != Some(key) {
+                    continue;
+                }
+                rows.push(GroupDeviceStatus {
+                    group: key.shown(),
+                    // Over the time since the group became active on the
+                    // device (at most a window), as the policy measures it
+                    // against MinUtil: a group started a second ago and
+                    // using all of it shows 100 %, not a tenth.
+                    share: g.share(now, window),
+                    memory_used,
+                    memory_limit: limits(&self.config, &self.retired, key).memory_limit,
+                    waiting,
+                });
+            }
+            devices.push(DeviceStatus {
+                device: id,
+                busy: dev.busy.used(now, window) as f64 / span,
+                holder: dev.token.as_ref().map(|t| t.client),
+                waiting: dev.waiters.len() as u32,
+                groups: rows,
+            });
+        }
+        // Every GPU the machine has is listed, used yet or not.
+        for id in 0..self.params.devices {
+            if !self.devices.contains_key(&id) {
+                devices.push(DeviceStatus {
+                    device: id,
+                    busy: 0.0,
+                    holder: None,
+                    waiting: 0,
+                    groups: Vec::new(),
+                });
+            }
+        }
+        devices.sort_by_key(|d| d.device);
+        let clients = self
+            .clients
+            .iter()
+            .map(|(&id, c)| ClientStatus {
+                id,
+                pid: c.pid,
+                role: c.role,
+                group: c.group.name().unwrap_or_default().to_string(),
+            })
+            .collect();
+        StatusReport {
+            server: env!("CARGO_PKG_VERSION").to_string(),
+            config_path: self.config.path.display().to_string(),
+            config_error: None,
+            window_us: window,
+            uptime_us: now,
+            groups,
+            devices,
+            clients,
+            reservations,
+            queue,
+        }
+    }
+}
