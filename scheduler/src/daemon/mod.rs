@@ -1,0 +1,566 @@
+//! The daemon: one ZeroMQ ROUTER socket on `ipc://$GEMINI_IPC_DIR/
+//! scheduler.sock`, an event loop that decodes requests, feeds them to the
+//! [`Policy`] and sends its replies, a watcher that reloads `resource.conf`
+//! when it changes, and a liveness check that releases what dead clients
+//! held. A bad frame gets an error reply and a log line, never a panic.
+
+mod ipc;
+mod peers;
+mod reload;
+mod saved;
+
+use ipc::{IpcAccess, prepare_ipc_dir, scheduler_alive};
+use peers::{PeerCred, Watched, parse_peer_address, peer_of};
+use reload::{ConfigWatch, main_is_empty};
+
+use crate::metrics::{Metrics, serve as serve_metrics};
+use crate::policy::{Action, Event, Micros, Params, Peer, Policy};
+use anyhow::{Context as _, bail};
+use gemini_config::{Settings, diff, load_resource};
+use gemini_protocol::{
+    ClientId, CodecError, DeviceId, ErrorKind, ErrorReply, GpuRequest, MAX_FRAME_BYTES, Reply,
+    Request, Role, codec::peek_seq, decode_request, encode_reply, endpoint::scheduler_socket_path,
+    scheduler_endpoint,
+};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tracing::{debug, error, info, warn};
+
+/// Longest sleep of the loop (signals, pid checks without pidfd).
+const MAX_POLL: Duration = Duration::from_millis(250);
+/// How often the daemon looks for messages while it waits for a deadline
+/// less than a millisecond away.
+const SLICE: Duration = Duration::from_micros(100);
+/// How often the metrics' gauges are rebuilt from the status.
+const METRICS_REFRESH: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+struct Conn {
+    id: ClientId,
+    /// REQ peers put an empty delimiter frame before the body.
+    delimited: bool,
+    cred: Option<PeerCred>,
+    /// Process watched for liveness (after hello).
+    pid: Option<u32>,
+}
+
+/// The running daemon.
+pub struct Daemon {
+    _ctx: zmq::Context,
+    sock: zmq::Socket,
+    socket_path: PathBuf,
+    policy: Policy,
+    config_path: PathBuf,
+    config_error: Option<String>,
+    start: Instant,
+    conns: HashMap<Vec<u8>, Conn>,
+    ids: HashMap<ClientId, Vec<u8>>,
+    next_id: ClientId,
+    watched: HashMap<u32, Watched>,
+    last_pid_poll: Instant,
+    watch: ConfigWatch,
+    /// When the watch was last checked for a directory made again.
+    last_watch_check: Instant,
+    /// The reservations as last written to the state file (`None`: not
+    /// written yet).
+    saved_reservations: Option<Vec<(ClientId, String, Vec<u32>)>>,
+    reload_due: Option<Instant>,
+    /// resource.conf itself had content at the last good load (groups may
+    /// come from its drop-in files alone).
+    main_had_text: bool,
+    stop: Arc<AtomicBool>,
+    /// Set by SIGHUP: re-read resource.conf now.
+    hup: Arc<AtomicBool>,
+    ipc_dir: PathBuf,
+    endpoint: String,
+    access: IpcAccess,
+    last_socket_check: Instant,
+    /// Prometheus metrics (`--metrics`), the last refresh of their
+    /// gauges, and when each pending token request arrived.
+    metrics: Option<Arc<Metrics>>,
+    last_metrics: Instant,
+    asked: HashMap<(ClientId, u32), Instant>,
+    /// The machine's GPUs: UUID → index (`Request::Gpus`).
+    gpus: HashMap<String, DeviceId>,
+    /// A client asked to stop (and was allowed to).
+    stopping: bool,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("socket", &self.socket_path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The machine's GPUs by UUID (`GPU-…`) → NVML index, the numbering the
+/// scheduler, `nvidia-smi` and `resource.conf` use. Empty without NVML
+/// (`libnvidia-ml.so.1`): clients then number GPUs themselves.
+fn gpu_uuids() -> HashMap<String, DeviceId> {
+    let nvml = match nvml_wrapper::Nvml::builder()
+        .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
+        .init()
+    {
+        Ok(n) => n,
+        Err(e) => {
+            debug!("no NVML ({e}): clients number the GPUs themselves");
+            return HashMap::new();
+        }
+    };
+    let count = nvml.device_count().unwrap_or(0);
+    (0..count)
+        .filter_map(|i| Some((nvml.device_by_index(i).ok()?.uuid().ok()?, i)))
+        .collect()
+}
+
+/// Number of NVIDIA GPUs the kernel driver lists (no CUDA library needed).
+fn detect_gpus() -> u32 {
+    std::fs::read_dir("/proc/driver/nvidia/gpus")
+        .map_or(0, |d| d.filter_map(Result::ok).count() as u32)
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+impl Daemon {
+    /// Reads the configuration, binds the socket and starts watching.
+    pub fn start(
+        settings: &Settings,
+        ipc_dir: &Path,
+        stop: Arc<AtomicBool>,
+    ) -> anyhow::Result<Daemon> {
+        let hup = Arc::new(AtomicBool::new(false));
+        signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))
+            .context("cannot install the SIGHUP handler")?;
+        let config_path = settings.config.clone();
+        let (config, warnings) = load_resource(&config_path)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("invalid configuration; gem-schd did not start")?;
+        for w in &warnings {
+            warn!("{w}");
+        }
+        let access = IpcAccess::from_settings(settings)?;
+        prepare_ipc_dir(ipc_dir, access)?;
+        if scheduler_alive(ipc_dir) {
+            bail!(
+                "another gem-schd is already running in {} (stop it with `gem-schd shutdown`)",
+                ipc_dir.display()
+            );
+        }
+        let endpoint = scheduler_endpoint(ipc_dir)?;
+        let ctx = zmq::Context::new();
+        let sock = ctx.socket(zmq::ROUTER)?;
+        sock.set_linger(0)?;
+        sock.set_maxmsgsize(MAX_FRAME_BYTES as i64)?;
+        // A reply to a peer that vanished is dropped, not an error.
+        sock.set_router_mandatory(false)?;
+        sock.bind(&endpoint)
+            .with_context(|| format!("cannot bind {endpoint}"))?;
+        let socket_path = scheduler_socket_path(ipc_dir);
+        access.apply(&socket_path, access.socket_mode())?;
+        let watch = match ConfigWatch::new(&config_path) {
+            Ok(w) => w,
+            Err(e) => {
+                warn!("{e:#}; resource.conf will be reloaded once its directory can be watched");
+                ConfigWatch::none()
+            }
+        };
+        let mut params = Params::from_settings(settings);
+        if settings.devices.is_none() {
+            params.devices = detect_gpus();
+        }
+        params.admin_uid = euid();
+        let metrics = match settings.metrics {
+            Some(addr) => {
+                let m = Arc::new(Metrics::new());
+                let bound = serve_metrics(addr, Arc::clone(&m))?;
+                info!("metrics at http://{bound}/metrics");
+                Some(m)
+            }
+            None => None,
+        };
+        info!(
+            "gem-schd {} listening on {endpoint}; {} group(s) from {}; {} GPU(s) for reservations",
+            env!("CARGO_PKG_VERSION"),
+            config.groups.len(),
+            config_path.display(),
+            params.devices
+        );
+        Ok(Daemon {
+            _ctx: ctx,
+            sock,
+            socket_path,
+            policy: Policy::new(params, config),
+            config_path,
+            config_error: None,
+            start: Instant::now(),
+            conns: HashMap::new(),
+            ids: HashMap::new(),
+            next_id: 1,
+            watched: HashMap::new(),
+            last_pid_poll: Instant::now(),
+            watch,
+            last_watch_check: Instant::now(),
+            saved_reservations: None,
+            reload_due: None,
+            main_had_text: !main_is_empty(&settings.config),
+            stop,
+            hup,
+            ipc_dir: ipc_dir.to_path_buf(),
+            endpoint,
+            access,
+            last_socket_check: Instant::now(),
+            metrics,
+            last_metrics: Instant::now(),
+            asked: HashMap::new(),
+            gpus: gpu_uuids(),
+            stopping: false,
+        })
+    }
+
+    /// Refreshes the metrics' gauges about once a second.
+    fn refresh_metrics(&mut self) {
+        let Some(m) = self.metrics.clone() else {
+            return;
+        };
+        if self.last_metrics.elapsed() < METRICS_REFRESH {
+            return;
+        }
+        self.last_metrics = Instant::now();
+        let now = self.now();
+        let report = self.policy.status(now);
+        m.refresh(&report, &self.policy.counters(now));
+    }
+
+    fn now(&self) -> Micros {
+        self.start.elapsed().as_micros() as Micros
+    }
+
+    /// Runs until shutdown is asked or a signal arrives.
+    pub fn run(mut self) -> anyhow::Result<()> {
+        self.restore_reservations();
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = self.now();
+            let mut timeout = MAX_POLL;
+            if let Some(d) = self.policy.next_deadline(now) {
+                timeout = timeout.min(Duration::from_micros(d.saturating_sub(now)));
+            }
+            if let Some(due) = self.reload_due {
+                timeout = timeout.min(due.saturating_duration_since(Instant::now()));
+            }
+            let pids: Vec<(u32, i32)> = self
+                .watched
+                .iter()
+                .filter_map(|(&pid, w)| w.pidfd.as_ref().map(|fd| (pid, fd.as_raw_fd())))
+                .collect();
+            let (sock_ready, dead) = {
+                let mut items = Vec::with_capacity(1 + pids.len());
+                items.push(self.sock.as_poll_item(zmq::POLLIN));
+                for &(_, fd) in &pids {
+                    items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
+                }
+                // zmq_poll counts whole milliseconds. A deadline (a token's
+                // end, a hand-over) is met to about a tenth of one: poll for
+                // the whole milliseconds before it, then look again every
+                // SLICE until it, so it is neither up to 1 ms late
+                // (rounding up) nor spun on (rounding down to 0), and a
+                // message arriving meanwhile waits at most a slice.
+                let until = Instant::now() + timeout;
+                let mut ms = timeout.as_millis() as i64;
+                loop {
+                    let ready = match zmq::poll(&mut items, ms) {
+                        Ok(n) => n,
+                        Err(zmq::Error::EINTR) => 1,
+                        Err(e) => return Err(e).context("poll failed"),
+                    };
+                    let left = until.saturating_duration_since(Instant::now());
+                    if ready > 0 || ms > 0 || left.is_zero() {
+                        break;
+                    }
+                    std::thread::sleep(left.min(SLICE));
+                    ms = 0;
+                }
+                let dead: Vec<u32> = pids
+                    .iter()
+                    .zip(&items[1..])
+                    .filter(|(_, it)| it.is_readable())
+                    .map(|(p, _)| p.0)
+                    .collect();
+                (items[0].is_readable(), dead)
+            };
+            if sock_ready && self.drain_socket()? {
+                break;
+            }
+            for pid in dead {
+                self.process_gone(pid);
+            }
+            self.poll_pids_without_fd();
+            self.check_reload();
+            self.check_socket();
+            let now = self.now();
+            let actions = self.policy.handle(Event::Tick, now);
+            self.send_actions(actions);
+            self.save_reservations();
+            self.refresh_metrics();
+        }
+        info!("gem-schd stopping");
+        // Tell the holder to let go of everything, and give the message
+        // time to leave before the socket closes.
+        let actions = self.policy.shutdown();
+        let _ = self.sock.set_linger(500);
+        self.send_actions(actions);
+        Ok(())
+    }
+
+    /// Reads every pending frame. Returns true when shutdown was asked.
+    fn drain_socket(&mut self) -> anyhow::Result<bool> {
+        loop {
+            let mut frames: Vec<zmq::Message> = Vec::with_capacity(3);
+            loop {
+                let mut msg = zmq::Message::new();
+                match self.sock.recv(&mut msg, zmq::DONTWAIT) {
+                    Ok(()) => {}
+                    Err(zmq::Error::EAGAIN) if frames.is_empty() => return Ok(false),
+                    Err(zmq::Error::EINTR) => continue,
+                    Err(e) => return Err(e).context("receive failed"),
+                }
+                let more = msg.get_more();
+                frames.push(msg);
+                if !more {
+                    break;
+                }
+            }
+            self.on_message(frames);
+            if self.stopping {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Handles one multipart message: `[identity, (empty,) body]`.
+    fn on_message(&mut self, mut frames: Vec<zmq::Message>) {
+        if frames.len() < 2 {
+            return;
+        }
+        let identity = frames[0].to_vec();
+        let delimited = frames.len() == 3 && frames[1].is_empty();
+        if frames.len() > 3 || (frames.len() == 3 && !delimited) {
+            warn!("dropping a message of {} frames from a peer", frames.len());
+            return;
+        }
+        let last = frames.len() - 1;
+        let cred = frames[last]
+            .gets("Peer-Address")
+            .and_then(parse_peer_address);
+        let body = frames[last].to_vec();
+        let client = match self.conns.get(&identity) {
+            Some(conn) => conn.id,
+            None => self.connected(identity, delimited, cred),
+        };
+        match decode_request(&body) {
+            Ok((seq, req)) => {
+                let t = Instant::now();
+                self.on_request(client, seq, req);
+                if let Some(m) = &self.metrics {
+                    m.handled(t.elapsed().as_secs_f64());
+                }
+            }
+            Err(e) => {
+                let kind = match e {
+                    CodecError::VersionMismatch { .. } => ErrorKind::ProtocolMismatch,
+                    _ => ErrorKind::Malformed,
+                };
+                warn!("client {client}: {e}");
+                let seq = peek_seq(&body).unwrap_or(0);
+                self.reply(
+                    client,
+                    seq,
+                    &Reply::Error(ErrorReply {
+                        kind,
+                        message: e.to_string(),
+                    }),
+                );
+            }
+        }
+    }
+
+    /// A new connection: numbered, and its peer (where the kernel names
+    /// it) told to the policy.
+    fn connected(
+        &mut self,
+        identity: Vec<u8>,
+        delimited: bool,
+        cred: Option<PeerCred>,
+    ) -> ClientId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.ids.insert(id, identity.clone());
+        self.conns.insert(
+            identity,
+            Conn {
+                id,
+                delimited,
+                cred,
+                pid: None,
+            },
+        );
+        if let Some(c) = cred {
+            let actions = self.policy.handle(
+                Event::Connected {
+                    client: id,
+                    peer: peer_of(c),
+                },
+                self.now(),
+            );
+            self.send_actions(actions);
+        }
+        id
+    }
+
+    /// Who `client` is, for the log.
+    fn peer(&self, client: ClientId) -> String {
+        self.conn(client)
+            .and_then(|c| c.cred)
+            .map_or("a peer".into(), |c| {
+                format!("pid {} (uid {})", c.pid, c.uid)
+            })
+    }
+
+    fn on_request(&mut self, client: ClientId, seq: u32, req: Request) {
+        debug!("client {client} #{seq}: {req:?}");
+        let hello = match req {
+            Request::Gpus { uuids } => {
+                let devices = uuids.iter().map(|u| self.gpus.get(u).copied()).collect();
+                self.reply(client, seq, &Reply::Gpus { devices });
+                return;
+            }
+            Request::Status => {
+                let mut report = self.policy.status(self.now());
+                report.config_error = self.config_error.clone();
+                self.reply(client, seq, &Reply::Status(Box::new(report)));
+                return;
+            }
+            Request::AcquireToken { .. } if self.metrics.is_some() => {
+                self.asked.insert((client, seq), Instant::now());
+                None
+            }
+            Request::Hello { role, pid, .. } => Some((role, pid)),
+            Request::Shutdown => {
+                info!("shutdown requested by {}", self.peer(client));
+                None
+            }
+            _ => None,
+        };
+        let actions = self
+            .policy
+            .handle(Event::Request { client, seq, req }, self.now());
+        if let Some((role, claimed)) = hello {
+            let pid = actions.iter().find_map(|a| match a {
+                Action::Watch { pid, .. } => Some(*pid),
+                _ => None,
+            });
+            match (pid, self.policy.client_group(client)) {
+                (Some(pid), Some(group)) => {
+                    info!("client {client} joined: pid {pid}, {role:?}, group {group:?}")
+                }
+                _ => {
+                    if let Some(e) = actions.iter().find_map(|a| match a {
+                        Action::Reply {
+                            reply: Reply::Error(e),
+                            ..
+                        } if e.kind != ErrorKind::PermissionDenied => Some(e),
+                        _ => None,
+                    }) {
+                        warn!("client {client} (pid {claimed}) refused: {}", e.message);
+                    }
+                }
+            }
+        }
+        self.send_actions(actions);
+    }
+
+    fn conn(&self, client: ClientId) -> Option<&Conn> {
+        self.ids.get(&client).and_then(|i| self.conns.get(i))
+    }
+
+    /// Does what the policy asks.
+    fn send_actions(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Reply { client, seq, reply } => {
+                    if let Reply::Error(e) = &reply
+                        && e.kind == ErrorKind::PermissionDenied
+                    {
+                        warn!(
+                            "{} (client {client}) refused: {}",
+                            self.peer(client),
+                            e.message
+                        );
+                    }
+                    self.reply(client, seq, &reply);
+                }
+                Action::Watch { client, pid } => self.watch(client, pid),
+                Action::Reload { client, seq } => {
+                    info!(
+                        "reload of {} requested by {}",
+                        self.config_path.display(),
+                        self.peer(client)
+                    );
+                    self.reload_due = None;
+                    let reply = match self.reload() {
+                        Ok(()) => Reply::Done,
+                        Err(message) => Reply::Error(ErrorReply {
+                            kind: ErrorKind::BadRequest,
+                            message: format!(
+                                "{message}\nthe previous configuration stays in force"
+                            ),
+                        }),
+                    };
+                    self.reply(client, seq, &reply);
+                }
+                Action::Stop => self.stopping = true,
+            }
+        }
+    }
+
+    fn reply(&mut self, client: ClientId, seq: u32, reply: &Reply) {
+        if let Some(m) = &self.metrics
+            && let Some(asked) = self.asked.remove(&(client, seq))
+            && let Reply::Token { device, .. } = reply
+            && let Some(group) = self.policy.client_group(client)
+        {
+            m.granted(&group, *device, asked.elapsed().as_secs_f64());
+        }
+        let Some(identity) = self.ids.get(&client) else {
+            return;
+        };
+        debug!("client {client} #{seq} <- {reply:?}");
+        let delimited = self.conns.get(identity).is_some_and(|c| c.delimited);
+        let body = encode_reply(seq, reply);
+        let result = if delimited {
+            self.sock
+                .send_multipart([identity.as_slice(), &[], &body], zmq::DONTWAIT)
+        } else {
+            self.sock
+                .send_multipart([identity.as_slice(), &body], zmq::DONTWAIT)
+        };
+        if let Err(e) = result {
+            debug!("reply to client {client} dropped: {e}");
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket_path);
+    }
+}

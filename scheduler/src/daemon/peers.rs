@@ -1,0 +1,202 @@
+//! Peers: their credentials from the kernel, who they are, and their
+//! processes watched so that what a dead one held is released.
+
+use super::*;
+
+/// Credentials of a peer, from the kernel (`SO_PEERCRED`) where libzmq
+/// passes them on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PeerCred {
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+    pub(super) pid: u32,
+}
+
+/// Parses libzmq's `Peer-Address` property of an ipc peer: `:uid:gid:pid`.
+pub(super) fn parse_peer_address(s: &str) -> Option<PeerCred> {
+    let mut it = s.rsplit(':');
+    let pid = it.next()?.parse().ok()?;
+    let gid = it.next()?.parse().ok()?;
+    let uid = it.next()?.parse().ok()?;
+    Some(PeerCred { uid, gid, pid })
+}
+
+/// Watches a process: a pidfd when the kernel has them, else polling.
+#[derive(Debug)]
+pub(super) struct Watched {
+    pub(super) pidfd: Option<OwnedFd>,
+}
+
+pub(super) fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
+    // no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+pub(super) fn process_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Who a peer is: its credentials, its user's name and Unix groups from
+/// the system's databases, and its process's cgroups.
+pub(super) fn peer_of(c: PeerCred) -> Peer {
+    use nix::unistd::{Gid, Group, Uid, User};
+    let user = User::from_uid(Uid::from_raw(c.uid)).ok().flatten();
+    let name = user
+        .as_ref()
+        .map_or_else(|| c.uid.to_string(), |u| u.name.clone());
+    let mut gids = vec![Gid::from_raw(c.gid)];
+    if let Some(u) = &user
+        && let Ok(cname) = std::ffi::CString::new(u.name.clone())
+        && let Ok(list) = nix::unistd::getgrouplist(&cname, u.gid)
+    {
+        gids.extend(list);
+    }
+    let groups = gids
+        .into_iter()
+        .filter_map(|g| Group::from_gid(g).ok().flatten())
+        .map(|g| g.name)
+        .collect();
+    Peer {
+        uid: c.uid,
+        pid: c.pid,
+        user: name,
+        groups,
+        cgroups: cgroups_of(c.pid),
+    }
+}
+
+/// The cgroups of process `pid`, one per hierarchy in `/proc/PID/cgroup`,
+/// the unified (v2) one first. A job manager on cgroup v1 places its jobs
+/// in some hierarchies only (Slurm's freezer: `/slurm/uid_0/job_5/...`)
+/// while the unified one, mounted too, says `/`: every path counts.
+pub(super) fn cgroups_of(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|t| cgroup_paths(&t))
+        .unwrap_or_default()
+}
+
+/// The paths of a `/proc/PID/cgroup` text, unified hierarchy first, each
+/// once.
+pub(super) fn cgroup_paths(text: &str) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::new();
+    let lines = text.lines().filter(|l| l.starts_with("0::"));
+    for l in lines.chain(text.lines().filter(|l| !l.starts_with("0::"))) {
+        if let Some(p) = l.splitn(3, ':').nth(2)
+            && !paths.iter().any(|q| q == p)
+        {
+            paths.push(p.to_string());
+        }
+    }
+    paths
+}
+
+impl Daemon {
+    pub(super) fn watch(&mut self, client: ClientId, pid: u32) {
+        if let Some(conn) = self.ids.get(&client).and_then(|i| self.conns.get_mut(i)) {
+            conn.pid = Some(pid);
+        }
+        if pid == 0 || self.watched.contains_key(&pid) {
+            return;
+        }
+        let pidfd = match pidfd_open(pid) {
+            Ok(fd) => Some(fd),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                // Already gone (or in another pid namespace): the periodic
+                // check decides.
+                None
+            }
+            Err(e) => {
+                debug!("pidfd_open({pid}): {e}; polling instead");
+                None
+            }
+        };
+        self.watched.insert(pid, Watched { pidfd });
+    }
+
+    pub(super) fn poll_pids_without_fd(&mut self) {
+        if self.last_pid_poll.elapsed() < Duration::from_millis(500) {
+            return;
+        }
+        self.last_pid_poll = Instant::now();
+        let dead: Vec<u32> = self
+            .watched
+            .iter()
+            .filter(|(pid, w)| w.pidfd.is_none() && !process_alive(**pid))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in dead {
+            self.process_gone(pid);
+        }
+    }
+
+    /// Releases everything held by the connections of process `pid`.
+    pub(super) fn process_gone(&mut self, pid: u32) {
+        self.watched.remove(&pid);
+        let gone: Vec<(Vec<u8>, ClientId)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.pid == Some(pid))
+            .map(|(i, c)| (i.clone(), c.id))
+            .collect();
+        for (identity, id) in gone {
+            info!("client {id} (pid {pid}) is gone; releasing its token and memory");
+            self.conns.remove(&identity);
+            self.ids.remove(&id);
+            self.asked.retain(|&(c, _), _| c != id);
+            let actions = self
+                .policy
+                .handle(Event::Disconnected { client: id }, self.now());
+            self.send_actions(actions);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroups_of_every_hierarchy_unified_first() {
+        // Slurm's cgroup v1 plugin on a hybrid host: the job is in the
+        // freezer hierarchy only, the unified one says `/`.
+        let text = "9:name=systemd:/\n6:freezer:/slurm/uid_0/job_5/step_batch\n5:devices:/\n0::/\n";
+        assert_eq!(
+            cgroup_paths(text),
+            ["/", "/slurm/uid_0/job_5/step_batch"].map(String::from)
+        );
+        assert_eq!(
+            cgroup_paths("0::/system.slice/slurmstepd.scope/job_7/step_0\n"),
+            ["/system.slice/slurmstepd.scope/job_7/step_0".to_string()]
+        );
+    }
+
+    #[test]
+    fn peer_address_of_ipc_peer() {
+        assert_eq!(
+            parse_peer_address(":1000:100:4242"),
+            Some(PeerCred {
+                uid: 1000,
+                gid: 100,
+                pid: 4242
+            })
+        );
+        assert_eq!(
+            parse_peer_address("/tmp/x.sock:0:0:1"),
+            Some(PeerCred {
+                uid: 0,
+                gid: 0,
+                pid: 1
+            })
+        );
+        assert_eq!(parse_peer_address(""), None);
+        assert_eq!(parse_peer_address("127.0.0.1"), None);
+    }
+}
