@@ -8,15 +8,14 @@
 
 pub mod resource;
 pub mod settings;
-pub mod size;
 
 pub use resource::{
     ConfigError, ConfigErrors, GroupConfig, ResourceConfig, Warning, diff, drop_in_dir,
     load_resource, load_resource_as, parse_resource,
 };
 
+pub use gemini_protocol::units::{format_size, parse_size};
 pub use settings::{
     DEFAULT_HOOK, Overrides, RawSettings, RawSlurm, Settings, SettingsError, SlurmSettings,
     load_settings, parse_settings,
 };
-pub use size::{format_size, parse_size};

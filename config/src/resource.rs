@@ -13,7 +13,7 @@
 //! so this module also scans the text itself: to strip such comments and
 //! to point every message at its line.
 
-use crate::size::{format_size, parse_size};
+use crate::{format_size, parse_size};
 use glib::{KeyFile, KeyFileFlags};
 use std::collections::BTreeMap;
 use std::fmt;

@@ -163,11 +163,9 @@ pub struct SettingsError {
 const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 
 fn duration(file: &str, key: &str, text: &str) -> Result<Duration, SettingsError> {
-    humantime::parse_duration(text.trim()).map_err(|e| SettingsError {
+    gemini_protocol::units::parse_duration(text).map_err(|e| SettingsError {
         file: file.into(),
-        message: format!(
-            "{key}: expected a duration such as \"10s\" or \"20ms\", got {text:?} ({e})"
-        ),
+        message: format!("{key}: {e}"),
     })
 }
 
@@ -263,7 +261,7 @@ fn slurm_settings(file: &str, raw: RawSlurm) -> Result<SlurmSettings, SettingsEr
         return Err(err("shards_per_gpu: expected at least 1, got 0".into()));
     }
     let gpu_memory = match raw.gpu_memory {
-        Some(t) => Some(crate::size::parse_size(&t).map_err(|e| err(format!("gpu_memory: {e}")))?),
+        Some(t) => Some(crate::parse_size(&t).map_err(|e| err(format!("gpu_memory: {e}")))?),
         None => None,
     };
     Ok(SlurmSettings {

@@ -79,7 +79,7 @@ struct Flags {
     #[arg(long, value_parser = |s: &str| number_in(s, 0.0, MAX_WAIT_MINUTES))]
     wait_minutes: Option<f64>,
     /// Memory used by others under which a device counts idle [default: 0.5GB]
-    #[arg(long, value_parser = |s: &str| parse_size::parse_size(s))]
+    #[arg(long, value_parser = gemini_protocol::units::parse_size)]
     mem_threshold: Option<u64>,
     /// Memory to hold: a size (8GiB) or a share of free memory (50%) [default: 50%]
     #[arg(long, value_parser = |s: &str| HoldMem::parse(s))]

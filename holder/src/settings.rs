@@ -23,9 +23,9 @@ impl HoldMem {
                 _ => Err(format!("expected a percentage from 0% to 100%, got {s:?}")),
             };
         }
-        parse_size::parse_size(s).map(HoldMem::Bytes).map_err(|e| {
-            format!("expected a size such as 8GiB or a percentage such as 50%, got {s:?} ({e})")
-        })
+        gemini_protocol::units::parse_size(s)
+            .map(HoldMem::Bytes)
+            .map_err(|e| format!("{e}; or a percentage of free memory such as 50%"))
     }
 
     /// Bytes to hold on a device with `free` bytes free.

@@ -7,7 +7,7 @@
 
 use crate::conn::Conn;
 use crate::gate::Gate;
-use gemini_protocol::env;
+use gemini_protocol::{env, units};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
@@ -33,24 +33,6 @@ pub struct Settings {
     pub visible: Vec<u32>,
 }
 
-fn parse_seconds(v: &str) -> Option<Duration> {
-    let v = v.trim();
-    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = v.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = v.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (v, 1.0)
-    };
-    num.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|x| x.is_finite() && *x >= 0.0)
-        .map(|x| Duration::from_secs_f64(x * scale))
-}
-
 /// The IPC directory, found as the daemon and the tools find it
 /// (`GEMINI_IPC_DIR`, else `ipc_dir` in `gemini.toml`, else the default);
 /// a settings file that cannot be used is reported and the default tried.
@@ -72,30 +54,27 @@ impl Settings {
     pub fn from_env() -> Settings {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         // A value that does not parse is said once, not silently dropped.
-        let connect_timeout = var(env::CONNECT_TIMEOUT).and_then(|v| {
-            let d = parse_seconds(&v);
-            if d.is_none() {
-                crate::log::error!(
-                    "{}={v:?} is not a duration (e.g. 30s, 2m, 500ms, or seconds); waiting for the scheduler without a limit",
-                    env::CONNECT_TIMEOUT
-                );
+        let connect_timeout =
+            var(env::CONNECT_TIMEOUT).and_then(|v| match units::parse_duration(&v) {
+                Ok(d) => Some(d).filter(|d| !d.is_zero()),
+                Err(e) => {
+                    crate::log::error!(
+                        "{}={v:?}: {e}; waiting for the scheduler without a limit",
+                        env::CONNECT_TIMEOUT
+                    );
+                    None
+                }
+            });
+        let idle = var(env::IDLE_MS).and_then(|v| match units::parse_duration_ms(&v) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                crate::log::error!("{}={v:?}: {e}; using 5 ms", env::IDLE_MS);
+                None
             }
-            d.filter(|d| !d.is_zero())
         });
-        let idle_ms = var("GEMINI_IDLE_MS").and_then(|v| {
-            let ms = v
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|x| x.is_finite() && *x >= 0.0);
-            if ms.is_none() {
-                crate::log::error!(
-                    "GEMINI_IDLE_MS={v:?} is not a number of milliseconds (e.g. 5 or 0.5); using 5"
-                );
-            }
-            ms
-        });
-        let idle = Duration::from_secs_f64(idle_ms.unwrap_or(5.0).max(0.1) / 1e3);
+        let idle = idle
+            .unwrap_or(Duration::from_millis(5))
+            .max(Duration::from_micros(100));
         let visible = var("CUDA_VISIBLE_DEVICES")
             .map(|v| {
                 v.split(',')
@@ -292,20 +271,5 @@ impl State {
         }
         crate::log::debug!("GPUs by ordinal, as the scheduler numbers them: {map:?}");
         map
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seconds_with_units() {
-        assert_eq!(parse_seconds("30"), Some(Duration::from_secs(30)));
-        assert_eq!(parse_seconds("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_seconds("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_seconds("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_seconds("soon"), None);
-        assert_eq!(parse_seconds("-1"), None);
     }
 }

@@ -11,8 +11,6 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-mod duration;
-
 use clap::Parser;
 use gemini_protocol::{
     GpuRequest, Reply, Request, Role,
@@ -63,7 +61,7 @@ struct Args {
     #[arg(long)]
     nonblock: bool,
     /// Give up waiting after this long, e.g. 30m, 2h, 1d, 0.5h
-    #[arg(long, value_parser = duration::parse)]
+    #[arg(long, value_parser = gemini_protocol::units::parse_duration)]
     timeout: Option<Duration>,
     /// IPC directory of the scheduler [default: ipc_dir in the settings file, else /tmp/gemini/ipc]
     #[arg(long, env = env::IPC_DIR, value_name = "DIR")]
@@ -72,7 +70,7 @@ struct Args {
     #[arg(long, env = env::SETTINGS, value_name = "FILE")]
     settings: Option<PathBuf>,
     /// The hook library [default: libgemhook.so next to this install, or $GEMINI_HOOK]
-    #[arg(long, env = "GEMINI_HOOK", value_name = "PATH")]
+    #[arg(long, env = gemini_protocol::env::HOOK, value_name = "PATH")]
     hook: Option<PathBuf>,
     /// The program and its arguments
     #[arg(required = true, last = true, value_name = "COMMAND")]

@@ -14,3 +14,8 @@ pub const CONFIG: &str = "GEMINI_CONFIG";
 pub const SETTINGS: &str = "GEMINI_SETTINGS";
 /// How long a client waits for an absent scheduler before giving up.
 pub const CONNECT_TIMEOUT: &str = "GEMINI_CONNECT_TIMEOUT";
+/// How long the hook holds a token with nothing queued before giving it
+/// back (a bare number is milliseconds; default 5).
+pub const IDLE_MS: &str = "GEMINI_IDLE_MS";
+/// Path of `libgemhook.so` for `gem-launch` (flag `--hook` wins).
+pub const HOOK: &str = "GEMINI_HOOK";

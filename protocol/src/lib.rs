@@ -5,8 +5,9 @@
 //! environment variable the parts read.
 //!
 //! This crate is linked into `libgemhook.so`, which lives inside arbitrary
-//! CUDA programs: it must stay small (serde + postcard, nothing that starts
-//! threads or links system libraries).
+//! CUDA programs: it must stay small (serde, postcard and the pure-Rust
+//! parsers of [`units`]; nothing that starts threads or links system
+//! libraries).
 //!
 //! A frame is a 4-byte header — the magic `GM` and the little-endian
 //! protocol version — followed by a postcard-encoded [`Envelope`]. The
@@ -18,6 +19,7 @@ pub mod codec;
 pub mod endpoint;
 pub mod env;
 pub mod message;
+pub mod units;
 
 pub use codec::{CodecError, decode_reply, decode_request, encode_reply, encode_request};
 pub use endpoint::{DEFAULT_IPC_DIR, EndpointError, SCHEDULER_SOCKET, scheduler_endpoint};

@@ -881,12 +881,12 @@ fn a_graph_captured_beside_a_launching_thread_survives_and_its_replays_are_gated
 
 /// Environment values that do not parse are said, once each, instead of
 /// being silently dropped (`GEMINI_IDLE_MS=banana` used to mean 5 ms and
-/// `GEMINI_CONNECT_TIMEOUT=1sec` no limit, without a word), and the
-/// program still runs with the defaults.
+/// `GEMINI_CONNECT_TIMEOUT=1sec` no limit, without a word; `1sec` is a
+/// duration now), and the program still runs with the defaults.
 #[test]
 fn bad_environment_values_are_reported() {
     let g = Gemini::start(SimEnv::default(), "[a]\n");
-    for (idle, timeout) in [("banana", "1sec"), ("-5", "banana")] {
+    for (idle, timeout) in [("banana", "1 fortnight"), ("-5", "banana")] {
         let mut c = rust(&g, "a", &["--seconds", "0.1"]);
         c.env("GEMINI_IDLE_MS", idle)
             .env("GEMINI_CONNECT_TIMEOUT", timeout);
@@ -894,13 +894,13 @@ fn bad_environment_values_are_reported() {
         let err = String::from_utf8_lossy(&out.stderr);
         let idle_lines = err
             .lines()
-            .filter(|l| l.contains(&format!("GEMINI_IDLE_MS={idle:?} is not a number")))
+            .filter(|l| l.contains(&format!("GEMINI_IDLE_MS={idle:?}: expected a duration")))
             .count();
         let timeout_lines = err
             .lines()
             .filter(|l| {
                 l.contains(&format!(
-                    "GEMINI_CONNECT_TIMEOUT={timeout:?} is not a duration"
+                    "GEMINI_CONNECT_TIMEOUT={timeout:?}: expected a duration"
                 ))
             })
             .count();
