@@ -283,7 +283,7 @@ impl Engine {
                 match d.gpu.spin(kernel_ns) {
                     Ok(ev) => in_flight.push_back(ev),
                     Err(e) => {
-                        eprintln!("gem-holder: device {}: kernel launch failed: {e}", d.index);
+                        tracing::error!("device {}: kernel launch failed: {e}", d.index);
                         std::thread::sleep(Duration::from_secs(1));
                         break;
                     }
@@ -346,17 +346,17 @@ impl Engine {
                     self.update(&mut sched, &activity);
                 }
                 Ok(Reply::Holder(HolderOrder::Stop)) => {
-                    eprintln!("gem-holder: the scheduler is shutting down; releasing everything");
+                    tracing::info!("the scheduler is shutting down; releasing everything");
                     self.release_all(&mut sched);
                     self.scheduler_up.store(false, Ordering::Relaxed);
                 }
                 Ok(other) => {
-                    eprintln!("gem-holder: unexpected answer from the scheduler: {other:?}");
+                    tracing::warn!("unexpected answer from the scheduler: {other:?}");
                     std::thread::sleep(Duration::from_secs(1));
                 }
                 Err(e) => {
                     if self.scheduler_up.swap(false, Ordering::Relaxed) {
-                        eprintln!("gem-holder: {e}; releasing everything until it is back");
+                        tracing::warn!("{e}; releasing everything until it is back");
                     }
                     self.release_all(&mut sched);
                     std::thread::sleep(Duration::from_millis(500));

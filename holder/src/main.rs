@@ -32,6 +32,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tracing::{info, warn};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -194,8 +195,22 @@ fn ask(ipc: &Path, cmd: &Command, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Logs to stderr through tracing, as gem-schd does: `info` and above,
+/// or what `RUST_LOG` says.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("gem_holder=info,gemini_holder=info")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 fn run(settings: Settings, ipc: &Path) -> anyhow::Result<()> {
     settings.validate().map_err(anyhow::Error::msg)?;
+    init_logging();
     if control::running(ipc) {
         anyhow::bail!(
             "a gem-holder is already running in {} (stop it with `gem-holder shutdown`)",
@@ -225,8 +240,8 @@ fn run(settings: Settings, ipc: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the control socket {}", control::endpoint(ipc)))?;
     let threads = engine.spawn();
     let listed: Vec<String> = engine.devices.iter().map(|d| d.index.to_string()).collect();
-    eprintln!(
-        "gem-holder: watching device(s) {}; each is held once idle for {wait} min; control at {}",
+    info!(
+        "watching device(s) {}; each is held once idle for {wait} min; control at {}",
         listed.join(", "),
         control::endpoint(ipc)
     );
@@ -234,12 +249,12 @@ fn run(settings: Settings, ipc: &Path) -> anyhow::Result<()> {
         .map_err(anyhow::Error::from)
         .and_then(|mut c| Ok(c.request(&Request::Status, Duration::from_secs(1))?));
     if let Err(e) = answers {
-        eprintln!("gem-holder: no scheduler answers yet ({e:#}); nothing is held until one does");
+        warn!("no scheduler answers yet ({e:#}); nothing is held until one does");
     }
     while !stop.load(Ordering::Relaxed) {
         if hup.swap(false, Ordering::AcqRel) {
-            eprintln!(
-                "gem-holder: SIGHUP ignored: nothing to reload (change settings with `gem-holder restart …`)"
+            warn!(
+                "SIGHUP ignored: nothing to reload (change settings with `gem-holder restart …`)"
             );
         }
         if sock.poll(zmq::POLLIN, 100).unwrap_or(0) == 0 {
@@ -262,7 +277,7 @@ fn run(settings: Settings, ipc: &Path) -> anyhow::Result<()> {
         let _ = t.join();
     }
     let _ = std::fs::remove_file(ipc.join(control::SOCKET));
-    eprintln!("gem-holder: released everything; exiting");
+    info!("released everything; exiting");
     Ok(())
 }
 
