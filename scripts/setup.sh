@@ -111,6 +111,19 @@ if [ -n "$rust_problem" ]; then
     exit 1
 fi
 
+# `make lint` (run by CI) needs rustfmt and clippy: rustup adds them.
+for tool in rustfmt clippy; do
+    sub=$([ "$tool" = rustfmt ] && echo fmt || echo clippy)
+    if ! cargo "$sub" --version >/dev/null 2>&1; then
+        if [ "$check_only" -eq 0 ] && command -v rustup >/dev/null 2>&1; then
+            say "installing the $tool component"
+            rustup component add "$tool" >/dev/null
+        else
+            say "missing: $tool (install with: rustup component add $tool); only \`make lint\` needs it"
+        fi
+    fi
+done
+
 if [ "$check_only" -eq 1 ] && [ ${#need[@]} -gt 0 ]; then
     exit 1
 fi
