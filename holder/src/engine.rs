@@ -16,9 +16,9 @@
 
 use crate::control::{DeviceStatus, Status};
 use crate::gpu::{Gpu, Nvml};
-use crate::sched::Sched;
 use crate::settings::Settings;
 use cudarc::driver::CudaSlice;
+use gemini_client::Session as Sched;
 use gemini_protocol::{HeldMemory, HolderOrder, Reply, Request};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -219,7 +219,7 @@ impl Engine {
 
     fn compute(&self, i: usize) {
         let d = &self.devices[i];
-        let mut sched = Sched::new(self.ipc.clone());
+        let mut sched = Sched::new(&self.ipc, gemini_protocol::Role::Holder, "");
         // Kernels launched and not yet known to be finished, oldest first.
         let mut in_flight: std::collections::VecDeque<cudarc::driver::CudaEvent> =
             Default::default();
@@ -327,7 +327,7 @@ impl Engine {
     // ---- orders and memory ---------------------------------------------
 
     fn orders(&self) {
-        let mut sched = Sched::new(self.ipc.clone());
+        let mut sched = Sched::new(&self.ipc, gemini_protocol::Role::Holder, "");
         while !self.exit.load(Ordering::Relaxed) {
             if self.release.swap(false, Ordering::AcqRel) {
                 self.release_all(&mut sched);

@@ -14,7 +14,6 @@
 mod control;
 mod engine;
 mod gpu;
-mod sched;
 mod settings;
 
 use anyhow::Context as _;
@@ -245,7 +244,7 @@ fn run(settings: Settings, ipc: &Path) -> anyhow::Result<()> {
         listed.join(", "),
         control::endpoint(ipc)
     );
-    let answers = gemini_scheduler::client::Client::connect(ipc)
+    let answers = gemini_client::Client::connect(ipc)
         .map_err(anyhow::Error::from)
         .and_then(|mut c| Ok(c.request(&Request::Status, Duration::from_secs(1))?));
     if let Err(e) = answers {

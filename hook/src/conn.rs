@@ -9,10 +9,8 @@
 
 use crate::log::{debug, error};
 use crate::state::{State, lock};
-use gemini_protocol::{
-    CodecError, ErrorKind, HeldMemory, Reply, Request, Role, decode_reply, encode_request,
-    scheduler_endpoint,
-};
+use gemini_client::{Client, ClientError};
+use gemini_protocol::{CodecError, ErrorKind, HeldMemory, Reply, Request, Role};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -23,27 +21,10 @@ pub const CUDA_ERROR_NOT_INITIALIZED: u32 = 3;
 pub const CUDA_ERROR_NOT_PERMITTED: u32 = 800;
 
 /// How long one poll holds the socket lock.
-const POLL_MS: i64 = 1;
+const POLL: Duration = Duration::from_millis(1);
 /// Silence after which a waiting request checks the scheduler still knows
 /// us (it may have restarted and forgotten the request).
 const PING_AFTER: Duration = Duration::from_secs(1);
-
-/// The socket and the replies not yet claimed.
-pub struct Conn {
-    _ctx: zmq::Context,
-    sock: zmq::Socket,
-    seq: u32,
-    stash: HashMap<u32, Result<Reply, CodecError>>,
-}
-
-impl std::fmt::Debug for Conn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn")
-            .field("seq", &self.seq)
-            .field("stashed", &self.stash.len())
-            .finish()
-    }
-}
 
 /// Why a request got no usable answer.
 enum Failure {
@@ -64,33 +45,19 @@ impl State {
         if g.is_some() {
             return Ok(());
         }
-        let endpoint = match scheduler_endpoint(&self.settings.ipc_dir) {
-            Ok(e) => e,
-            Err(e) => {
-                error!("{e}; CUDA launches and allocations will fail");
-                return Err(self.refuse(CUDA_ERROR_NOT_INITIALIZED));
-            }
-        };
-        let ctx = zmq::Context::new();
-        let sock = ctx.socket(zmq::DEALER).and_then(|s| {
-            s.set_linger(0)?;
-            s.connect(&endpoint)?;
-            Ok(s)
-        });
-        match sock {
-            Ok(sock) => {
-                *g = Some(Conn {
-                    _ctx: ctx,
-                    sock,
-                    seq: 0,
-                    stash: HashMap::new(),
-                });
+        match Client::connect(&self.settings.ipc_dir) {
+            Ok(c) => {
+                *g = Some(c);
                 Ok(())
             }
-            Err(e) => {
+            Err(ClientError::Denied(message)) => {
                 error!(
-                    "cannot open a socket to {endpoint}: {e}; CUDA launches and allocations will fail"
+                    "{message}; CUDA launches and allocations will fail with CUDA_ERROR_NOT_PERMITTED"
                 );
+                Err(self.refuse(CUDA_ERROR_NOT_PERMITTED))
+            }
+            Err(e) => {
+                error!("{e}; CUDA launches and allocations will fail");
                 Err(self.refuse(CUDA_ERROR_NOT_INITIALIZED))
             }
         }
@@ -101,44 +68,17 @@ impl State {
         let Some(c) = g.as_mut() else {
             return Err(CUDA_ERROR_NOT_INITIALIZED);
         };
-        c.seq = c.seq.wrapping_add(1);
-        let seq = c.seq;
-        if let Err(e) = c.sock.send(encode_request(seq, req), 0) {
+        c.send(req).map_err(|e| {
             error!("cannot send to the scheduler: {e}");
-            return Err(CUDA_ERROR_NOT_INITIALIZED);
-        }
-        Ok(seq)
+            CUDA_ERROR_NOT_INITIALIZED
+        })
     }
 
-    /// The reply to `seq` if it has arrived (polling the socket briefly).
+    /// The reply to `seq` if it has arrived (polling the socket briefly;
+    /// replies for other threads' requests are kept for them).
     fn take(&self, seq: u32) -> Option<Result<Reply, CodecError>> {
         let mut g = lock(&self.conn);
-        let c = g.as_mut()?;
-        if let Some(r) = c.stash.remove(&seq) {
-            return Some(r);
-        }
-        if c.sock.poll(zmq::POLLIN, POLL_MS).unwrap_or(0) > 0 {
-            while let Ok(frame) = c.sock.recv_bytes(zmq::DONTWAIT) {
-                match decode_reply(&frame) {
-                    Ok((s, r)) => {
-                        c.stash.insert(s, Ok(r));
-                    }
-                    // A reply we cannot read: of another protocol version,
-                    // or damaged. Its sequence number is unknowable, so it
-                    // answers whichever request is waiting.
-                    Err(e) => {
-                        c.stash.insert(seq, Err(e));
-                    }
-                }
-            }
-            // Replies nobody will claim (answers to a repeated hello or a
-            // late ping) must not pile up.
-            if c.stash.len() > 256 {
-                let now = c.seq;
-                c.stash.retain(|s, _| now.wrapping_sub(*s) < 128);
-            }
-        }
-        c.stash.remove(&seq)
+        g.as_mut()?.take(seq, POLL).ok().flatten()
     }
 
     fn held_memory(&self) -> Vec<HeldMemory> {
@@ -167,12 +107,7 @@ impl State {
         let group = self.settings.group.clone().unwrap_or_default();
         self.open()?;
         let start = Instant::now();
-        let hello = Request::Hello {
-            role: Role::Client,
-            group: group.clone(),
-            pid: std::process::id(),
-            held: self.held_memory(),
-        };
+        let hello = gemini_client::hello(Role::Client, &group, &self.held_memory());
         // A scheduler that is not up yet gets it from the socket's queue
         // when it starts. It is sent again all the same, after 1, 2, 4 …
         // up to 32 s, as one written to a scheduler that died before

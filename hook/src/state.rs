@@ -5,7 +5,6 @@
 //! its locks may be held by threads that do not exist in the child) and
 //! starts clean.
 
-use crate::conn::Conn;
 use crate::gate::Gate;
 use gemini_protocol::{env, units};
 use std::collections::{HashMap, HashSet};
@@ -106,7 +105,7 @@ pub struct State {
     /// Settings.
     pub settings: Settings,
     /// The connection, once made.
-    pub conn: Mutex<Option<Conn>>,
+    pub conn: Mutex<Option<gemini_client::Client>>,
     /// Serialises registration.
     pub register: Mutex<()>,
     /// Whether the scheduler knows this process.

@@ -12,12 +12,12 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 use clap::Parser;
+use gemini_client::{Client, ClientError, Session};
 use gemini_protocol::{
     GpuRequest, Reply, Request, Role,
     endpoint::{locate_ipc_dir, settings_path},
     env,
 };
-use gemini_scheduler::client::Client;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -133,8 +133,8 @@ fn main() {
         ),
     };
 
-    let mut client = Client::connect(&ipc).unwrap_or_else(|e| fail(EXIT_NO_SCHEDULER, e));
-    let status = match client.request(&Request::Status, Duration::from_secs(3)) {
+    let mut session = Session::new(&ipc, Role::Control, "");
+    let status = match registered(&mut session).request(&Request::Status, Duration::from_secs(3)) {
         Ok(Reply::Status(s)) => s,
         Ok(other) => fail(
             EXIT_NO_SCHEDULER,
@@ -180,7 +180,7 @@ fn main() {
     let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     if let Some(gpus) = gpus {
-        let devices = reserve(&mut client, &group, gpus, !args.nonblock, args.timeout);
+        let devices = reserve(&mut session, &group, gpus, !args.nonblock, args.timeout);
         let list: Vec<String> = devices.iter().map(u32::to_string).collect();
         // The indices are the machine's own (nvidia-smi's, the
         // scheduler's): in PCI bus order, which CUDA follows only when
@@ -204,9 +204,22 @@ fn main() {
     fail(code, format!("cannot run {}: {err}", args.command[0]));
 }
 
+/// The session's connection, registered as a control connection; exits
+/// when no scheduler answers or it refuses.
+fn registered(session: &mut Session) -> &mut Client {
+    match session.register(&[]) {
+        Ok(Ok(c)) => c,
+        Ok(Err(refused)) => fail(
+            EXIT_NO_SCHEDULER,
+            format!("the scheduler did not accept the connection: {refused:?}"),
+        ),
+        Err(e) => fail(EXIT_NO_SCHEDULER, e),
+    }
+}
+
 /// Reserves GPUs, waiting in the queue if asked; exits on failure.
 fn reserve(
-    client: &mut Client,
+    session: &mut Session,
     group: &str,
     gpus: GpuRequest,
     wait: bool,
@@ -215,26 +228,12 @@ fn reserve(
     // Registers and asks; again after a scheduler restart, which forgets
     // the queue (the new scheduler would never answer the old request).
     // Returns the request's seq and the scheduler's uptime then.
-    let ask = |client: &mut Client| -> (u32, u64) {
+    let ask = |session: &mut Session| -> (u32, u64) {
+        let client = registered(session);
         let uptime = match client.request(&Request::Status, Duration::from_secs(3)) {
             Ok(Reply::Status(st)) => st.uptime_us,
             _ => 0,
         };
-        let hello = Request::Hello {
-            role: Role::Control,
-            group: String::new(),
-            pid: std::process::id(),
-            held: vec![],
-        };
-        if !matches!(
-            client.request(&hello, Duration::from_secs(3)),
-            Ok(Reply::Welcome { .. })
-        ) {
-            fail(
-                EXIT_NO_SCHEDULER,
-                "the scheduler did not accept the connection",
-            );
-        }
         let seq = client
             .send(&Request::Reserve {
                 group: group.into(),
@@ -244,7 +243,7 @@ fn reserve(
             .unwrap_or_else(|e| fail(EXIT_NO_SCHEDULER, e));
         (seq, uptime)
     };
-    let (mut seq, mut uptime) = ask(client);
+    let (mut seq, mut uptime) = ask(session);
     let mut uptime_at = Instant::now();
     let start = Instant::now();
     let mut told = false;
@@ -270,7 +269,7 @@ fn reserve(
             Duration::from_millis(200)
         };
         let step = left.map_or(step, |l| l.min(step));
-        match client.recv(step) {
+        match registered(session).recv(step) {
             Ok((s, Reply::Reserved { devices })) if s == seq => {
                 if told {
                     eprintln!(
@@ -286,14 +285,15 @@ fn reserve(
                 let expected = uptime + uptime_at.elapsed().as_micros() as u64;
                 if st.uptime_us + 500_000 < expected {
                     eprintln!("gem-launch: the scheduler restarted; asking again");
-                    (seq, uptime) = ask(client);
+                    session.reset();
+                    (seq, uptime) = ask(session);
                 } else {
                     uptime = st.uptime_us;
                 }
                 uptime_at = Instant::now();
             }
             Ok(_) => {}
-            Err(gemini_scheduler::client::ClientError::Timeout(_)) => {
+            Err(ClientError::Timeout(_)) => {
                 if !told {
                     told = true;
                     eprintln!(
@@ -302,7 +302,7 @@ fn reserve(
                 }
                 if last_status.elapsed() >= Duration::from_secs(2) {
                     last_status = Instant::now();
-                    status_seq = client.send(&Request::Status).ok();
+                    status_seq = registered(session).send(&Request::Status).ok();
                 }
             }
             Err(e) => fail(EXIT_NO_SCHEDULER, e),

@@ -3,7 +3,8 @@
 //! the tests ([`client`]).
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod client;
+/// The client side, re-exported for the CLI, the demo and the tests.
+pub use gemini_client as client;
 pub mod daemon;
 pub mod metrics;
 pub mod policy;

@@ -7,12 +7,12 @@
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
+use gemini_client::{self as client, ClientError};
 use gemini_config::{Overrides, Settings, drop_in_dir, load_settings};
 use gemini_protocol::{
     endpoint::{locate_ipc_dir, settings_path},
     env,
 };
-use gemini_scheduler::client::{self, ClientError};
 use gemini_slurm::{
     JobGroup, file_name, group_name, job_cgroups, job_shards, shards_per_gpu, task_exports,
     tracks_cgroups,

@@ -1,12 +1,18 @@
-//! A blocking client of the scheduler, for the CLI (`gem-schd status`,
-//! `shutdown`), the demo and the tests. One DEALER socket, so several
-//! requests may be outstanding (a token request answered later, say).
+//! One connection to the scheduler: a DEALER socket, so several requests
+//! may be outstanding (a token request answered later, say); replies are
+//! matched to requests by sequence number, and one that arrives for
+//! another request is kept until that one is asked for.
 
 use gemini_protocol::{
     CodecError, Reply, Request, decode_reply, encode_request, scheduler_endpoint,
 };
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+/// Replies kept for requests nobody asks about any more (answers to a
+/// repeated hello, a late ping) are dropped past this many.
+const STASH_MAX: usize = 256;
 
 /// Failures talking to the scheduler.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +48,8 @@ pub struct Client {
     sock: zmq::Socket,
     endpoint: String,
     seq: u32,
+    /// Replies received but not yet asked for, by sequence number.
+    stash: HashMap<u32, Result<Reply, CodecError>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -49,6 +57,7 @@ impl std::fmt::Debug for Client {
         f.debug_struct("Client")
             .field("endpoint", &self.endpoint)
             .field("seq", &self.seq)
+            .field("stashed", &self.stash.len())
             .finish()
     }
 }
@@ -85,6 +94,7 @@ impl Client {
             sock,
             endpoint,
             seq: 0,
+            stash: HashMap::new(),
         })
     }
 
@@ -101,26 +111,79 @@ impl Client {
         Ok(())
     }
 
-    /// Waits up to `timeout` for the next reply.
-    pub fn recv(&mut self, timeout: Duration) -> Result<(u32, Reply), ClientError> {
-        let ms = timeout.as_millis().min(i64::MAX as u128) as i64;
+    /// Moves every reply that has arrived into the stash, waiting up to
+    /// `wait` for the first. A reply that cannot be read (another protocol
+    /// version, damaged) has no sequence number to go by: it answers
+    /// `seq`. True if anything arrived.
+    fn receive(&mut self, wait: Duration, seq: u32) -> Result<bool, ClientError> {
+        let ms = wait.as_millis().min(i64::MAX as u128) as i64;
         if self.sock.poll(zmq::POLLIN, ms)? == 0 {
-            return Err(ClientError::Timeout(self.endpoint.clone()));
+            return Ok(false);
         }
-        let frame = self.sock.recv_bytes(0)?;
-        Ok(decode_reply(&frame)?)
+        while let Ok(frame) = self.sock.recv_bytes(zmq::DONTWAIT) {
+            match decode_reply(&frame) {
+                Ok((s, r)) => self.stash.insert(s, Ok(r)),
+                Err(e) => self.stash.insert(seq, Err(e)),
+            };
+        }
+        if self.stash.len() > STASH_MAX {
+            let now = self.seq;
+            self.stash
+                .retain(|s, _| now.wrapping_sub(*s) < STASH_MAX as u32 / 2);
+        }
+        Ok(true)
     }
 
-    /// Sends `req` and waits for its reply, skipping replies to earlier
-    /// requests.
+    /// The reply to `seq` if it is here or arrives within `wait`; replies
+    /// to other requests are kept for them.
+    pub fn take(
+        &mut self,
+        seq: u32,
+        wait: Duration,
+    ) -> Result<Option<Result<Reply, CodecError>>, ClientError> {
+        if let Some(r) = self.stash.remove(&seq) {
+            return Ok(Some(r));
+        }
+        self.receive(wait, seq)?;
+        Ok(self.stash.remove(&seq))
+    }
+
+    /// Waits up to `timeout` for the next reply, to whichever request
+    /// (kept ones first, oldest first).
+    pub fn recv(&mut self, timeout: Duration) -> Result<(u32, Reply), ClientError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.seq;
+            let oldest = self
+                .stash
+                .keys()
+                .copied()
+                .max_by_key(|s| now.wrapping_sub(*s));
+            if let Some(s) = oldest
+                && let Some(reply) = self.stash.remove(&s)
+            {
+                return Ok((s, reply?));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !self.receive(left, self.seq)? {
+                return Err(ClientError::Timeout(self.endpoint.clone()));
+            }
+        }
+    }
+
+    /// Sends `req` and waits for its reply (replies to earlier requests
+    /// are kept for them).
     pub fn request(&mut self, req: &Request, timeout: Duration) -> Result<Reply, ClientError> {
         let seq = self.send(req)?;
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let (s, reply) = self.recv(left)?;
-            if s == seq {
-                return Ok(reply);
+            match self.take(seq, left)? {
+                Some(r) => return Ok(r?),
+                None if left.is_zero() => {
+                    return Err(ClientError::Timeout(self.endpoint.clone()));
+                }
+                None => {}
             }
         }
     }
