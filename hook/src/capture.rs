@@ -12,6 +12,7 @@
 //! - never synchronises while a capture is open: a token's accounting then
 //!   ends without waiting for its work (see `gate::settle`).
 
+use crate::cuda::CUDA_SUCCESS;
 use crate::driver::{self, CUresult};
 use crate::state::{self, lock};
 use std::ffi::c_void;
@@ -29,7 +30,7 @@ pub fn any_open() -> bool {
 
 /// A `cuStreamBeginCapture*` on `stream` returned `r`.
 pub fn began(stream: *mut c_void, r: CUresult) -> CUresult {
-    if r == 0 {
+    if r == CUDA_SUCCESS {
         let st = state::get();
         if lock(&st.captures).insert(stream as usize) {
             st.captures_open.fetch_add(1, Ordering::AcqRel);
@@ -82,7 +83,7 @@ pub fn capturing(stream: *mut c_void, per_thread: bool) -> bool {
     let mut status = STATUS_NONE;
     // SAFETY: the program's stream handle and an out-pointer to a local.
     let r = unsafe { driver::stream_is_capturing(stream, per_thread, &mut status) };
-    r == 0 && status != STATUS_NONE
+    r == CUDA_SUCCESS && status != STATUS_NONE
 }
 
 /// The stream of a `CUlaunchConfig` (its leading fields).

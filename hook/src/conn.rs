@@ -15,10 +15,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// `CUDA_ERROR_NOT_INITIALIZED`: no scheduler could be reached in time.
-pub const CUDA_ERROR_NOT_INITIALIZED: u32 = 3;
-/// `CUDA_ERROR_NOT_PERMITTED`: the scheduler refused this process.
-pub const CUDA_ERROR_NOT_PERMITTED: u32 = 800;
+use crate::cuda::{CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_PERMITTED};
 
 /// How long one poll holds the socket lock.
 const POLL: Duration = Duration::from_millis(1);

@@ -5,12 +5,8 @@ use crate::real::real_fn;
 use std::ffi::{CStr, c_void};
 use std::sync::atomic::AtomicUsize;
 
-/// `CUresult`.
-pub type CUresult = u32;
-/// Returned when the real driver lacks a function.
-pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
-/// Work not completed yet.
-pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+pub use crate::cuda::CUresult;
+use crate::cuda::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
 
 /// Resolves `name` into a function pointer of type `F`.
 ///
@@ -115,7 +111,7 @@ pub fn device_mem_pool(dev: u32) -> Option<*mut c_void> {
         &mut pool,
         dev as i32
     );
-    (r == 0 && !pool.is_null()).then_some(pool)
+    (r == CUDA_SUCCESS && !pool.is_null()).then_some(pool)
 }
 
 /// A `u64` attribute of a memory pool (`cuMemPoolGetAttribute`).
@@ -128,7 +124,7 @@ pub fn mem_pool_u64(pool: *mut c_void, attr: i32) -> Option<u64> {
         attr,
         (&mut v as *mut u64).cast()
     );
-    (r == 0).then_some(v)
+    (r == CUDA_SUCCESS).then_some(v)
 }
 
 /// A `u64` graph memory attribute of ordinal `dev`
@@ -143,7 +139,7 @@ pub fn graph_mem_u64(dev: u32, attr: i32) -> Option<u64> {
         attr,
         (&mut v as *mut u64).cast()
     );
-    (r == 0).then_some(v)
+    (r == CUDA_SUCCESS).then_some(v)
 }
 
 /// `cuMemFreeAsync` then `cuMemPoolTrimTo(pool, 0)`: takes back an
@@ -160,7 +156,7 @@ pub unsafe fn pool_give_back(ptr: u64, stream: *mut c_void, pool: *mut c_void) {
 pub fn device_count() -> Option<i32> {
     let mut n = 0;
     let r = real_call!(c"cuDeviceGetCount", fn(*mut i32), &mut n);
-    (r == 0).then_some(n)
+    (r == CUDA_SUCCESS).then_some(n)
 }
 
 /// The UUID of the driver's device `ordinal` (`cuDeviceGetUuid_v2`, or
@@ -181,7 +177,7 @@ pub fn device_uuid(ordinal: i32) -> Option<[u8; 16]> {
     if r == CUDA_ERROR_NOT_FOUND {
         r = real_call!(c"cuDeviceGetUuid", fn(*mut [u8; 16], i32), &mut uuid, dev);
     }
-    (r == 0).then_some(uuid)
+    (r == CUDA_SUCCESS).then_some(uuid)
 }
 
 /// `cuMemGetInfo_v2`.
@@ -204,7 +200,7 @@ pub unsafe fn device_total_mem(bytes: *mut usize, dev: i32) -> CUresult {
 pub fn event_create() -> Option<usize> {
     let mut e: *mut c_void = std::ptr::null_mut();
     let r = real_call!(c"cuEventCreate", fn(*mut *mut c_void, u32), &mut e, 0u32);
-    (r == 0 && !e.is_null()).then_some(e as usize)
+    (r == CUDA_SUCCESS && !e.is_null()).then_some(e as usize)
 }
 
 /// `cuEventRecord` (`_ptsz` where the null stream is the per-thread one).
@@ -233,7 +229,7 @@ pub fn event_elapsed_ns(start: usize, end: usize) -> Result<u64, CUresult> {
         start as *mut c_void,
         end as *mut c_void
     );
-    if r == 0 {
+    if r == CUDA_SUCCESS {
         Ok((f64::from(ms.max(0.0)) * 1e6) as u64)
     } else {
         Err(r)

@@ -35,107 +35,15 @@
 //! that returned with the work done.
 
 use crate::capture;
-use crate::conn::CUDA_ERROR_NOT_PERMITTED;
+use crate::clock::now_ns;
+use crate::cuda::{CUDA_ERROR_NOT_PERMITTED, CUDA_SUCCESS};
 use crate::driver::{self, CUresult};
 use crate::log::debug;
-use crate::state::{self, MAX_GATES, State, lock};
+use crate::state::{self, Gate, MAX_GATES, State, lock};
 use gemini_protocol::{Reply, Request};
 use std::ffi::c_void;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-/// `CLOCK_MONOTONIC` in ns.
-#[inline]
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// One device's token, as this process sees it.
-#[derive(Debug, Default)]
-pub struct Gate {
-    /// End of the token's validity (ns); 0: no token.
-    deadline: AtomicU64,
-    /// When the token was granted (ns); 0: no token to account for.
-    granted_at: AtomicU64,
-    /// Calls that use the device (launches, synchronisations, blocking
-    /// copies, queries) entered and left. Counters, not timestamps, so the
-    /// fast path reads the clock once; the watcher tells activity from
-    /// their changes, and a thread blocked in the driver (a full launch
-    /// queue, a synchronisation) from `entered != exited`.
-    entered: AtomicU64,
-    exited: AtomicU64,
-    /// End of the granted quota (ns).
-    quota_end: AtomicU64,
-    /// Start of the current period of activity (ns); 0: idle.
-    burst_start: AtomicU64,
-    /// Smoothed length of past activity periods (µs).
-    burst_avg: AtomicU64,
-    /// Smoothed overuse of past tokens (ns): work still queued when the
-    /// token ran out. Launching stops this much before the token's end.
-    overuse: AtomicU64,
-    /// Context the token's work was launched in (for the watcher's sync).
-    ctx: AtomicUsize,
-    /// When the last wait call returned with no other call in flight
-    /// (ns); 0 once a launch has come since.
-    wait_exit: AtomicU64,
-    /// Quiet time between a wait returning and the next launch (ns), each
-    /// sample capped at four idle thresholds; follows a shorter gap at
-    /// once and a longer one by an eighth, so one long pause (the thread
-    /// descheduled on a busy CPU) does not make a process that launches
-    /// again at once look quiet after its waits.
-    gap_avg: AtomicU64,
-    /// The token is lent (another group is owed the device and will be
-    /// back).
-    lent: AtomicBool,
-    /// Predicted end of the work queued under the token (ns): launches
-    /// are admitted only while it is within the quota.
-    queued_end: AtomicU64,
-    /// Launches admitted under the token while the device time per launch
-    /// is not known yet.
-    unknown_launches: AtomicU64,
-    /// Smoothed device time per launch (ns), learned from waits that
-    /// returned with the work done and from tokens' ends; 0: not known
-    /// yet. Leans towards shorter samples: a lent token's bound, where too
-    /// long an estimate leaves the device idle.
-    kernel_ns: AtomicU64,
-    /// The same, leaning towards longer samples: the bound of a token not
-    /// lent, where too short an estimate lets launches of a longer kernel
-    /// (another thread's) queue far past the token and past MaxUtil.
-    kernel_hi_ns: AtomicU64,
-    /// Wait calls entered (launches = `entered` - `waits`).
-    waits: AtomicU64,
-    /// First launch after the last wait (ns; 0: none since), with the
-    /// launches and the blocked time counted before it.
-    sample_start: AtomicU64,
-    sample_launches: AtomicU64,
-    sample_blocked: AtomicU64,
-    sample_graphs: AtomicU64,
-    sample_graph_ns: AtomicU64,
-    /// Graph launches of known cost admitted, and their predicted device
-    /// time (ns), cumulative: the time per launch of kernels is learned
-    /// without them.
-    graph_launches: AtomicU64,
-    graph_ns: AtomicU64,
-    /// Time spent waiting for a grant with none of this process's work
-    /// on the device (ns, cumulative): not device time of its launches.
-    blocked: AtomicU64,
-    /// The end of the work announced to the scheduler when a wait began
-    /// (ns; 0: none announced since), and how late such announcements
-    /// have been, smoothed (ns; negative: early): the device time per
-    /// launch learned from waits runs a little long, and launches start
-    /// a little after their token.
-    quiet_end: AtomicU64,
-    quiet_bias: AtomicI64,
-    /// Held by whoever is acquiring or releasing the token.
-    slow: Mutex<()>,
-}
 
 /// Device ordinal of the calling thread's current context. A process
 /// that sees one device needs no driver call to know it.
@@ -147,7 +55,7 @@ fn current_device() -> Option<usize> {
     let mut dev: i32 = -1;
     // SAFETY: out-pointer to a local.
     let r = unsafe { driver::ctx_get_device(&mut dev) };
-    (r == 0 && dev >= 0 && (dev as usize) < MAX_GATES).then_some(dev as usize)
+    (r == CUDA_SUCCESS && dev >= 0 && (dev as usize) < MAX_GATES).then_some(dev as usize)
 }
 
 /// Whether the calling thread has a current context.
@@ -155,7 +63,7 @@ fn has_context() -> bool {
     let mut ctx: *mut c_void = std::ptr::null_mut();
     // SAFETY: out-pointer to a local.
     let r = unsafe { driver::ctx_get_current(&mut ctx) };
-    r == 0 && !ctx.is_null()
+    r == CUDA_SUCCESS && !ctx.is_null()
 }
 
 /// Marks a thread as inside a driver call that uses the device until

@@ -15,6 +15,8 @@
 //! the group is charged what the allocator reserves
 //! (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`).
 
+use crate::capture;
+use crate::cuda::CUDA_SUCCESS;
 use crate::driver::CUresult;
 use crate::memory;
 use crate::state::{self, lock};
@@ -51,6 +53,27 @@ pub fn captured_alloc(stream: *mut c_void, bytes: u64) {
     add(stream as usize, dev, bytes);
 }
 
+/// A stream-ordered allocation (`cuMemAllocAsync`,
+/// `cuMemAllocFromPoolAsync`) of `bytes` on `stream` from `pool` by
+/// `alloc`: into a capture, a graph memory node, allocated when the graph
+/// runs; else from the pool, now (see `memory::pool_alloc`).
+pub fn stream_alloc(
+    pool: Option<*mut c_void>,
+    stream: *mut c_void,
+    per_thread: bool,
+    bytes: u64,
+    mut alloc: impl FnMut() -> (CUresult, u64),
+) -> CUresult {
+    if !capture::captured(stream, per_thread) {
+        return memory::pool_alloc(pool, stream, bytes, alloc);
+    }
+    let r = alloc().0;
+    if r == CUDA_SUCCESS {
+        captured_alloc(capture::origin(stream), bytes);
+    }
+    r
+}
+
 /// A capture begun on `stream` ended with `graph` (the driver's answer
 /// `r`): its allocation nodes are the graph's.
 pub fn capture_ended(stream: *mut c_void, graph: *mut *mut c_void, r: CUresult) {
@@ -59,7 +82,7 @@ pub fn capture_ended(stream: *mut c_void, graph: *mut *mut c_void, r: CUresult) 
     let Some(need) = needs.remove(&(stream as usize)) else {
         return;
     };
-    if r != 0 || graph.is_null() {
+    if r != CUDA_SUCCESS || graph.is_null() {
         return;
     }
     // SAFETY: the program's out-pointer, which the driver just filled.
@@ -72,7 +95,7 @@ pub fn capture_ended(stream: *mut c_void, graph: *mut *mut c_void, r: CUresult) 
 /// `cuGraphAddMemAllocNode` added to `graph` the node `params` describes
 /// (the driver's answer `r`).
 pub fn alloc_node(graph: *mut c_void, params: *const c_void, r: CUresult) {
-    if r != 0 || params.is_null() {
+    if r != CUDA_SUCCESS || params.is_null() {
         return;
     }
     let at = |off: usize| (params as *const u8).wrapping_add(off);
@@ -91,7 +114,7 @@ pub fn alloc_node(graph: *mut c_void, params: *const c_void, r: CUresult) {
 
 /// `exec` was instantiated from `graph` (the driver's answer `r`).
 pub fn instantiated(exec: *mut *mut c_void, graph: *mut c_void, r: CUresult) {
-    if r != 0 || exec.is_null() {
+    if r != CUDA_SUCCESS || exec.is_null() {
         return;
     }
     let Some(st) = state::current() else { return };

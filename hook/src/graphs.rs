@@ -14,6 +14,7 @@
 //! break a global-mode capture).
 
 use crate::capture;
+use crate::cuda::CUDA_SUCCESS;
 use crate::driver::{self, CUresult};
 use crate::state::lock;
 use std::collections::HashMap;
@@ -87,7 +88,7 @@ pub fn launch(
         start,
         end,
     };
-    if recorded && r == 0 && driver::event_record(end, stream, per_thread) == 0 {
+    if recorded && r == CUDA_SUCCESS && driver::event_record(end, stream, per_thread) == 0 {
         with(|g| {
             if g.pending.len() >= MAX_PENDING {
                 let old = g.pending.remove(0);
@@ -106,7 +107,7 @@ fn current_context() -> Option<usize> {
     let mut ctx: *mut c_void = std::ptr::null_mut();
     // SAFETY: out-pointer to a local.
     let r = unsafe { driver::ctx_get_current(&mut ctx) };
-    (r == 0 && !ctx.is_null()).then_some(ctx as usize)
+    (r == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx as usize)
 }
 
 /// A pair of timing events of `ctx`: a spare one, or two new ones.
@@ -158,7 +159,7 @@ fn collect(g: &mut Graphs) {
                 g.pending.swap_remove(i);
                 give_back(g, t);
             }
-            Err(driver::CUDA_ERROR_NOT_READY) => i += 1,
+            Err(crate::cuda::CUDA_ERROR_NOT_READY) => i += 1,
             Err(_) => {
                 // Not measurable (a context destroyed, events of a
                 // stream reset): forget it.

@@ -2,15 +2,26 @@
 //! it intercepts the CUDA driver API so that a program's group gets the
 //! share of GPU time and the memory that `gem-schd` allows it.
 //!
-//! - [`table`]: the one table of hooked entry points, which drives the
-//!   exported symbols, our `dlsym` and our `cuGetProcAddress[_v2]`;
-//! - [`gate`]: token-gated launches (fast path: an atomic compare);
-//! - [`memory`]: allocations reserved against the group's `MemoryLimit`,
-//!   memory queries answered with the group's view ([`nvml`]: NVML's
-//!   too);
-//! - [`conn`]: the scheduler connection (lazy, shared by threads,
-//!   re-registering after a scheduler restart);
-//! - [`state`]: settings from the environment, per-process state, fork.
+//! Layers, each using only those below it (no module cycles):
+//!
+//! 1. [`cuda`] (`CUresult` and every result code), [`clock`], [`log`],
+//!    [`real`] (the real `dlsym`, libcuda and libnvidia-ml);
+//! 2. [`driver`] and [`nvml_lib`]: the real functions the hook calls for
+//!    itself;
+//! 3. [`state`]: settings from the environment and all per-process data
+//!    (the gates, memory, captures, contexts), fork;
+//! 4. [`conn`] (the scheduler connection: a `gemini_client::Client`,
+//!    shared by threads, re-registering after a scheduler restart),
+//!    [`capture`] (stream captures open);
+//! 5. [`gpus`]: the scheduler's index of each ordinal, asked once;
+//! 6. [`memory`] (allocations reserved against the group's
+//!    `MemoryLimit`, the group's view of memory queries), [`graphs`]
+//!    (graph launches timed with events);
+//! 7. [`gate`] (token-gated launches; fast path: an atomic compare),
+//!    [`graphmem`] (graph memory nodes), [`nvml`] (NVML's memory queries
+//!    in the group's view);
+//! 8. [`table`]: the one table of hooked entry points, which drives the
+//!    exported symbols, our `dlsym` and our `cuGetProcAddress[_v2]`.
 //!
 //! Environment: `GEMINI_GROUP_NAME` (unless a group's `Cgroups` places the process), `GEMINI_IPC_DIR`,
 //! `GEMINI_LOG`, `GEMINI_CONNECT_TIMEOUT`, `GEMINI_IDLE_MS`.
@@ -18,14 +29,18 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod capture;
+mod clock;
 mod conn;
+mod cuda;
 mod driver;
 mod gate;
+mod gpus;
 mod graphmem;
 mod graphs;
 mod log;
 mod memory;
 mod nvml;
+mod nvml_lib;
 mod real;
 mod state;
 mod table;

@@ -38,7 +38,7 @@ pub fn line(args: std::fmt::Arguments<'_>) {
 macro_rules! debug {
     ($($t:tt)*) => {
         if $crate::log::verbose() {
-            let ms = $crate::gate::now_ns() as f64 / 1e6;
+            let ms = $crate::clock::now_ns() as f64 / 1e6;
             $crate::log::line(format_args!("{ms:.3} {}", format_args!($($t)*)));
         }
     };

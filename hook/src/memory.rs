@@ -12,22 +12,19 @@
 //! that makes it grow and settled with the pool after it and after every
 //! synchronisation (where the driver trims pools).
 
-use crate::driver::CUresult;
+use crate::cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult};
 use crate::state::{self, lock};
 use gemini_protocol::{ErrorKind, Reply, Request};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-/// `CUDA_ERROR_OUT_OF_MEMORY`.
-pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
-
 /// Device ordinal of the current context, if any.
 pub fn current_ordinal() -> Option<u32> {
     let mut dev: i32 = -1;
     // SAFETY: out-pointer to a local.
     let r = unsafe { crate::driver::ctx_get_device(&mut dev) };
-    (r == 0 && dev >= 0).then_some(dev as u32)
+    (r == CUDA_SUCCESS && dev >= 0).then_some(dev as u32)
 }
 
 /// Reserves `bytes` on ordinal `dev` for this process's group. Returns the
@@ -108,7 +105,7 @@ pub fn guarded_alloc_on(
         Err(e) => return e,
     };
     let (r, key) = alloc_past_holder(device, bytes, &mut alloc);
-    if r == 0 {
+    if r == CUDA_SUCCESS {
         record(key, device, bytes);
     } else {
         unreserve(device, bytes);
@@ -143,26 +140,17 @@ pub fn array_bytes(dims: [usize; 3], format: u32, channels: u32, levels: u32) ->
 const POOL_RESERVED: i32 = 5;
 const POOL_USED: i32 = 7;
 
-/// A stream-ordered allocation of `bytes` on `stream` from `pool` (`None`:
-/// the current ordinal's current pool) by `alloc`, which returns the
-/// result and the pointer. The pool's growth is reserved first; after the
-/// call the group holds what the pool holds.
+/// A stream-ordered allocation of `bytes` on `stream`, which is not
+/// capturing (see `graphmem::stream_alloc`), from `pool` (`None`: the
+/// current ordinal's current pool) by `alloc`, which returns the result
+/// and the pointer. The pool's growth is reserved first; after the call
+/// the group holds what the pool holds.
 pub fn pool_alloc(
     pool: Option<*mut c_void>,
     stream: *mut c_void,
-    per_thread: bool,
     bytes: u64,
     mut alloc: impl FnMut() -> (CUresult, u64),
 ) -> CUresult {
-    // Captured: a graph memory node, allocated when the graph runs (see
-    // `graphmem`).
-    if crate::capture::captured(stream, per_thread) {
-        let r = alloc().0;
-        if r == 0 {
-            crate::graphmem::captured_alloc(crate::capture::origin(stream), bytes);
-        }
-        return r;
-    }
     let Some(dev) = current_ordinal() else {
         return alloc().0;
     };
@@ -189,7 +177,7 @@ pub fn pool_alloc(
     }
     let (r, ptr) = alloc_past_holder(device, bytes, &mut alloc);
     // The driver reserves in chunks of its own: settle with what it holds.
-    if !settle_pool(pool, &mut pools) && r == 0 {
+    if !settle_pool(pool, &mut pools) && r == CUDA_SUCCESS {
         crate::log::debug!(
             "pool grew beyond the group's limit: allocation of {bytes} bytes taken back"
         );

@@ -5,11 +5,12 @@
 //! its locks may be held by threads that do not exist in the child) and
 //! starts clean.
 
-use crate::gate::Gate;
 use gemini_protocol::{env, units};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::{Condvar, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
@@ -99,6 +100,86 @@ impl Settings {
     }
 }
 
+/// One device's token, as this process sees it.
+#[derive(Debug, Default)]
+pub struct Gate {
+    /// End of the token's validity (ns); 0: no token.
+    pub(crate) deadline: AtomicU64,
+    /// When the token was granted (ns); 0: no token to account for.
+    pub(crate) granted_at: AtomicU64,
+    /// Calls that use the device (launches, synchronisations, blocking
+    /// copies, queries) entered and left. Counters, not timestamps, so the
+    /// fast path reads the clock once; the watcher tells activity from
+    /// their changes, and a thread blocked in the driver (a full launch
+    /// queue, a synchronisation) from `entered != exited`.
+    pub(crate) entered: AtomicU64,
+    pub(crate) exited: AtomicU64,
+    /// End of the granted quota (ns).
+    pub(crate) quota_end: AtomicU64,
+    /// Start of the current period of activity (ns); 0: idle.
+    pub(crate) burst_start: AtomicU64,
+    /// Smoothed length of past activity periods (µs).
+    pub(crate) burst_avg: AtomicU64,
+    /// Smoothed overuse of past tokens (ns): work still queued when the
+    /// token ran out. Launching stops this much before the token's end.
+    pub(crate) overuse: AtomicU64,
+    /// Context the token's work was launched in (for the watcher's sync).
+    pub(crate) ctx: AtomicUsize,
+    /// When the last wait call returned with no other call in flight
+    /// (ns); 0 once a launch has come since.
+    pub(crate) wait_exit: AtomicU64,
+    /// Quiet time between a wait returning and the next launch (ns), each
+    /// sample capped at four idle thresholds; follows a shorter gap at
+    /// once and a longer one by an eighth, so one long pause (the thread
+    /// descheduled on a busy CPU) does not make a process that launches
+    /// again at once look quiet after its waits.
+    pub(crate) gap_avg: AtomicU64,
+    /// The token is lent (another group is owed the device and will be
+    /// back).
+    pub(crate) lent: AtomicBool,
+    /// Predicted end of the work queued under the token (ns): launches
+    /// are admitted only while it is within the quota.
+    pub(crate) queued_end: AtomicU64,
+    /// Launches admitted under the token while the device time per launch
+    /// is not known yet.
+    pub(crate) unknown_launches: AtomicU64,
+    /// Smoothed device time per launch (ns), learned from waits that
+    /// returned with the work done and from tokens' ends; 0: not known
+    /// yet. Leans towards shorter samples: a lent token's bound, where too
+    /// long an estimate leaves the device idle.
+    pub(crate) kernel_ns: AtomicU64,
+    /// The same, leaning towards longer samples: the bound of a token not
+    /// lent, where too short an estimate lets launches of a longer kernel
+    /// (another thread's) queue far past the token and past MaxUtil.
+    pub(crate) kernel_hi_ns: AtomicU64,
+    /// Wait calls entered (launches = `entered` - `waits`).
+    pub(crate) waits: AtomicU64,
+    /// First launch after the last wait (ns; 0: none since), with the
+    /// launches and the blocked time counted before it.
+    pub(crate) sample_start: AtomicU64,
+    pub(crate) sample_launches: AtomicU64,
+    pub(crate) sample_blocked: AtomicU64,
+    pub(crate) sample_graphs: AtomicU64,
+    pub(crate) sample_graph_ns: AtomicU64,
+    /// Graph launches of known cost admitted, and their predicted device
+    /// time (ns), cumulative: the time per launch of kernels is learned
+    /// without them.
+    pub(crate) graph_launches: AtomicU64,
+    pub(crate) graph_ns: AtomicU64,
+    /// Time spent waiting for a grant with none of this process's work
+    /// on the device (ns, cumulative): not device time of its launches.
+    pub(crate) blocked: AtomicU64,
+    /// The end of the work announced to the scheduler when a wait began
+    /// (ns; 0: none announced since), and how late such announcements
+    /// have been, smoothed (ns; negative: early): the device time per
+    /// launch learned from waits runs a little long, and launches start
+    /// a little after their token.
+    pub(crate) quiet_end: AtomicU64,
+    pub(crate) quiet_bias: AtomicI64,
+    /// Held by whoever is acquiring or releasing the token.
+    pub(crate) slow: Mutex<()>,
+}
+
 /// Per-process state.
 #[derive(Debug)]
 pub struct State {
@@ -116,7 +197,7 @@ pub struct State {
     /// Launch gates per device ordinal.
     pub gates: Vec<Gate>,
     /// Each ordinal's GPU (UUID text, scheduler's index), found once.
-    gpus: std::sync::OnceLock<Vec<(String, u32)>>,
+    pub gpus: std::sync::OnceLock<Vec<(String, u32)>>,
     /// Device memory reserved through the scheduler: pointer or handle →
     /// (physical device, bytes).
     pub memory: Mutex<HashMap<u64, (u32, u64)>>,
@@ -217,58 +298,5 @@ pub fn get() -> &'static State {
                 &*winner
             }
         }
-    }
-}
-
-impl State {
-    /// The scheduler's device index for the driver's ordinal `dev`: the
-    /// machine's own index of the GPU, which a device cgroup (Slurm's
-    /// `ConstrainDevices`: a job's only GPU is ordinal 0 whichever it is),
-    /// `CUDA_VISIBLE_DEVICES` and a container (whose NVML, too, numbers
-    /// its GPUs from 0) renumber away from the ordinal. Found once, by each
-    /// GPU's UUID: the scheduler's NVML index, else this process's NVML
-    /// index, else the numeric `CUDA_VISIBLE_DEVICES` entry, else the
-    /// ordinal.
-    pub fn physical(&self, dev: u32) -> u32 {
-        self.gpus()
-            .get(dev as usize)
-            .map_or_else(|| self.settings.fallback_physical(dev), |g| g.1)
-    }
-
-    /// The scheduler's device index of the process's GPU whose UUID text
-    /// is `uuid` (`None`: not one of its CUDA devices).
-    pub fn physical_of_uuid(&self, uuid: &str) -> Option<u32> {
-        self.gpus().iter().find(|g| g.0 == uuid).map(|g| g.1)
-    }
-
-    fn gpus(&self) -> &[(String, u32)] {
-        self.gpus.get_or_init(|| self.find_gpus())
-    }
-
-    fn find_gpus(&self) -> Vec<(String, u32)> {
-        let Some(count) = crate::driver::device_count() else {
-            return Vec::new();
-        };
-        let uuids: Vec<Option<[u8; 16]>> = (0..count).map(crate::driver::device_uuid).collect();
-        let texts: Vec<String> = uuids
-            .iter()
-            .map(|u| u.as_ref().map(crate::nvml::uuid_text).unwrap_or_default())
-            .collect();
-        let asked = gemini_protocol::Request::Gpus {
-            uuids: texts.clone(),
-        };
-        let theirs = match self.call(&asked, 0) {
-            Ok(gemini_protocol::Reply::Gpus { devices }) if devices.len() == uuids.len() => devices,
-            _ => vec![None; uuids.len()],
-        };
-        let mut map = Vec::with_capacity(texts.len());
-        for (ordinal, (text, theirs)) in texts.into_iter().zip(theirs).enumerate() {
-            let index = theirs
-                .or_else(|| uuids[ordinal].and_then(|u| crate::nvml::index_of_uuid(&u)))
-                .unwrap_or_else(|| self.settings.fallback_physical(ordinal as u32));
-            map.push((text, index));
-        }
-        crate::log::debug!("GPUs by ordinal, as the scheduler numbers them: {map:?}");
-        map
     }
 }

@@ -10,7 +10,10 @@
 //! through resolved pointers), so no re-entrancy guard is needed here.
 
 use crate::capture;
-use crate::driver::{self, CUDA_ERROR_NOT_FOUND, CUresult};
+use crate::cuda::{
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, CUresult,
+};
+use crate::driver;
 use crate::gate;
 use crate::graphmem;
 use crate::graphs;
@@ -22,8 +25,6 @@ use std::sync::atomic::AtomicUsize;
 type Ptr = *mut c_void;
 type CUdeviceptr = u64;
 
-/// `CUDA_ERROR_UNKNOWN`: returned if the hook itself failed unexpectedly.
-const CUDA_ERROR_UNKNOWN: CUresult = 999;
 /// `cuGetProcAddress` flag for per-thread default stream variants.
 const PER_THREAD: u64 = 2;
 
@@ -114,7 +115,7 @@ macro_rules! syncs {
         let mut waiting = gate::waiting($blocks);
         // SAFETY: the program's own arguments, passed on unchanged.
         let r = unsafe { $call };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             waiting.finished();
         }
         r
@@ -183,7 +184,7 @@ fn proc_address(
     flags: u64,
     r: CUresult,
 ) -> CUresult {
-    if r != 0 || symbol.is_null() || pfn.is_null() {
+    if r != CUDA_SUCCESS || symbol.is_null() || pfn.is_null() {
         return r;
     }
     // SAFETY: non-null NUL-terminated name from the caller.
@@ -305,7 +306,7 @@ hooks! {
     (dev: i32) => |real| {
         // SAFETY: the program's argument, passed on unchanged.
         let r = unsafe { real(dev) };
-        if r == 0 && dev >= 0 {
+        if r == CUDA_SUCCESS && dev >= 0 {
             graphmem::settle(dev as u32);
         }
         r
@@ -317,7 +318,7 @@ hooks! {
     (pctx: *mut Ptr, flags: u32, dev: i32) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
         let r = unsafe { real(pctx, flags, dev) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             gate::context_made(ptr_read(pctx), dev);
         }
         r
@@ -326,7 +327,7 @@ hooks! {
     (pctx: *mut Ptr, params: Ptr, n: i32, flags: u32, dev: i32) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
         let r = unsafe { real(pctx, params, n, flags, dev) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             gate::context_made(ptr_read(pctx), dev);
         }
         r
@@ -335,7 +336,7 @@ hooks! {
     (pctx: *mut Ptr, params: Ptr, flags: u32, dev: i32) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
         let r = unsafe { real(pctx, params, flags, dev) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             gate::context_made(ptr_read(pctx), dev);
         }
         r
@@ -344,7 +345,7 @@ hooks! {
     (pctx: *mut Ptr, dev: i32) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
         let r = unsafe { real(pctx, dev) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             gate::context_made(ptr_read(pctx), dev);
         }
         r
@@ -353,7 +354,7 @@ hooks! {
     (ctx: Ptr) => |real| {
         // SAFETY: the program's argument, passed on unchanged.
         let r = unsafe { real(ctx) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             gate::context_gone(ctx);
             graphs::context_gone(ctx);
         }
@@ -466,22 +467,22 @@ hooks! {
     cuMemAllocAsync ["cuMemAllocAsync", 11020, false]
     (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
-        memory::pool_alloc(None, s, false, bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
+        graphmem::stream_alloc(None, s, false, bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
     }
     cuMemAllocAsync_ptsz ["cuMemAllocAsync", 11020, true]
     (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
-        memory::pool_alloc(None, s, true, bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
+        graphmem::stream_alloc(None, s, true, bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
     }
     cuMemAllocFromPoolAsync ["cuMemAllocFromPoolAsync", 11020, false]
     (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
-        memory::pool_alloc(Some(pool), s, false, bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
+        graphmem::stream_alloc(Some(pool), s, false, bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
     }
     cuMemAllocFromPoolAsync_ptsz ["cuMemAllocFromPoolAsync", 11020, true]
     (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
-        memory::pool_alloc(Some(pool), s, true, bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
+        graphmem::stream_alloc(Some(pool), s, true, bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
     }
     cuMemPoolTrimTo ["cuMemPoolTrimTo", 11020, false]
     (pool: Ptr, keep: usize) => |real| {
@@ -494,7 +495,7 @@ hooks! {
     (pool: Ptr) => |real| {
         // SAFETY: the program's argument, passed on unchanged.
         let r = unsafe { real(pool) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             memory::pool_destroyed(pool);
         }
         r
@@ -541,7 +542,7 @@ hooks! {
     (a: usize) => |real| {
         // SAFETY: the program's argument, passed on unchanged.
         let r = unsafe { real(a) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             memory::release(a as u64);
         }
         r
@@ -550,7 +551,7 @@ hooks! {
     (a: usize) => |real| {
         // SAFETY: the program's argument, passed on unchanged.
         let r = unsafe { real(a) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             memory::release(a as u64);
         }
         r
@@ -559,7 +560,7 @@ hooks! {
     (ptr: CUdeviceptr) => |real| {
         // SAFETY: the program's argument, passed on unchanged.
         let r = unsafe { real(ptr) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             memory::release(ptr);
         }
         r
@@ -568,7 +569,7 @@ hooks! {
     (ptr: CUdeviceptr, s: Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
         let r = unsafe { real(ptr, s) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             memory::release(ptr);
         }
         r
@@ -577,7 +578,7 @@ hooks! {
     (ptr: CUdeviceptr, s: Ptr) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
         let r = unsafe { real(ptr, s) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             memory::release(ptr);
         }
         r
@@ -586,7 +587,7 @@ hooks! {
     (handle: u64) => |real| {
         // SAFETY: the program's argument, passed on unchanged.
         let r = unsafe { real(handle) };
-        if r == 0 {
+        if r == CUDA_SUCCESS {
             memory::release(handle);
         }
         r
@@ -597,7 +598,7 @@ hooks! {
     (free: *mut usize, total: *mut usize) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
         let r = unsafe { real(free, total) };
-        if r == 0 && !free.is_null() && !total.is_null()
+        if r == CUDA_SUCCESS && !free.is_null() && !total.is_null()
             && let Some(dev) = memory::current_ordinal()
             && let Some((used, limit, reclaimable)) = memory::view(dev)
         {
@@ -616,7 +617,7 @@ hooks! {
         let (mut f, mut t) = (0usize, 0usize);
         // SAFETY: the 64-bit query into locals; the 32-bit one as asked.
         let r = unsafe { driver::mem_get_info(&mut f, &mut t) };
-        if r != 0 {
+        if r != CUDA_SUCCESS {
             // SAFETY: the program's arguments, passed on unchanged.
             return unsafe { real(free, total) };
         }
@@ -627,7 +628,7 @@ hooks! {
             (f, t) = memory::group_view(f, t, used, limit, reclaimable);
         }
         if free.is_null() || total.is_null() {
-            return 1; // CUDA_ERROR_INVALID_VALUE
+            return CUDA_ERROR_INVALID_VALUE;
         }
         // SAFETY: the caller's non-null out-pointers.
         unsafe {
@@ -640,7 +641,7 @@ hooks! {
     (bytes: *mut usize, dev: i32) => |real| {
         // SAFETY: the program's arguments, passed on unchanged.
         let r = unsafe { real(bytes, dev) };
-        if r == 0 && !bytes.is_null() && dev >= 0
+        if r == CUDA_SUCCESS && !bytes.is_null() && dev >= 0
             && let Some((_, limit, _)) = memory::view(dev as u32)
         {
             // SAFETY: filled by the real call just now.

@@ -1,0 +1,62 @@
+//! Which GPU is which: the scheduler's index of each CUDA ordinal, found
+//! once by the GPU's UUID. A device cgroup (Slurm's `ConstrainDevices`),
+//! `CUDA_VISIBLE_DEVICES` and a container (whose NVML numbers its GPUs
+//! from 0 too) renumber the ordinals away from the machine's indices.
+
+use crate::log::debug;
+use crate::state::State;
+use crate::{driver, nvml_lib};
+use gemini_protocol::{Reply, Request};
+
+impl State {
+    /// The scheduler's device index for the driver's ordinal `dev`: the
+    /// machine's own index of the GPU, which a device cgroup (Slurm's
+    /// `ConstrainDevices`: a job's only GPU is ordinal 0 whichever it is),
+    /// `CUDA_VISIBLE_DEVICES` and a container (whose NVML, too, numbers
+    /// its GPUs from 0) renumber away from the ordinal. Found once, by each
+    /// GPU's UUID: the scheduler's NVML index, else this process's NVML
+    /// index, else the numeric `CUDA_VISIBLE_DEVICES` entry, else the
+    /// ordinal.
+    pub fn physical(&self, dev: u32) -> u32 {
+        self.gpus()
+            .get(dev as usize)
+            .map_or_else(|| self.settings.fallback_physical(dev), |g| g.1)
+    }
+
+    /// The scheduler's device index of the process's GPU whose UUID text
+    /// is `uuid` (`None`: not one of its CUDA devices).
+    pub fn physical_of_uuid(&self, uuid: &str) -> Option<u32> {
+        self.gpus().iter().find(|g| g.0 == uuid).map(|g| g.1)
+    }
+
+    fn gpus(&self) -> &[(String, u32)] {
+        self.gpus.get_or_init(|| self.find_gpus())
+    }
+
+    fn find_gpus(&self) -> Vec<(String, u32)> {
+        let Some(count) = driver::device_count() else {
+            return Vec::new();
+        };
+        let uuids: Vec<Option<[u8; 16]>> = (0..count).map(driver::device_uuid).collect();
+        let texts: Vec<String> = uuids
+            .iter()
+            .map(|u| u.as_ref().map(nvml_lib::uuid_text).unwrap_or_default())
+            .collect();
+        let asked = Request::Gpus {
+            uuids: texts.clone(),
+        };
+        let theirs = match self.call(&asked, 0) {
+            Ok(Reply::Gpus { devices }) if devices.len() == uuids.len() => devices,
+            _ => vec![None; uuids.len()],
+        };
+        let mut map = Vec::with_capacity(texts.len());
+        for (ordinal, (text, theirs)) in texts.into_iter().zip(theirs).enumerate() {
+            let index = theirs
+                .or_else(|| uuids[ordinal].and_then(|u| nvml_lib::index_of_uuid(&u)))
+                .unwrap_or_else(|| self.settings.fallback_physical(ordinal as u32));
+            map.push((text, index));
+        }
+        debug!("GPUs by ordinal, as the scheduler numbers them: {map:?}");
+        map
+    }
+}

@@ -1,0 +1,100 @@
+//! The NVML functions the hook calls for itself (never through its own
+//! exports), resolved once each from `libnvidia-ml.so.1`: a handle's
+//! index and UUID, and the index of the GPU with a given CUDA UUID. Below
+//! `gpus` and `nvml` (the exports), as `driver` is for CUDA.
+
+use crate::real;
+use std::ffi::{CStr, c_void};
+use std::sync::atomic::AtomicUsize;
+
+/// `nvmlReturn_t`.
+pub type NvmlReturn = u32;
+/// `NVML_ERROR_FUNCTION_NOT_FOUND`.
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
+
+/// The real NVML function `name` (cached in `slot`) as an `F`.
+///
+/// # Safety
+/// `F` must be the C signature of `name`.
+pub unsafe fn real<F: Copy>(slot: &AtomicUsize, name: &CStr) -> Option<F> {
+    let addr = real::nvml_fn(slot, name);
+    // SAFETY: a non-zero address is NVML's `name`, of signature F (the
+    // caller's promise); F is a function pointer of usize's size.
+    (addr != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&addr) })
+}
+
+/// NVML's own index of a handle (the machine's, but the container's in a
+/// container). `State::physical` falls back to it while it is being
+/// found, so it must not go through `physical_of`, which would wait for
+/// that finding.
+pub fn nvml_index(device: *mut c_void) -> Option<u32> {
+    static SLOT: AtomicUsize = AtomicUsize::new(0);
+    type F = unsafe extern "C" fn(*mut c_void, *mut u32) -> NvmlReturn;
+    // SAFETY: nvmlDeviceGetIndex's C signature.
+    let f = unsafe { real::<F>(&SLOT, c"nvmlDeviceGetIndex") }?;
+    let mut index = 0;
+    // SAFETY: the program's handle and an out-pointer to a local.
+    (unsafe { f(device, &mut index) } == 0).then_some(index)
+}
+
+/// The UUID text of an NVML handle.
+pub fn uuid_of(device: *mut c_void) -> Option<String> {
+    static SLOT: AtomicUsize = AtomicUsize::new(0);
+    type F = unsafe extern "C" fn(*mut c_void, *mut std::ffi::c_char, u32) -> NvmlReturn;
+    // SAFETY: nvmlDeviceGetUUID's C signature.
+    let f = unsafe { real::<F>(&SLOT, c"nvmlDeviceGetUUID") }?;
+    let mut buf = [0 as std::ffi::c_char; 96];
+    // SAFETY: the program's handle and a local buffer of the length given.
+    if unsafe { f(device, buf.as_mut_ptr(), buf.len() as u32) } != 0 {
+        return None;
+    }
+    // SAFETY: NVML succeeded, so it wrote a NUL-terminated string into
+    // `buf` (NVML_DEVICE_UUID_V2_BUFFER_SIZE, 96 bytes, the most it needs).
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    Some(text.to_string_lossy().into_owned())
+}
+
+/// A GPU's UUID as NVML and `nvidia-smi` write it: `GPU-` and the 16
+/// bytes `cuDeviceGetUuid` gives, in hex groups of 8-4-4-4-12.
+pub fn uuid_text(uuid: &[u8; 16]) -> String {
+    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// NVML's index of the GPU whose CUDA UUID is `uuid`: the machine's own
+/// numbering, which the scheduler and `nvidia-smi` use, whatever the
+/// process's device cgroup and `CUDA_VISIBLE_DEVICES` made of its CUDA
+/// ordinals. `None` without NVML or where it does not know the GPU.
+pub fn index_of_uuid(uuid: &[u8; 16]) -> Option<u32> {
+    static INIT: AtomicUsize = AtomicUsize::new(0);
+    static BY_UUID: AtomicUsize = AtomicUsize::new(0);
+    type Init = unsafe extern "C" fn() -> NvmlReturn;
+    type ByUuid = unsafe extern "C" fn(*const std::ffi::c_char, *mut *mut c_void) -> NvmlReturn;
+    static STARTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let started = *STARTED.get_or_init(|| {
+        // SAFETY: nvmlInit_v2's C signature.
+        let init = unsafe { real::<Init>(&INIT, c"nvmlInit_v2") };
+        // SAFETY: no arguments; NVML counts its initialisations, so the
+        // program's own init and shutdown are unaffected.
+        init.is_some_and(|f| unsafe { f() } == 0)
+    });
+    if !started {
+        return None;
+    }
+    let text = std::ffi::CString::new(uuid_text(uuid)).ok()?;
+    // SAFETY: nvmlDeviceGetHandleByUUID's C signature.
+    let by_uuid = unsafe { real::<ByUuid>(&BY_UUID, c"nvmlDeviceGetHandleByUUID") }?;
+    let mut handle: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated string and an out-pointer to a local.
+    if unsafe { by_uuid(text.as_ptr(), &mut handle) } != 0 {
+        return None;
+    }
+    nvml_index(handle)
+}
