@@ -28,6 +28,31 @@ type CUdeviceptr = u64;
 /// `cuGetProcAddress` flag for per-thread default stream variants.
 const PER_THREAD: u64 = 2;
 
+/// What an entry point does, for the coverage checks (`cuda_header`
+/// test): every launch, allocation, free and memory query of `cuda.h`
+/// must have a line of its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Queues device work: gated by the token.
+    Launch,
+    /// Takes device memory: reserved against the group's `MemoryLimit`.
+    Alloc,
+    /// Gives device memory back.
+    Free,
+    /// Answers how much memory there is: the group's view.
+    Query,
+    /// Waits for (or polls) device work: the process is not idle.
+    Sync,
+    /// Makes or destroys a context.
+    Context,
+    /// Begins or ends a stream capture.
+    Capture,
+    /// Makes or destroys a graph.
+    Graph,
+    /// Resolves entry points (`cuGetProcAddress`).
+    Entry,
+}
+
 /// A line of the table, without the code.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry {
@@ -39,21 +64,28 @@ pub struct Entry {
     pub since: i32,
     /// The `_ptsz`/`_ptds` variant.
     pub per_thread: bool,
+    /// What it does (read by the tests, and by the header check, which
+    /// parses this file).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub kind: Kind,
 }
 
+/// One line per entry point: `symbol [base, since, per_thread, kind]
+/// (C parameters) => |call| what the hook does`, where `call()` calls the
+/// real function with the program's own arguments.
 macro_rules! hooks {
     ($(
-        $name:ident [$base:literal, $since:literal, $pt:literal]
-        ($($arg:ident : $ty:ty),* $(,)?) => |$real:ident| $body:block
+        $name:ident [$base:literal, $since:literal, $pt:literal, $kind:ident]
+        ($($arg:ident : $ty:ty),* $(,)?) => |$call:ident| $body:expr;
     )*) => {
         $(
             #[cfg_attr(not(test), unsafe(no_mangle))]
-            #[allow(non_snake_case, clippy::missing_safety_doc)]
+            #[allow(non_snake_case, clippy::missing_safety_doc, unused_variables)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
                 static SLOT: AtomicUsize = AtomicUsize::new(0);
                 type Real = unsafe extern "C" fn($($ty),*) -> CUresult;
                 // SAFETY: Real is the C signature of this driver function.
-                let Some($real) = (unsafe { driver::resolve::<Real>(&SLOT, {
+                let Some(real) = (unsafe { driver::resolve::<Real>(&SLOT, {
                     const NAME: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
                         Ok(c) => c,
                         Err(_) => panic!("symbol names have no NUL"),
@@ -62,13 +94,18 @@ macro_rules! hooks {
                 }) }) else {
                     return CUDA_ERROR_NOT_FOUND;
                 };
+                let $call = move || {
+                    // SAFETY: the program's own arguments, passed on
+                    // unchanged to the real function of the same signature.
+                    unsafe { real($($arg),*) }
+                };
                 catch_unwind(AssertUnwindSafe(move || -> CUresult { $body })).unwrap_or(CUDA_ERROR_UNKNOWN)
             }
         )*
 
         /// Every line of the table.
         pub const ENTRIES: &[Entry] = &[
-            $( Entry { symbol: stringify!($name), base: $base, since: $since, per_thread: $pt }, )*
+            $( Entry { symbol: stringify!($name), base: $base, since: $since, per_thread: $pt, kind: Kind::$kind }, )*
         ];
 
         /// Our function for the exported symbol `name`. Allocates nothing
@@ -80,81 +117,188 @@ macro_rules! hooks {
     };
 }
 
-/// Launches `$call` onto stream `$s` (`$pt`: a per-thread-default-stream
-/// entry point) if the gate admits this process to the device.
-macro_rules! gated {
-    ($s:expr, $pt:expr, $call:expr) => {
-        match gate::admit_on($s, $pt) {
-            Ok(_in_call) => {
-                // SAFETY: the program's own arguments, passed on unchanged.
-                unsafe { $call }
-            }
-            Err(e) => e,
-        }
-    };
+/// `call`, a launch onto stream `s` (`pt`: a per-thread-default-stream
+/// entry point), if the gate admits this process to the device.
+fn gated(s: Ptr, pt: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+    match gate::admit_on(s, pt) {
+        Ok(_in_call) => call(),
+        Err(e) => e,
+    }
 }
 
-/// Runs `$call`, a call that waits for (or polls) the process's device
-/// work: while it runs the process is busy, not idle (see [`gate`]).
-macro_rules! waits {
-    ($call:expr) => {{
-        let _waiting = gate::waiting(false);
-        // SAFETY: the program's own arguments, passed on unchanged.
-        unsafe { $call }
-    }};
+/// `call`, which waits for (or polls) the process's device work: while it
+/// runs the process is busy, not idle (see [`gate`]).
+fn waits(call: impl FnOnce() -> CUresult) -> CUresult {
+    let _waiting = gate::waiting(false);
+    call()
 }
 
-/// Like `waits!`, for a call whose success means the work before it is
+/// Like [`waits`], for a call whose success means the work before it is
 /// done (a synchronisation, a blocking copy, a query answering
 /// `CUDA_SUCCESS`): the gate learns from it how long launches take.
-macro_rules! syncs {
-    ($call:expr) => {
-        syncs!($call, false)
-    };
-    ($call:expr, $blocks:expr) => {{
-        let mut waiting = gate::waiting($blocks);
-        // SAFETY: the program's own arguments, passed on unchanged.
-        let r = unsafe { $call };
-        if r == CUDA_SUCCESS {
-            waiting.finished();
-        }
-        r
-    }};
+/// `blocks`: the call blocks until the work is done.
+fn synced(blocks: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+    let mut waiting = gate::waiting(blocks);
+    let r = call();
+    if r == CUDA_SUCCESS {
+        waiting.finished();
+    }
+    r
 }
 
-/// Like `syncs!`, for a call that blocks until the work is done (a
+/// [`synced`], for a query (`cuStreamQuery`, `cuEventQuery`).
+fn syncs(call: impl FnOnce() -> CUresult) -> CUresult {
+    synced(false, call)
+}
+
+/// [`synced`], for a call that blocks until the work is done (a
 /// synchronisation, a blocking copy): the driver trims memory pools
 /// there, so the group's pool memory is settled afterwards.
-macro_rules! trims {
-    ($call:expr) => {{
-        let r = syncs!($call, true);
-        memory::settle_pools();
-        r
-    }};
+fn trims(call: impl FnOnce() -> CUresult) -> CUresult {
+    let r = synced(true, call);
+    memory::settle_pools();
+    r
 }
 
-/// `cuGraphLaunch[_ptsz]` through `real`: gated by the graph's predicted
-/// cost and timed with events (see `graphs`); a launch into a capturing
-/// stream passes ungated and untimed.
-fn graph_launch(
-    exec: Ptr,
-    s: Ptr,
-    pt: bool,
-    real: unsafe extern "C" fn(Ptr, Ptr) -> CUresult,
-) -> CUresult {
+/// `r`, after `then` ran if it is `CUDA_SUCCESS`.
+fn on_success(r: CUresult, then: impl FnOnce()) -> CUresult {
+    if r == CUDA_SUCCESS {
+        then();
+    }
+    r
+}
+
+/// `r`, after `then(r)` ran.
+fn after(r: CUresult, then: impl FnOnce(CUresult)) -> CUresult {
+    then(r);
+    r
+}
+
+/// `cuGraphLaunch[_ptsz]` by `call`: gated by the graph's predicted cost
+/// and timed with events (see `graphs`); a launch into a capturing stream
+/// passes ungated and untimed.
+fn graph_launch(exec: Ptr, s: Ptr, pt: bool, call: impl FnOnce() -> CUresult) -> CUresult {
     let captured = capture::captured(s, pt);
     match gate::admit_graph(exec, s, pt) {
         Ok(_in_call) => graphs::launch(exec, s, pt, || {
-            // SAFETY: the program's own arguments, passed on unchanged.
-            let run = || unsafe { real(exec, s) };
             if captured {
-                run()
+                call()
             } else {
-                graphmem::launch(exec, run)
+                graphmem::launch(exec, call)
             }
         }),
         Err(e) => e,
     }
+}
+
+/// What `cuMemAllocPitch` of `width` × `height` takes: the real pitch is
+/// known only afterwards, so the width rounded up to the driver's 512-byte
+/// pitch alignment.
+fn pitched_bytes(width: usize, height: usize) -> u64 {
+    (width.div_ceil(512) * 512) as u64 * height as u64
+}
+
+/// The device a `cuMemCreate` property names (`CUmemAllocationProp`:
+/// type, handle types, location type, location id).
+fn prop_device(prop: *const [i32; 4]) -> Option<u32> {
+    // SAFETY: read only when non-null; the program's property struct.
+    let id = (!prop.is_null()).then(|| unsafe { (*prop)[3] })?;
+    (id >= 0).then_some(id as u32)
+}
+
+/// The bytes of a `CUDA_ARRAY_DESCRIPTOR`: width, height, format and
+/// channels (u32 each).
+fn array_bytes(desc: *const [usize; 3]) -> u64 {
+    // SAFETY: read only when non-null; the program's descriptor.
+    let d = (!desc.is_null()).then(|| unsafe { *desc });
+    d.map_or(0, |d| {
+        memory::array_bytes([d[0], d[1], 0], d[2] as u32, (d[2] >> 32) as u32, 1)
+    })
+}
+
+/// The bytes of a `CUDA_ARRAY3D_DESCRIPTOR` (width, height, depth, format
+/// and channels) with `levels` mipmap levels.
+fn array3d_bytes(desc: *const [usize; 4], levels: u32) -> u64 {
+    // SAFETY: read only when non-null; the program's descriptor.
+    let d = (!desc.is_null()).then(|| unsafe { *desc });
+    d.map_or(0, |d| {
+        memory::array_bytes([d[0], d[1], d[2]], d[3] as u32, (d[3] >> 32) as u32, levels)
+    })
+}
+
+/// `cuMemGetInfo_v2`'s answer `r`, turned into the group's view.
+fn mem_get_info(r: CUresult, free: *mut usize, total: *mut usize) -> CUresult {
+    if r == CUDA_SUCCESS
+        && !free.is_null()
+        && !total.is_null()
+        && let Some(dev) = memory::current_ordinal()
+        && let Some((used, limit, reclaimable)) = memory::view(dev)
+    {
+        // SAFETY: the caller's non-null out-pointers, filled by the real
+        // call just now.
+        unsafe {
+            let (f, t) = memory::group_view(*free as u64, *total as u64, used, limit, reclaimable);
+            *free = f as usize;
+            *total = t as usize;
+        }
+    }
+    r
+}
+
+/// The 32-bit `cuMemGetInfo` in the group's view: asked of the 64-bit one
+/// (`call` only where that fails).
+fn mem_get_info_32(call: impl FnOnce() -> CUresult, free: *mut u32, total: *mut u32) -> CUresult {
+    let (mut f, mut t) = (0usize, 0usize);
+    // SAFETY: out-pointers to locals.
+    if unsafe { driver::mem_get_info(&mut f, &mut t) } != CUDA_SUCCESS {
+        return call();
+    }
+    let (mut f, mut t) = (f as u64, t as u64);
+    if let Some(dev) = memory::current_ordinal()
+        && let Some((used, limit, reclaimable)) = memory::view(dev)
+    {
+        (f, t) = memory::group_view(f, t, used, limit, reclaimable);
+    }
+    if free.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the caller's non-null out-pointers.
+    unsafe {
+        *free = f.min(u32::MAX as u64) as u32;
+        *total = t.min(u32::MAX as u64) as u32;
+    }
+    CUDA_SUCCESS
+}
+
+/// `cuDeviceTotalMem_v2`'s answer `r`, at most the group's limit.
+fn total_mem(r: CUresult, bytes: *mut usize, dev: i32) -> CUresult {
+    if r == CUDA_SUCCESS
+        && !bytes.is_null()
+        && dev >= 0
+        && let Some((_, limit, _)) = memory::view(dev as u32)
+    {
+        // SAFETY: the caller's non-null out-pointer, filled by the real
+        // call just now.
+        unsafe { *bytes = (*bytes as u64).min(limit) as usize };
+    }
+    r
+}
+
+/// The 32-bit `cuDeviceTotalMem`, at most the group's limit: asked of the
+/// 64-bit one (`call` only where that fails).
+fn total_mem_32(call: impl FnOnce() -> CUresult, bytes: *mut u32, dev: i32) -> CUresult {
+    let mut b = 0usize;
+    // SAFETY: an out-pointer to a local.
+    if unsafe { driver::device_total_mem(&mut b, dev) } != CUDA_SUCCESS
+        || bytes.is_null()
+        || dev < 0
+    {
+        return call();
+    }
+    let limit = memory::view(dev as u32).map_or(u64::MAX, |(_, l, _)| l);
+    // SAFETY: the caller's non-null out-pointer.
+    unsafe { *bytes = (b as u64).min(limit).min(u32::MAX as u64) as u32 };
+    CUDA_SUCCESS
 }
 
 /// The symbol `cuGetProcAddress(base, version, flags)` stands for, when it
@@ -219,463 +363,107 @@ fn ptr_key(p: *mut CUdeviceptr) -> u64 {
 }
 
 hooks! {
-    // Launches.
-    cuLaunchKernel ["cuLaunchKernel", 4000, false]
-    (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| {
-        gated!(s, false, real(f, gx, gy, gz, bx, by, bz, sh, s, p, e))
-    }
-    cuLaunchKernel_ptsz ["cuLaunchKernel", 7000, true]
-    (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| {
-        gated!(s, true, real(f, gx, gy, gz, bx, by, bz, sh, s, p, e))
-    }
-    cuLaunchKernelEx ["cuLaunchKernelEx", 11060, false]
-    (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| {
-        gated!(capture::config_stream(config), false, real(config, f, p, e))
-    }
-    cuLaunchKernelEx_ptsz ["cuLaunchKernelEx", 11060, true]
-    (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |real| {
-        gated!(capture::config_stream(config), true, real(config, f, p, e))
-    }
-    cuLaunchCooperativeKernel ["cuLaunchCooperativeKernel", 9000, false]
-    (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |real| {
-        gated!(s, false, real(f, gx, gy, gz, bx, by, bz, sh, s, p))
-    }
-    cuLaunchCooperativeKernel_ptsz ["cuLaunchCooperativeKernel", 9000, true]
-    (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |real| {
-        gated!(s, true, real(f, gx, gy, gz, bx, by, bz, sh, s, p))
-    }
+    // Launches, gated on the stream they go to.
+    cuLaunchKernel ["cuLaunchKernel", 4000, false, Launch] (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr, e: *mut Ptr) => |call| gated(s, false, call);
+    cuLaunchKernel_ptsz ["cuLaunchKernel", 7000, true, Launch] (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr, e: *mut Ptr) => |call| gated(s, true, call);
+    cuLaunchKernelEx ["cuLaunchKernelEx", 11060, false, Launch] (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |call| gated(capture::config_stream(config), false, call);
+    cuLaunchKernelEx_ptsz ["cuLaunchKernelEx", 11060, true, Launch] (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |call| gated(capture::config_stream(config), true, call);
+    cuLaunchCooperativeKernel ["cuLaunchCooperativeKernel", 9000, false, Launch] (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |call| gated(s, false, call);
+    cuLaunchCooperativeKernel_ptsz ["cuLaunchCooperativeKernel", 9000, true, Launch] (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |call| gated(s, true, call);
     // The launches of CUDA 2.0, deprecated but in cuda.h: on the legacy
     // default stream, or the one given.
-    cuLaunch ["cuLaunch", 2000, false]
-    (f: Ptr) => |real| { gated!(std::ptr::null_mut(), false, real(f)) }
-    cuLaunchGrid ["cuLaunchGrid", 2000, false]
-    (f: Ptr, w: i32, h: i32) => |real| { gated!(std::ptr::null_mut(), false, real(f, w, h)) }
-    cuLaunchGridAsync ["cuLaunchGridAsync", 2000, false]
-    (f: Ptr, w: i32, h: i32, s: Ptr) => |real| { gated!(s, false, real(f, w, h, s)) }
+    cuLaunch ["cuLaunch", 2000, false, Launch] (f: Ptr) => |call| gated(std::ptr::null_mut(), false, call);
+    cuLaunchGrid ["cuLaunchGrid", 2000, false, Launch] (f: Ptr, w: i32, h: i32) => |call| gated(std::ptr::null_mut(), false, call);
+    cuLaunchGridAsync ["cuLaunchGridAsync", 2000, false, Launch] (f: Ptr, w: i32, h: i32, s: Ptr) => |call| gated(s, false, call);
     // A graph launch is gated as the device time its last runs took, and
     // timed with events (see `graphs`).
-    cuGraphLaunch ["cuGraphLaunch", 10000, false]
-    (exec: Ptr, s: Ptr) => |real| { graph_launch(exec, s, false, real) }
-    cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, true]
-    (exec: Ptr, s: Ptr) => |real| { graph_launch(exec, s, true, real) }
-    cuGraphExecDestroy ["cuGraphExecDestroy", 10000, false]
-    (exec: Ptr) => |real| {
-        graphs::forget(exec);
-        graphmem::forget(exec);
-        // SAFETY: the program's argument, passed on unchanged.
-        unsafe { real(exec) }
-    }
-    // Graph memory nodes: what a graph allocates is followed from its
-    // making to its executable graphs, reserved before a launch and
-    // settled after it and after a trim (see `graphmem`).
-    cuGraphAddMemAllocNode ["cuGraphAddMemAllocNode", 11040, false]
-    (node: *mut Ptr, graph: Ptr, deps: *const Ptr, n: usize, params: Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(node, graph, deps, n, params) };
-        graphmem::alloc_node(graph, params, r);
-        r
-    }
-    cuGraphInstantiateWithFlags ["cuGraphInstantiateWithFlags", 11040, false]
-    (exec: *mut Ptr, graph: Ptr, flags: u64) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(exec, graph, flags) };
-        graphmem::instantiated(exec, graph, r);
-        r
-    }
-    cuGraphInstantiateWithParams ["cuGraphInstantiateWithParams", 12000, false]
-    (exec: *mut Ptr, graph: Ptr, params: Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(exec, graph, params) };
-        graphmem::instantiated(exec, graph, r);
-        r
-    }
-    cuGraphInstantiateWithParams_ptsz ["cuGraphInstantiateWithParams", 12000, true]
-    (exec: *mut Ptr, graph: Ptr, params: Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(exec, graph, params) };
-        graphmem::instantiated(exec, graph, r);
-        r
-    }
-    cuGraphDestroy ["cuGraphDestroy", 10000, false]
-    (graph: Ptr) => |real| {
-        graphmem::forget(graph);
-        // SAFETY: the program's argument, passed on unchanged.
-        unsafe { real(graph) }
-    }
-    cuDeviceGraphMemTrim ["cuDeviceGraphMemTrim", 11040, false]
-    (dev: i32) => |real| {
-        // SAFETY: the program's argument, passed on unchanged.
-        let r = unsafe { real(dev) };
-        if r == CUDA_SUCCESS && dev >= 0 {
-            graphmem::settle(dev as u32);
-        }
-        r
-    }
+    cuGraphLaunch ["cuGraphLaunch", 10000, false, Launch] (exec: Ptr, s: Ptr) => |call| graph_launch(exec, s, false, call);
+    cuGraphLaunch_ptsz ["cuGraphLaunch", 10000, true, Launch] (exec: Ptr, s: Ptr) => |call| graph_launch(exec, s, true, call);
+
+    // Graphs and their memory nodes: what a graph allocates is followed
+    // from its making to its executable graphs, reserved before a launch
+    // and settled after it and after a trim (see `graphmem`).
+    cuGraphExecDestroy ["cuGraphExecDestroy", 10000, false, Graph] (exec: Ptr) => |call| { graphs::forget(exec); graphmem::forget(exec); call() };
+    cuGraphAddMemAllocNode ["cuGraphAddMemAllocNode", 11040, false, Graph] (node: *mut Ptr, graph: Ptr, deps: *const Ptr, n: usize, params: Ptr) => |call| after(call(), |r| graphmem::alloc_node(graph, params, r));
+    cuGraphInstantiateWithFlags ["cuGraphInstantiateWithFlags", 11040, false, Graph] (exec: *mut Ptr, graph: Ptr, flags: u64) => |call| after(call(), |r| graphmem::instantiated(exec, graph, r));
+    cuGraphInstantiateWithParams ["cuGraphInstantiateWithParams", 12000, false, Graph] (exec: *mut Ptr, graph: Ptr, params: Ptr) => |call| after(call(), |r| graphmem::instantiated(exec, graph, r));
+    cuGraphInstantiateWithParams_ptsz ["cuGraphInstantiateWithParams", 12000, true, Graph] (exec: *mut Ptr, graph: Ptr, params: Ptr) => |call| after(call(), |r| graphmem::instantiated(exec, graph, r));
+    cuGraphDestroy ["cuGraphDestroy", 10000, false, Graph] (graph: Ptr) => |call| { graphmem::forget(graph); call() };
+    cuDeviceGraphMemTrim ["cuDeviceGraphMemTrim", 11040, false, Free] (dev: i32) => |call| on_success(call(), || if dev >= 0 { graphmem::settle(dev as u32) });
 
     // Contexts: a token's end waits for the work of every context the
     // process has on the device (a context synchronises only its own).
-    cuCtxCreate_v2 ["cuCtxCreate", 3020, false]
-    (pctx: *mut Ptr, flags: u32, dev: i32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(pctx, flags, dev) };
-        if r == CUDA_SUCCESS {
-            gate::context_made(ptr_read(pctx), dev);
-        }
-        r
-    }
-    cuCtxCreate_v3 ["cuCtxCreate", 11040, false]
-    (pctx: *mut Ptr, params: Ptr, n: i32, flags: u32, dev: i32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(pctx, params, n, flags, dev) };
-        if r == CUDA_SUCCESS {
-            gate::context_made(ptr_read(pctx), dev);
-        }
-        r
-    }
-    cuCtxCreate_v4 ["cuCtxCreate", 12050, false]
-    (pctx: *mut Ptr, params: Ptr, flags: u32, dev: i32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(pctx, params, flags, dev) };
-        if r == CUDA_SUCCESS {
-            gate::context_made(ptr_read(pctx), dev);
-        }
-        r
-    }
-    cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain", 7000, false]
-    (pctx: *mut Ptr, dev: i32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(pctx, dev) };
-        if r == CUDA_SUCCESS {
-            gate::context_made(ptr_read(pctx), dev);
-        }
-        r
-    }
-    cuCtxDestroy_v2 ["cuCtxDestroy", 4000, false]
-    (ctx: Ptr) => |real| {
-        // SAFETY: the program's argument, passed on unchanged.
-        let r = unsafe { real(ctx) };
-        if r == CUDA_SUCCESS {
-            gate::context_gone(ctx);
-            graphs::context_gone(ctx);
-        }
-        r
-    }
+    cuCtxCreate_v2 ["cuCtxCreate", 3020, false, Context] (pctx: *mut Ptr, flags: u32, dev: i32) => |call| on_success(call(), || gate::context_made(ptr_read(pctx), dev));
+    cuCtxCreate_v3 ["cuCtxCreate", 11040, false, Context] (pctx: *mut Ptr, params: Ptr, n: i32, flags: u32, dev: i32) => |call| on_success(call(), || gate::context_made(ptr_read(pctx), dev));
+    cuCtxCreate_v4 ["cuCtxCreate", 12050, false, Context] (pctx: *mut Ptr, params: Ptr, flags: u32, dev: i32) => |call| on_success(call(), || gate::context_made(ptr_read(pctx), dev));
+    cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain", 7000, false, Context] (pctx: *mut Ptr, dev: i32) => |call| on_success(call(), || gate::context_made(ptr_read(pctx), dev));
+    cuCtxDestroy_v2 ["cuCtxDestroy", 4000, false, Context] (ctx: Ptr) => |call| on_success(call(), || { gate::context_gone(ctx); graphs::context_gone(ctx) });
 
     // Stream capture: tracked so that the hook never synchronises while a
     // capture is open (see `capture`).
-    cuStreamBeginCapture ["cuStreamBeginCapture", 10000, false]
-    (s: Ptr) => |real| {
-        // SAFETY: the program's argument, passed on unchanged.
-        capture::began(s, unsafe { real(s) })
-    }
-    cuStreamBeginCapture_ptsz ["cuStreamBeginCapture", 10000, true]
-    (s: Ptr) => |real| {
-        // SAFETY: the program's argument, passed on unchanged.
-        capture::began(s, unsafe { real(s) })
-    }
-    cuStreamBeginCapture_v2 ["cuStreamBeginCapture", 10010, false]
-    (s: Ptr, mode: u32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        capture::began(s, unsafe { real(s, mode) })
-    }
-    cuStreamBeginCapture_v2_ptsz ["cuStreamBeginCapture", 10010, true]
-    (s: Ptr, mode: u32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        capture::began(s, unsafe { real(s, mode) })
-    }
-    cuStreamBeginCaptureToGraph ["cuStreamBeginCaptureToGraph", 12030, false]
-    (s: Ptr, graph: Ptr, deps: *const Ptr, edges: *const c_void, n: usize, mode: u32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        capture::began(s, unsafe { real(s, graph, deps, edges, n, mode) })
-    }
-    cuStreamBeginCaptureToGraph_ptsz ["cuStreamBeginCaptureToGraph", 12030, true]
-    (s: Ptr, graph: Ptr, deps: *const Ptr, edges: *const c_void, n: usize, mode: u32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        capture::began(s, unsafe { real(s, graph, deps, edges, n, mode) })
-    }
-    cuStreamEndCapture ["cuStreamEndCapture", 10000, false]
-    (s: Ptr, graph: *mut Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = capture::ended(s, false, unsafe { real(s, graph) });
-        graphmem::capture_ended(s, graph, r);
-        r
-    }
-    cuStreamEndCapture_ptsz ["cuStreamEndCapture", 10000, true]
-    (s: Ptr, graph: *mut Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = capture::ended(s, true, unsafe { real(s, graph) });
-        graphmem::capture_ended(s, graph, r);
-        r
-    }
+    cuStreamBeginCapture ["cuStreamBeginCapture", 10000, false, Capture] (s: Ptr) => |call| capture::began(s, call());
+    cuStreamBeginCapture_ptsz ["cuStreamBeginCapture", 10000, true, Capture] (s: Ptr) => |call| capture::began(s, call());
+    cuStreamBeginCapture_v2 ["cuStreamBeginCapture", 10010, false, Capture] (s: Ptr, mode: u32) => |call| capture::began(s, call());
+    cuStreamBeginCapture_v2_ptsz ["cuStreamBeginCapture", 10010, true, Capture] (s: Ptr, mode: u32) => |call| capture::began(s, call());
+    cuStreamBeginCaptureToGraph ["cuStreamBeginCaptureToGraph", 12030, false, Capture] (s: Ptr, graph: Ptr, deps: *const Ptr, edges: *const c_void, n: usize, mode: u32) => |call| capture::began(s, call());
+    cuStreamBeginCaptureToGraph_ptsz ["cuStreamBeginCaptureToGraph", 12030, true, Capture] (s: Ptr, graph: Ptr, deps: *const Ptr, edges: *const c_void, n: usize, mode: u32) => |call| capture::began(s, call());
+    cuStreamEndCapture ["cuStreamEndCapture", 10000, false, Capture] (s: Ptr, graph: *mut Ptr) => |call| after(capture::ended(s, false, call()), |r| graphmem::capture_ended(s, graph, r));
+    cuStreamEndCapture_ptsz ["cuStreamEndCapture", 10000, true, Capture] (s: Ptr, graph: *mut Ptr) => |call| after(capture::ended(s, true, call()), |r| graphmem::capture_ended(s, graph, r));
 
     // Waiting for (or polling) the device's work: not idle.
-    cuCtxSynchronize ["cuCtxSynchronize", 2000, false]
-    () => |real| { trims!(real()) }
-    cuStreamSynchronize ["cuStreamSynchronize", 2000, false]
-    (s: Ptr) => |real| { trims!(real(s)) }
-    cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, true]
-    (s: Ptr) => |real| { trims!(real(s)) }
-    cuStreamQuery ["cuStreamQuery", 2000, false]
-    (s: Ptr) => |real| { syncs!(real(s)) }
-    cuStreamQuery_ptsz ["cuStreamQuery", 7000, true]
-    (s: Ptr) => |real| { syncs!(real(s)) }
-    cuStreamWaitEvent ["cuStreamWaitEvent", 3020, false]
-    (s: Ptr, e: Ptr, flags: u32) => |real| { waits!(real(s, e, flags)) }
-    cuStreamWaitEvent_ptsz ["cuStreamWaitEvent", 7000, true]
-    (s: Ptr, e: Ptr, flags: u32) => |real| { waits!(real(s, e, flags)) }
-    cuEventSynchronize ["cuEventSynchronize", 2000, false]
-    (e: Ptr) => |real| { trims!(real(e)) }
-    cuEventQuery ["cuEventQuery", 2000, false]
-    (e: Ptr) => |real| { syncs!(real(e)) }
-    cuMemcpy ["cuMemcpy", 4000, false]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
-    cuMemcpy_ptds ["cuMemcpy", 7000, true]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
-    cuMemcpyHtoD_v2 ["cuMemcpyHtoD", 3020, false]
-    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { trims!(real(dst, src, n)) }
-    cuMemcpyHtoD_v2_ptds ["cuMemcpyHtoD", 7000, true]
-    (dst: CUdeviceptr, src: *const c_void, n: usize) => |real| { trims!(real(dst, src, n)) }
-    cuMemcpyDtoH_v2 ["cuMemcpyDtoH", 3020, false]
-    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
-    cuMemcpyDtoH_v2_ptds ["cuMemcpyDtoH", 7000, true]
-    (dst: Ptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
-    cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, false]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
-    cuMemcpyDtoD_v2_ptds ["cuMemcpyDtoD", 7000, true]
-    (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |real| { trims!(real(dst, src, n)) }
+    cuCtxSynchronize ["cuCtxSynchronize", 2000, false, Sync] () => |call| trims(call);
+    cuStreamSynchronize ["cuStreamSynchronize", 2000, false, Sync] (s: Ptr) => |call| trims(call);
+    cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, true, Sync] (s: Ptr) => |call| trims(call);
+    cuStreamQuery ["cuStreamQuery", 2000, false, Sync] (s: Ptr) => |call| syncs(call);
+    cuStreamQuery_ptsz ["cuStreamQuery", 7000, true, Sync] (s: Ptr) => |call| syncs(call);
+    cuStreamWaitEvent ["cuStreamWaitEvent", 3020, false, Sync] (s: Ptr, e: Ptr, flags: u32) => |call| waits(call);
+    cuStreamWaitEvent_ptsz ["cuStreamWaitEvent", 7000, true, Sync] (s: Ptr, e: Ptr, flags: u32) => |call| waits(call);
+    cuEventSynchronize ["cuEventSynchronize", 2000, false, Sync] (e: Ptr) => |call| trims(call);
+    cuEventQuery ["cuEventQuery", 2000, false, Sync] (e: Ptr) => |call| syncs(call);
+    cuMemcpy ["cuMemcpy", 4000, false, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(call);
+    cuMemcpy_ptds ["cuMemcpy", 7000, true, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(call);
+    cuMemcpyHtoD_v2 ["cuMemcpyHtoD", 3020, false, Sync] (dst: CUdeviceptr, src: *const c_void, n: usize) => |call| trims(call);
+    cuMemcpyHtoD_v2_ptds ["cuMemcpyHtoD", 7000, true, Sync] (dst: CUdeviceptr, src: *const c_void, n: usize) => |call| trims(call);
+    cuMemcpyDtoH_v2 ["cuMemcpyDtoH", 3020, false, Sync] (dst: Ptr, src: CUdeviceptr, n: usize) => |call| trims(call);
+    cuMemcpyDtoH_v2_ptds ["cuMemcpyDtoH", 7000, true, Sync] (dst: Ptr, src: CUdeviceptr, n: usize) => |call| trims(call);
+    cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, false, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(call);
+    cuMemcpyDtoD_v2_ptds ["cuMemcpyDtoD", 7000, true, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(call);
 
-    // Allocations and frees.
-    cuMemAlloc_v2 ["cuMemAlloc", 3020, false]
-    (dptr: *mut CUdeviceptr, bytes: usize) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes) }, ptr_key(dptr)))
-    }
-    cuMemAllocPitch_v2 ["cuMemAllocPitch", 3020, false]
-    (dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: u32) => |real| {
-        // The real pitch is known only afterwards: reserve the width
-        // rounded up to the driver's 512-byte pitch alignment.
-        let bytes = (width.div_ceil(512) * 512) as u64 * height as u64;
-        // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc(bytes, || (unsafe { real(dptr, pitch, width, height, elem) }, ptr_key(dptr)))
-    }
-    cuMemAllocManaged ["cuMemAllocManaged", 6000, false]
-    (dptr: *mut CUdeviceptr, bytes: usize, flags: u32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc(bytes as u64, || (unsafe { real(dptr, bytes, flags) }, ptr_key(dptr)))
-    }
-    // Stream-ordered: charged what the pool holds (see `memory`).
-    cuMemAllocAsync ["cuMemAllocAsync", 11020, false]
-    (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        graphmem::stream_alloc(None, s, false, bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
-    }
-    cuMemAllocAsync_ptsz ["cuMemAllocAsync", 11020, true]
-    (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        graphmem::stream_alloc(None, s, true, bytes as u64, || (unsafe { real(dptr, bytes, s) }, ptr_key(dptr)))
-    }
-    cuMemAllocFromPoolAsync ["cuMemAllocFromPoolAsync", 11020, false]
-    (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        graphmem::stream_alloc(Some(pool), s, false, bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
-    }
-    cuMemAllocFromPoolAsync_ptsz ["cuMemAllocFromPoolAsync", 11020, true]
-    (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        graphmem::stream_alloc(Some(pool), s, true, bytes as u64, || (unsafe { real(dptr, bytes, pool, s) }, ptr_key(dptr)))
-    }
-    cuMemPoolTrimTo ["cuMemPoolTrimTo", 11020, false]
-    (pool: Ptr, keep: usize) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(pool, keep) };
-        memory::settle_pools();
-        r
-    }
-    cuMemPoolDestroy ["cuMemPoolDestroy", 11020, false]
-    (pool: Ptr) => |real| {
-        // SAFETY: the program's argument, passed on unchanged.
-        let r = unsafe { real(pool) };
-        if r == CUDA_SUCCESS {
-            memory::pool_destroyed(pool);
-        }
-        r
-    }
-    cuMemCreate ["cuMemCreate", 10020, false]
-    (handle: *mut u64, bytes: usize, prop: *const [i32; 4], flags: u64) => |real| {
-        // CUmemAllocationProp: type, handle types, location type, location id.
-        // SAFETY: the caller passes a valid property struct.
-        let dev = (!prop.is_null()).then(|| unsafe { (*prop)[3] }).filter(|d| *d >= 0).map(|d| d as u32);
-        // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc_on(dev, bytes as u64, || (unsafe { real(handle, bytes, prop, flags) }, ptr_key(handle)))
-    }
+    // Allocations, reserved against the group's MemoryLimit first.
+    cuMemAlloc_v2 ["cuMemAlloc", 3020, false, Alloc] (dptr: *mut CUdeviceptr, bytes: usize) => |call| guarded_alloc(bytes as u64, || (call(), ptr_key(dptr)));
+    cuMemAllocPitch_v2 ["cuMemAllocPitch", 3020, false, Alloc] (dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: u32) => |call| guarded_alloc(pitched_bytes(width, height), || (call(), ptr_key(dptr)));
+    cuMemAllocManaged ["cuMemAllocManaged", 6000, false, Alloc] (dptr: *mut CUdeviceptr, bytes: usize, flags: u32) => |call| guarded_alloc(bytes as u64, || (call(), ptr_key(dptr)));
+    // Stream-ordered: charged what the pool holds (see `memory`), or a
+    // graph memory node when the stream is capturing (see `graphmem`).
+    cuMemAllocAsync ["cuMemAllocAsync", 11020, false, Alloc] (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |call| graphmem::stream_alloc(None, s, false, bytes as u64, || (call(), ptr_key(dptr)));
+    cuMemAllocAsync_ptsz ["cuMemAllocAsync", 11020, true, Alloc] (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |call| graphmem::stream_alloc(None, s, true, bytes as u64, || (call(), ptr_key(dptr)));
+    cuMemAllocFromPoolAsync ["cuMemAllocFromPoolAsync", 11020, false, Alloc] (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |call| graphmem::stream_alloc(Some(pool), s, false, bytes as u64, || (call(), ptr_key(dptr)));
+    cuMemAllocFromPoolAsync_ptsz ["cuMemAllocFromPoolAsync", 11020, true, Alloc] (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |call| graphmem::stream_alloc(Some(pool), s, true, bytes as u64, || (call(), ptr_key(dptr)));
+    cuMemCreate ["cuMemCreate", 10020, false, Alloc] (handle: *mut u64, bytes: usize, prop: *const [i32; 4], flags: u64) => |call| guarded_alloc_on(prop_device(prop), bytes as u64, || (call(), ptr_key(handle)));
     // CUDA arrays (textures, surfaces): charged by their descriptor.
-    cuArrayCreate_v2 ["cuArrayCreate", 3020, false]
-    (out: *mut usize, desc: *const [usize; 3]) => |real| {
-        // CUDA_ARRAY_DESCRIPTOR: width, height, format and channels (u32 each).
-        // SAFETY: read only when non-null; the program's descriptor.
-        let bytes = (!desc.is_null()).then(|| unsafe { *desc }).map_or(0, |d| {
-            memory::array_bytes([d[0], d[1], 0], d[2] as u32, (d[2] >> 32) as u32, 1)
-        });
-        // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc(bytes, || (unsafe { real(out, desc) }, array_key(out)))
-    }
-    cuArray3DCreate_v2 ["cuArray3DCreate", 3020, false]
-    (out: *mut usize, desc: *const [usize; 4]) => |real| {
-        // CUDA_ARRAY3D_DESCRIPTOR: width, height, depth, format and channels.
-        // SAFETY: read only when non-null; the program's descriptor.
-        let bytes = (!desc.is_null()).then(|| unsafe { *desc }).map_or(0, |d| {
-            memory::array_bytes([d[0], d[1], d[2]], d[3] as u32, (d[3] >> 32) as u32, 1)
-        });
-        // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc(bytes, || (unsafe { real(out, desc) }, array_key(out)))
-    }
-    cuMipmappedArrayCreate ["cuMipmappedArrayCreate", 5000, false]
-    (out: *mut usize, desc: *const [usize; 4], levels: u32) => |real| {
-        // SAFETY: read only when non-null; the program's descriptor.
-        let bytes = (!desc.is_null()).then(|| unsafe { *desc }).map_or(0, |d| {
-            memory::array_bytes([d[0], d[1], d[2]], d[3] as u32, (d[3] >> 32) as u32, levels)
-        });
-        // SAFETY: the program's arguments, passed on unchanged.
-        guarded_alloc(bytes, || (unsafe { real(out, desc, levels) }, array_key(out)))
-    }
-    cuArrayDestroy ["cuArrayDestroy", 2000, false]
-    (a: usize) => |real| {
-        // SAFETY: the program's argument, passed on unchanged.
-        let r = unsafe { real(a) };
-        if r == CUDA_SUCCESS {
-            memory::release(a as u64);
-        }
-        r
-    }
-    cuMipmappedArrayDestroy ["cuMipmappedArrayDestroy", 5000, false]
-    (a: usize) => |real| {
-        // SAFETY: the program's argument, passed on unchanged.
-        let r = unsafe { real(a) };
-        if r == CUDA_SUCCESS {
-            memory::release(a as u64);
-        }
-        r
-    }
-    cuMemFree_v2 ["cuMemFree", 3020, false]
-    (ptr: CUdeviceptr) => |real| {
-        // SAFETY: the program's argument, passed on unchanged.
-        let r = unsafe { real(ptr) };
-        if r == CUDA_SUCCESS {
-            memory::release(ptr);
-        }
-        r
-    }
-    cuMemFreeAsync ["cuMemFreeAsync", 11020, false]
-    (ptr: CUdeviceptr, s: Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(ptr, s) };
-        if r == CUDA_SUCCESS {
-            memory::release(ptr);
-        }
-        r
-    }
-    cuMemFreeAsync_ptsz ["cuMemFreeAsync", 11020, true]
-    (ptr: CUdeviceptr, s: Ptr) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(ptr, s) };
-        if r == CUDA_SUCCESS {
-            memory::release(ptr);
-        }
-        r
-    }
-    cuMemRelease ["cuMemRelease", 10020, false]
-    (handle: u64) => |real| {
-        // SAFETY: the program's argument, passed on unchanged.
-        let r = unsafe { real(handle) };
-        if r == CUDA_SUCCESS {
-            memory::release(handle);
-        }
-        r
-    }
+    cuArrayCreate_v2 ["cuArrayCreate", 3020, false, Alloc] (out: *mut usize, desc: *const [usize; 3]) => |call| guarded_alloc(array_bytes(desc), || (call(), array_key(out)));
+    cuArray3DCreate_v2 ["cuArray3DCreate", 3020, false, Alloc] (out: *mut usize, desc: *const [usize; 4]) => |call| guarded_alloc(array3d_bytes(desc, 1), || (call(), array_key(out)));
+    cuMipmappedArrayCreate ["cuMipmappedArrayCreate", 5000, false, Alloc] (out: *mut usize, desc: *const [usize; 4], levels: u32) => |call| guarded_alloc(array3d_bytes(desc, levels), || (call(), array_key(out)));
+
+    // Frees, and pools giving memory back.
+    cuMemFree_v2 ["cuMemFree", 3020, false, Free] (ptr: CUdeviceptr) => |call| on_success(call(), || memory::release(ptr));
+    cuMemFreeAsync ["cuMemFreeAsync", 11020, false, Free] (ptr: CUdeviceptr, s: Ptr) => |call| on_success(call(), || memory::release(ptr));
+    cuMemFreeAsync_ptsz ["cuMemFreeAsync", 11020, true, Free] (ptr: CUdeviceptr, s: Ptr) => |call| on_success(call(), || memory::release(ptr));
+    cuMemRelease ["cuMemRelease", 10020, false, Free] (handle: u64) => |call| on_success(call(), || memory::release(handle));
+    cuArrayDestroy ["cuArrayDestroy", 2000, false, Free] (a: usize) => |call| on_success(call(), || memory::release(a as u64));
+    cuMipmappedArrayDestroy ["cuMipmappedArrayDestroy", 5000, false, Free] (a: usize) => |call| on_success(call(), || memory::release(a as u64));
+    cuMemPoolTrimTo ["cuMemPoolTrimTo", 11020, false, Free] (pool: Ptr, keep: usize) => |call| after(call(), |_| memory::settle_pools());
+    cuMemPoolDestroy ["cuMemPoolDestroy", 11020, false, Free] (pool: Ptr) => |call| on_success(call(), || memory::pool_destroyed(pool));
 
     // Memory queries: the group's view.
-    cuMemGetInfo_v2 ["cuMemGetInfo", 3020, false]
-    (free: *mut usize, total: *mut usize) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(free, total) };
-        if r == CUDA_SUCCESS && !free.is_null() && !total.is_null()
-            && let Some(dev) = memory::current_ordinal()
-            && let Some((used, limit, reclaimable)) = memory::view(dev)
-        {
-            // SAFETY: filled by the real call just now.
-            let (f, t) = unsafe { memory::group_view(*free as u64, *total as u64, used, limit, reclaimable) };
-            // SAFETY: the caller's out-pointers.
-            unsafe {
-                *free = f as usize;
-                *total = t as usize;
-            }
-        }
-        r
-    }
-    cuMemGetInfo ["cuMemGetInfo", 2000, false]
-    (free: *mut u32, total: *mut u32) => |real| {
-        let (mut f, mut t) = (0usize, 0usize);
-        // SAFETY: the 64-bit query into locals; the 32-bit one as asked.
-        let r = unsafe { driver::mem_get_info(&mut f, &mut t) };
-        if r != CUDA_SUCCESS {
-            // SAFETY: the program's arguments, passed on unchanged.
-            return unsafe { real(free, total) };
-        }
-        let (mut f, mut t) = (f as u64, t as u64);
-        if let Some(dev) = memory::current_ordinal()
-            && let Some((used, limit, reclaimable)) = memory::view(dev)
-        {
-            (f, t) = memory::group_view(f, t, used, limit, reclaimable);
-        }
-        if free.is_null() || total.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: the caller's non-null out-pointers.
-        unsafe {
-            *free = f.min(u32::MAX as u64) as u32;
-            *total = t.min(u32::MAX as u64) as u32;
-        }
-        0
-    }
-    cuDeviceTotalMem_v2 ["cuDeviceTotalMem", 3020, false]
-    (bytes: *mut usize, dev: i32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(bytes, dev) };
-        if r == CUDA_SUCCESS && !bytes.is_null() && dev >= 0
-            && let Some((_, limit, _)) = memory::view(dev as u32)
-        {
-            // SAFETY: filled by the real call just now.
-            unsafe { *bytes = (*bytes as u64).min(limit) as usize };
-        }
-        r
-    }
-    cuDeviceTotalMem ["cuDeviceTotalMem", 2000, false]
-    (bytes: *mut u32, dev: i32) => |real| {
-        let mut b = 0usize;
-        // SAFETY: the 64-bit query into a local.
-        if unsafe { driver::device_total_mem(&mut b, dev) } != 0 || bytes.is_null() || dev < 0 {
-            // SAFETY: the program's arguments, passed on unchanged.
-            return unsafe { real(bytes, dev) };
-        }
-        let limit = memory::view(dev as u32).map_or(u64::MAX, |(_, l, _)| l);
-        // SAFETY: the caller's non-null out-pointer.
-        unsafe { *bytes = (b as u64).min(limit).min(u32::MAX as u64) as u32 };
-        0
-    }
+    cuMemGetInfo_v2 ["cuMemGetInfo", 3020, false, Query] (free: *mut usize, total: *mut usize) => |call| mem_get_info(call(), free, total);
+    cuMemGetInfo ["cuMemGetInfo", 2000, false, Query] (free: *mut u32, total: *mut u32) => |call| mem_get_info_32(call, free, total);
+    cuDeviceTotalMem_v2 ["cuDeviceTotalMem", 3020, false, Query] (bytes: *mut usize, dev: i32) => |call| total_mem(call(), bytes, dev);
+    cuDeviceTotalMem ["cuDeviceTotalMem", 2000, false, Query] (bytes: *mut u32, dev: i32) => |call| total_mem_32(call, bytes, dev);
 
-    // Entry points: answer with ours.
-    cuGetProcAddress ["cuGetProcAddress", 11030, false]
-    (symbol: *const c_char, pfn: *mut Ptr, version: i32, flags: u64) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(symbol, pfn, version, flags) };
-        proc_address(symbol, pfn, version, flags, r)
-    }
-    cuGetProcAddress_v2 ["cuGetProcAddress", 12000, false]
-    (symbol: *const c_char, pfn: *mut Ptr, version: i32, flags: u64, status: *mut i32) => |real| {
-        // SAFETY: the program's arguments, passed on unchanged.
-        let r = unsafe { real(symbol, pfn, version, flags, status) };
-        proc_address(symbol, pfn, version, flags, r)
-    }
+    // Entry points: answered with ours.
+    cuGetProcAddress ["cuGetProcAddress", 11030, false, Entry] (symbol: *const c_char, pfn: *mut Ptr, version: i32, flags: u64) => |call| proc_address(symbol, pfn, version, flags, call());
+    cuGetProcAddress_v2 ["cuGetProcAddress", 12000, false, Entry] (symbol: *const c_char, pfn: *mut Ptr, version: i32, flags: u64, status: *mut i32) => |call| proc_address(symbol, pfn, version, flags, call());
 }
 
 #[cfg(test)]
@@ -736,5 +524,53 @@ mod tests {
         assert_eq!(sym("cuCtxSynchronize", 12000, 0), Some("cuCtxSynchronize"));
         // A function with no per-thread variant keeps its default one.
         assert_eq!(sym("cuMemAlloc", 12000, 2), Some("cuMemAlloc_v2"));
+    }
+
+    /// Memory taken through the table can be given back through it: every
+    /// allocation's base name has its free, of kind `Free`, in each
+    /// variant the allocation has.
+    #[test]
+    fn every_allocation_has_its_free() {
+        let frees = [
+            ("cuMemAlloc", "cuMemFree"),
+            ("cuMemAllocPitch", "cuMemFree"),
+            ("cuMemAllocManaged", "cuMemFree"),
+            ("cuMemAllocAsync", "cuMemFreeAsync"),
+            ("cuMemAllocFromPoolAsync", "cuMemFreeAsync"),
+            ("cuMemCreate", "cuMemRelease"),
+            ("cuArrayCreate", "cuArrayDestroy"),
+            ("cuArray3DCreate", "cuArrayDestroy"),
+            ("cuMipmappedArrayCreate", "cuMipmappedArrayDestroy"),
+        ];
+        let allocs: Vec<&Entry> = ENTRIES.iter().filter(|e| e.kind == Kind::Alloc).collect();
+        assert!(allocs.len() >= 10, "{allocs:?}");
+        for a in allocs {
+            let Some((_, free)) = frees.iter().find(|(alloc, _)| *alloc == a.base) else {
+                panic!("{}: an allocation with no free named here", a.symbol);
+            };
+            assert!(
+                ENTRIES.iter().any(|e| e.base == *free
+                    && e.kind == Kind::Free
+                    && e.per_thread == a.per_thread),
+                "{}: no {free} line of kind Free{}",
+                a.symbol,
+                if a.per_thread { " (per-thread)" } else { "" }
+            );
+        }
+        // Every launch is a gated kind, every wait a Sync.
+        for (base, kind) in [
+            ("cuLaunchKernel", Kind::Launch),
+            ("cuGraphLaunch", Kind::Launch),
+            ("cuStreamSynchronize", Kind::Sync),
+            ("cuMemGetInfo", Kind::Query),
+        ] {
+            assert!(
+                ENTRIES
+                    .iter()
+                    .filter(|e| e.base == base)
+                    .all(|e| e.kind == kind),
+                "{base}"
+            );
+        }
     }
 }

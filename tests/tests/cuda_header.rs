@@ -5,8 +5,9 @@
 //!   `_ptsz`/`_ptds` for the per-thread ones) whose parameters agree with
 //!   the entry's, in number and in how they are passed (a 32-bit value, a
 //!   64-bit value or pointer);
-//! - every launch and device-allocation entry point of the header, in its
-//!   newest version and per-thread variant, is in the table.
+//! - every launch, device allocation, free and memory query of the
+//!   header, in its newest version and per-thread variant, is in the
+//!   table, as a line of that kind.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -32,6 +33,7 @@ const NOT_HOOKED: &[(&str, &str)] = &[
         "deprecated since CUDA 11.3 and gone in 13; one call on several devices",
     ),
     ("cuMemAllocHost", "host memory: never counted"),
+    ("cuMemFreeHost", "host memory: never counted"),
 ];
 
 fn repo() -> PathBuf {
@@ -156,6 +158,8 @@ struct Entry {
     base: String,
     since: u32,
     per_thread: bool,
+    /// `Launch`, `Alloc`, `Free`, `Query`, …
+    kind: String,
     args: Vec<Class>,
 }
 
@@ -173,16 +177,18 @@ fn rust_class(ty: &str) -> Class {
 }
 
 fn parse_table(table_rs: &str) -> Vec<Entry> {
-    let re =
-        Regex::new(r#"(?m)^\s*(cu\w+)\s*\["(\w+)",\s*(\d+),\s*(true|false)\]\s*\(([^)]*)\)\s*=>"#)
-            .unwrap();
+    let re = Regex::new(
+        r#"(?m)^\s*(cu\w+)\s*\["(\w+)",\s*(\d+),\s*(true|false),\s*(\w+)\]\s*\(([^)]*)\)\s*=>"#,
+    )
+    .unwrap();
     re.captures_iter(table_rs)
         .map(|c| Entry {
             symbol: c[1].to_string(),
             base: c[2].to_string(),
             since: c[3].parse().unwrap(),
             per_thread: &c[4] == "true",
-            args: c[5]
+            kind: c[5].to_string(),
+            args: c[6]
                 .split(',')
                 .filter(|a| !a.trim().is_empty())
                 .map(|a| rust_class(a.split_once(':').unwrap().1))
@@ -191,12 +197,28 @@ fn parse_table(table_rs: &str) -> Vec<Entry> {
         .collect()
 }
 
-/// Base names the hook must cover: launches and device allocations.
-fn must_hook(base: &str) -> bool {
-    let launch = Regex::new(r"^cu(Launch\w*|GraphLaunch)$").unwrap();
-    let alloc = Regex::new(r"^cu(MemAlloc\w*|MemCreate|(Mipmapped)?Array(3D)?Create)$").unwrap();
-    (launch.is_match(base) || alloc.is_match(base))
-        && !NOT_HOOKED.iter().any(|(name, _)| *name == base)
+/// The kind of line the hook must have for a base name of the header
+/// (`None`: it need not hook it): launches, device allocations, frees and
+/// memory queries.
+fn must_hook(base: &str) -> Option<&'static str> {
+    if NOT_HOOKED.iter().any(|(name, _)| *name == base) {
+        return None;
+    }
+    [
+        ("Launch", r"^cu(Launch\w*|GraphLaunch)$"),
+        (
+            "Alloc",
+            r"^cu(MemAlloc\w*|MemCreate|(Mipmapped)?Array(3D)?Create)$",
+        ),
+        (
+            "Free",
+            r"^cu(MemFree\w*|MemRelease|(Mipmapped)?ArrayDestroy)$",
+        ),
+        ("Query", r"^cu(MemGetInfo|DeviceTotalMem)$"),
+    ]
+    .into_iter()
+    .find(|(_, re)| Regex::new(re).unwrap().is_match(base))
+    .map(|(kind, _)| kind)
 }
 
 #[test]
@@ -249,23 +271,29 @@ fn the_hook_table_matches_the_pinned_cuda_headers() {
             Ok(_) => {}
         }
     }
-    // Completeness: the newest version of each variant of every launch
-    // and allocation entry point.
+    // Completeness: the newest version of each variant of every launch,
+    // allocation, free and memory query, as a line of its kind.
     let mut newest: BTreeMap<(String, String), u32> = BTreeMap::new();
     for (base, version, variant) in pfns.keys() {
-        if must_hook(base) {
+        if must_hook(base).is_some() {
             let v = newest.entry((base.clone(), variant.clone())).or_default();
             *v = (*v).max(*version);
         }
     }
     for ((base, variant), version) in &newest {
-        let covered = entries
+        let kind = must_hook(base).unwrap_or_default();
+        let line = entries
             .iter()
-            .any(|e| &e.base == base && e.since == *version && e.per_thread != variant.is_empty());
-        if !covered {
-            problems.push(format!(
-                "PFN_{base}_v{version}{variant} (a launch or allocation) is not in the hook's table"
-            ));
+            .find(|e| &e.base == base && e.since == *version && e.per_thread != variant.is_empty());
+        match line {
+            None => problems.push(format!(
+                "PFN_{base}_v{version}{variant} (kind {kind}) is not in the hook's table"
+            )),
+            Some(e) if e.kind != kind => problems.push(format!(
+                "{}: kind {} in the table, but the header's {base} is a {kind}",
+                e.symbol, e.kind
+            )),
+            Some(_) => {}
         }
     }
     assert!(newest.len() >= 20, "{newest:?}");
@@ -362,10 +390,17 @@ fn the_parsers_read_what_they_claim() {
     );
     assert!(pfns[&("cuCtxSynchronize".into(), 2000, String::new())].is_empty());
     let entries = parse_table(
-        "    cuMemAlloc_v2 [\"cuMemAlloc\", 3020, false]\n    (dptr: *mut CUdeviceptr, bytes: usize) => |real| {",
+        "    cuMemAlloc_v2 [\"cuMemAlloc\", 3020, false, Alloc] (dptr: *mut CUdeviceptr, bytes: usize) => |call| x;",
     );
     assert_eq!(entries[0].symbol, "cuMemAlloc_v2");
+    assert_eq!(entries[0].kind, "Alloc");
     assert_eq!(entries[0].args, [Class::W64, Class::W64]);
-    assert!(must_hook("cuLaunchKernelEx") && must_hook("cuArray3DCreate"));
-    assert!(!must_hook("cuLaunchHostFunc") && !must_hook("cuMemAllocHost"));
+    assert_eq!(must_hook("cuLaunchKernelEx"), Some("Launch"));
+    assert_eq!(must_hook("cuArray3DCreate"), Some("Alloc"));
+    assert_eq!(must_hook("cuMemFreeAsync"), Some("Free"));
+    assert_eq!(must_hook("cuMemGetInfo"), Some("Query"));
+    assert_eq!(must_hook("cuLaunchHostFunc"), None);
+    assert_eq!(must_hook("cuMemAllocHost"), None);
+    assert_eq!(must_hook("cuMemFreeHost"), None);
+    assert_eq!(must_hook("cuCtxSynchronize"), None);
 }
