@@ -33,22 +33,22 @@ test: setup
 
 # gemini under a real Slurm on localhost (docs/slurm.md): installs
 # Debian's slurmd, slurmctld, slurm-client and munge (as root), then runs
-# the ignored test tests/tests/slurm.rs; it skips, saying why, without
+# the ignored test tests/tests/it/slurm.rs; it skips, saying why, without
 # root or the packages.
 test-slurm: setup
 	@if [ "$$(id -u)" = 0 ] && ! command -v slurmd >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurmd slurmctld slurm-client munge >/dev/null; } || exit 1; fi
 	$(CARGO) build --workspace --all-targets
-	$(CARGO) test -p gemini-tests --test slurm -- --ignored --nocapture
+	$(CARGO) test -p gemini-tests --test it -- slurm:: --ignored --nocapture
 
 # A real Prometheus scraping gem-schd --metrics (docs/metrics.md):
 # installs Debian's prometheus (as root), then runs the ignored test of
-# tests/tests/metrics.rs; it skips, saying why, without the package.
+# tests/tests/it/metrics.rs; it skips, saying why, without the package.
 test-prometheus: setup
 	@if [ "$$(id -u)" = 0 ] && [ ! -x /usr/bin/prometheus ] && command -v apt-get >/dev/null 2>&1; then \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || exit 1; fi
 	$(CARGO) build --workspace --all-targets
-	$(CARGO) test -p gemini-tests --test metrics -- --ignored --nocapture
+	$(CARGO) test -p gemini-tests --test it -- metrics:: --ignored --nocapture
 
 demo: release
 	$(RELEASE_DIR)/gem-demo examples/resource.conf

@@ -190,7 +190,9 @@ pub fn field(r: &HashMap<String, String>, key: &str) -> u64 {
         .unwrap()
 }
 
-/// A simulated machine with `gem-schd` running on a private IPC directory.
+/// A simulated machine with `gem-schd` running on a private IPC directory:
+/// the one harness of the integration tests, the scheduler's own among
+/// them.
 #[derive(Debug)]
 pub struct Gemini {
     /// The simulated GPUs.
@@ -207,14 +209,77 @@ impl Gemini {
 
     /// Starts the scheduler with `conf` and extra command-line flags.
     pub fn start_with(sim: SimEnv, conf: &str, flags: &[&str]) -> Gemini {
+        let tmp = sim.path().join("resource.conf.tmp");
+        std::fs::write(&tmp, conf).unwrap();
+        std::fs::rename(&tmp, sim.path().join("resource.conf")).unwrap();
+        Gemini::start_prepared(sim, flags)
+    }
+
+    /// A scheduler with `conf` on a machine of one simulated GPU: the
+    /// daemon's own tests.
+    pub fn daemon(conf: &str) -> Gemini {
+        Gemini::start(SimEnv::default(), conf)
+    }
+
+    /// Starts the scheduler on `sim`, whose directory already holds its
+    /// `resource.conf` (and whatever else the test put there).
+    pub fn start_prepared(sim: SimEnv, flags: &[&str]) -> Gemini {
         let mut g = Gemini {
             sim,
             schd: None,
             flags: flags.iter().map(|s| s.to_string()).collect(),
         };
-        g.write_conf(conf);
         g.start_scheduler();
         g
+    }
+
+    /// The `gem-schd` command on `sim`'s `resource.conf` and IPC directory,
+    /// logging to `schd.log` there, with `flags`.
+    fn scheduler_command(sim: &SimEnv, flags: &[String]) -> Command {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(sim.path().join("schd.log"))
+            .unwrap();
+        let mut cmd = sim.command(bin("gem-schd"));
+        cmd.arg("--config")
+            .arg(sim.path().join("resource.conf"))
+            .arg("--ipc-dir")
+            .arg(sim.path().join("ipc"))
+            .args(if flags.iter().any(|f| f == "--log-level") {
+                &[][..]
+            } else {
+                &["--log-level", "debug"][..]
+            })
+            .args(flags)
+            .env_remove("GEMINI_IPC_DIR")
+            .stderr(log)
+            .stdout(std::process::Stdio::null());
+        cmd
+    }
+
+    /// Spawns a `gem-schd` on `sim`'s directory without waiting for it (one
+    /// that is expected to refuse to start, say).
+    pub fn spawn_in(sim: &SimEnv, flags: &[&str]) -> std::process::Child {
+        let flags: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+        Gemini::scheduler_command(sim, &flags).spawn().unwrap()
+    }
+
+    /// The machine's directory (`resource.conf`, `ipc`, `schd.log`).
+    pub fn dir(&self) -> &Path {
+        self.sim.path()
+    }
+
+    /// A new connection to the scheduler.
+    pub fn client(&self) -> gemini_scheduler::client::Client {
+        gemini_scheduler::client::Client::connect(&self.ipc()).unwrap()
+    }
+
+    /// Whether the scheduler process still runs.
+    pub fn alive(&mut self) -> bool {
+        self.schd
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
     }
 
     /// `resource.conf`.
@@ -248,30 +313,11 @@ impl Gemini {
     /// NVML (which names the GPUs by UUID) or without any, as on a machine
     /// where `libnvidia-ml.so.1` cannot be loaded.
     pub fn start_scheduler_with(&mut self, nvml: bool) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.sim.path().join("schd.log"))
-            .unwrap();
-        let mut cmd = self.sim.command(bin("gem-schd"));
+        let mut cmd = Gemini::scheduler_command(&self.sim, &self.flags);
         if !nvml {
             cmd.env_remove("LD_LIBRARY_PATH");
         }
-        let child = cmd
-            .arg("--config")
-            .arg(self.conf())
-            .arg("--ipc-dir")
-            .arg(self.ipc())
-            .args(if self.flags.iter().any(|f| f == "--log-level") {
-                &[][..]
-            } else {
-                &["--log-level", "debug"][..]
-            })
-            .args(&self.flags)
-            .stderr(log)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = cmd.spawn().unwrap();
         self.schd = Some(child);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while std::time::Instant::now() < deadline {
@@ -286,6 +332,12 @@ impl Gemini {
     /// The scheduler's process id, while it runs.
     pub fn scheduler_pid(&self) -> Option<u32> {
         self.schd.as_ref().map(std::process::Child::id)
+    }
+
+    /// Waits for the scheduler to exit (after a signal or a shutdown).
+    pub fn wait_scheduler(&mut self) -> std::process::ExitStatus {
+        let mut c = self.schd.take().expect("the scheduler was started");
+        c.wait().unwrap()
     }
 
     /// Kills the scheduler with SIGKILL (no clean-up, as a crash).
@@ -323,22 +375,24 @@ impl Gemini {
         })
     }
 
-    /// Polls status until `pred` holds, failing after `secs`.
+    /// Polls status until `pred` holds, failing after `secs`; the status
+    /// that satisfied it.
     pub fn wait_status(
         &self,
         secs: f64,
         what: &str,
         pred: impl Fn(&gemini_protocol::StatusReport) -> bool,
-    ) {
+    ) -> gemini_protocol::StatusReport {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
         loop {
-            if self.try_status().is_some_and(|s| pred(&s)) {
-                return;
+            if let Some(s) = self.try_status().filter(|s| pred(s)) {
+                return s;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "timed out waiting for {what}: {:#?}",
-                self.try_status()
+                "timed out waiting for {what}: {:#?}\nlog:\n{}",
+                self.try_status(),
+                self.log()
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }

@@ -3,8 +3,6 @@
 //! it tells a user who cannot install; and the Makefile honouring
 //! `CARGO_TARGET_DIR`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -6,8 +6,6 @@
 //! for a loaded 2-core machine; `make bench` measures the full matrix of
 //! shapes against ±2 pp of the whole time.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use gemini_tests::cpu::{MAX_STEAL, serial, unstarved};
 use gemini_tests::{
     Gemini, SYNC_EVERY_KERNEL, Scenario, SimEnv, TRAINING_STEP, field, now_ns, reports,

@@ -9,8 +9,6 @@
 //!   header, in its newest version and per-thread variant, is in the
 //!   table, as a line of that kind.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use regex::Regex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};

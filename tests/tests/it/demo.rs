@@ -2,8 +2,6 @@
 //! succeeds and every group gets device time in each step (a step whose
 //! workloads failed showed 0.000 and still exited 0 before).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use gemini_tests::bin;
 use gemini_tests::cpu::serial;
 use std::process::Command;

@@ -2,8 +2,6 @@
 //! ones): random SIGKILLs of hooked processes and a scheduler crash leave
 //! the accounting exact; many concurrent clients lose no reply.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use gemini_tests::soak::{chaos, load};
 use std::time::Duration;
 

@@ -3,8 +3,6 @@
 //! client within a few milliseconds, gives memory back on demand, and
 //! releases everything when stopped.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use gemini_tests::cpu::{CpuTimes, MAX_STEAL, serial, unstarved};
 use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
 use std::process::{Child, Command, Output, Stdio};

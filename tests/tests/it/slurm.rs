@@ -3,7 +3,6 @@
 //! and `gem-slurm` as the prolog, epilog and task prolog. Needs root and
 //! Debian's `slurmd`, `slurmctld`, `slurm-client` and `munge` (the make
 //! target installs them); skipped, saying why, where they are missing.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use gemini_tests::cpu::CpuTimes;
 use gemini_tests::{Gemini, SimEnv, bin, field, now_ns, reports};

@@ -1,7 +1,6 @@
 //! `gem-schd top` in a real terminal: tmux runs it in 80×24 while two
 //! groups share the simulated device, and what tmux shows (capture-pane)
 //! has both groups and their shares; `q` ends it.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use gemini_tests::cpu::CpuTimes;
 use gemini_tests::{Gemini, SimEnv, bin};

@@ -6,8 +6,6 @@
 //! its own; where that cannot be done (offline) it says so and checks
 //! nothing.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use gemini_tests::cpu::{MAX_STEAL, measured, serial};
 use gemini_tests::{Gemini, SimEnv, now_ns};
 use std::collections::HashMap;

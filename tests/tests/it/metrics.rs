@@ -2,7 +2,6 @@
 //! on the simulator, checked here by reading it; and, with a real
 //! Prometheus scraping it (`make test-prometheus`, ignored otherwise),
 //! the shares Prometheus stored.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use gemini_tests::cpu::CpuTimes;
 use gemini_tests::{Gemini, SimEnv, bin};

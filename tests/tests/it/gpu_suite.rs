@@ -1,8 +1,6 @@
 //! `make test-gpu`'s suite, where there is no GPU: it must say so and
 //! succeed, so CI and every GPU-less machine can run it.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::Path;
 use std::process::Command;
 

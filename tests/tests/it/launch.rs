@@ -3,8 +3,6 @@
 //! signals, the checks before launching, and a workload run through it
 //! being gated on the GPU it was given.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use gemini_tests::cpu::CpuTimes;
 use gemini_tests::{Gemini, SimEnv, bin, field, now_ns, reports};
 use std::process::{Command, Stdio};

@@ -3,8 +3,6 @@
 //! libcuda.so.1). Shares come from the simulator's busy log, not from the
 //! scheduler.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use gemini_tests::cpu::{CpuTimes, MAX_STEAL, measured, serial, unstarved};
 use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
 use std::path::Path;

@@ -1,134 +1,23 @@
-//! Integration tests of the real `gem-schd` binary: each test gets a fresh
-//! temporary directory with its own `resource.conf` and IPC directory, and
-//! talks to the daemon with the protocol client.
-
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The real `gem-schd` binary: each test gets a fresh machine
+//! ([`Gemini`]) with its own `resource.conf` and IPC directory, and talks
+//! to the daemon with the protocol client.
 
 use gemini_protocol::{
     ErrorKind, PROTOCOL_VERSION, Reply, Request, Role, StatusReport, encode_request,
 };
 use gemini_scheduler::client::Client;
+use gemini_tests::{Gemini, SimEnv, bin};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gem-schd");
 const T: Duration = Duration::from_secs(3);
 
-/// A running daemon in a private directory.
-struct Schd {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Schd {
-    fn start(conf: &str) -> Schd {
-        let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join("resource.conf"), conf).unwrap();
-        Schd::start_in(dir, &[])
-    }
-
-    fn start_with_flags(conf: &str, extra: &[&str]) -> Schd {
-        let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join("resource.conf"), conf).unwrap();
-        Schd::start_in(dir, extra)
-    }
-
-    fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Schd {
-        let child = Schd::spawn(dir.path(), extra);
-        let s = Schd { child, dir };
-        s.wait_ready();
-        s
-    }
-
-    fn spawn(dir: &Path, extra: &[&str]) -> Child {
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("schd.log"))
-            .unwrap();
-        Command::new(BIN)
-            .arg("--config")
-            .arg(dir.join("resource.conf"))
-            .arg("--ipc-dir")
-            .arg(dir.join("ipc"))
-            .args(["--log-level", "debug"])
-            .args(extra)
-            .env_remove("GEMINI_IPC_DIR")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap()
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.ipc().join("scheduler.sock").exists()
-                && let Ok(mut c) = Client::connect(&self.ipc())
-                && c.request(&Request::Status, Duration::from_millis(200))
-                    .is_ok()
-            {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("gem-schd did not come up; log:\n{}", self.log());
-    }
-
-    fn ipc(&self) -> PathBuf {
-        self.dir.path().join("ipc")
-    }
-
-    fn conf(&self) -> PathBuf {
-        self.dir.path().join("resource.conf")
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(self.dir.path().join("schd.log")).unwrap_or_default()
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.ipc()).unwrap()
-    }
-
-    fn status(&self) -> StatusReport {
-        match self.client().request(&Request::Status, T).unwrap() {
-            Reply::Status(s) => *s,
-            other => panic!("{other:?}"),
-        }
-    }
-
-    /// Polls `status` until `pred` holds (live reload and liveness are
-    /// asynchronous), failing after 5 s.
-    fn wait_status(&self, what: &str, pred: impl Fn(&StatusReport) -> bool) -> StatusReport {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let s = self.status();
-            if pred(&s) {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; status: {s:#?}\nlog:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for Schd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `gem-schd`, for its command-line tests.
+fn schd_bin() -> PathBuf {
+    bin("gem-schd")
 }
 
 fn hello(c: &mut Client, group: &str) -> Reply {
@@ -161,7 +50,7 @@ fn group_min(s: &StatusReport, name: &str) -> Option<f64> {
 
 #[test]
 fn status_lists_configured_groups_and_ipc_dir_is_private() {
-    let s = Schd::start(
+    let s = Gemini::daemon(
         "[train]\nMinUtil=0.7\nMemoryLimit=8GiB\n[notebook]\nMinUtil=0.3\nMaxUtil=0.5\n",
     );
     let st = s.status();
@@ -179,12 +68,12 @@ fn status_lists_configured_groups_and_ipc_dir_is_private() {
 /// it is. (The daemon used to set 0700 on whatever it was given.)
 #[test]
 fn an_existing_ipc_dir_keeps_its_mode_and_a_shared_one_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    fs::write(dir.path().join("resource.conf"), "[a]\n").unwrap();
-    let ipc = dir.path().join("ipc");
+    let sim = SimEnv::default();
+    fs::write(sim.path().join("resource.conf"), "[a]\n").unwrap();
+    let ipc = sim.path().join("ipc");
     fs::create_dir(&ipc).unwrap();
     fs::set_permissions(&ipc, fs::Permissions::from_mode(0o1777)).unwrap();
-    let mut c = Schd::spawn(dir.path(), &[]);
+    let mut c = Gemini::spawn_in(&sim, &[]);
     let deadline = Instant::now() + T;
     let status = loop {
         if let Some(st) = c.try_wait().unwrap() {
@@ -197,7 +86,7 @@ fn an_existing_ipc_dir_keeps_its_mode_and_a_shared_one_is_refused() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(!status.success());
-    let log = fs::read_to_string(dir.path().join("schd.log")).unwrap();
+    let log = fs::read_to_string(sim.path().join("schd.log")).unwrap();
     assert!(
         log.contains("may be written by other users (mode 1777)") && log.contains("/ipc/gemini"),
         "{log}"
@@ -206,7 +95,7 @@ fn an_existing_ipc_dir_keeps_its_mode_and_a_shared_one_is_refused() {
     assert_eq!(mode, 0o1777, "the shared directory's mode was changed");
 
     fs::set_permissions(&ipc, fs::Permissions::from_mode(0o755)).unwrap();
-    let s = Schd::start_in(dir, &[]);
+    let s = Gemini::start_prepared(sim, &[]);
     assert_eq!(s.status().groups.len(), 1);
     let mode = fs::metadata(s.ipc()).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, 0o755, "the existing directory's mode was changed");
@@ -214,8 +103,8 @@ fn an_existing_ipc_dir_keeps_its_mode_and_a_shared_one_is_refused() {
 
 #[test]
 fn status_cli_prints_table_and_json() {
-    let s = Schd::start("[train]\nMinUtil=0.5\n");
-    let out = Command::new(BIN)
+    let s = Gemini::daemon("[train]\nMinUtil=0.5\n");
+    let out = Command::new(schd_bin())
         .arg("status")
         .arg("--ipc-dir")
         .arg(s.ipc())
@@ -224,7 +113,7 @@ fn status_cli_prints_table_and_json() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("train") && text.contains("50.0%"), "{text}");
-    let out = Command::new(BIN)
+    let out = Command::new(schd_bin())
         .args(["status", "--json"])
         .env("GEMINI_IPC_DIR", s.ipc())
         .output()
@@ -240,8 +129,8 @@ fn status_cli_prints_table_and_json() {
 #[test]
 fn status_watch_survives_a_restart_and_a_closed_pipe() {
     use std::io::Read as _;
-    let mut s = Schd::start("[a]\n");
-    let mut watch = Command::new(BIN)
+    let mut s = Gemini::daemon("[a]\n");
+    let mut watch = Command::new(schd_bin())
         .args(["status", "--json", "--watch", "0.1", "--ipc-dir"])
         .arg(s.ipc())
         .stdout(Stdio::piped())
@@ -271,11 +160,11 @@ fn status_watch_survives_a_restart_and_a_closed_pipe() {
     read_until("\"groups\"", &mut seen);
     // The scheduler stops and a new one starts on the same directory.
     // SAFETY: sending a signal to our own child process.
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    s.child.wait().unwrap();
+    unsafe { libc::kill(s.scheduler_pid().unwrap() as i32, libc::SIGTERM) };
+    s.wait_scheduler();
     read_until("waiting for the scheduler", &mut seen);
     fs::write(s.conf(), "[b]\n").unwrap();
-    let mut again = Command::new(BIN)
+    let mut again = Command::new(schd_bin())
         .arg("--config")
         .arg(s.conf())
         .arg("--ipc-dir")
@@ -305,7 +194,7 @@ fn status_watch_survives_a_restart_and_a_closed_pipe() {
 #[test]
 fn status_without_a_daemon_fails_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(schd_bin())
         .arg("status")
         .arg("--ipc-dir")
         .arg(dir.path())
@@ -318,7 +207,7 @@ fn status_without_a_daemon_fails_with_a_clear_message() {
 
 #[test]
 fn unknown_group_is_refused_naming_the_config_file() {
-    let s = Schd::start("[train]\n");
+    let s = Gemini::daemon("[train]\n");
     let mut c = s.client();
     match hello(&mut c, "nobody") {
         Reply::Error(e) => {
@@ -335,7 +224,7 @@ fn unknown_group_is_refused_naming_the_config_file() {
 
 #[test]
 fn tokens_and_memory_through_the_daemon() {
-    let s = Schd::start("[a]\nMemoryLimit=1GiB\n[b]\n");
+    let s = Gemini::daemon("[a]\nMemoryLimit=1GiB\n[b]\n");
     let mut a = s.client();
     let mut b = s.client();
     assert!(matches!(hello(&mut a, "a"), Reply::Welcome { .. }));
@@ -425,16 +314,16 @@ fn tokens_and_memory_through_the_daemon() {
 
 #[test]
 fn edit_of_resource_conf_applies_live() {
-    let s = Schd::start("[a]\nMinUtil=0.2\n");
+    let s = Gemini::daemon("[a]\nMinUtil=0.2\n");
     fs::write(s.conf(), "[a]\nMinUtil=0.4\n").unwrap();
-    s.wait_status("in-place edit", |st| group_min(st, "a") == Some(0.4));
+    s.wait_status(5.0, "in-place edit", |st| group_min(st, "a") == Some(0.4));
     save_like_an_editor(&s.conf(), "[a]\nMinUtil=0.6\n[b]\n");
-    s.wait_status("write-and-rename", |st| {
+    s.wait_status(5.0, "write-and-rename", |st| {
         group_min(st, "a") == Some(0.6) && group_min(st, "b") == Some(0.0)
     });
     // And again, after the rename replaced the watched file.
     save_like_an_editor(&s.conf(), "[b]\nMinUtil=0.1\n");
-    s.wait_status("second rename", |st| {
+    s.wait_status(5.0, "second rename", |st| {
         group_min(st, "a").is_none() && group_min(st, "b") == Some(0.1)
     });
     assert!(s.log().contains("[b] MinUtil: 0 -> 0.1"), "{}", s.log());
@@ -442,7 +331,7 @@ fn edit_of_resource_conf_applies_live() {
 
 #[test]
 fn lowered_memory_limit_applies_to_running_clients() {
-    let s = Schd::start("[a]\nMemoryLimit=2GiB\n");
+    let s = Gemini::daemon("[a]\nMemoryLimit=2GiB\n");
     let mut c = s.client();
     hello(&mut c, "a");
     let r = c
@@ -456,7 +345,7 @@ fn lowered_memory_limit_applies_to_running_clients() {
         .unwrap();
     assert!(matches!(r, Reply::Memory { .. }));
     save_like_an_editor(&s.conf(), "[a]\nMemoryLimit=1GiB\n");
-    s.wait_status("new limit", |st| st.groups[0].memory_limit == 1 << 30);
+    s.wait_status(5.0, "new limit", |st| st.groups[0].memory_limit == 1 << 30);
     let r = c
         .request(
             &Request::ReserveMemory {
@@ -471,9 +360,9 @@ fn lowered_memory_limit_applies_to_running_clients() {
 
 #[test]
 fn broken_edit_keeps_the_last_good_config_and_logs_file_and_line() {
-    let s = Schd::start("[a]\nMinUtil=0.2\n");
+    let s = Gemini::daemon("[a]\nMinUtil=0.2\n");
     save_like_an_editor(&s.conf(), "[a]\nMinUtil=0.2\nMaxUtil=0.1\n");
-    let st = s.wait_status("config error", |st| st.config_error.is_some());
+    let st = s.wait_status(5.0, "config error", |st| st.config_error.is_some());
     assert_eq!(group_min(&st, "a"), Some(0.2));
     let want = format!(
         "{}:2: [a]: MinUtil 0.2 is greater than MaxUtil 0.1",
@@ -500,13 +389,13 @@ fn broken_edit_keeps_the_last_good_config_and_logs_file_and_line() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(group_min(&s.status(), "a"), Some(0.2));
     fs::write(s.conf(), "[a]\nMinUtil=0.3\n").unwrap();
-    let st = s.wait_status("fixed config", |st| group_min(st, "a") == Some(0.3));
+    let st = s.wait_status(5.0, "fixed config", |st| group_min(st, "a") == Some(0.3));
     assert!(st.config_error.is_none());
 }
 
 #[test]
 fn garbage_and_foreign_versions_get_error_replies_and_the_daemon_lives() {
-    let mut s = Schd::start("[a]\n");
+    let mut s = Gemini::daemon("[a]\n");
     let mut c = s.client();
     // A frame of our version whose body is garbage.
     let mut bad_body = b"GM".to_vec();
@@ -577,13 +466,13 @@ fn garbage_and_foreign_versions_get_error_replies_and_the_daemon_lives() {
 
 #[test]
 fn dead_client_releases_token_and_memory() {
-    let s = Schd::start("[a]\nMemoryLimit=1GiB\n");
+    let s = Gemini::daemon("[a]\nMemoryLimit=1GiB\n");
     // A child process (this test binary, in helper mode) joins, reserves
     // 1 GiB and takes the token, then is killed.
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "helper_client_process",
+            "daemon::helper_client_process",
             "--nocapture",
             "--include-ignored",
         ])
@@ -591,7 +480,7 @@ fn dead_client_releases_token_and_memory() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    s.wait_status("helper registered", |st| {
+    s.wait_status(5.0, "helper registered", |st| {
         st.devices.first().is_some_and(|d| {
             d.holder.is_some() && d.groups.iter().any(|g| g.memory_used == 1 << 30)
         })
@@ -599,7 +488,7 @@ fn dead_client_releases_token_and_memory() {
     child.kill().unwrap();
     child.wait().unwrap();
     let killed = Instant::now();
-    s.wait_status("release", |st| {
+    s.wait_status(5.0, "release", |st| {
         st.clients.is_empty()
             && st.devices[0].holder.is_none()
             && st.devices[0].groups[0].memory_used == 0
@@ -658,8 +547,8 @@ fn helper_client_process() {
 
 #[test]
 fn second_daemon_on_the_same_dir_is_refused() {
-    let s = Schd::start("[a]\n");
-    let out = Command::new(BIN)
+    let s = Gemini::daemon("[a]\n");
+    let out = Command::new(schd_bin())
         .arg("--config")
         .arg(s.conf())
         .arg("--ipc-dir")
@@ -679,7 +568,7 @@ fn invalid_config_at_start_is_refused_with_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("resource.conf");
     fs::write(&conf, "[a]\nMinUtil=0.8\n[b]\nMinUtil=0.8\n").unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(schd_bin())
         .arg("--config")
         .arg(&conf)
         .arg("--ipc-dir")
@@ -699,19 +588,27 @@ fn check_subcommand_validates_files() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.conf");
     fs::write(&good, "[a]\nMinUtil=0.5 # half\n").unwrap();
-    let out = Command::new(BIN).arg("check").arg(&good).output().unwrap();
+    let out = Command::new(schd_bin())
+        .arg("check")
+        .arg(&good)
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("[a] MinUtil=0.5"));
     let bad = dir.path().join("bad.conf");
     fs::write(&bad, "[a]\n\nMemoryLimit=3 bananas\n").unwrap();
-    let out = Command::new(BIN).arg("check").arg(&bad).output().unwrap();
+    let out = Command::new(schd_bin())
+        .arg("check")
+        .arg(&bad)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.starts_with(&format!("{}:3: [a]: MemoryLimit", bad.display())),
         "{err}"
     );
-    let out = Command::new(BIN)
+    let out = Command::new(schd_bin())
         .arg("check")
         .arg(dir.path().join("missing.conf"))
         .output()
@@ -721,8 +618,8 @@ fn check_subcommand_validates_files() {
 
 #[test]
 fn shutdown_stops_the_daemon_and_removes_the_socket() {
-    let mut s = Schd::start("[a]\n");
-    let out = Command::new(BIN)
+    let mut s = Gemini::daemon("[a]\n");
+    let out = Command::new(schd_bin())
         .arg("shutdown")
         .arg("--ipc-dir")
         .arg(s.ipc())
@@ -733,17 +630,17 @@ fn shutdown_stops_the_daemon_and_removes_the_socket() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let status = s.child.wait().unwrap();
+    let status = s.wait_scheduler();
     assert!(status.success());
     assert!(!s.ipc().join("scheduler.sock").exists());
 }
 
 #[test]
 fn sigterm_stops_the_daemon_cleanly() {
-    let mut s = Schd::start("[a]\n");
+    let mut s = Gemini::daemon("[a]\n");
     // SAFETY: sending a signal to our own child process.
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    let status = s.child.wait().unwrap();
+    unsafe { libc::kill(s.scheduler_pid().unwrap() as i32, libc::SIGTERM) };
+    let status = s.wait_scheduler();
     assert!(status.success(), "{status:?}");
     assert!(!s.ipc().join("scheduler.sock").exists());
 }
@@ -754,18 +651,18 @@ fn sigterm_stops_the_daemon_cleanly() {
 /// is reported with its line while the running configuration stays.
 #[test]
 fn sighup_and_the_reload_subcommand_reread_the_config() {
-    let mut s = Schd::start("[a]\nMinUtil=0.2\n");
+    let mut s = Gemini::daemon("[a]\nMinUtil=0.2\n");
     // SAFETY: sending a signal to our own child process.
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGHUP) };
-    s.wait_status("after SIGHUP", |_| true);
+    unsafe { libc::kill(s.scheduler_pid().unwrap() as i32, libc::SIGHUP) };
+    s.wait_status(5.0, "after SIGHUP", |_| true);
     assert!(s.alive(), "SIGHUP killed the daemon");
     let deadline = Instant::now() + T;
     while !s.log().contains("SIGHUP: reloading") {
         assert!(Instant::now() < deadline, "no SIGHUP line: {}", s.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let reload = |s: &Schd| {
-        Command::new(BIN)
+    let reload = |s: &Gemini| {
+        Command::new(schd_bin())
             .arg("reload")
             .arg("--ipc-dir")
             .arg(s.ipc())
@@ -795,15 +692,15 @@ fn sighup_and_the_reload_subcommand_reread_the_config() {
 
 #[test]
 fn settings_file_and_flags_are_applied() {
-    let dir = tempfile::tempdir().unwrap();
-    fs::write(dir.path().join("resource.conf"), "[a]\n").unwrap();
+    let sim = SimEnv::default();
+    fs::write(sim.path().join("resource.conf"), "[a]\n").unwrap();
     fs::write(
-        dir.path().join("gemini.toml"),
+        sim.path().join("gemini.toml"),
         "window = \"20s\"\nmax_quota = \"50ms\"\n",
     )
     .unwrap();
-    let settings = dir.path().join("gemini.toml").display().to_string();
-    let s = Schd::start_in(dir, &["--settings", &settings, "--window", "30s"]);
+    let settings = sim.path().join("gemini.toml").display().to_string();
+    let s = Gemini::start_prepared(sim, &["--settings", &settings, "--window", "30s"]);
     assert_eq!(s.status().window_us, 30_000_000);
     let mut c = s.client();
     hello(&mut c, "a");
@@ -829,7 +726,7 @@ fn settings_file_and_flags_are_applied() {
 
 #[test]
 fn removed_ipc_dir_is_recreated_and_clients_keep_working() {
-    let s = Schd::start("[a]\n");
+    let s = Gemini::daemon("[a]\n");
     let mut old = s.client();
     assert!(matches!(hello(&mut old, "a"), Reply::Welcome { .. }));
     fs::remove_dir_all(s.ipc()).unwrap();
@@ -861,14 +758,14 @@ fn is_root() -> bool {
 }
 
 /// Runs `helper_hello_as_user` as the unprivileged user `nobody`.
-fn hello_as_nobody(s: &Schd, group: &str) -> String {
+fn hello_as_nobody(s: &Gemini, group: &str) -> String {
     use std::os::unix::process::CommandExt;
     // nobody must be able to reach the socket through the test's directory.
-    fs::set_permissions(s.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(s.dir(), fs::Permissions::from_mode(0o755)).unwrap();
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "helper_hello_as_user",
+            "daemon::helper_hello_as_user",
             "--nocapture",
             "--include-ignored",
         ])
@@ -917,7 +814,8 @@ fn allowed_users_and_groups_are_enforced_from_kernel_credentials() {
         eprintln!("needs root to run a client as another user; skipped");
         return;
     }
-    let s = Schd::start_with_flags(
+    let s = Gemini::start_with(
+        SimEnv::default(),
         "[open]\n[alice_only]\nAllowedUsers=alice\n[by_group]\nAllowedGroups=nogroup\n",
         &["--ipc-group", "nogroup"],
     );
@@ -954,7 +852,7 @@ fn ipc_dir_owned_by_another_user_is_refused() {
     fs::create_dir(&ipc).unwrap();
     std::os::unix::fs::chown(&ipc, Some(65534), Some(65534)).unwrap();
     fs::write(dir.path().join("resource.conf"), "[a]\n").unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(schd_bin())
         .arg("--config")
         .arg(dir.path().join("resource.conf"))
         .arg("--ipc-dir")
@@ -977,7 +875,7 @@ fn live_reload_survives_a_replaced_directory_and_follows_a_symlink() {
     fs::create_dir(&etc).unwrap();
     let conf = etc.join("resource.conf");
     fs::write(&conf, "[a]\n").unwrap();
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(schd_bin())
         .arg("--config")
         .arg(&conf)
         .arg("--ipc-dir")
@@ -1037,7 +935,7 @@ fn live_reload_survives_a_replaced_directory_and_follows_a_symlink() {
 
 #[test]
 fn emptied_config_refuses_new_clients_and_keeps_running_ones() {
-    let s = Schd::start("[a]\nMemoryLimit=2GiB\n");
+    let s = Gemini::daemon("[a]\nMemoryLimit=2GiB\n");
     let mut running = s.client();
     assert!(matches!(hello(&mut running, "a"), Reply::Welcome { .. }));
     // An empty file is a file being rewritten (truncated, then written):
@@ -1119,16 +1017,18 @@ fn emptied_config_refuses_new_clients_and_keeps_running_ones() {
 /// stays.
 #[test]
 fn drop_in_files_add_and_remove_groups_live() {
-    let s = Schd::start("");
-    let d = s.dir.path().join("resource.conf.d");
+    let s = Gemini::daemon("");
+    let d = s.dir().join("resource.conf.d");
     fs::create_dir(&d).unwrap();
     save_like_an_editor(&d.join("job-1.conf"), "[job1]\nMinUtil=0.3\n");
-    s.wait_status("a drop-in group", |st| group_min(st, "job1") == Some(0.3));
+    s.wait_status(5.0, "a drop-in group", |st| {
+        group_min(st, "job1") == Some(0.3)
+    });
     fs::write(d.join("job-2.conf"), "[job2]\nMinUtil=0.7\n").unwrap();
-    s.wait_status("a second one", |st| group_min(st, "job2") == Some(0.7));
+    s.wait_status(5.0, "a second one", |st| group_min(st, "job2") == Some(0.7));
     fs::write(d.join("notes.txt"), "[not-a-group]\n").unwrap();
     fs::write(d.join("z-dup.conf"), "[job1]\n").unwrap();
-    let st = s.wait_status("the duplicate refused", |st| st.config_error.is_some());
+    let st = s.wait_status(5.0, "the duplicate refused", |st| st.config_error.is_some());
     let err = st.config_error.clone().unwrap();
     assert!(
         err.contains("z-dup.conf:1: [job1]: group [job1] is already defined in")
@@ -1142,13 +1042,13 @@ fn drop_in_files_add_and_remove_groups_live() {
     );
     fs::remove_file(d.join("z-dup.conf")).unwrap();
     fs::remove_file(d.join("job-1.conf")).unwrap();
-    let st = s.wait_status("job1 removed", |st| {
+    let st = s.wait_status(5.0, "job1 removed", |st| {
         st.config_error.is_none() && group_min(st, "job1").is_none()
     });
     assert_eq!(group_min(&st, "job2"), Some(0.7));
     assert!(group_min(&st, "not-a-group").is_none());
     fs::remove_dir_all(&d).unwrap();
-    s.wait_status("the directory removed", |st| st.groups.is_empty());
+    s.wait_status(5.0, "the directory removed", |st| st.groups.is_empty());
 }
 
 /// The cgroup of this process, as the scheduler reads it.
@@ -1169,7 +1069,7 @@ fn own_cgroup() -> String {
 #[test]
 fn a_groups_cgroups_place_its_processes_and_keep_others_out() {
     let mine = own_cgroup();
-    let s = Schd::start(&format!(
+    let s = Gemini::daemon(&format!(
         "[job]\nCgroups=/no/such/job;{mine}\n[open]\n[elsewhere]\nCgroups=/no/such/cgroup\n"
     ));
     let mut c = s.client();
@@ -1229,7 +1129,7 @@ fn a_groups_cgroups_place_its_processes_and_keep_others_out() {
 /// announced end (less `HANDOVER_LEAD`), without the holder's report.
 #[test]
 fn a_quieting_holder_passes_the_token_on_at_the_announced_end() {
-    let s = Schd::start("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n");
+    let s = Gemini::daemon("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n");
     let mut hi = s.client();
     let mut lo = s.client();
     assert!(matches!(hello(&mut hi, "hi"), Reply::Welcome { .. }));

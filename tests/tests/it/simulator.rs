@@ -2,8 +2,6 @@
 //! the Rust one (dlopen + cuGetProcAddress_v2) and the C one (linked
 //! against libcuda.so.1).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use gemini_tests::cpu::{MAX_STEAL, measured};
 use gemini_tests::{SimEnv, field, now_ns, reports};
 use std::process::{Command, Output, Stdio};
@@ -294,7 +292,7 @@ fn get_proc_address_honours_version_and_per_thread_flag() {
     let mut c = sim.command(exe);
     c.args([
         "--exact",
-        "api_checks_in_a_fresh_process",
+        "simulator::api_checks_in_a_fresh_process",
         "--include-ignored",
         "--nocapture",
     ])
