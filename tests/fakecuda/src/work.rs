@@ -1,0 +1,310 @@
+//! Device work: streams and their queues, kernels and their durations,
+//! launches, synchronisation, events, and synchronous copies.
+
+use crate::*;
+
+/// Device and queue tail of a stream handle; `ptsz` makes the null stream
+/// the per-thread one.
+pub(crate) fn stream(
+    s: &Sim,
+    h: CUstream,
+    ptsz: bool,
+) -> Result<(usize, Arc<AtomicU64>), CUresult> {
+    let h = h as usize;
+    let per_thread = |dev: usize| PT_TAIL.with(|t| Arc::clone(&t[dev]));
+    match h {
+        0 if ptsz => current_device().map(|d| (d, per_thread(d))),
+        0 | CU_STREAM_LEGACY => current_device().map(|d| (d, Arc::clone(&s.legacy_tail[d]))),
+        CU_STREAM_PER_THREAD => current_device().map(|d| (d, per_thread(d))),
+        _ => with_proc(|p| match p.objects.get(&h) {
+            Some(Obj::Stream { device, tail, .. }) => Ok((*device, Arc::clone(tail))),
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        }),
+    }
+}
+
+pub(crate) fn default_kernel_us() -> u64 {
+    std::env::var("FAKECUDA_KERNEL_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
+
+pub(crate) fn function_for(name: &str) -> Func {
+    if name == "fake_spin" {
+        return Func::Spin;
+    }
+    if name == "gemini_spin" {
+        return Func::SpinNs;
+    }
+    let fixed = name
+        .strip_prefix("fixed_")
+        .and_then(|r| r.strip_suffix("us"))
+        .and_then(|n| n.parse().ok());
+    Func::Fixed(fixed.unwrap_or_else(default_kernel_us))
+}
+
+/// Duration in ns of one launch of `f` with `params`.
+pub(crate) fn kernel_ns(f: CUfunction, params: *mut *mut c_void) -> Result<u64, CUresult> {
+    let func = with_proc(|p| match p.objects.get(&(f as usize)) {
+        Some(Obj::Function(func)) => Ok(func.clone()),
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    })?;
+    match func {
+        Func::Fixed(us) => Ok(us * 1000),
+        Func::Spin => {
+            let first = get(params as *const *mut c_void)?;
+            Ok(get(first as *const u64)?.saturating_mul(1000))
+        }
+        Func::SpinNs => {
+            let first = get(params as *const *mut c_void)?;
+            get(first as *const u64)
+        }
+    }
+}
+
+/// Whether `h` (with `ptsz`) is the legacy default stream.
+pub(crate) fn is_legacy(h: CUstream, ptsz: bool) -> bool {
+    matches!(h as usize, 0 if !ptsz) || h as usize == CU_STREAM_LEGACY
+}
+
+/// Issues `ns` of device work to stream `h` (`kind`: none for work that
+/// takes no device time): recorded into the stream's capture if it is
+/// capturing, else queued on the device.
+pub(crate) fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Option<Kind>) -> R {
+    // Without an open capture, the capture bookkeeping (a process-wide
+    // lock) is skipped.
+    let captured = capture::any_open()
+        && with_proc(|p| {
+            if is_legacy(h, ptsz) {
+                return p.captures.legacy_work().map(|_| false);
+            }
+            match p.captures.of(h as usize) {
+                Some(c) if c.invalidated => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+                Some(c) => {
+                    c.nodes.push(ns);
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        })?;
+    let (dev, tail) = stream(s, h, ptsz)?;
+    if let (false, Some(kind)) = (captured, kind) {
+        let end = s.run(dev, ns, &tail, kind as u32);
+        note_ctx_end(h, end);
+    }
+    Ok(())
+}
+
+/// Work on stream `h` ends at `end`: so does its context's, where the
+/// process has several contexts.
+pub(crate) fn note_ctx_end(h: CUstream, end: u64) {
+    if !MANY_CONTEXTS.load(Ordering::Acquire) {
+        return;
+    }
+    let own = matches!(h as usize, 0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD);
+    let current = ctx_stack(|st| st.last().copied());
+    with_proc(|p| {
+        let ctx = if own {
+            current
+        } else {
+            match p.objects.get(&(h as usize)) {
+                Some(Obj::Stream { ctx, .. }) => Some(*ctx),
+                _ => None,
+            }
+        };
+        if let Some(ctx) = ctx {
+            p.ctx_end
+                .entry(ctx)
+                .or_default()
+                .fetch_max(end, Ordering::AcqRel);
+        }
+    });
+}
+
+/// Where the current context's work ends: its own, with several
+/// contexts; else the device's (the process's one context there).
+pub(crate) fn current_ctx_end(s: &Sim, dev: usize) -> u64 {
+    if !MANY_CONTEXTS.load(Ordering::Acquire) {
+        return s.last_end[dev].load(Ordering::Acquire);
+    }
+    let ctx = ctx_stack(|st| st.last().copied()).unwrap_or(0);
+    with_proc(|p| p.ctx_end.get(&ctx).map_or(0, |e| e.load(Ordering::Acquire)))
+}
+
+/// A wait for (or query of) stream `h`: refused on a capturing stream
+/// (which invalidates its capture) and, as a potentially unsafe call, on
+/// the legacy stream while a capture forbids it.
+pub(crate) fn check_wait(h: CUstream, ptsz: bool) -> R {
+    if !capture::any_open() {
+        return Ok(());
+    }
+    with_proc(|p| {
+        if is_legacy(h, ptsz) {
+            return p.captures.unsafe_call();
+        }
+        match p.captures.of(h as usize) {
+            Some(c) => {
+                c.invalidated = true;
+                Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+            }
+            None => Ok(()),
+        }
+    })
+}
+
+pub(crate) fn launch(
+    f: CUfunction,
+    grid: [u32; 3],
+    h: CUstream,
+    params: *mut *mut c_void,
+    ptsz: bool,
+    kind: Kind,
+) -> R {
+    let s = initialised()?;
+    current_device()?; // no context: CUDA_ERROR_INVALID_CONTEXT first
+    if grid.contains(&0) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dur = kernel_ns(f, params)?;
+    issue(s, h, ptsz, dur, Some(kind))
+}
+
+pub(crate) fn sync_stream(h: CUstream, ptsz: bool) -> R {
+    let s = initialised()?;
+    let (_, tail) = stream(s, h, ptsz)?;
+    check_wait(h, ptsz)?;
+    sleep_until(tail.load(Ordering::Acquire));
+    trim_pools(s);
+    Ok(())
+}
+
+pub(crate) fn query_stream(h: CUstream, ptsz: bool) -> R {
+    let s = initialised()?;
+    let (_, tail) = stream(s, h, ptsz)?;
+    check_wait(h, ptsz)?;
+    if tail.load(Ordering::Acquire) > now_ns() {
+        Err(CUDA_ERROR_NOT_READY)
+    } else {
+        Ok(())
+    }
+}
+
+/// Records `e` on `h`: the time its work ends, or, on a capturing stream,
+/// a node of the capture (other streams that wait for it join it).
+pub(crate) fn record_event(e: CUevent, h: CUstream, ptsz: bool) -> R {
+    let s = initialised()?;
+    let (_, tail) = stream(s, h, ptsz)?;
+    let t = tail.load(Ordering::Acquire).max(now_ns());
+    with_proc(|p| {
+        let legacy = is_legacy(h, ptsz);
+        let capture = match p.captures.of(h as usize) {
+            _ if legacy => {
+                p.captures.legacy_work()?;
+                None
+            }
+            Some(c) if c.invalidated => return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+            Some(c) => Some(c.id),
+            None => None,
+        };
+        match p.objects.get_mut(&(e as usize)) {
+            Some(Obj::Event { time, captured }) => {
+                *captured = capture;
+                if capture.is_none() {
+                    *time = Some(t);
+                }
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    })
+}
+
+/// Later work on the stream starts after the event's work; a stream that
+/// waits for an event recorded in a capture joins that capture.
+pub(crate) fn wait_event(h: CUstream, e: CUevent, ptsz: bool) -> R {
+    let s = initialised()?;
+    let (_, tail) = stream(s, h, ptsz)?;
+    let joined = with_proc(|p| {
+        let captured = match p.objects.get(&(e as usize)) {
+            Some(Obj::Event { captured, .. }) => *captured,
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        };
+        let Some(id) = captured else { return Ok(false) };
+        if is_legacy(h, ptsz) || p.captures.of(h as usize).is_some() {
+            return Ok(true); // a capturing stream waits within its graph
+        }
+        match p.captures.of_id(id) {
+            Some(c) => {
+                c.streams.push(h as usize);
+                Ok(true)
+            }
+            None => Ok(false), // that capture is over: an ordinary wait
+        }
+    })?;
+    if !joined && let Some(t) = event_time(e)? {
+        tail.fetch_max(t, Ordering::AcqRel);
+    }
+    Ok(())
+}
+
+/// The time `e`'s work ends; refused for an event last recorded in a
+/// capture that is still open.
+pub(crate) fn event_time(e: CUevent) -> Result<Option<u64>, CUresult> {
+    with_proc(|p| match p.objects.get(&(e as usize)) {
+        Some(Obj::Event {
+            captured: Some(id), ..
+        }) if p.captures.has_id(*id) => Err(CUDA_ERROR_CAPTURED_EVENT),
+        Some(Obj::Event { time, .. }) => Ok(*time),
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    })
+}
+
+pub(crate) fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> R {
+    initialised()?;
+    let (Some(a), Some(b)) = (event_time(start)?, event_time(end)?) else {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    };
+    if a.max(b) > now_ns() {
+        return Err(CUDA_ERROR_NOT_READY);
+    }
+    put(ms, (b as f64 - a as f64) as f32 / 1e6)
+}
+
+/// A synchronous copy or memset returns once the work before it is done.
+/// On the legacy default stream that is every blocking stream's work of
+/// the context (the legacy stream synchronises with them all); on the
+/// per-thread default stream (`_ptds`), that stream's work and the legacy
+/// stream's.
+pub(crate) fn sync_copy_on(ptds: bool) -> R {
+    let s = initialised()?;
+    let dev = current_device()?;
+    if !ptds {
+        // On the legacy stream: potentially unsafe during a capture.
+        with_proc(|p| p.captures.unsafe_call())?;
+    }
+    let until = if ptds {
+        let (_, tail) = stream(s, std::ptr::null_mut(), true)?;
+        tail.load(Ordering::Acquire)
+            .max(s.legacy_tail[dev].load(Ordering::Acquire))
+    } else {
+        current_ctx_end(s, dev)
+    };
+    sleep_until(until);
+    trim_pools(s);
+    Ok(())
+}
+
+pub(crate) fn sync_copy() -> R {
+    sync_copy_on(false)
+}
+
+pub(crate) fn sync_copy_ptds() -> R {
+    sync_copy_on(true)
+}
+
+/// Asynchronous work that takes no device time (copies, memsets, frees):
+/// recorded into a capture, or nothing.
+pub(crate) fn check_stream(h: CUstream, ptsz: bool) -> R {
+    issue(initialised()?, h, ptsz, 0, None)
+}
