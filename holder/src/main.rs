@@ -19,7 +19,7 @@ mod settings;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use control::{Answer, Command, Patch};
-use gemini_config::format_size;
+use gemini_protocol::units::format_size;
 use gemini_protocol::{
     Request,
     endpoint::{locate_ipc_dir, settings_path},

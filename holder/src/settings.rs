@@ -40,7 +40,7 @@ impl HoldMem {
 impl std::fmt::Display for HoldMem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
-            HoldMem::Bytes(b) => f.write_str(&gemini_config::format_size(b)),
+            HoldMem::Bytes(b) => f.write_str(&gemini_protocol::units::format_size(b)),
             HoldMem::FractionOfFree(x) => write!(f, "{}% of free", x * 100.0),
         }
     }
