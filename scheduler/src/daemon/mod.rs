@@ -48,6 +48,8 @@ struct Conn {
     cred: Option<PeerCred>,
     /// Process watched for liveness (after hello).
     pid: Option<u32>,
+    /// When its last message came.
+    last_seen: Instant,
 }
 
 /// The running daemon.
@@ -64,6 +66,8 @@ pub struct Daemon {
     next_id: ClientId,
     watched: HashMap<u32, Watched>,
     last_pid_poll: Instant,
+    /// When connections that never said hello were last looked at.
+    last_quiet_sweep: Instant,
     watch: ConfigWatch,
     /// When the watch was last checked for a directory made again.
     last_watch_check: Instant,
@@ -208,6 +212,7 @@ impl Daemon {
             next_id: 1,
             watched: HashMap::new(),
             last_pid_poll: Instant::now(),
+            last_quiet_sweep: Instant::now(),
             watch,
             last_watch_check: Instant::now(),
             saved_reservations: None,
@@ -304,6 +309,7 @@ impl Daemon {
                 self.process_gone(pid);
             }
             self.poll_pids_without_fd();
+            self.forget_quiet_conns();
             self.check_reload();
             self.check_socket();
             let now = self.now();
@@ -362,8 +368,11 @@ impl Daemon {
             .gets("Peer-Address")
             .and_then(parse_peer_address);
         let body = frames[last].to_vec();
-        let client = match self.conns.get(&identity) {
-            Some(conn) => conn.id,
+        let client = match self.conns.get_mut(&identity) {
+            Some(conn) => {
+                conn.last_seen = Instant::now();
+                conn.id
+            }
             None => self.connected(identity, delimited, cred),
         };
         match decode_request(&body) {
@@ -411,6 +420,7 @@ impl Daemon {
                 delimited,
                 cred,
                 pid: None,
+                last_seen: Instant::now(),
             },
         );
         if let Some(c) = cred {

@@ -21,6 +21,24 @@ pub(super) fn parse_peer_address(s: &str) -> Option<PeerCred> {
     Some(PeerCred { uid, gid, pid })
 }
 
+/// A connection that never said hello (a `gem-schd status`, a monitoring
+/// poll) is forgotten after this long without a message: ZeroMQ does not
+/// tell when a peer leaves, and an entry kept for every status call ever
+/// made would grow without end. One that comes back is simply new.
+pub(super) const QUIET_CONN: Duration = Duration::from_secs(600);
+
+/// The identities of the connections of no process (never said hello)
+/// that have been quiet for [`QUIET_CONN`] at `now`.
+pub(super) fn quiet_conns(conns: &HashMap<Vec<u8>, Conn>, now: Instant) -> Vec<Vec<u8>> {
+    conns
+        .iter()
+        .filter(|(_, c)| {
+            c.pid.is_none() && now.saturating_duration_since(c.last_seen) >= QUIET_CONN
+        })
+        .map(|(identity, _)| identity.clone())
+        .collect()
+}
+
 /// Watches a process: a pidfd when the kernel has them, else polling.
 #[derive(Debug)]
 pub(super) struct Watched {
@@ -137,6 +155,26 @@ impl Daemon {
         }
     }
 
+    /// Forgets, once a minute, the connections [`quiet_conns`] names.
+    pub(super) fn forget_quiet_conns(&mut self) {
+        if self.last_quiet_sweep.elapsed() < Duration::from_secs(60) {
+            return;
+        }
+        self.last_quiet_sweep = Instant::now();
+        for identity in quiet_conns(&self.conns, Instant::now()) {
+            let Some(c) = self.conns.remove(&identity) else {
+                continue;
+            };
+            debug!("client {} said nothing for {QUIET_CONN:?}; forgotten", c.id);
+            self.ids.remove(&c.id);
+            self.asked.retain(|&(id, _), _| id != c.id);
+            let actions = self
+                .policy
+                .handle(Event::Disconnected { client: c.id }, self.now());
+            self.send_actions(actions);
+        }
+    }
+
     /// Releases everything held by the connections of process `pid`.
     pub(super) fn process_gone(&mut self, pid: u32) {
         self.watched.remove(&pid);
@@ -162,6 +200,27 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_that_never_said_hello_are_forgotten_when_quiet() {
+        let t0 = Instant::now();
+        let conn = |id, pid| Conn {
+            id,
+            delimited: false,
+            cred: None,
+            pid,
+            last_seen: t0,
+        };
+        let mut conns = HashMap::new();
+        conns.insert(b"status".to_vec(), conn(1, None));
+        conns.insert(b"hooked".to_vec(), conn(2, Some(42)));
+        conns.insert(b"recent".to_vec(), conn(3, None));
+        conns.get_mut(b"recent".as_slice()).unwrap().last_seen = t0 + QUIET_CONN;
+        assert!(quiet_conns(&conns, t0 + QUIET_CONN / 2).is_empty());
+        // A process's connection is forgotten when the process ends, never
+        // for being quiet; one that spoke lately is kept.
+        assert_eq!(quiet_conns(&conns, t0 + QUIET_CONN), [b"status".to_vec()]);
+    }
 
     #[test]
     fn cgroups_of_every_hierarchy_unified_first() {

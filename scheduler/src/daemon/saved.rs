@@ -68,6 +68,7 @@ impl Daemon {
                     delimited: false,
                     cred: None,
                     pid: Some(r.pid),
+                    last_seen: Instant::now(),
                 },
             );
             self.ids.insert(id, identity);
