@@ -73,6 +73,22 @@ impl Daemon {
             );
             self.ids.insert(id, identity);
             let now = self.now();
+            // The scheduler itself makes the reservation again, as the one
+            // it made before: with its own user's rights (a group's
+            // AllowedUsers admitted the job then).
+            let _ = self.policy.handle(
+                Event::Connected {
+                    client: id,
+                    peer: Peer {
+                        uid: euid(),
+                        pid: r.pid,
+                        user: "(restored)".into(),
+                        groups: Vec::new(),
+                        cgroups: Vec::new(),
+                    },
+                },
+                now,
+            );
             let hello = Request::Hello {
                 role: Role::Control,
                 group: String::new(),

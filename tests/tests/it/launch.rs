@@ -286,10 +286,16 @@ fn a_workload_launched_on_a_reserved_gpu_is_gated_there() {
 /// launch waiting in the queue asks the new scheduler again and gets its
 /// GPU when the holder ends. (Before: the restarted scheduler gave GPU 0
 /// to the next launch while a job held it, and a queued launch waited
-/// forever.)
+/// forever.) The group is restricted to another user: the jobs, of the
+/// scheduler's own user, may use it, and so may the restored reservations,
+/// which the scheduler itself makes again for them.
 #[test]
 fn reservations_and_the_queue_survive_a_scheduler_restart() {
-    let mut g = Gemini::start_with(SimEnv::new(1, "16GiB"), "[a]\n", &["--devices", "1"]);
+    let mut g = Gemini::start_with(
+        SimEnv::new(1, "16GiB"),
+        "[a]\nAllowedUsers=nobody\n",
+        &["--devices", "1"],
+    );
     let holder_prog = show_gpus("4");
     let holder = launch(&g, &["--group", "a", "--gpus", "1"], &args(&holder_prog))
         .stdout(Stdio::piped())
