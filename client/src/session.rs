@@ -49,17 +49,17 @@ impl Session {
         &mut self,
         held: &[HeldMemory],
     ) -> Result<Result<&mut Client, Reply>, ClientError> {
-        if self.client.is_none() {
-            let mut c = Client::connect(&self.ipc)?;
-            match c.request(&hello(self.role, &self.group, held), HELLO_TIMEOUT)? {
-                Reply::Welcome { .. } => self.client = Some(c),
-                refused => return Ok(Err(refused)),
+        let c = match self.client.take() {
+            Some(c) => c,
+            None => {
+                let mut c = Client::connect(&self.ipc)?;
+                match c.request(&hello(self.role, &self.group, held), HELLO_TIMEOUT)? {
+                    Reply::Welcome { .. } => c,
+                    refused => return Ok(Err(refused)),
+                }
             }
-        }
-        match self.client.as_mut() {
-            Some(c) => Ok(Ok(c)),
-            None => Err(ClientError::Timeout(self.ipc.display().to_string())),
-        }
+        };
+        Ok(Ok(self.client.insert(c)))
     }
 
     /// Drops the connection: the next call connects and says hello again
