@@ -226,18 +226,24 @@ fn array3d_bytes(desc: *const [usize; 4], levels: u32) -> u64 {
     })
 }
 
+/// The driver's (free, total) of the current context's device in the
+/// group's view; as they are where the scheduler gives none.
+fn current_view(free: u64, total: u64) -> (u64, u64) {
+    match memory::current_ordinal().and_then(memory::view) {
+        Some((used, limit, reclaimable)) => {
+            memory::group_view(free, total, used, limit, reclaimable)
+        }
+        None => (free, total),
+    }
+}
+
 /// `cuMemGetInfo_v2`'s answer `r`, turned into the group's view.
 fn mem_get_info(r: CUresult, free: *mut usize, total: *mut usize) -> CUresult {
-    if r == CUDA_SUCCESS
-        && !free.is_null()
-        && !total.is_null()
-        && let Some(dev) = memory::current_ordinal()
-        && let Some((used, limit, reclaimable)) = memory::view(dev)
-    {
+    if r == CUDA_SUCCESS && !free.is_null() && !total.is_null() {
         // SAFETY: the caller's non-null out-pointers, filled by the real
         // call just now.
         unsafe {
-            let (f, t) = memory::group_view(*free as u64, *total as u64, used, limit, reclaimable);
+            let (f, t) = current_view(*free as u64, *total as u64);
             *free = f as usize;
             *total = t as usize;
         }
@@ -253,12 +259,7 @@ fn mem_get_info_32(call: impl FnOnce() -> CUresult, free: *mut u32, total: *mut 
     if unsafe { driver::mem_get_info(&mut f, &mut t) } != CUDA_SUCCESS {
         return call();
     }
-    let (mut f, mut t) = (f as u64, t as u64);
-    if let Some(dev) = memory::current_ordinal()
-        && let Some((used, limit, reclaimable)) = memory::view(dev)
-    {
-        (f, t) = memory::group_view(f, t, used, limit, reclaimable);
-    }
+    let (f, t) = current_view(f as u64, t as u64);
     if free.is_null() || total.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
