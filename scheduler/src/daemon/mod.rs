@@ -447,7 +447,7 @@ impl Daemon {
 
     fn on_request(&mut self, client: ClientId, seq: u32, req: Request) {
         debug!("client {client} #{seq}: {req:?}");
-        let hello = match req {
+        let hello_pid = match req {
             Request::Gpus { uuids } => {
                 let devices = uuids.iter().map(|u| self.gpus.get(u).copied()).collect();
                 self.reply(client, seq, &Reply::Gpus { devices });
@@ -463,7 +463,7 @@ impl Daemon {
                 self.asked.insert((client, seq), Instant::now());
                 None
             }
-            Request::Hello { role, pid, .. } => Some((role, pid)),
+            Request::Hello { pid, .. } => Some(pid),
             Request::Shutdown => {
                 info!("shutdown requested by {}", self.peer(client));
                 None
@@ -473,27 +473,18 @@ impl Daemon {
         let actions = self
             .policy
             .handle(Event::Request { client, seq, req }, self.now());
-        if let Some((role, claimed)) = hello {
-            let pid = actions.iter().find_map(|a| match a {
-                Action::Watch { pid, .. } => Some(*pid),
+        // A hello refused for another reason than a permission (logged
+        // with every refusal below): an unknown group, say.
+        if let Some(claimed) = hello_pid
+            && let Some(e) = actions.iter().find_map(|a| match a {
+                Action::Reply {
+                    reply: Reply::Error(e),
+                    ..
+                } if e.kind != ErrorKind::PermissionDenied => Some(e),
                 _ => None,
-            });
-            match (pid, self.policy.client_group(client)) {
-                (Some(pid), Some(group)) => {
-                    info!("client {client} joined: pid {pid}, {role:?}, group {group:?}")
-                }
-                _ => {
-                    if let Some(e) = actions.iter().find_map(|a| match a {
-                        Action::Reply {
-                            reply: Reply::Error(e),
-                            ..
-                        } if e.kind != ErrorKind::PermissionDenied => Some(e),
-                        _ => None,
-                    }) {
-                        warn!("client {client} (pid {claimed}) refused: {}", e.message);
-                    }
-                }
-            }
+            })
+        {
+            warn!("client {client} (pid {claimed}) refused: {}", e.message);
         }
         self.send_actions(actions);
     }
@@ -518,7 +509,13 @@ impl Daemon {
                     }
                     self.reply(client, seq, &reply);
                 }
-                Action::Watch { client, pid } => self.watch(client, pid),
+                Action::Watch { client, pid } => {
+                    // Said after a welcome only: the client has joined
+                    // (its group shows the holder and control roles).
+                    let group = self.policy.client_group(client).unwrap_or_default();
+                    info!("client {client} joined: pid {pid}, group {group:?}");
+                    self.watch(client, pid);
+                }
                 Action::Reload { client, seq } => {
                     info!(
                         "reload of {} requested by {}",
