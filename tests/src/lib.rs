@@ -190,6 +190,14 @@ pub fn field(r: &HashMap<String, String>, key: &str) -> u64 {
         .unwrap()
 }
 
+/// Writes `resource.conf` in `dir` aside and renames it into place, as an
+/// editor saves it (the scheduler never reads half a file).
+fn write_conf_in(dir: &Path, text: &str) {
+    let tmp = dir.join("resource.conf.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join("resource.conf")).unwrap();
+}
+
 /// A simulated machine with `gem-schd` running on a private IPC directory:
 /// the one harness of the integration tests, the scheduler's own among
 /// them.
@@ -209,9 +217,7 @@ impl Gemini {
 
     /// Starts the scheduler with `conf` and extra command-line flags.
     pub fn start_with(sim: SimEnv, conf: &str, flags: &[&str]) -> Gemini {
-        let tmp = sim.path().join("resource.conf.tmp");
-        std::fs::write(&tmp, conf).unwrap();
-        std::fs::rename(&tmp, sim.path().join("resource.conf")).unwrap();
+        write_conf_in(sim.path(), conf);
         Gemini::start_prepared(sim, flags)
     }
 
@@ -294,9 +300,7 @@ impl Gemini {
 
     /// Replaces resource.conf (the scheduler reloads it).
     pub fn write_conf(&self, text: &str) {
-        let tmp = self.sim.path().join("resource.conf.tmp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, self.conf()).unwrap();
+        write_conf_in(self.sim.path(), text);
     }
 
     /// The scheduler's log so far.
