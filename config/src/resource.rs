@@ -82,6 +82,11 @@ pub struct GroupConfig {
 }
 
 impl GroupConfig {
+    /// Where the group is defined, for messages: `FILE line N`.
+    pub fn defined_at(&self) -> String {
+        format!("{} line {}", self.file.display(), self.line)
+    }
+
     /// Whether the group may use GPU `device`.
     pub fn uses(&self, device: u32) -> bool {
         self.devices.as_ref().is_none_or(|d| d.contains(&device))

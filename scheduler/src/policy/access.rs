@@ -26,11 +26,6 @@ pub struct Peer {
     pub cgroups: Vec<String>,
 }
 
-/// Where a group is defined, for messages.
-fn at(g: &GroupConfig) -> String {
-    format!("{} line {}", g.file.display(), g.line)
-}
-
 /// Who a restricted group lets in, for messages.
 fn describe_allowed(cfg: &GroupConfig) -> String {
     let mut parts = Vec::new();
@@ -95,7 +90,7 @@ impl Policy {
                 "user {} (uid {}) may not run in group {group:?}: {} allows {}",
                 p.user,
                 p.uid,
-                at(cfg),
+                cfg.defined_at(),
                 describe_allowed(cfg)
             ))),
         }
@@ -129,12 +124,12 @@ impl Policy {
             (Some(h), _) => Err(denied(format!(
                 "pid {pid} runs in cgroup {cg}, which belongs to group {:?} ({}): it may not join group {asked:?} (unset GEMINI_GROUP_NAME, or set it to {:?})",
                 h.name,
-                at(h),
+                h.defined_at(),
                 h.name
             ))),
             (None, Some(g)) if g.cgroups.is_some() => Err(denied(format!(
                 "group {asked:?} ({}) takes only the processes of its cgroups; pid {pid} runs in cgroup {cg}",
-                at(g)
+                g.defined_at()
             ))),
             (None, _) if asked.is_empty() => Err(error(
                 ErrorKind::UnknownGroup,

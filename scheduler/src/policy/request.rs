@@ -63,7 +63,7 @@ impl Policy {
             }
             _ => {}
         }
-        let mut reply = |reply: Reply| out.push(Action::Reply { client, seq, reply });
+        let mut reply = |reply: Reply| out.push(answer(reply));
         let Some(c) = self.clients.get(&client) else {
             reply(error(
                 ErrorKind::NotRegistered,
@@ -109,12 +109,11 @@ impl Policy {
             reply(error(
                 ErrorKind::PermissionDenied,
                 format!(
-                    "group \"{}\" may use GPU {} only (Devices= in {} line {}), not GPU {d}; \
+                    "group \"{}\" may use GPU {} only (Devices= in {}), not GPU {d}; \
                      run the program with CUDA_VISIBLE_DEVICES naming those",
                     cfg.name,
                     list.join(", "),
-                    cfg.file.display(),
-                    cfg.line
+                    cfg.defined_at()
                 ),
             ));
             return;

@@ -124,7 +124,7 @@ impl Policy {
         let bad = bad.or_else(|| {
             let allowed = cfg.devices.as_ref()?;
             let list: Vec<String> = allowed.iter().map(u32::to_string).collect();
-            let place = format!("Devices= in {} line {}", cfg.file.display(), cfg.line);
+            let place = format!("Devices= in {}", cfg.defined_at());
             match &gpus {
                 GpuRequest::Count(k) => (*k as usize > allowed.len()).then(|| {
                     format!(
