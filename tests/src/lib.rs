@@ -79,6 +79,11 @@ pub struct SimEnv {
     pub mem: String,
     /// Launch queue depth per process (`FAKECUDA_QUEUE_DEPTH`).
     pub queue_depth: u32,
+    /// Device memory of a context (`FAKECUDA_CTX_MEM`) and of a module
+    /// (`FAKECUDA_MODULE_MEM`): none unless a test asks (see
+    /// [`SimEnv::driver_memory`]), so that tests count their own bytes.
+    pub ctx_mem: String,
+    pub module_mem: String,
 }
 
 impl Default for SimEnv {
@@ -101,7 +106,23 @@ impl SimEnv {
             devices,
             mem: mem.into(),
             queue_depth: 128,
+            ctx_mem: "0".into(),
+            module_mem: "0".into(),
         }
+    }
+
+    /// The driver keeps memory of its own as a real one does: `ctx_mem`
+    /// for each context, and each module its image.
+    pub fn driver_memory(mut self, ctx_mem: &str) -> SimEnv {
+        self.ctx_mem = ctx_mem.into();
+        self.module_mem = "image".into();
+        self
+    }
+
+    /// What the simulator says the processes of `group` (run through
+    /// [`Gemini::hooked`]) hold now and held at most, per device.
+    pub fn group_memory(&self, group: &str) -> fakecuda_log::groups::GroupMemory {
+        fakecuda_log::groups::read(&self.sim_dir(), group).unwrap()
     }
 
     /// The temporary directory of this environment.
@@ -128,7 +149,9 @@ impl SimEnv {
             .env("FAKECUDA_DIR", self.sim_dir())
             .env("FAKECUDA_DEVICES", self.devices.to_string())
             .env("FAKECUDA_MEM", &self.mem)
-            .env("FAKECUDA_QUEUE_DEPTH", self.queue_depth.to_string());
+            .env("FAKECUDA_QUEUE_DEPTH", self.queue_depth.to_string())
+            .env("FAKECUDA_CTX_MEM", &self.ctx_mem)
+            .env("FAKECUDA_MODULE_MEM", &self.module_mem);
         c
     }
 
@@ -439,6 +462,7 @@ impl Gemini {
     pub fn hooked(&self, mut cmd: Command, group: &str) -> Command {
         cmd.env("LD_PRELOAD", bin("libgemhook.so"))
             .env("GEMINI_GROUP_NAME", group)
+            .env("FAKECUDA_TAG", group)
             .env("GEMINI_IPC_DIR", self.ipc());
         cmd
     }

@@ -10,6 +10,8 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod groups;
+
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

@@ -91,14 +91,24 @@ driver_api! {
     fn cuDevicePrimaryCtxRetain(out: *mut CUcontext, dev: CUdevice) {
         let s = initialised()?;
         let dev = check_device(s, dev)?;
-        let h = with_proc(|p| {
-            if let Some((h, n)) = p.primary.get_mut(&dev) {
-                *n += 1;
-                return *h;
+        if out.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = with_proc(|p| match p.primary.get(&dev) {
+            Some((h, _)) => *h,
+            None => {
+                let h = p.add(Obj::Ctx { device: dev });
+                p.primary.insert(dev, (h, 0));
+                h
             }
-            let h = p.add(Obj::Ctx { device: dev });
-            p.primary.insert(dev, (h, 1));
-            h
+        });
+        // Its first retain (and the first after a reset or a last
+        // release) makes the context, which takes its memory.
+        primary_mem(s, dev, h)?;
+        with_proc(|p| {
+            if let Some((_, n)) = p.primary.get_mut(&dev) {
+                *n += 1;
+            }
         });
         put(out, h as CUcontext)
     }
@@ -113,11 +123,12 @@ driver_api! {
     }
     fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, _flags: u32) { check_device(initialised()?, dev).map(|_| ()) }
     fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, _flags: u32) { check_device(initialised()?, dev).map(|_| ()) }
-    fn cuDevicePrimaryCtxReset(dev: CUdevice) { check_device(initialised()?, dev).map(|_| ()) }
-    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) { check_device(initialised()?, dev).map(|_| ()) }
+    fn cuDevicePrimaryCtxReset(dev: CUdevice) { primary_reset(dev) }
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) { primary_reset(dev) }
     fn cuCtxCreate_v2(out: *mut CUcontext, _flags: u32, dev: CUdevice) { create_ctx(out, dev) }
     fn cuCtxDestroy_v2(ctx: CUcontext) {
         destroy(ctx, |o| matches!(o, Obj::Ctx { .. }))?;
+        free_ctx_mem(initialised()?, ctx as usize);
         ctx_stack(|s| s.retain(|&c| c != ctx as usize));
         Ok(())
     }
@@ -157,6 +168,8 @@ driver_api! {
         let ordinal = s.ordinal(current_device()?).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         put(out, ordinal as CUdevice)
     }
+    fn cuCtxSetLimit(limit: i32, value: usize) { set_limit(limit, value) }
+    fn cuCtxGetLimit(value: *mut usize, limit: i32) { get_limit(value, limit) }
     fn cuCtxGetApiVersion(_ctx: CUcontext, version: *mut u32) {
         initialised()?;
         put(version, 12080)
@@ -183,6 +196,11 @@ driver_api! {
     fn cuStreamCreateWithPriority(out: *mut CUstream, flags: u32, _priority: i32) {
         // SAFETY: same contract as cuStreamCreate.
         match unsafe { cuStreamCreate(out, flags) } { CUDA_SUCCESS => Ok(()), e => Err(e) }
+    }
+    fn cuStreamGetCtx(h: CUstream, out: *mut CUcontext) {
+        initialised()?;
+        let ctx = stream_ctx(h)?;
+        put(out, ctx as CUcontext)
     }
     fn cuStreamDestroy_v2(h: CUstream) { destroy(h, |o| matches!(o, Obj::Stream { .. })) }
     fn cuStreamSynchronize(h: CUstream) { sync_stream(h, false) }
@@ -247,16 +265,11 @@ driver_api! {
     fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) { elapsed(ms, start, end) }
 
     // Modules and launches.
-    fn cuModuleLoadData(out: *mut CUmodule, image: *const c_void) {
-        initialised()?;
-        current_device()?;
-        if image.is_null() {
-            return Err(CUDA_ERROR_INVALID_IMAGE);
-        }
-        let h = with_proc(|p| p.add(Obj::Module));
-        put(out, h as CUmodule)
+    fn cuModuleLoadData(out: *mut CUmodule, image: *const c_void) { load_module(out, image) }
+    fn cuModuleLoadDataEx(out: *mut CUmodule, image: *const c_void, _n: u32, _options: *mut i32, _values: *mut *mut c_void) {
+        load_module(out, image)
     }
-    fn cuModuleUnload(m: CUmodule) { destroy(m, |o| matches!(o, Obj::Module)) }
+    fn cuModuleUnload(m: CUmodule) { unload_module(m) }
     fn cuModuleGetFunction(out: *mut CUfunction, m: CUmodule, name: *const c_char) {
         initialised()?;
         if name.is_null() {
@@ -307,6 +320,9 @@ driver_api! {
         add_kernel_node(node, graph, params)
     }
     fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) { instantiate(exec, graph, flags) }
+    fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _size: usize) {
+        instantiate(exec, graph, 0)
+    }
     fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _size: usize) {
         instantiate(exec, graph, 0)
     }

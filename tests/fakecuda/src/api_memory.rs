@@ -70,10 +70,12 @@ driver_api! {
         let s = initialised()?;
         // CUmemPoolProps: allocation type, handle types, location type, location id.
         let props = get(props as *const [i32; 4])?;
-        let dev = check_device(s, props[3])?;
+        let at = location(s, props[2] as u32, props[3])?;
         let h = with_proc(|p| {
             let h = p.add(Obj::MemPool);
-            p.pools.insert(h, pool::Pool::new(dev));
+            let mut pl = pool::Pool::new(at.unwrap_or(0));
+            pl.host = at.is_none();
+            p.pools.insert(h, pl);
             h
         });
         put(pool, h as CUmemoryPool)
@@ -90,14 +92,16 @@ driver_api! {
             p.current_pool.retain(|_, c| *c != h);
             Ok(pl)
         })?;
-        s.free(pl.device, pl.reserved);
+        if !pl.host {
+            s.free(pl.device, pl.reserved);
+        }
         Ok(())
     }
     fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: i32, value: *mut c_void) { pool_get_attribute(pool, attr, value) }
     fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: i32, value: *mut c_void) { pool_set_attribute(pool, attr, value) }
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) {
         let s = initialised()?;
-        let (dev, excess) = with_pool(pool, |pl| Ok((pl.device, pl.trim(keep as u64))))?;
+        let (dev, excess) = with_pool(pool, |pl| Ok((pl.device, pl.trim(keep as u64) * u64::from(!pl.host))))?;
         s.free(dev, excess);
         Ok(())
     }
@@ -118,12 +122,15 @@ driver_api! {
     }
     fn cuMemCreate(handle: *mut u64, size: usize, prop: *const CUmemAllocationProp, _flags: u64) {
         let s = initialised()?;
+        // CUmemAllocationProp: type, handle types, location type, location id.
         let prop = get(prop as *const [u32; 4])?;
-        let dev = check_device(s, prop[3] as i32)?;
+        let dev = location(s, prop[2], prop[3] as i32)?;
         if handle.is_null() || size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        s.alloc(dev, size as u64)?;
+        if let Some(dev) = dev {
+            s.alloc(dev, size as u64)?;
+        }
         let h = with_proc(|p| {
             let h = p.add(Obj::Pool) as u64;
             p.physical.insert(h, (dev, size as u64));
@@ -131,14 +138,24 @@ driver_api! {
         });
         put(handle, h)
     }
+    // The handle goes at once; its memory stays while it is mapped
+    // ("the memory is released when all outstanding mappings are
+    // unmapped", cuda.h).
     fn cuMemRelease(handle: u64) {
         let s = initialised()?;
-        let (dev, size) = with_proc(|p| {
+        let gone = with_proc(|p| {
             p.objects.remove(&(handle as usize));
-            p.physical.remove(&handle)
+            let mem = p.physical.remove(&handle)?;
+            if p.maps.values().any(|(_, h)| *h == handle) {
+                p.released.insert(handle, mem);
+                return Some(None);
+            }
+            Some(Some(mem))
         })
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        s.free(dev, size);
+        if let Some((dev, size)) = gone {
+            free_physical(s, dev, size);
+        }
         Ok(())
     }
     // Virtual memory management: an address range is reserved, then
@@ -158,15 +175,23 @@ driver_api! {
         put(ptr, va)
     }
     fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) { initialised().map(|_| ()) }
-    fn cuMemMap(_ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, _flags: u64) {
+    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, _flags: u64) {
         initialised()?;
-        let bytes = with_proc(|p| p.physical.get(&handle).map(|(_, b)| *b)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        if (offset as u64).saturating_add(size as u64) > bytes {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        Ok(())
+        with_proc(|p| {
+            let bytes = p.physical.get(&handle).map(|(_, b)| *b).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            if size == 0 || (offset as u64).saturating_add(size as u64) > bytes {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let end = ptr.saturating_add(size as u64);
+            let overlaps = p.maps.range(..end).next_back().is_some_and(|(va, (len, _))| va + len > ptr);
+            if overlaps {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            p.maps.insert(ptr, (size as u64, handle));
+            Ok(())
+        })
     }
-    fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) { initialised().map(|_| ()) }
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) { unmap(ptr, size as u64) }
     fn cuMemSetAccess(_ptr: CUdeviceptr, _size: usize, _desc: *const c_void, _count: usize) { initialised().map(|_| ()) }
 
     // Interprocess memory: a handle names an allocation of its owner;

@@ -26,21 +26,213 @@ pub(crate) fn create_ctx(out: *mut CUcontext, dev: CUdevice) -> R {
         });
     }
     let dev = check_device(s, dev)?;
-    let h = with_proc(|p| p.add(Obj::Ctx { device: dev }));
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    s.alloc(dev, s.ctx_mem)?;
+    let h = with_proc(|p| {
+        let h = p.add(Obj::Ctx { device: dev });
+        p.ctx_mem.insert(h, CtxMem::new(dev, s.ctx_mem));
+        h
+    });
     ctx_stack(|st| st.push(h));
     put(out, h as CUcontext)
+}
+
+/// `CUlimit`s that take device memory, with their defaults.
+pub(crate) const LIMIT_STACK_SIZE: i32 = 0;
+pub(crate) const LIMIT_PRINTF_FIFO_SIZE: i32 = 1;
+pub(crate) const LIMIT_MALLOC_HEAP_SIZE: i32 = 2;
+/// Every `CUlimit` of `cuda.h` 12.x with its default (stack 1 KiB per
+/// thread, printf FIFO 1 MiB, malloc heap 8 MiB, ...).
+const LIMIT_DEFAULTS: [u64; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 32, 0];
+/// Threads resident at once (132 SMs × 2048, an H100 SXM): the stack
+/// limit is per thread.
+const RESIDENT_THREADS: u64 = 132 * 2048;
+
+/// The device memory a context holds for itself: created with
+/// `FAKECUDA_CTX_MEM` (the default limits included), changed by
+/// `cuCtxSetLimit`, given back when the context goes.
+#[derive(Debug, Clone)]
+pub(crate) struct CtxMem {
+    pub(crate) device: usize,
+    pub(crate) bytes: u64,
+    pub(crate) limits: [u64; 7],
+}
+
+impl CtxMem {
+    pub(crate) fn new(device: usize, bytes: u64) -> CtxMem {
+        CtxMem {
+            device,
+            bytes,
+            limits: LIMIT_DEFAULTS,
+        }
+    }
+}
+
+/// Device memory limit `limit` of `value` takes.
+fn limit_bytes(limit: i32, value: u64) -> u64 {
+    match limit {
+        LIMIT_STACK_SIZE => value.saturating_mul(RESIDENT_THREADS),
+        LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => value,
+        _ => 0,
+    }
+}
+
+/// `cuCtxSetLimit` on the current context: a limit that takes more
+/// device memory takes it now (`CUDA_ERROR_OUT_OF_MEMORY`, the limit
+/// unchanged, where the device has too little); less gives it back.
+pub(crate) fn set_limit(limit: i32, value: usize) -> R {
+    let s = initialised()?;
+    let ctx = ctx_stack(|st| st.last().copied()).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    let dev = ctx_device(ctx)?;
+    let idx = usize::try_from(limit)
+        .ok()
+        .filter(|&i| i < LIMIT_DEFAULTS.len())
+        .ok_or(CUDA_ERROR_UNSUPPORTED_LIMIT)?;
+    let old = with_proc(|p| {
+        p.ctx_mem
+            .entry(ctx)
+            .or_insert_with(|| CtxMem::new(dev, 0))
+            .limits[idx]
+    });
+    let (was, now) = (limit_bytes(limit, old), limit_bytes(limit, value as u64));
+    if now > was {
+        s.alloc(dev, now - was)?;
+    } else {
+        s.free(dev, was - now);
+    }
+    with_proc(|p| {
+        if let Some(c) = p.ctx_mem.get_mut(&ctx) {
+            c.limits[idx] = value as u64;
+            c.bytes = (c.bytes + now).saturating_sub(was);
+        }
+    });
+    Ok(())
+}
+
+/// `cuCtxGetLimit` of the current context.
+pub(crate) fn get_limit(out: *mut usize, limit: i32) -> R {
+    initialised()?;
+    let ctx = ctx_stack(|st| st.last().copied()).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    ctx_device(ctx)?;
+    let idx = usize::try_from(limit)
+        .ok()
+        .filter(|&i| i < LIMIT_DEFAULTS.len())
+        .ok_or(CUDA_ERROR_UNSUPPORTED_LIMIT)?;
+    let v = with_proc(|p| {
+        p.ctx_mem
+            .get(&ctx)
+            .map_or(LIMIT_DEFAULTS[idx], |c| c.limits[idx])
+    });
+    put(out, v as usize)
+}
+
+/// A context's own memory goes back to the device (it was destroyed, or
+/// a primary context released for the last time or reset).
+pub(crate) fn free_ctx_mem(s: &Sim, ctx: usize) {
+    if let Some(c) = with_proc(|p| p.ctx_mem.remove(&ctx)) {
+        s.free(c.device, c.bytes);
+    }
+}
+
+/// The primary context of `dev` holds its memory again (its first
+/// retain, or the first after a reset or a last release).
+pub(crate) fn primary_mem(s: &Sim, dev: usize, ctx: usize) -> R {
+    if with_proc(|p| p.ctx_mem.contains_key(&ctx)) {
+        return Ok(());
+    }
+    s.alloc(dev, s.ctx_mem)?;
+    with_proc(|p| p.ctx_mem.insert(ctx, CtxMem::new(dev, s.ctx_mem)));
+    Ok(())
+}
+
+/// Device memory of a module image: an ELF's size from its section
+/// headers, a fatbinary's from its header, else a NUL-terminated text
+/// (PTX); or `FAKECUDA_MODULE_MEM` when that is a size.
+pub(crate) fn image_bytes(s: &Sim, image: *const c_void) -> u64 {
+    if let Some(fixed) = s.module_mem {
+        return fixed;
+    }
+    let b = image as *const u8;
+    // SAFETY: the program's image, at least a header long when it starts
+    // with one of these magics (read only then), else NUL-terminated.
+    unsafe {
+        let word = |off: usize| (b.add(off) as *const u32).read_unaligned();
+        if word(0) == 0x464c_457f {
+            // ELF64: e_shoff at 0x28, e_shentsize and e_shnum at 0x3a, 0x3c.
+            let shoff = (b.add(0x28) as *const u64).read_unaligned();
+            let entsize = u64::from((b.add(0x3a) as *const u16).read_unaligned());
+            let num = u64::from((b.add(0x3c) as *const u16).read_unaligned());
+            return shoff.saturating_add(entsize * num);
+        }
+        if word(0) == 0xba55_ed50 {
+            // magic, version u16, header size u16, fat size u64.
+            let header = u64::from((b.add(6) as *const u16).read_unaligned());
+            let fat = (b.add(8) as *const u64).read_unaligned();
+            return header.saturating_add(fat);
+        }
+        CStr::from_ptr(image as *const c_char).to_bytes().len() as u64
+    }
+}
+
+/// `cuModuleLoadData[Ex]`: a module on the current device, holding the
+/// device memory of its image.
+pub(crate) fn load_module(out: *mut CUmodule, image: *const c_void) -> R {
+    let s = initialised()?;
+    let dev = current_device()?;
+    if image.is_null() {
+        return Err(CUDA_ERROR_INVALID_IMAGE);
+    }
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let bytes = image_bytes(s, image);
+    s.alloc(dev, bytes)?;
+    let h = with_proc(|p| {
+        let h = p.add(Obj::Module);
+        p.modules.insert(h, (dev, bytes));
+        h
+    });
+    put(out, h as CUmodule)
+}
+
+/// `cuModuleUnload`: its memory goes back.
+pub(crate) fn unload_module(m: CUmodule) -> R {
+    let s = initialised()?;
+    destroy(m, |o| matches!(o, Obj::Module))?;
+    if let Some((dev, bytes)) = with_proc(|p| p.modules.remove(&(m as usize))) {
+        s.free(dev, bytes);
+    }
+    Ok(())
 }
 
 pub(crate) fn primary_release(dev: CUdevice) -> R {
     let s = initialised()?;
     let dev = check_device(s, dev)?;
-    with_proc(|p| match p.primary.get_mut(&dev) {
-        Some((_, n)) if *n > 0 => {
+    let last = with_proc(|p| match p.primary.get_mut(&dev) {
+        Some((h, n)) if *n > 0 => {
             *n -= 1;
-            Ok(())
+            Ok((*n == 0).then_some(*h))
         }
         _ => Err(CUDA_ERROR_INVALID_CONTEXT),
-    })
+    })?;
+    // The last release destroys the primary context: its memory goes.
+    if let Some(h) = last {
+        free_ctx_mem(s, h);
+    }
+    Ok(())
+}
+
+/// `cuDevicePrimaryCtxReset`: the primary context is destroyed (its
+/// memory goes) and made again, memory and all, at its next retain.
+pub(crate) fn primary_reset(dev: CUdevice) -> R {
+    let s = initialised()?;
+    let dev = check_device(s, dev)?;
+    if let Some(h) = with_proc(|p| p.primary.get(&dev).map(|(h, _)| *h)) {
+        free_ctx_mem(s, h);
+    }
+    Ok(())
 }
 
 pub(crate) fn proc_address(

@@ -13,6 +13,15 @@
 //!   before a launch blocks, as the real launch queue does (default 1024).
 //! - `FAKECUDA_POOLS`: `0` to report no memory-pool support (attribute
 //!   115), so cudarc allocates with `cuMemAlloc_v2` (default 1).
+//! - `FAKECUDA_CTX_MEM`: device memory a context takes for itself when it
+//!   is created (a primary context at its first retain), with the default
+//!   limits (`cuCtxSetLimit`) included; default 500MiB, the order of what
+//!   a bare CUDA 12 context holds on an H100.
+//! - `FAKECUDA_MODULE_MEM`: device memory a loaded module takes: `image`
+//!   (default) for the size of its image, or a fixed size.
+//! - `FAKECUDA_TAG`: a name this process's device memory is summed under
+//!   with every other process of the same tag, for the tests (the harness
+//!   sets the group's name): see `fakecuda_log::groups`.
 //! - `FAKECUDA_CGROUP_DEVICES`: the devices the process's device cgroup
 //!   lets it open (Slurm's `ConstrainDevices`, a container's `--gpus`), a
 //!   list of device indices; default all. As with the real driver, CUDA
@@ -42,12 +51,14 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 pub const MAX_DEVICES: usize = 16;
 const MAX_PROCS: usize = 1024;
-const MAGIC: u64 = 0x4641_4b45_4355_4401; // "FAKECUD" v1
+const MAGIC: u64 = 0x4641_4b45_4355_4402; // "FAKECUD" v2
 
 #[repr(C)]
 struct Slot {
     pid: AtomicU32,
     _pad: u32,
+    /// `fakecuda_log::groups::tag_hash` of the process's `FAKECUDA_TAG`.
+    tag: AtomicU64,
     mem: [AtomicU64; MAX_DEVICES],
 }
 
@@ -69,6 +80,13 @@ pub struct Sim {
     pub pid: u32,
     pub queue_depth: usize,
     pub pools: bool,
+    /// `FAKECUDA_CTX_MEM`.
+    pub ctx_mem: u64,
+    /// `FAKECUDA_MODULE_MEM` when fixed; `None`: a module's image size.
+    pub module_mem: Option<u64>,
+    /// Hash of `FAKECUDA_TAG` (0: none).
+    tag: u64,
+    groups: Option<fakecuda_log::groups::Groups>,
     /// Physical devices this process sees, by ordinal.
     visible: Vec<usize>,
     /// Physical devices its device cgroup lets it open.
@@ -167,8 +185,10 @@ impl Sim {
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let size = std::mem::size_of::<Shared>();
         let guard = FileLock::new(&file);
-        let fresh = file.metadata().map_err(|e| e.to_string())?.len() == 0;
+        // A file of another layout (an older simulator's) is made anew.
+        let fresh = file.metadata().map_err(|e| e.to_string())?.len() != size as u64;
         if fresh {
+            file.set_len(0).map_err(|e| e.to_string())?;
             file.set_len(size as u64).map_err(|e| e.to_string())?;
         }
         // SAFETY: mapping `size` bytes of a file of at least that size,
@@ -235,6 +255,7 @@ impl Sim {
         } else {
             (0..count).collect()
         };
+        let groups = fakecuda_log::groups::Groups::open(&dir).ok();
         Ok(Sim {
             shared,
             file,
@@ -245,6 +266,17 @@ impl Sim {
                 .unwrap_or(1024)
                 .max(1),
             pools: env_or("FAKECUDA_POOLS", "1") != "0",
+            ctx_mem: parse_size::parse_size(env_or("FAKECUDA_CTX_MEM", "500MiB"))
+                .unwrap_or(500 << 20),
+            module_mem: match env_or("FAKECUDA_MODULE_MEM", "image").as_str() {
+                "image" => None,
+                v => parse_size::parse_size(v).ok(),
+            },
+            tag: std::env::var("FAKECUDA_TAG")
+                .ok()
+                .filter(|t| !t.is_empty())
+                .map_or(0, |t| fakecuda_log::groups::tag_hash(&t)),
+            groups,
             visible,
             allowed,
             nvml,
@@ -367,6 +399,7 @@ impl Sim {
         for m in &free.mem {
             m.store(0, Ordering::Relaxed);
         }
+        free.tag.store(self.tag, Ordering::Relaxed);
         free.pid.store(self.pid, Ordering::Relaxed);
         Some(free)
     }
@@ -402,7 +435,46 @@ impl Sim {
         }
         let slot = self.my_slot().ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         slot.mem[dev].fetch_add(bytes, Ordering::Relaxed);
+        self.tag_changed(dev);
         Ok(())
+    }
+
+    /// Writes what the living processes of this process's tag hold on
+    /// `dev` to the groups file (called with the state locked).
+    fn tag_changed(&self, dev: usize) {
+        let Some(groups) = self.groups.as_ref().filter(|_| self.tag != 0) else {
+            return;
+        };
+        let sum = self
+            .shared
+            .slots
+            .iter()
+            .filter(|s| {
+                let p = s.pid.load(Ordering::Relaxed);
+                p != 0
+                    && s.tag.load(Ordering::Relaxed) == self.tag
+                    && (p == self.pid || pid_alive(p))
+            })
+            .map(|s| s.mem[dev].load(Ordering::Relaxed))
+            .fold(0u64, u64::saturating_add);
+        groups.set(self.tag, dev, sum);
+    }
+
+    /// Every living process's device memory on `dev`: (pid, bytes), for
+    /// NVML's per-process queries (only processes holding some).
+    pub fn processes(&self, dev: usize) -> Vec<(u32, u64)> {
+        let _g = lock(&self.mem_lock);
+        let _f = FileLock::new(&self.file);
+        self.used_locked(dev);
+        self.shared
+            .slots
+            .iter()
+            .filter_map(|s| {
+                let p = s.pid.load(Ordering::Relaxed);
+                let m = s.mem[dev].load(Ordering::Relaxed);
+                (p != 0 && m > 0).then_some((p, m))
+            })
+            .collect()
     }
 
     /// Gives `bytes` of `dev`'s memory back.
@@ -414,6 +486,7 @@ impl Sim {
             let cur = m.load(Ordering::Relaxed);
             m.store(cur.saturating_sub(bytes), Ordering::Relaxed);
         }
+        self.tag_changed(dev);
     }
 
     /// (free, total) of `dev`.

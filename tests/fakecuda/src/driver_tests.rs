@@ -15,13 +15,13 @@ const NON_BLOCKING: u32 = 1;
 /// A context current on this thread and a 1 ms kernel; the tests take
 /// turns (captures are per process: one test's global capture forbids
 /// another's synchronisation).
-struct Dev {
+pub(super) struct Dev {
     ctx: usize,
     kernel: usize,
     _turn: std::sync::MutexGuard<'static, ()>,
 }
 
-fn dev() -> Dev {
+pub(super) fn dev() -> Dev {
     static TURN: Mutex<()> = Mutex::new(());
     let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     static DIR: Once = Once::new();
@@ -57,7 +57,7 @@ impl Dev {
         assert_eq!(unsafe { cuCtxSetCurrent(self.ctx as CUcontext) }, 0);
     }
 
-    fn stream(&self, flags: u32) -> CUstream {
+    pub(super) fn stream(&self, flags: u32) -> CUstream {
         let mut s = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         assert_eq!(unsafe { cuStreamCreate(&mut s, flags) }, 0);
@@ -339,7 +339,7 @@ fn a_stream_waiting_on_a_captured_event_joins_the_capture() {
     );
 }
 
-fn free_mem() -> u64 {
+pub(super) fn free_mem() -> u64 {
     let (mut f, mut t) = (0usize, 0usize);
     // SAFETY: out-pointers to locals.
     assert_eq!(unsafe { cuMemGetInfo_v2(&mut f, &mut t) }, 0);
@@ -354,7 +354,7 @@ fn pool_attr(pool: CUmemoryPool, attr: i32) -> u64 {
     v
 }
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 
 #[test]
 fn freed_pool_memory_stays_reserved_until_a_sync_trims_it_to_the_threshold() {

@@ -30,6 +30,8 @@
 pub mod capture;
 pub mod device;
 #[cfg(test)]
+mod driver_mem_tests;
+#[cfg(test)]
 mod driver_tests;
 pub mod graphmem;
 pub mod nvml;

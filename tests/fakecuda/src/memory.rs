@@ -55,7 +55,7 @@ pub(crate) fn pool_alloc(
         };
         let pl = p.pools.get_mut(&ph).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let grow = pl.growth_for(bytes);
-        if grow > 0 {
+        if grow > 0 && !pl.host {
             s.alloc(pl.device, grow)?;
         }
         pl.hand_out(bytes, grow);
@@ -79,7 +79,7 @@ pub(crate) fn free(ptr: CUdeviceptr) -> R {
             p.graph_allocator(dev).take_back(bytes);
             return Ok(());
         }
-        let (dev, bytes) = p.allocs.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (dev, bytes) = p.forget_ptr(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         match p
             .pool_allocs
             .remove(&ptr)
@@ -166,7 +166,7 @@ pub(crate) fn trim_pools(s: &Sim) {
     with_proc(|p| {
         for pl in p.pools.values_mut() {
             let excess = pl.at_sync();
-            if excess > 0 {
+            if excess > 0 && !pl.host {
                 s.free(pl.device, excess);
             }
         }
@@ -238,4 +238,60 @@ pub(crate) fn mem_info(free: *mut usize, total: *mut usize) -> R {
     let (f, t) = s.mem_info(current_device()?);
     put(free, f as usize)?;
     put(total, t as usize)
+}
+
+/// `CUmemLocationType`: where a `cuMemCreate` handle or a pool's memory is.
+pub(crate) const LOCATION_DEVICE: u32 = 1;
+pub(crate) const LOCATION_HOST: u32 = 2;
+pub(crate) const LOCATION_HOST_NUMA: u32 = 3;
+pub(crate) const LOCATION_HOST_NUMA_CURRENT: u32 = 4;
+
+/// The device a `CUmemLocation` (type, id) names, `None` for a host
+/// location (whose id is a NUMA node, or unused).
+pub(crate) fn location(s: &Sim, kind: u32, id: i32) -> Result<Option<usize>, CUresult> {
+    match kind {
+        LOCATION_DEVICE => check_device(s, id).map(Some),
+        LOCATION_HOST | LOCATION_HOST_NUMA_CURRENT => Ok(None),
+        LOCATION_HOST_NUMA if id >= 0 => Ok(None),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// Memory of a `cuMemCreate` handle goes back: to the device, or (host
+/// memory) nowhere the simulator counts.
+pub(crate) fn free_physical(s: &Sim, dev: Option<usize>, bytes: u64) {
+    if let Some(dev) = dev {
+        s.free(dev, bytes);
+    }
+}
+
+/// `cuMemUnmap(ptr, size)`: the mappings in the range go; a released
+/// handle's memory goes with its last mapping.
+pub(crate) fn unmap(ptr: u64, size: u64) -> R {
+    let s = initialised()?;
+    if size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let freed = with_proc(|p| {
+        let end = ptr.saturating_add(size);
+        let gone: Vec<u64> = p.maps.range(ptr..end).map(|(va, _)| *va).collect();
+        if gone.is_empty() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut freed = Vec::new();
+        for va in gone {
+            let Some((_, handle)) = p.maps.remove(&va) else {
+                continue;
+            };
+            let still_mapped = p.maps.values().any(|(_, h)| *h == handle);
+            if !still_mapped && let Some(mem) = p.released.remove(&handle) {
+                freed.push(mem);
+            }
+        }
+        Ok(freed)
+    })?;
+    for (dev, bytes) in freed {
+        free_physical(s, dev, bytes);
+    }
+    Ok(())
 }

@@ -313,3 +313,115 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         Err(e) => e,
     }
 }
+
+/// `nvmlProcessInfo_v2_t` (and `_v3`, the same layout); `_v1` is its
+/// first two fields (16 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlProcessInfo {
+    pid: u32,
+    used_gpu_memory: u64,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+}
+
+/// `NVML_VALUE_NOT_AVAILABLE` for an instance id outside MIG.
+const NOT_AVAILABLE: u32 = u32::MAX;
+
+/// `nvmlDeviceGetComputeRunningProcesses*`: each process holding device
+/// memory and what it holds (its whole footprint: contexts, modules,
+/// allocations, pools), as NVML reports it. With too small a buffer (or
+/// none), the count needed and `NVML_ERROR_INSUFFICIENT_SIZE`.
+///
+/// # Safety
+/// `count` must be writable and `infos` hold `*count` entries of
+/// `entry_size` bytes.
+unsafe fn running_processes(
+    handle: *mut c_void,
+    count: *mut u32,
+    infos: *mut u8,
+    entry_size: usize,
+) -> NvmlReturn {
+    let dev = match device_of(handle) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let Ok(s) = sim() else {
+        return NVML_ERROR_UNINITIALIZED;
+    };
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let procs = s.processes(dev);
+    // SAFETY: non-null in/out count from the caller.
+    let room = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = procs.len() as u32 };
+    if procs.is_empty() {
+        return NVML_SUCCESS;
+    }
+    if infos.is_null() || room < procs.len() {
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (i, (pid, bytes)) in procs.into_iter().enumerate() {
+        let info = NvmlProcessInfo {
+            pid,
+            used_gpu_memory: bytes,
+            gpu_instance_id: NOT_AVAILABLE,
+            compute_instance_id: NOT_AVAILABLE,
+        };
+        // SAFETY: entry i of the caller's array of `room` entries of
+        // `entry_size` (16 or 24) bytes; the first `entry_size` bytes of
+        // the struct are the fields that version has.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&info as *const NvmlProcessInfo).cast::<u8>(),
+                infos.add(i * entry_size),
+                entry_size,
+            )
+        };
+    }
+    NVML_SUCCESS
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses` (`nvmlProcessInfo_v1_t`).
+///
+/// # Safety
+/// As [`running_processes`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    handle: *mut c_void,
+    count: *mut u32,
+    infos: *mut c_void,
+) -> NvmlReturn {
+    // SAFETY: the caller's contract, v1 entries of 16 bytes.
+    unsafe { running_processes(handle, count, infos.cast(), 16) }
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v2`.
+///
+/// # Safety
+/// As [`running_processes`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    handle: *mut c_void,
+    count: *mut u32,
+    infos: *mut c_void,
+) -> NvmlReturn {
+    // SAFETY: the caller's contract, v2 entries of 24 bytes.
+    unsafe { running_processes(handle, count, infos.cast(), 24) }
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v3`.
+///
+/// # Safety
+/// As [`running_processes`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    handle: *mut c_void,
+    count: *mut u32,
+    infos: *mut c_void,
+) -> NvmlReturn {
+    // SAFETY: the caller's contract, v3 entries of 24 bytes.
+    unsafe { running_processes(handle, count, infos.cast(), 24) }
+}

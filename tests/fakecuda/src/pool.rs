@@ -27,6 +27,9 @@ pub const ATTR_USED_MEM_HIGH: i32 = 8;
 #[derive(Debug, Default, Clone)]
 pub struct Pool {
     pub device: usize,
+    /// A pool of host memory (`CU_MEM_LOCATION_TYPE_HOST*`): it takes no
+    /// device memory.
+    pub host: bool,
     pub threshold: u64,
     pub reserved: u64,
     pub reserved_high: u64,

@@ -13,8 +13,21 @@ pub(crate) struct Proc {
     pub(crate) primary: HashMap<usize, (usize, u32)>,
     /// Device pointer → (device, bytes).
     pub(crate) allocs: HashMap<u64, (usize, u64)>,
-    /// `cuMemCreate` handle → (device, bytes).
-    pub(crate) physical: HashMap<u64, (usize, u64)>,
+    /// `cuMemCreate` handle → (device, bytes); device `None` for memory
+    /// of a host location (`CU_MEM_LOCATION_TYPE_HOST*`).
+    pub(crate) physical: HashMap<u64, (Option<usize>, u64)>,
+    /// Handles released while still mapped: their memory stays until the
+    /// last mapping is unmapped (`cuMemRelease`).
+    pub(crate) released: HashMap<u64, (Option<usize>, u64)>,
+    /// Mappings by virtual address: (size, handle).
+    pub(crate) maps: std::collections::BTreeMap<u64, (u64, u64)>,
+    /// Device memory each context holds for itself (see `context`).
+    pub(crate) ctx_mem: HashMap<usize, CtxMem>,
+    /// Loaded modules → (device, bytes of their image).
+    pub(crate) modules: HashMap<usize, (usize, u64)>,
+    /// Freed device addresses by (device, size rounded to 512), reused
+    /// first, as the driver reuses addresses.
+    pub(crate) free_addrs: HashMap<(usize, u64), Vec<u64>>,
     pub(crate) next_handle: usize,
     pub(crate) next_ptr: [u64; MAX_DEVICES],
     pub(crate) captures: capture::Captures,
@@ -74,11 +87,28 @@ impl Proc {
         self.next_handle
     }
 
-    /// A device address for `bytes` on `dev`, recorded as an allocation.
+    /// A device address for `bytes` on `dev`, recorded as an allocation:
+    /// the last freed one of that size, as the driver hands an address
+    /// freed by one thread to the next allocation of another.
     pub(crate) fn new_ptr(&mut self, dev: usize, bytes: u64) -> u64 {
-        let ptr = self.address(dev, bytes);
+        let reused = self
+            .free_addrs
+            .get_mut(&(dev, bytes.div_ceil(512) * 512))
+            .and_then(Vec::pop);
+        let ptr = reused.unwrap_or_else(|| self.address(dev, bytes));
         self.allocs.insert(ptr, (dev, bytes));
         ptr
+    }
+
+    /// The allocation at `ptr` was freed: its address may be handed out
+    /// again.
+    pub(crate) fn forget_ptr(&mut self, ptr: u64) -> Option<(usize, u64)> {
+        let (dev, bytes) = self.allocs.remove(&ptr)?;
+        self.free_addrs
+            .entry((dev, bytes.div_ceil(512) * 512))
+            .or_default()
+            .push(ptr);
+        Some((dev, bytes))
     }
 
     /// A fresh device address for `bytes` on `dev`.

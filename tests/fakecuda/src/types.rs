@@ -28,6 +28,7 @@ pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
+pub const CUDA_ERROR_UNSUPPORTED_LIMIT: CUresult = 215;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
 pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
@@ -94,6 +95,11 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         CUDA_ERROR_ILLEGAL_ADDRESS,
         "CUDA_ERROR_ILLEGAL_ADDRESS\0",
         "an illegal memory access was encountered\0",
+    ),
+    (
+        CUDA_ERROR_UNSUPPORTED_LIMIT,
+        "CUDA_ERROR_UNSUPPORTED_LIMIT\0",
+        "the limit is not supported\0",
     ),
     (
         CUDA_ERROR_NOT_SUPPORTED,

@@ -23,6 +23,20 @@ pub(crate) fn stream(
     }
 }
 
+/// The context stream `h` belongs to (`cuStreamGetCtx`): the current one
+/// for the null and per-thread streams.
+pub(crate) fn stream_ctx(h: CUstream) -> Result<usize, CUresult> {
+    let current = || ctx_stack(|s| s.last().copied()).ok_or(CUDA_ERROR_INVALID_CONTEXT);
+    match h as usize {
+        0 | CU_STREAM_LEGACY | CU_STREAM_PER_THREAD => current(),
+        h => with_proc(|p| match p.objects.get(&h) {
+            Some(Obj::Stream { ctx, .. }) if *ctx != 0 => Ok(*ctx),
+            Some(Obj::Stream { .. }) => Err(CUDA_ERROR_INVALID_CONTEXT),
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        }),
+    }
+}
+
 pub(crate) fn default_kernel_us() -> u64 {
     std::env::var("FAKECUDA_KERNEL_US")
         .ok()

@@ -292,6 +292,8 @@ fn slurm_shards_become_guaranteed_shares() {
         ("FAKECUDA_DIR", sim_dir.to_str().unwrap()),
         ("FAKECUDA_DEVICES", "1"),
         ("FAKECUDA_MEM", g.sim.mem.as_str()),
+        ("FAKECUDA_CTX_MEM", g.sim.ctx_mem.as_str()),
+        ("FAKECUDA_MODULE_MEM", g.sim.module_mem.as_str()),
         ("GEMINI_SETTINGS", "/dev/null"),
         ("LD_PRELOAD", ""),
         ("GEMINI_GROUP_NAME", ""),

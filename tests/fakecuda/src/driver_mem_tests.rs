@@ -1,0 +1,254 @@
+//! Device memory in the simulator is held as the driver holds it: a
+//! context's own memory and its limits, module images, `cuMemCreate`
+//! handles until their last unmap, host locations never, addresses
+//! reused; NVML reports each process's whole footprint.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::driver_tests::{MIB, dev, free_mem};
+use super::*;
+
+/// `CUmemAllocationProp`'s leading fields: pinned, no handle types, the
+/// location (type, id).
+fn prop(kind: u32, id: u32) -> [u32; 8] {
+    [1, 0, kind, id, 0, 0, 0, 0]
+}
+
+#[test]
+fn a_context_holds_its_memory_and_its_limits_until_destroyed() {
+    let _d = dev();
+    let s = sim().unwrap();
+    let f0 = free_mem();
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: out-pointers to locals; the context is this test's own.
+    unsafe {
+        assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 0), 0);
+        assert_eq!(
+            free_mem(),
+            f0 - s.ctx_mem,
+            "a context takes FAKECUDA_CTX_MEM"
+        );
+        let mut heap = 0usize;
+        assert_eq!(cuCtxGetLimit(&mut heap, context::LIMIT_MALLOC_HEAP_SIZE), 0);
+        assert_eq!(heap, 8 << 20, "the default malloc heap");
+        let more = heap + 64 * MIB as usize;
+        assert_eq!(cuCtxSetLimit(context::LIMIT_MALLOC_HEAP_SIZE, more), 0);
+        assert_eq!(
+            free_mem(),
+            f0 - s.ctx_mem - 64 * MIB,
+            "a larger heap takes more"
+        );
+        assert_eq!(cuCtxGetLimit(&mut heap, context::LIMIT_MALLOC_HEAP_SIZE), 0);
+        assert_eq!(heap, more);
+        // The stack limit is per resident thread (132 SMs × 2048).
+        assert_eq!(cuCtxSetLimit(context::LIMIT_STACK_SIZE, 2048), 0);
+        assert_eq!(
+            free_mem(),
+            f0 - s.ctx_mem - 64 * MIB - 1024 * 132 * 2048,
+            "a larger stack"
+        );
+        assert_eq!(cuCtxSetLimit(99, 1), CUDA_ERROR_UNSUPPORTED_LIMIT);
+        // More heap than the device has: refused, the limit unchanged.
+        assert_eq!(
+            cuCtxSetLimit(context::LIMIT_MALLOC_HEAP_SIZE, usize::MAX / 2),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        assert_eq!(cuCtxGetLimit(&mut heap, context::LIMIT_MALLOC_HEAP_SIZE), 0);
+        assert_eq!(heap, more);
+        assert_eq!(cuCtxDestroy_v2(ctx), 0);
+    }
+    assert_eq!(free_mem(), f0, "all of it back with the context");
+}
+
+#[test]
+fn a_module_holds_its_image_until_unloaded() {
+    let _d = dev();
+    let f0 = free_mem();
+    // A fatbinary header: magic, version 1, header size 16, 3 MiB of
+    // contents.
+    let mut fatbin = [0u8; 16];
+    fatbin[0..4].copy_from_slice(&0xba55_ed50u32.to_le_bytes());
+    fatbin[4..6].copy_from_slice(&1u16.to_le_bytes());
+    fatbin[6..8].copy_from_slice(&16u16.to_le_bytes());
+    fatbin[8..16].copy_from_slice(&(3 * MIB).to_le_bytes());
+    let mut m = std::ptr::null_mut();
+    let mut ptx = std::ptr::null_mut();
+    // SAFETY: images that start with a whole header or are NUL-terminated.
+    unsafe {
+        assert_eq!(cuModuleLoadData(&mut m, fatbin.as_ptr().cast()), 0);
+        assert_eq!(free_mem(), f0 - 3 * MIB - 16);
+        assert_eq!(
+            cuModuleLoadData(&mut ptx, c".version 8.0".as_ptr().cast()),
+            0
+        );
+        assert_eq!(free_mem(), f0 - 3 * MIB - 16 - 12, "PTX text: its length");
+        assert_eq!(cuModuleUnload(m), 0);
+        assert_eq!(cuModuleUnload(ptx), 0);
+        assert_eq!(cuModuleUnload(ptx), CUDA_ERROR_INVALID_HANDLE);
+    }
+    assert_eq!(free_mem(), f0);
+}
+
+#[test]
+fn a_released_handle_keeps_its_memory_until_its_last_unmap() {
+    let _d = dev();
+    let f0 = free_mem();
+    let p = prop(memory::LOCATION_DEVICE, 0);
+    let (mut h, mut va) = (0u64, 0u64);
+    // SAFETY: out-pointers to locals; handles and ranges of this test.
+    unsafe {
+        assert_eq!(
+            cuMemCreate(&mut h, (64 * MIB) as usize, p.as_ptr().cast(), 0),
+            0
+        );
+        assert_eq!(
+            cuMemAddressReserve(&mut va, (128 * MIB) as usize, 0, 0, 0),
+            0
+        );
+        let half = va + 64 * MIB;
+        assert_eq!(cuMemMap(va, (64 * MIB) as usize, 0, h, 0), 0);
+        assert_eq!(cuMemMap(half, (64 * MIB) as usize, 0, h, 0), 0);
+        assert_eq!(
+            cuMemMap(va, (64 * MIB) as usize, 0, h, 0),
+            CUDA_ERROR_INVALID_VALUE,
+            "the range is mapped already"
+        );
+        // llama.cpp's VMM pool: release right after mapping.
+        assert_eq!(cuMemRelease(h), 0);
+        assert_eq!(free_mem(), f0 - 64 * MIB, "mapped: still held");
+        assert_eq!(
+            cuMemMap(va + 256 * MIB, (64 * MIB) as usize, 0, h, 0),
+            CUDA_ERROR_INVALID_HANDLE,
+            "a released handle maps no more"
+        );
+        assert_eq!(cuMemUnmap(va, (64 * MIB) as usize), 0);
+        assert_eq!(free_mem(), f0 - 64 * MIB, "one mapping left");
+        assert_eq!(cuMemUnmap(half, (64 * MIB) as usize), 0);
+        assert_eq!(free_mem(), f0, "gone with the last mapping");
+        assert_eq!(
+            cuMemUnmap(half, (64 * MIB) as usize),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        // Released while unmapped: gone at once.
+        assert_eq!(
+            cuMemCreate(&mut h, (64 * MIB) as usize, p.as_ptr().cast(), 0),
+            0
+        );
+        assert_eq!(free_mem(), f0 - 64 * MIB);
+        assert_eq!(cuMemRelease(h), 0);
+        assert_eq!(free_mem(), f0);
+    }
+}
+
+#[test]
+fn host_locations_take_no_device_memory() {
+    let d = dev();
+    let f0 = free_mem();
+    let s = d.stream(1);
+    // SAFETY: out-pointers to locals; handles, pools and a stream of this
+    // test.
+    unsafe {
+        for (kind, id) in [
+            (memory::LOCATION_HOST, 0),
+            (memory::LOCATION_HOST_NUMA, 1),
+            (memory::LOCATION_HOST_NUMA_CURRENT, 0),
+        ] {
+            let p = prop(kind, id);
+            let mut h = 0u64;
+            assert_eq!(
+                cuMemCreate(&mut h, (900 * MIB) as usize, p.as_ptr().cast(), 0),
+                0
+            );
+            assert_eq!(free_mem(), f0, "location type {kind}");
+            assert_eq!(cuMemRelease(h), 0);
+        }
+        let bad = prop(7, 0);
+        let mut h = 0u64;
+        assert_eq!(
+            cuMemCreate(&mut h, MIB as usize, bad.as_ptr().cast(), 0),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        let p = prop(memory::LOCATION_HOST_NUMA, 0);
+        let mut pool = std::ptr::null_mut();
+        assert_eq!(cuMemPoolCreate(&mut pool, p.as_ptr().cast()), 0);
+        let mut ptr = 0u64;
+        assert_eq!(
+            cuMemAllocFromPoolAsync(&mut ptr, (512 * MIB) as usize, pool, s),
+            0
+        );
+        assert_eq!(free_mem(), f0, "a host pool");
+        assert_eq!(cuMemFreeAsync(ptr, s), 0);
+        assert_eq!(cuMemPoolDestroy(pool), 0);
+    }
+    assert_eq!(free_mem(), f0);
+}
+
+#[test]
+fn a_freed_address_is_handed_out_again() {
+    let _d = dev();
+    let (mut a, mut b, mut c) = (0u64, 0u64, 0u64);
+    // SAFETY: out-pointers to locals; pointers this test allocated.
+    unsafe {
+        assert_eq!(cuMemAlloc_v2(&mut a, MIB as usize), 0);
+        assert_eq!(cuMemFree_v2(a), 0);
+        assert_eq!(cuMemAlloc_v2(&mut b, MIB as usize), 0);
+        assert_eq!(b, a, "the driver reuses addresses");
+        assert_eq!(cuMemAlloc_v2(&mut c, MIB as usize), 0);
+        assert_ne!(c, b);
+        assert_eq!(cuMemFree_v2(b), 0);
+        assert_eq!(cuMemFree_v2(c), 0);
+    }
+}
+
+#[test]
+fn nvml_reports_each_process_whole_footprint() {
+    let _d = dev();
+    let s = sim().unwrap();
+    let mut p = 0u64;
+    // SAFETY: out-pointers to locals, and an array of 8 entries.
+    unsafe {
+        assert_eq!(cuMemAlloc_v2(&mut p, (32 * MIB) as usize), 0);
+        let mine = s
+            .processes(0)
+            .into_iter()
+            .find(|(pid, _)| *pid == std::process::id());
+        let (_, held) = mine.expect("this process holds memory");
+        assert!(held >= 32 * MIB);
+        let mut count = 0u32;
+        // NVML handle of device 0 (the index plus one).
+        let handle = std::ptr::without_provenance_mut::<c_void>(1);
+        assert_eq!(
+            nvml::nvmlDeviceGetComputeRunningProcesses_v3(handle, &mut count, std::ptr::null_mut()),
+            7,
+            "NVML_ERROR_INSUFFICIENT_SIZE"
+        );
+        assert!(count >= 1);
+        let mut infos = [[0u64; 3]; 8];
+        count = 8;
+        assert_eq!(
+            nvml::nvmlDeviceGetComputeRunningProcesses_v3(
+                handle,
+                &mut count,
+                infos.as_mut_ptr().cast()
+            ),
+            0
+        );
+        let got = infos[..count as usize]
+            .iter()
+            .find(|e| e[0] as u32 == std::process::id())
+            .map(|e| e[1]);
+        assert_eq!(got, Some(held), "v3: pid and usedGpuMemory");
+        let mut v1 = [[0u64; 2]; 8];
+        count = 8;
+        assert_eq!(
+            nvml::nvmlDeviceGetComputeRunningProcesses(handle, &mut count, v1.as_mut_ptr().cast()),
+            0
+        );
+        assert!(
+            v1[..count as usize]
+                .iter()
+                .any(|e| e[0] as u32 == std::process::id() && e[1] == held)
+        );
+        assert_eq!(cuMemFree_v2(p), 0);
+    }
+}
