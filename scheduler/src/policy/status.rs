@@ -1,6 +1,7 @@
 //! Figures for `gem-schd status`, `top` and the metrics.
 
 use super::*;
+use std::collections::BTreeSet;
 
 impl Policy {
     /// Cumulative per group and device figures, for metrics.
@@ -78,6 +79,12 @@ impl Policy {
                     waiting,
                 });
             }
+            rows.extend(memory_only_rows(
+                &self.memory,
+                |k| limits(&self.config, &self.retired, k).memory_limit,
+                id,
+                |k| dev.groups.contains_key(k),
+            ));
             devices.push(DeviceStatus {
                 device: id,
                 busy: dev.busy.used(now, window) as f64 / span,
@@ -86,15 +93,23 @@ impl Policy {
                 groups: rows,
             });
         }
-        // Every GPU the machine has is listed, used yet or not.
-        for id in 0..self.params.devices {
+        // Every GPU the machine has is listed, used yet or not, and every
+        // one a group holds memory on.
+        let held_on = self.memory.keys().map(|(_, d)| *d);
+        let others: BTreeSet<DeviceId> = (0..self.params.devices).chain(held_on).collect();
+        for id in others {
             if !self.devices.contains_key(&id) {
                 devices.push(DeviceStatus {
                     device: id,
                     busy: 0.0,
                     holder: None,
                     waiting: 0,
-                    groups: Vec::new(),
+                    groups: memory_only_rows(
+                        &self.memory,
+                        |k| self.limits(k).memory_limit,
+                        id,
+                        |_| false,
+                    ),
                 });
             }
         }
@@ -122,4 +137,27 @@ impl Policy {
             queue,
         }
     }
+}
+
+/// Rows of the groups that hold memory on device `id` but have not used
+/// its time (`shown`: those listed already), with their limits
+/// (`limit_of`): a program that only allocates is still shown with its
+/// memory.
+fn memory_only_rows(
+    memory: &BTreeMap<(GroupKey, DeviceId), u64>,
+    limit_of: impl Fn(&GroupKey) -> u64,
+    id: DeviceId,
+    shown: impl Fn(&GroupKey) -> bool,
+) -> Vec<GroupDeviceStatus> {
+    memory
+        .iter()
+        .filter(|((key, dev), used)| *dev == id && **used > 0 && !shown(key))
+        .map(|((key, _), &used)| GroupDeviceStatus {
+            group: key.shown(),
+            share: 0.0,
+            memory_used: used,
+            memory_limit: limit_of(key),
+            waiting: 0,
+        })
+        .collect()
 }

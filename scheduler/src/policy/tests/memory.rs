@@ -368,3 +368,38 @@ fn a_control_connection_is_not_shown_the_holders_memory() {
     assert_eq!(p.client_group(3).as_deref(), Some("(control)"));
     assert_eq!(p.client_group(9).as_deref(), Some("(holder)"));
 }
+
+/// A group that holds memory on a device but has launched nothing there
+/// is in the device's rows with its memory (it was missing: status, `top`
+/// and the metrics showed none of it), on a device the policy was not
+/// told of too.
+#[test]
+fn status_shows_memory_of_a_group_that_never_launched() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=1GiB\n"));
+    hello(&mut p, 1, "a");
+    for device in [0, 3] {
+        let r = ask(
+            &mut p,
+            1,
+            Request::ReserveMemory {
+                device,
+                bytes: 256 << 20,
+            },
+        );
+        assert!(matches!(r, Reply::Memory { .. }), "{r:?}");
+    }
+    let st = p.status(0);
+    for device in [0, 3] {
+        let d = st
+            .devices
+            .iter()
+            .find(|d| d.device == device)
+            .unwrap_or_else(|| panic!("device {device} missing: {:?}", st.devices));
+        let row = d.groups.iter().find(|r| r.group == "a");
+        assert_eq!(
+            row.map(|r| (r.memory_used, r.memory_limit, r.share)),
+            Some((256 << 20, 1 << 30, 0.0)),
+            "device {device}: {d:?}"
+        );
+    }
+}
