@@ -11,7 +11,6 @@ use crate::log::{debug, error};
 use crate::state::{State, lock};
 use gemini_client::{Client, ClientError};
 use gemini_protocol::{CodecError, ErrorKind, HeldMemory, Reply, Request, Role};
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -79,12 +78,10 @@ impl State {
     }
 
     fn held_memory(&self) -> Vec<HeldMemory> {
-        let mut per: HashMap<u32, u64> = HashMap::new();
-        for &(dev, bytes) in lock(&self.memory).values() {
-            *per.entry(dev).or_default() += bytes;
-        }
-        per.into_iter()
-            .map(|(device, bytes)| HeldMemory { device, bytes })
+        lock(&self.reserved)
+            .iter()
+            .filter(|(_, b)| **b > 0)
+            .map(|(&device, &bytes)| HeldMemory { device, bytes })
             .collect()
     }
 

@@ -240,3 +240,69 @@ pub fn event_elapsed_ns(start: usize, end: usize) -> Result<u64, CUresult> {
 pub fn event_destroy(event: usize) {
     let _ = real_call!(c"cuEventDestroy_v2", fn(*mut c_void), event as *mut c_void);
 }
+
+/// `cuStreamGetCtx`: the context `stream` belongs to.
+pub fn stream_ctx(stream: *mut c_void) -> Option<*mut c_void> {
+    let mut ctx: *mut c_void = std::ptr::null_mut();
+    let r = real_call!(
+        c"cuStreamGetCtx",
+        fn(*mut c_void, *mut *mut c_void),
+        stream,
+        &mut ctx
+    );
+    (r == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx)
+}
+
+/// `cuCtxGetLimit` of the current context.
+pub fn ctx_get_limit(limit: i32) -> Option<usize> {
+    let mut v = 0usize;
+    let r = real_call!(c"cuCtxGetLimit", fn(*mut usize, i32), &mut v, limit);
+    (r == CUDA_SUCCESS).then_some(v)
+}
+
+/// `cuCtxSetLimit` of the current context.
+pub fn ctx_set_limit(limit: i32, value: usize) -> CUresult {
+    real_call!(c"cuCtxSetLimit", fn(i32, usize), limit, value)
+}
+
+/// An attribute of ordinal `dev` (`cuDeviceGetAttribute`).
+pub fn device_attribute(attr: i32, dev: u32) -> Option<i32> {
+    let mut v = 0i32;
+    let r = real_call!(
+        c"cuDeviceGetAttribute",
+        fn(*mut i32, i32, i32),
+        &mut v,
+        attr,
+        dev as i32
+    );
+    (r == CUDA_SUCCESS).then_some(v)
+}
+
+/// `cuCtxDestroy_v2`: takes back a context the group may not have.
+pub fn ctx_destroy(ctx: *mut c_void) -> CUresult {
+    real_call!(c"cuCtxDestroy_v2", fn(*mut c_void), ctx)
+}
+
+/// `cuDevicePrimaryCtxRelease_v2`: takes back a retain the group may not
+/// have.
+pub fn primary_release(dev: i32) -> CUresult {
+    real_call!(c"cuDevicePrimaryCtxRelease_v2", fn(i32), dev)
+}
+
+/// `cuModuleUnload`: takes back a module the group may not have.
+pub fn module_unload(module: *mut c_void) -> CUresult {
+    real_call!(c"cuModuleUnload", fn(*mut c_void), module)
+}
+
+/// Whether the primary context of ordinal `dev` is active (retained).
+pub fn primary_active(dev: i32) -> bool {
+    let (mut flags, mut active) = (0u32, 0i32);
+    let r = real_call!(
+        c"cuDevicePrimaryCtxGetState",
+        fn(i32, *mut u32, *mut i32),
+        dev,
+        &mut flags,
+        &mut active
+    );
+    r == CUDA_SUCCESS && active != 0
+}

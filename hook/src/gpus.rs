@@ -29,6 +29,14 @@ impl State {
         self.gpus().iter().find(|g| g.0 == uuid).map(|g| g.1)
     }
 
+    /// The UUID text of ordinal `dev` (`GPU-…`), once the map is known.
+    pub fn uuid_of(&self, dev: u32) -> Option<&str> {
+        self.gpus()
+            .get(dev as usize)
+            .map(|g| g.0.as_str())
+            .filter(|u| !u.is_empty())
+    }
+
     fn gpus(&self) -> &[(String, u32)] {
         self.gpus.get_or_init(|| self.find_gpus())
     }

@@ -45,9 +45,9 @@ fn add(key: usize, dev: u32, bytes: u64) {
 }
 
 /// `cuMemAllocAsync` of `bytes` on `stream`, which captures: an
-/// allocation node of the capture's graph on the current device.
+/// allocation node of the capture's graph on the stream's device.
 pub fn captured_alloc(stream: *mut c_void, bytes: u64) {
-    let Some(dev) = memory::current_ordinal() else {
+    let Some(dev) = memory::stream_ordinal(stream) else {
         return;
     };
     add(stream as usize, dev, bytes);

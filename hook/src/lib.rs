@@ -17,6 +17,8 @@
 //! 6. [`memory`] (allocations reserved against the group's
 //!    `MemoryLimit`, the group's view of memory queries), [`graphs`]
 //!    (graph launches timed with events);
+//!    then [`held`] (the memory the driver keeps for the process itself:
+//!    contexts, their limits, modules), which uses [`memory`];
 //! 7. [`gate`] (token-gated launches; fast path: an atomic compare),
 //!    [`graphmem`] (graph memory nodes), [`nvml`] (NVML's memory queries
 //!    in the group's view);
@@ -37,6 +39,7 @@ mod gate;
 mod gpus;
 mod graphmem;
 mod graphs;
+mod held;
 mod log;
 mod memory;
 mod nvml;

@@ -27,6 +27,25 @@ pub fn current_ordinal() -> Option<u32> {
     (r == CUDA_SUCCESS && dev >= 0).then_some(dev as u32)
 }
 
+/// Adds `bytes` (negative: takes them) to what the process holds
+/// reserved on physical `device`.
+fn count(device: u32, bytes: i128) {
+    let st = state::get();
+    let mut r = lock(&st.reserved);
+    let held = r.entry(device).or_default();
+    *held = (i128::from(*held) + bytes).clamp(0, i128::from(u64::MAX)) as u64;
+}
+
+/// Asks the scheduler for `bytes` more on physical `device`; counted
+/// where granted.
+fn ask(device: u32, bytes: u64) -> Result<Reply, CUresult> {
+    let reply = state::get().call(&Request::ReserveMemory { device, bytes }, device)?;
+    if matches!(reply, Reply::Memory { .. }) {
+        count(device, i128::from(bytes));
+    }
+    Ok(reply)
+}
+
 /// Reserves `bytes` on ordinal `dev` for this process's group. Returns the
 /// physical device to record with the allocation.
 pub fn reserve(dev: u32, bytes: u64) -> Result<u32, CUresult> {
@@ -35,8 +54,12 @@ pub fn reserve(dev: u32, bytes: u64) -> Result<u32, CUresult> {
     if refused != 0 {
         return Err(refused);
     }
-    let device = st.physical(dev);
-    match st.call(&Request::ReserveMemory { device, bytes }, device)? {
+    reserve_physical(st.physical(dev), bytes)
+}
+
+/// [`reserve`] on physical `device`.
+pub fn reserve_physical(device: u32, bytes: u64) -> Result<u32, CUresult> {
+    match ask(device, bytes)? {
         Reply::Memory { .. } => Ok(device),
         Reply::Error(e) if e.kind == ErrorKind::OutOfMemory => {
             // Once per process whatever GEMINI_LOG says: a PyTorch user
@@ -64,7 +87,11 @@ pub fn reserve(dev: u32, bytes: u64) -> Result<u32, CUresult> {
 
 /// Returns a reservation (the real allocation failed, or was freed).
 pub fn unreserve(device: u32, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
     let st = state::get();
+    count(device, -i128::from(bytes));
     let _ = st.call(&Request::ReleaseMemory { device, bytes }, device);
 }
 
@@ -73,14 +100,119 @@ pub fn record(key: u64, device: u32, bytes: u64) {
     lock(&state::get().memory).insert(key, (device, bytes));
 }
 
-/// Releases the reservation of `key`, if it has one (memory allocated
-/// before the hook was active has none).
-pub fn release(key: u64) {
-    let Some(st) = state::current() else { return };
+/// Frees `key` by `free`. Its record is taken *before* the real call and
+/// put back if that fails: once the driver has the address back, another
+/// thread's allocation may get it and record it, and that record must
+/// not be the one this free deletes.
+pub fn freeing(key: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(st) = state::current() else {
+        return free();
+    };
     let found = lock(&st.memory).remove(&key);
-    if let Some((device, bytes)) = found {
+    let r = free();
+    match found {
+        Some((device, bytes)) if r == CUDA_SUCCESS => unreserve(device, bytes),
+        Some(entry) => {
+            lock(&st.memory).insert(key, entry);
+        }
+        None => {}
+    }
+    r
+}
+
+/// `cuMemRelease(handle)` by `release`: the handle's memory stays with
+/// the driver, and charged, while any mapping of it remains; it is given
+/// back with the last `cuMemUnmap` (see [`unmapped`]).
+pub fn release_handle(handle: u64, release: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(st) = state::current() else {
+        return release();
+    };
+    let found = lock(&st.memory).remove(&handle);
+    let r = release();
+    let Some((device, bytes)) = found else {
+        return r;
+    };
+    if r != CUDA_SUCCESS {
+        lock(&st.memory).insert(handle, (device, bytes));
+        return r;
+    }
+    let mut vmm = lock(&st.vmm);
+    if vmm.maps.values().any(|(_, h)| *h == handle) {
+        vmm.released.insert(handle, (device, bytes));
+    } else {
+        drop(vmm);
         unreserve(device, bytes);
     }
+    r
+}
+
+/// `cuMemMap(ptr, size, _, handle)` succeeded.
+pub fn mapped(ptr: u64, size: u64, handle: u64) {
+    lock(&state::get().vmm).maps.insert(ptr, (size, handle));
+}
+
+/// `cuMemUnmap(ptr, size)` succeeded: the mappings in the range are gone,
+/// and with the last mapping of a released handle, its memory.
+pub fn unmapped(ptr: u64, size: u64) {
+    let Some(st) = state::current() else { return };
+    let mut gone = Vec::new();
+    {
+        let mut vmm = lock(&st.vmm);
+        let vas: Vec<u64> = vmm
+            .maps
+            .range(ptr..ptr.saturating_add(size))
+            .map(|(va, _)| *va)
+            .collect();
+        for va in vas {
+            let Some((_, handle)) = vmm.maps.remove(&va) else {
+                continue;
+            };
+            if !vmm.maps.values().any(|(_, h)| *h == handle)
+                && let Some(held) = vmm.released.remove(&handle)
+            {
+                gone.push(held);
+            }
+        }
+    }
+    for (device, bytes) in gone {
+        unreserve(device, bytes);
+    }
+}
+
+/// `CUmemLocationType` `CU_MEM_LOCATION_TYPE_DEVICE`: the only location
+/// of device memory (the host ones, `HOST`, `HOST_NUMA` and
+/// `HOST_NUMA_CURRENT`, are host memory, their id a NUMA node).
+pub const LOCATION_DEVICE: i32 = 1;
+
+/// The ordinal a `CUmemLocation` (type, id) names, `None` for host memory.
+pub fn location_device(kind: i32, id: i32) -> Option<u32> {
+    (kind == LOCATION_DEVICE && id >= 0).then_some(id as u32)
+}
+
+/// `cuMemPoolCreate` made `pool` with the location (type, id): a pool of
+/// host memory is never charged.
+pub fn pool_made(pool: *mut c_void, kind: i32, id: i32) {
+    if location_device(kind, id).is_none() && !pool.is_null() {
+        lock(&state::get().host_pools).insert(pool as usize);
+    }
+}
+
+/// The ordinal of the device `stream` belongs to: its context's (a
+/// stream-ordered allocation comes from the pool of the stream's device,
+/// whatever context is current), else the current context's.
+pub fn stream_ordinal(stream: *mut c_void) -> Option<u32> {
+    // The legacy and per-thread default streams (null, 0x1, 0x2) are the
+    // current context's.
+    if (stream as usize) <= 2 {
+        return current_ordinal();
+    }
+    let ctx = crate::driver::stream_ctx(stream)?;
+    let st = state::get();
+    let known = lock(&st.contexts)
+        .iter()
+        .find(|&&(c, _)| c == ctx as usize)
+        .map(|&(_, dev)| dev);
+    known.or_else(current_ordinal)
 }
 
 /// Reserves, calls `alloc` (which returns the real result and the key of
@@ -142,20 +274,26 @@ const POOL_USED: i32 = 7;
 
 /// A stream-ordered allocation of `bytes` on `stream`, which is not
 /// capturing (see `graphmem::stream_alloc`), from `pool` (`None`: the
-/// current ordinal's current pool) by `alloc`, which returns the result
-/// and the pointer. The pool's growth is reserved first; after the call
-/// the group holds what the pool holds.
+/// current pool of the stream's device) by `alloc`, which returns the
+/// result and the pointer. The pool's growth is reserved first; after the
+/// call the group holds what the pool holds. A pool of host memory is
+/// not charged.
 pub fn pool_alloc(
     pool: Option<*mut c_void>,
     stream: *mut c_void,
     bytes: u64,
     mut alloc: impl FnMut() -> (CUresult, u64),
 ) -> CUresult {
-    let Some(dev) = current_ordinal() else {
+    let Some(dev) = stream_ordinal(stream) else {
         return alloc().0;
     };
+    if let Some(p) = pool
+        && lock(&state::get().host_pools).contains(&(p as usize))
+    {
+        return alloc().0;
+    }
     let Some(pool) = pool.or_else(|| crate::driver::device_mem_pool(dev)) else {
-        return guarded_alloc(bytes, alloc); // no pools: counted per pointer
+        return guarded_alloc_on(Some(dev), bytes, alloc); // no pools: counted per pointer
     };
     let st = state::get();
     let refused = st.refused.load(Ordering::Acquire);
@@ -163,9 +301,12 @@ pub fn pool_alloc(
         return refused;
     }
     let device = st.physical(dev);
+    // What the pool holds and hands out is read under the lock: another
+    // thread's allocation in between would make the growth reserved too
+    // small, and the driver would hold more than the group was granted.
+    let mut pools = lock(&st.pools);
     let reserved = crate::driver::mem_pool_u64(pool, POOL_RESERVED).unwrap_or(0);
     let used = crate::driver::mem_pool_u64(pool, POOL_USED).unwrap_or(0);
-    let mut pools = lock(&st.pools);
     st.pools_seen.store(true, Ordering::Release);
     let held = pools.entry(pool as usize).or_insert((device, 0)).1;
     let need = used.saturating_add(bytes).max(reserved);
@@ -212,16 +353,7 @@ pub fn charge_to(held: &mut (u32, u64), now: u64) -> bool {
     if now < was {
         unreserve(device, was - now);
     } else if now > was {
-        let grown = matches!(
-            state::get().call(
-                &Request::ReserveMemory {
-                    device,
-                    bytes: now - was
-                },
-                device
-            ),
-            Ok(Reply::Memory { .. })
-        );
+        let grown = matches!(ask(device, now - was), Ok(Reply::Memory { .. }));
         if !grown {
             return false;
         }
@@ -247,6 +379,7 @@ pub fn settle_pools() {
 /// A pool was destroyed: what the group held for it is released.
 pub fn pool_destroyed(pool: *mut c_void) {
     let Some(st) = state::current() else { return };
+    lock(&st.host_pools).remove(&(pool as usize));
     let gone = lock(&st.pools).remove(&(pool as usize));
     if let Some((device, held)) = gone
         && held > 0

@@ -68,33 +68,89 @@ pub fn uuid_text(uuid: &[u8; 16]) -> String {
     )
 }
 
-/// NVML's index of the GPU whose CUDA UUID is `uuid`: the machine's own
-/// numbering, which the scheduler and `nvidia-smi` use, whatever the
-/// process's device cgroup and `CUDA_VISIBLE_DEVICES` made of its CUDA
-/// ordinals. `None` without NVML or where it does not know the GPU.
-pub fn index_of_uuid(uuid: &[u8; 16]) -> Option<u32> {
+/// Whether NVML is there and initialised for the hook's own use (once).
+fn started() -> bool {
     static INIT: AtomicUsize = AtomicUsize::new(0);
-    static BY_UUID: AtomicUsize = AtomicUsize::new(0);
     type Init = unsafe extern "C" fn() -> NvmlReturn;
-    type ByUuid = unsafe extern "C" fn(*const std::ffi::c_char, *mut *mut c_void) -> NvmlReturn;
     static STARTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let started = *STARTED.get_or_init(|| {
+    *STARTED.get_or_init(|| {
         // SAFETY: nvmlInit_v2's C signature.
         let init = unsafe { real::<Init>(&INIT, c"nvmlInit_v2") };
         // SAFETY: no arguments; NVML counts its initialisations, so the
         // program's own init and shutdown are unaffected.
         init.is_some_and(|f| unsafe { f() } == 0)
-    });
-    if !started {
+    })
+}
+
+/// NVML's handle of the GPU whose UUID text is `uuid`.
+fn handle_of(uuid: &str) -> Option<*mut c_void> {
+    static BY_UUID: AtomicUsize = AtomicUsize::new(0);
+    type ByUuid = unsafe extern "C" fn(*const std::ffi::c_char, *mut *mut c_void) -> NvmlReturn;
+    if !started() {
         return None;
     }
-    let text = std::ffi::CString::new(uuid_text(uuid)).ok()?;
+    let text = std::ffi::CString::new(uuid).ok()?;
     // SAFETY: nvmlDeviceGetHandleByUUID's C signature.
     let by_uuid = unsafe { real::<ByUuid>(&BY_UUID, c"nvmlDeviceGetHandleByUUID") }?;
     let mut handle: *mut c_void = std::ptr::null_mut();
     // SAFETY: a NUL-terminated string and an out-pointer to a local.
-    if unsafe { by_uuid(text.as_ptr(), &mut handle) } != 0 {
-        return None;
+    (unsafe { by_uuid(text.as_ptr(), &mut handle) } == 0).then_some(handle)
+}
+
+/// NVML's index of the GPU whose CUDA UUID is `uuid`: the machine's own
+/// numbering, which the scheduler and `nvidia-smi` use, whatever the
+/// process's device cgroup and `CUDA_VISIBLE_DEVICES` made of its CUDA
+/// ordinals. `None` without NVML or where it does not know the GPU.
+pub fn index_of_uuid(uuid: &[u8; 16]) -> Option<u32> {
+    nvml_index(handle_of(&uuid_text(uuid))?)
+}
+
+/// The device memory NVML says process `pid` holds on the GPU whose UUID
+/// text is `uuid` (`nvmlDeviceGetComputeRunningProcesses`, the newest
+/// version NVML has): its whole footprint, contexts and modules
+/// included; `Some(None)` where NVML does not list `pid` (a process
+/// holding nothing, or one in a PID namespace NVML does not see); `None`
+/// without NVML.
+pub fn process_memory(uuid: &str, pid: u32) -> Option<Option<u64>> {
+    static V3: AtomicUsize = AtomicUsize::new(0);
+    static V2: AtomicUsize = AtomicUsize::new(0);
+    static V1: AtomicUsize = AtomicUsize::new(0);
+    type F = unsafe extern "C" fn(*mut c_void, *mut u32, *mut u8) -> NvmlReturn;
+    /// `NVML_ERROR_INSUFFICIENT_SIZE`.
+    const INSUFFICIENT_SIZE: NvmlReturn = 7;
+    let handle = handle_of(uuid)?;
+    // nvmlProcessInfo_t (v2, v3) is 24 bytes: pid u32, usedGpuMemory
+    // u64, two u32 instance ids; v1 is the first two (16 bytes).
+    // SAFETY: the C signature of each version, with its entry size.
+    let (f, size) = unsafe {
+        real::<F>(&V3, c"nvmlDeviceGetComputeRunningProcesses_v3")
+            .map(|f| (f, 24))
+            .or_else(|| real::<F>(&V2, c"nvmlDeviceGetComputeRunningProcesses_v2").map(|f| (f, 24)))
+            .or_else(|| real::<F>(&V1, c"nvmlDeviceGetComputeRunningProcesses").map(|f| (f, 16)))
+    }?;
+    let mut room = 64u32;
+    for _ in 0..4 {
+        let mut buf = vec![0u8; room as usize * size];
+        let mut count = room;
+        // SAFETY: `buf` holds `count` entries of `size` bytes.
+        let r = unsafe { f(handle, &mut count, buf.as_mut_ptr()) };
+        if r == INSUFFICIENT_SIZE {
+            room = count.max(room) + 16;
+            continue;
+        }
+        if r != 0 {
+            return None;
+        }
+        return Some(
+            buf.chunks_exact(size)
+                .take(count as usize)
+                .find(|e| e[0..4] == pid.to_ne_bytes())
+                .map(|e| {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(&e[8..16]);
+                    u64::from_ne_bytes(b)
+                }),
+        );
     }
-    nvml_index(handle)
+    None
 }

@@ -224,6 +224,34 @@ pub struct State {
     pub graph_mem_seen: AtomicBool,
     /// Contexts the process made: (context, ordinal).
     pub contexts: Mutex<Vec<(usize, u32)>>,
+    /// What this process holds reserved through the scheduler, by
+    /// physical device: every reservation, whatever it is for (said again
+    /// to a restarted scheduler).
+    pub reserved: Mutex<HashMap<u32, u64>>,
+    /// Of that, what is reserved for the memory the driver keeps for the
+    /// process itself (contexts, their limits, modules), by physical
+    /// device (see `memory::driver_held`).
+    pub driver_held: Mutex<HashMap<u32, u64>>,
+    /// Serialises the measurements of the driver's own memory.
+    pub measuring: Mutex<()>,
+    /// `cuMemCreate` handles' mappings (see `memory::mapped`).
+    pub vmm: Mutex<Vmm>,
+    /// Memory pools of host memory (`cuMemPoolCreate` with a host
+    /// location): allocations from them take no device memory.
+    pub host_pools: Mutex<HashSet<usize>>,
+    /// Loaded modules → the ordinal they were loaded on.
+    pub modules: Mutex<HashMap<usize, u32>>,
+}
+
+/// The mappings of `cuMemCreate` handles: a handle's memory stays with
+/// the driver until it is released *and* its last mapping unmapped.
+#[derive(Debug, Default)]
+pub struct Vmm {
+    /// Virtual address → (size, handle).
+    pub maps: std::collections::BTreeMap<u64, (u64, u64)>,
+    /// Handles released while mapped → their reservation (physical
+    /// device, bytes), given back with the last unmap.
+    pub released: HashMap<u64, (u32, u64)>,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -282,6 +310,12 @@ pub fn get() -> &'static State {
         graph_held: Mutex::new(HashMap::new()),
         graph_mem_seen: AtomicBool::new(false),
         contexts: Mutex::new(Vec::new()),
+        reserved: Mutex::new(HashMap::new()),
+        driver_held: Mutex::new(HashMap::new()),
+        measuring: Mutex::new(()),
+        vmm: Mutex::new(Vmm::default()),
+        host_pools: Mutex::new(HashSet::new()),
+        modules: Mutex::new(HashMap::new()),
     }));
     match STATE.compare_exchange(
         std::ptr::null_mut(),

@@ -17,6 +17,7 @@ use crate::driver;
 use crate::gate;
 use crate::graphmem;
 use crate::graphs;
+use crate::held;
 use crate::memory::{self, guarded_alloc, guarded_alloc_on};
 use std::ffi::{CStr, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -43,8 +44,14 @@ pub enum Kind {
     Query,
     /// Waits for (or polls) device work: the process is not idle.
     Sync,
-    /// Makes or destroys a context.
+    /// Makes or destroys a context, or changes the memory it keeps.
     Context,
+    /// Loads or unloads code (modules, libraries): the driver keeps
+    /// device memory for it.
+    Module,
+    /// Follows where memory is without taking or giving any (mappings of
+    /// `cuMemCreate` handles, a pool's location).
+    Track,
     /// Begins or ends a stream capture.
     Capture,
     /// Makes or destroys a graph.
@@ -198,12 +205,22 @@ fn pitched_bytes(width: usize, height: usize) -> u64 {
     (width.div_ceil(512) * 512) as u64 * height as u64
 }
 
-/// The device a `cuMemCreate` property names (`CUmemAllocationProp`:
-/// type, handle types, location type, location id).
+/// The device a `cuMemCreate` property or `cuMemPoolCreate` props name
+/// (`CUmemAllocationProp`, `CUmemPoolProps`: type, handle types,
+/// location type, location id); `None` for host memory.
 fn prop_device(prop: *const [i32; 4]) -> Option<u32> {
     // SAFETY: read only when non-null; the program's property struct.
-    let id = (!prop.is_null()).then(|| unsafe { (*prop)[3] })?;
-    (id >= 0).then_some(id as u32)
+    let p = (!prop.is_null()).then(|| unsafe { *prop })?;
+    memory::location_device(p[2], p[3])
+}
+
+/// `cuMemPoolCreate` made `*pool` from `props`.
+fn pool_made(pool: *mut Ptr, props: *const [i32; 4]) {
+    if !props.is_null() {
+        // SAFETY: the program's props, which the driver just accepted.
+        let p = unsafe { *props };
+        memory::pool_made(ptr_read(pool), p[2], p[3]);
+    }
 }
 
 /// The bytes of a `CUDA_ARRAY_DESCRIPTOR`: width, height, format and
@@ -302,9 +319,19 @@ fn total_mem_32(call: impl FnOnce() -> CUresult, bytes: *mut u32, dev: i32) -> C
     CUDA_SUCCESS
 }
 
+/// Base names that the driver maps, from a version on, to another entry
+/// point's base (`cudaTypedefs.h`): `cuGraphInstantiate` at 12000 is the
+/// 3-argument `cuGraphInstantiateWithFlags`, not `cuGraphInstantiate_v2`.
+const RENAMED: &[(&str, i32, &str)] =
+    &[("cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags")];
+
 /// The symbol `cuGetProcAddress(base, version, flags)` stands for, when it
 /// is one of ours.
 pub fn resolve(base: &str, version: i32, flags: u64) -> Option<&'static Entry> {
+    let base = RENAMED
+        .iter()
+        .find(|(from, since, _)| *from == base && version >= *since)
+        .map_or(base, |(_, _, to)| to);
     let candidates = || {
         ENTRIES
             .iter()
@@ -387,6 +414,8 @@ hooks! {
     cuGraphExecDestroy ["cuGraphExecDestroy", 10000, false, Graph] (exec: Ptr) => |call| { graphs::forget(exec); graphmem::forget(exec); call() };
     cuGraphAddMemAllocNode ["cuGraphAddMemAllocNode", 11040, false, Graph] (node: *mut Ptr, graph: Ptr, deps: *const Ptr, n: usize, params: Ptr) => |call| after(call(), |r| graphmem::alloc_node(graph, params, r));
     cuGraphInstantiateWithFlags ["cuGraphInstantiateWithFlags", 11040, false, Graph] (exec: *mut Ptr, graph: Ptr, flags: u64) => |call| after(call(), |r| graphmem::instantiated(exec, graph, r));
+    cuGraphInstantiate ["cuGraphInstantiate", 10000, false, Graph] (exec: *mut Ptr, graph: Ptr, err: *mut Ptr, log: *mut c_char, size: usize) => |call| after(call(), |r| graphmem::instantiated(exec, graph, r));
+    cuGraphInstantiate_v2 ["cuGraphInstantiate", 11000, false, Graph] (exec: *mut Ptr, graph: Ptr, err: *mut Ptr, log: *mut c_char, size: usize) => |call| after(call(), |r| graphmem::instantiated(exec, graph, r));
     cuGraphInstantiateWithParams ["cuGraphInstantiateWithParams", 12000, false, Graph] (exec: *mut Ptr, graph: Ptr, params: Ptr) => |call| after(call(), |r| graphmem::instantiated(exec, graph, r));
     cuGraphInstantiateWithParams_ptsz ["cuGraphInstantiateWithParams", 12000, true, Graph] (exec: *mut Ptr, graph: Ptr, params: Ptr) => |call| after(call(), |r| graphmem::instantiated(exec, graph, r));
     cuGraphDestroy ["cuGraphDestroy", 10000, false, Graph] (graph: Ptr) => |call| { graphmem::forget(graph); call() };
@@ -394,11 +423,29 @@ hooks! {
 
     // Contexts: a token's end waits for the work of every context the
     // process has on the device (a context synchronises only its own).
-    cuCtxCreate_v2 ["cuCtxCreate", 3020, false, Context] (pctx: *mut Ptr, flags: u32, dev: i32) => |call| on_success(call(), || gate::context_made(ptr_read(pctx), dev));
-    cuCtxCreate_v3 ["cuCtxCreate", 11040, false, Context] (pctx: *mut Ptr, params: Ptr, n: i32, flags: u32, dev: i32) => |call| on_success(call(), || gate::context_made(ptr_read(pctx), dev));
-    cuCtxCreate_v4 ["cuCtxCreate", 12050, false, Context] (pctx: *mut Ptr, params: Ptr, flags: u32, dev: i32) => |call| on_success(call(), || gate::context_made(ptr_read(pctx), dev));
-    cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain", 7000, false, Context] (pctx: *mut Ptr, dev: i32) => |call| on_success(call(), || gate::context_made(ptr_read(pctx), dev));
-    cuCtxDestroy_v2 ["cuCtxDestroy", 4000, false, Context] (ctx: Ptr) => |call| on_success(call(), || { gate::context_gone(ctx); graphs::context_gone(ctx) });
+    // What the driver keeps for a context, and for its limits, is charged
+    // to the group (see `held`).
+    cuCtxCreate_v2 ["cuCtxCreate", 3020, false, Context] (pctx: *mut Ptr, flags: u32, dev: i32) => |call| on_success(held::context(dev, false, call, || ptr_read(pctx)), || gate::context_made(ptr_read(pctx), dev));
+    cuCtxCreate_v3 ["cuCtxCreate", 11040, false, Context] (pctx: *mut Ptr, params: Ptr, n: i32, flags: u32, dev: i32) => |call| on_success(held::context(dev, false, call, || ptr_read(pctx)), || gate::context_made(ptr_read(pctx), dev));
+    cuCtxCreate_v4 ["cuCtxCreate", 12050, false, Context] (pctx: *mut Ptr, params: Ptr, flags: u32, dev: i32) => |call| on_success(held::context(dev, false, call, || ptr_read(pctx)), || gate::context_made(ptr_read(pctx), dev));
+    cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain", 7000, false, Context] (pctx: *mut Ptr, dev: i32) => |call| on_success(held::context(dev, true, call, || ptr_read(pctx)), || gate::context_made(ptr_read(pctx), dev));
+    cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease", 7000, false, Context] (dev: i32) => |call| held::context_gone(u32::try_from(dev).ok(), call);
+    cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease", 11000, false, Context] (dev: i32) => |call| held::context_gone(u32::try_from(dev).ok(), call);
+    cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, false, Context] (dev: i32) => |call| held::context_gone(u32::try_from(dev).ok(), call);
+    cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, false, Context] (dev: i32) => |call| held::context_gone(u32::try_from(dev).ok(), call);
+    cuCtxDestroy_v2 ["cuCtxDestroy", 4000, false, Context] (ctx: Ptr) => |call| on_success(held::context_gone(held::ordinal_of(ctx), call), || { gate::context_gone(ctx); graphs::context_gone(ctx) });
+    cuCtxSetLimit ["cuCtxSetLimit", 3010, false, Context] (limit: i32, value: usize) => |call| held::set_limit(limit, value, call);
+
+    // Code: the driver keeps device memory for each module and library
+    // (see `held`).
+    cuModuleLoad ["cuModuleLoad", 2000, false, Module] (module: *mut Ptr, fname: *const c_char) => |call| held::module_loaded(module, std::ptr::null(), call);
+    cuModuleLoadData ["cuModuleLoadData", 2000, false, Module] (module: *mut Ptr, image: *const c_void) => |call| held::module_loaded(module, image, call);
+    cuModuleLoadDataEx ["cuModuleLoadDataEx", 2010, false, Module] (module: *mut Ptr, image: *const c_void, n: u32, options: *mut i32, values: *mut Ptr) => |call| held::module_loaded(module, image, call);
+    cuModuleLoadFatBinary ["cuModuleLoadFatBinary", 2000, false, Module] (module: *mut Ptr, fatbin: *const c_void) => |call| held::module_loaded(module, fatbin, call);
+    cuModuleUnload ["cuModuleUnload", 2000, false, Module] (module: Ptr) => |call| held::module_unloaded(module, call);
+    cuLibraryLoadData ["cuLibraryLoadData", 12000, false, Module] (library: *mut Ptr, code: *const c_void, jit_options: *mut i32, jit_values: *mut Ptr, jit_n: u32, options: *mut i32, values: *mut Ptr, n: u32) => |call| held::library(call);
+    cuLibraryLoadFromFile ["cuLibraryLoadFromFile", 12000, false, Module] (library: *mut Ptr, fname: *const c_char, jit_options: *mut i32, jit_values: *mut Ptr, jit_n: u32, options: *mut i32, values: *mut Ptr, n: u32) => |call| held::library(call);
+    cuLibraryUnload ["cuLibraryUnload", 12000, false, Module] (library: Ptr) => |call| held::library(call);
 
     // Stream capture: tracked so that the hook never synchronises while a
     // capture is open (see `capture`).
@@ -440,19 +487,27 @@ hooks! {
     cuMemAllocAsync_ptsz ["cuMemAllocAsync", 11020, true, Alloc] (dptr: *mut CUdeviceptr, bytes: usize, s: Ptr) => |call| graphmem::stream_alloc(None, s, true, bytes as u64, || (call(), ptr_key(dptr)));
     cuMemAllocFromPoolAsync ["cuMemAllocFromPoolAsync", 11020, false, Alloc] (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |call| graphmem::stream_alloc(Some(pool), s, false, bytes as u64, || (call(), ptr_key(dptr)));
     cuMemAllocFromPoolAsync_ptsz ["cuMemAllocFromPoolAsync", 11020, true, Alloc] (dptr: *mut CUdeviceptr, bytes: usize, pool: Ptr, s: Ptr) => |call| graphmem::stream_alloc(Some(pool), s, true, bytes as u64, || (call(), ptr_key(dptr)));
+    // VMM: a handle of device memory (not a host location) is charged
+    // until it is released and its last mapping unmapped.
     cuMemCreate ["cuMemCreate", 10020, false, Alloc] (handle: *mut u64, bytes: usize, prop: *const [i32; 4], flags: u64) => |call| guarded_alloc_on(prop_device(prop), bytes as u64, || (call(), ptr_key(handle)));
+    cuMemMap ["cuMemMap", 10020, false, Track] (ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, flags: u64) => |call| on_success(call(), || memory::mapped(ptr, size as u64, handle));
+    // A pool of host memory is never charged.
+    cuMemPoolCreate ["cuMemPoolCreate", 11020, false, Track] (pool: *mut Ptr, props: *const [i32; 4]) => |call| on_success(call(), || pool_made(pool, props));
     // CUDA arrays (textures, surfaces): charged by their descriptor.
     cuArrayCreate_v2 ["cuArrayCreate", 3020, false, Alloc] (out: *mut usize, desc: *const [usize; 3]) => |call| guarded_alloc(array_bytes(desc), || (call(), array_key(out)));
     cuArray3DCreate_v2 ["cuArray3DCreate", 3020, false, Alloc] (out: *mut usize, desc: *const [usize; 4]) => |call| guarded_alloc(array3d_bytes(desc, 1), || (call(), array_key(out)));
     cuMipmappedArrayCreate ["cuMipmappedArrayCreate", 5000, false, Alloc] (out: *mut usize, desc: *const [usize; 4], levels: u32) => |call| guarded_alloc(array3d_bytes(desc, levels), || (call(), array_key(out)));
 
     // Frees, and pools giving memory back.
-    cuMemFree_v2 ["cuMemFree", 3020, false, Free] (ptr: CUdeviceptr) => |call| on_success(call(), || memory::release(ptr));
-    cuMemFreeAsync ["cuMemFreeAsync", 11020, false, Free] (ptr: CUdeviceptr, s: Ptr) => |call| on_success(call(), || memory::release(ptr));
-    cuMemFreeAsync_ptsz ["cuMemFreeAsync", 11020, true, Free] (ptr: CUdeviceptr, s: Ptr) => |call| on_success(call(), || memory::release(ptr));
-    cuMemRelease ["cuMemRelease", 10020, false, Free] (handle: u64) => |call| on_success(call(), || memory::release(handle));
-    cuArrayDestroy ["cuArrayDestroy", 2000, false, Free] (a: usize) => |call| on_success(call(), || memory::release(a as u64));
-    cuMipmappedArrayDestroy ["cuMipmappedArrayDestroy", 5000, false, Free] (a: usize) => |call| on_success(call(), || memory::release(a as u64));
+    // Frees: the record is taken before the real call (see
+    // `memory::freeing`).
+    cuMemFree_v2 ["cuMemFree", 3020, false, Free] (ptr: CUdeviceptr) => |call| memory::freeing(ptr, call);
+    cuMemFreeAsync ["cuMemFreeAsync", 11020, false, Free] (ptr: CUdeviceptr, s: Ptr) => |call| memory::freeing(ptr, call);
+    cuMemFreeAsync_ptsz ["cuMemFreeAsync", 11020, true, Free] (ptr: CUdeviceptr, s: Ptr) => |call| memory::freeing(ptr, call);
+    cuMemRelease ["cuMemRelease", 10020, false, Free] (handle: u64) => |call| memory::release_handle(handle, call);
+    cuMemUnmap ["cuMemUnmap", 10020, false, Free] (ptr: CUdeviceptr, size: usize) => |call| on_success(call(), || memory::unmapped(ptr, size as u64));
+    cuArrayDestroy ["cuArrayDestroy", 2000, false, Free] (a: usize) => |call| memory::freeing(a as u64, call);
+    cuMipmappedArrayDestroy ["cuMipmappedArrayDestroy", 5000, false, Free] (a: usize) => |call| memory::freeing(a as u64, call);
     cuMemPoolTrimTo ["cuMemPoolTrimTo", 11020, false, Free] (pool: Ptr, keep: usize) => |call| after(call(), |_| memory::settle_pools());
     cuMemPoolDestroy ["cuMemPoolDestroy", 11020, false, Free] (pool: Ptr) => |call| on_success(call(), || memory::pool_destroyed(pool));
 
@@ -510,6 +565,19 @@ mod tests {
         );
         assert_eq!(sym("cuGetProcAddress", 11040, 0), Some("cuGetProcAddress"));
         assert_eq!(sym("cuInit", 12000, 0), None);
+        // cudaTypedefs.h: the name means another entry point from 12000.
+        assert_eq!(
+            sym("cuGraphInstantiate", 12000, 0),
+            Some("cuGraphInstantiateWithFlags")
+        );
+        assert_eq!(
+            sym("cuGraphInstantiate", 11000, 0),
+            Some("cuGraphInstantiate_v2")
+        );
+        assert_eq!(
+            sym("cuGraphInstantiate", 10000, 0),
+            Some("cuGraphInstantiate")
+        );
         // Waits: per-thread variants where the driver has them.
         assert_eq!(sym("cuMemcpyDtoH", 12000, 2), Some("cuMemcpyDtoH_v2_ptds"));
         assert_eq!(sym("cuMemcpyDtoH", 12000, 0), Some("cuMemcpyDtoH_v2"));

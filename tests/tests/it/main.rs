@@ -14,6 +14,7 @@ mod gpu_suite;
 mod holder;
 mod hook;
 mod launch;
+mod memory;
 mod metrics;
 mod setup;
 mod shapes;
