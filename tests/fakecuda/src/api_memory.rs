@@ -83,27 +83,33 @@ driver_api! {
     fn cuMemPoolDestroy(pool: CUmemoryPool) {
         let s = initialised()?;
         let h = pool as usize;
-        let pl = with_proc(|p| {
+        with_proc(|p| {
             if p.default_pool.values().any(|&d| d == h) {
                 return Err(CUDA_ERROR_INVALID_VALUE); // a default pool stays
             }
             let pl = p.pools.remove(&h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             p.objects.remove(&h);
             p.current_pool.retain(|_, c| *c != h);
-            Ok(pl)
-        })?;
-        if !pl.host {
-            s.free(pl.device, pl.reserved);
-        }
-        Ok(())
+            if !pl.host {
+                s.free(pl.device, pl.reserved);
+            }
+            Ok(())
+        })
     }
     fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: i32, value: *mut c_void) { pool_get_attribute(pool, attr, value) }
     fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: i32, value: *mut c_void) { pool_set_attribute(pool, attr, value) }
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) {
         let s = initialised()?;
-        let (dev, excess) = with_pool(pool, |pl| Ok((pl.device, pl.trim(keep as u64) * u64::from(!pl.host))))?;
-        s.free(dev, excess);
-        Ok(())
+        // Given back to the device before any allocation can see the pool
+        // smaller (under the process lock), as the driver's trim is done
+        // when it returns.
+        with_pool(pool, |pl| {
+            let excess = pl.trim(keep as u64);
+            if !pl.host {
+                s.free(pl.device, excess);
+            }
+            Ok(())
+        })
     }
     fn cuMemFree_v2(ptr: CUdeviceptr) { free(ptr) }
     fn cuMemFreeAsync(ptr: CUdeviceptr, h: CUstream) {

@@ -139,12 +139,16 @@ pub(crate) fn free_ctx_mem(s: &Sim, ctx: usize) {
 /// The primary context of `dev` holds its memory again (its first
 /// retain, or the first after a reset or a last release).
 pub(crate) fn primary_mem(s: &Sim, dev: usize, ctx: usize) -> R {
-    if with_proc(|p| p.ctx_mem.contains_key(&ctx)) {
-        return Ok(());
-    }
-    s.alloc(dev, s.ctx_mem)?;
-    with_proc(|p| p.ctx_mem.insert(ctx, CtxMem::new(dev, s.ctx_mem)));
-    Ok(())
+    // Checked and taken under the process lock: two threads retaining it
+    // at once make it once.
+    with_proc(|p| {
+        if p.ctx_mem.contains_key(&ctx) {
+            return Ok(());
+        }
+        s.alloc(dev, s.ctx_mem)?;
+        p.ctx_mem.insert(ctx, CtxMem::new(dev, s.ctx_mem));
+        Ok(())
+    })
 }
 
 /// Device memory of a module image: an ELF's size from its section
