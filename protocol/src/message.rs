@@ -168,6 +168,18 @@ pub enum Request {
         /// UUIDs, by the process's CUDA ordinal.
         uuids: Vec<String>,
     },
+    /// The driver took `bytes` of `device` for a context of this client's
+    /// process (measured: the context's own memory, its default limits
+    /// included). The scheduler keeps the largest reported per device and
+    /// gives it in [`Reply::MemoryView`], so that a process can reserve
+    /// its first context before the driver makes it. Reply:
+    /// [`Reply::Done`].
+    ContextCost {
+        /// The device.
+        device: DeviceId,
+        /// Bytes the context took.
+        bytes: u64,
+    },
 }
 
 /// Scheduler → client.
@@ -228,6 +240,9 @@ pub enum Reply {
         limit: u64,
         /// Bytes the holder holds on the device.
         reclaimable: u64,
+        /// The most a context took on the device, as processes reported
+        /// it ([`Request::ContextCost`]); 0: none reported yet.
+        context: u64,
     },
     /// Answer to [`Request::Gpus`]: the scheduler's index of each UUID, in
     /// the order asked; `None` for one it does not know (no NVML where the

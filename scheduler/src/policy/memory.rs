@@ -92,6 +92,7 @@ impl Policy {
             } else {
                 self.holder_memory(device)
             },
+            context: self.context_cost.get(&device).copied().unwrap_or(0),
         }
     }
 }

@@ -316,6 +316,8 @@ pub struct Policy {
     devices: BTreeMap<DeviceId, Device>,
     /// Bytes reserved per (group, device).
     memory: BTreeMap<(GroupKey, DeviceId), u64>,
+    /// The most a context took per device, as clients measured it.
+    context_cost: BTreeMap<DeviceId, u64>,
     /// When a real client last asked for a token or memory, per device.
     activity: BTreeMap<DeviceId, Micros>,
     /// The holder's pending poll for orders.
@@ -392,6 +394,7 @@ impl Policy {
             clients: BTreeMap::new(),
             devices: BTreeMap::new(),
             memory: BTreeMap::new(),
+            context_cost: BTreeMap::new(),
             activity: BTreeMap::new(),
             poll: None,
             orders: Default::default(),

@@ -79,6 +79,7 @@ impl Policy {
             | Request::ReserveMemory { device, .. }
             | Request::ReleaseMemory { device, .. }
             | Request::NeedMemory { device, .. }
+            | Request::ContextCost { device, .. }
             | Request::MemoryInfo { device } => Some(*device),
             _ => None,
         };
@@ -97,7 +98,9 @@ impl Policy {
             && role == Role::Client
             && !matches!(
                 req,
-                Request::MemoryInfo { .. } | Request::ReleaseMemory { .. }
+                Request::MemoryInfo { .. }
+                    | Request::ReleaseMemory { .. }
+                    | Request::ContextCost { .. }
             )
             && let Some(cfg) = c
                 .group
@@ -201,6 +204,13 @@ impl Policy {
                 self.holder_poll(client, seq, wait_us, now, out);
             }
             Request::MemoryInfo { device } => reply(self.memory_view(client, device)),
+            Request::ContextCost { device, bytes } => {
+                // The largest, so that a reservation made with it covers
+                // any process's context (their limits may differ).
+                let cost = self.context_cost.entry(device).or_default();
+                *cost = (*cost).max(bytes);
+                reply(Reply::Done);
+            }
             Request::Goodbye => {
                 self.disconnect(client, now, out);
                 out.push(Action::Reply {

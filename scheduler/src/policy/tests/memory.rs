@@ -66,7 +66,8 @@ fn memory_is_capped_per_group_across_processes() {
             device: 0,
             used: 600 << 20,
             limit: 1 << 30,
-            reclaimable: 0
+            reclaimable: 0,
+            context: 0
         }
     );
     // The process dies: its reservation goes with it.
@@ -165,7 +166,8 @@ fn lowered_limit_applies_to_new_reservations_and_reload_keeps_usage() {
             device: 0,
             used: 1 << 30,
             limit: 1 << 30,
-            reclaimable: 0
+            reclaimable: 0,
+            context: 0
         }
     );
 }
@@ -362,7 +364,8 @@ fn a_control_connection_is_not_shown_the_holders_memory() {
             device: 0,
             used: 0,
             limit: 1 << 30,
-            reclaimable: 5 << 30
+            reclaimable: 5 << 30,
+            context: 0
         }
     );
     assert_eq!(p.client_group(3).as_deref(), Some("(control)"));
@@ -402,4 +405,52 @@ fn status_shows_memory_of_a_group_that_never_launched() {
             "device {device}: {d:?}"
         );
     }
+}
+
+/// Processes report what their contexts took; every client's memory view
+/// gives the largest on the device, so that a new process reserves its
+/// first context before the driver makes it.
+#[test]
+fn context_costs_are_shared_through_the_memory_view() {
+    let mut p = Policy::new(Params::default(), config("[a]\n[b]\nDevices=1\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let view = |p: &mut Policy, client, device| match ask(p, client, Request::MemoryInfo { device })
+    {
+        Reply::MemoryView { context, .. } => context,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(view(&mut p, 2, 0), 0, "none reported yet");
+    for bytes in [300 << 20, 500 << 20, 400 << 20] {
+        assert_eq!(
+            ask(&mut p, 1, Request::ContextCost { device: 0, bytes }),
+            Reply::Done
+        );
+    }
+    assert_eq!(view(&mut p, 2, 0), 500 << 20, "the largest, to any group");
+    assert_eq!(view(&mut p, 1, 1), 0, "per device");
+    // A group that may not use the device still reports (it made the
+    // context), and a device out of range is refused.
+    assert_eq!(
+        ask(
+            &mut p,
+            2,
+            Request::ContextCost {
+                device: 1,
+                bytes: 1
+            }
+        ),
+        Reply::Done
+    );
+    assert_eq!(
+        kind(&ask(
+            &mut p,
+            1,
+            Request::ContextCost {
+                device: MAX_DEVICES,
+                bytes: 1
+            }
+        )),
+        Some(ErrorKind::BadRequest)
+    );
 }
