@@ -306,3 +306,8 @@ pub fn primary_active(dev: i32) -> bool {
     );
     r == CUDA_SUCCESS && active != 0
 }
+
+/// `cuLibraryUnload`: takes back a library the group may not have.
+pub fn library_unload(library: *mut c_void) -> CUresult {
+    real_call!(c"cuLibraryUnload", fn(*mut c_void), library)
+}

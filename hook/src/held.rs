@@ -14,7 +14,8 @@
 //!   process alone on the device, approximate beside others.
 //!
 //! Before such a call the hook reserves what it expects it to take (a
-//! context: what the process's first one took; a larger limit: what the
+//! context: the most a context took on the GPU, as processes told the
+//! scheduler; a larger limit: what the
 //! driver needs for it; a module: its image), so that a group at its
 //! limit is refused (`CUDA_ERROR_OUT_OF_MEMORY`) before the driver takes
 //! the memory. Where the driver took more than the group may have, the
@@ -23,13 +24,9 @@
 
 use crate::cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult};
 use crate::memory;
-use crate::state::{self, lock};
+use crate::state::{self, DriverObject as Object, lock};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
-/// What the process's first context took (bytes; 0: none made yet): the
-/// estimate for the next.
-static CONTEXT_COST: AtomicU64 = AtomicU64::new(0);
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether NVML has listed this process (by its pid) once: from then on
 /// a process NVML does not list holds nothing. (Until then NVML may not
@@ -85,69 +82,133 @@ fn charge(device: u32, want: u64) -> bool {
     true
 }
 
-/// What the driver keeps for the process on physical `device`, given its
-/// `footprint`: the footprint less what its allocations reserve.
+/// What the driver keeps for the process on physical `device` beyond its
+/// allocations, given its `footprint`. A lower bound: the hook reserves
+/// before the driver takes and gives back after the driver did, so
+/// another thread's allocation or free in flight makes it smaller, never
+/// larger.
 fn own_part(device: u32, footprint: u64) -> u64 {
     let st = state::get();
     let reserved = lock(&st.reserved).get(&device).copied().unwrap_or(0);
     footprint.saturating_sub(reserved.saturating_sub(held_on(device)))
 }
 
-/// Runs `call`, which makes or unmakes memory the driver keeps for the
-/// process on ordinal `dev` (`None`: it fails without a context anyway),
-/// with `estimate` bytes reserved first; then charges what the driver
-/// really took. `undo` takes back what a successful `call` made, where
-/// the group may not have it.
+/// What the driver keeps for the process on ordinal `dev` beyond its
+/// allocations, now (`None`: not measurable).
+fn measure(dev: u32, device: u32) -> Option<u64> {
+    footprint(dev).map(|f| own_part(device, f))
+}
+
+/// Runs `call`, which makes memory the driver keeps for the process on
+/// ordinal `dev` (`None`: it fails without a context anyway), with
+/// `estimate` bytes reserved first; then charges what the driver really
+/// took, at least the estimate (a measurement taken while other threads
+/// allocate can only come out low). `undo` takes back what a successful
+/// `call` made, where the group may not have it. Returns the result and
+/// the bytes charged for what it made, to give back when it goes
+/// ([`gone`]).
 pub fn around(
     dev: Option<u32>,
     estimate: u64,
     call: impl FnOnce() -> CUresult,
     undo: impl FnOnce(),
-) -> CUresult {
-    let Some(dev) = dev else { return call() };
+) -> (CUresult, u64) {
+    around_if(dev, || true, estimate, call, undo)
+}
+
+/// [`around`], where `new` says (asked once no other such call runs)
+/// whether `call` will make anything: a primary context another thread
+/// was retaining at the same moment is not made twice.
+fn around_if(
+    dev: Option<u32>,
+    new: impl FnOnce() -> bool,
+    estimate: u64,
+    call: impl FnOnce() -> CUresult,
+    undo: impl FnOnce(),
+) -> (CUresult, u64) {
+    let Some(dev) = dev else { return (call(), 0) };
     let st = state::get();
     if st.refused.load(Ordering::Acquire) != 0 {
-        return call();
+        return (call(), 0);
     }
     let device = st.physical(dev);
     let _one = lock(&st.measuring);
+    if !new() {
+        return (call(), 0);
+    }
     let held = held_on(device);
     if estimate > 0 && !charge(device, held.saturating_add(estimate)) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return (CUDA_ERROR_OUT_OF_MEMORY, 0);
     }
-    let before = footprint(dev).is_none().then(|| device_used(dev)).flatten();
+    let nvml = measure(dev, device);
+    let used = nvml.is_none().then(|| device_used(dev)).flatten();
     let r = call();
-    let want = match footprint(dev) {
-        Some(f) => Some(own_part(device, f)),
-        None => match (before, device_used(dev)) {
-            (Some(b), Some(a)) => {
-                Some((i128::from(held) + i128::from(a) - i128::from(b)).max(0) as u64)
-            }
+    if r != CUDA_SUCCESS {
+        charge(device, held);
+        return (r, 0);
+    }
+    let grown = match (nvml, measure(dev, device)) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b)),
+        // The process's first memory on the GPU: NVML did not list it
+        // before.
+        (None, Some(a)) if used.is_none() => Some(a.saturating_sub(held)),
+        _ => match (used, device_used(dev)) {
+            (Some(b), Some(a)) => Some(a.saturating_sub(b)),
             _ => None,
         },
     };
-    let Some(want) = want else {
-        // Not measurable: the estimate stays charged.
-        return r;
-    };
-    if charge(device, want) {
-        return r;
+    if grown.is_none() {
+        static TOLD: AtomicBool = AtomicBool::new(false);
+        if !crate::nvml_lib::available() && !TOLD.swap(true, Ordering::Relaxed) {
+            crate::log::error!(
+                "the memory the driver keeps for this process on GPU {device} (its contexts and modules) cannot be measured: there is no NVML, and no context of the GPU was current; only what the hook expects is charged"
+            );
+        }
     }
-    let wanted = want.saturating_sub(held);
-    if r == CUDA_SUCCESS {
-        undo();
+    let took = grown.unwrap_or(0).max(estimate);
+    if charge(device, held.saturating_add(took)) {
+        return (r, took);
     }
-    let after = footprint(dev).map_or(held, |f| own_part(device, f));
-    charge(device, after.min(held));
+    undo();
+    charge(device, held);
     crate::log::error!(
-        "the driver needs {wanted} bytes of GPU {device} for the process's own use (a context, a limit or a module), beyond the group's MemoryLimit; the program gets CUDA_ERROR_OUT_OF_MEMORY"
+        "the driver needs {took} bytes of GPU {device} for the process's own use (a context, a limit or a module), beyond the group's MemoryLimit; the program gets CUDA_ERROR_OUT_OF_MEMORY"
     );
-    CUDA_ERROR_OUT_OF_MEMORY
+    (CUDA_ERROR_OUT_OF_MEMORY, 0)
+}
+
+/// What the driver kept for an object that went (`bytes` on physical
+/// `device`, as [`around`] charged it) is given back.
+fn gone(device: u32, bytes: u64) {
+    let st = state::get();
+    let _one = lock(&st.measuring);
+    charge(device, held_on(device).saturating_sub(bytes));
+}
+
+/// Remembers that `object` holds `bytes` of physical `device`, adding to
+/// what it held.
+fn keep(object: Object, device: u32, bytes: u64) {
+    let mut objects = lock(&state::get().driver_objects);
+    let e = objects.entry(object).or_insert((device, 0));
+    e.1 = e.1.saturating_add(bytes);
+}
+
+/// `object` went: what it held is given back.
+fn drop_object(object: Object) {
+    let Some(st) = state::current() else { return };
+    let found = lock(&st.driver_objects).remove(&object);
+    if let Some((device, bytes)) = found {
+        gone(device, bytes);
+    }
 }
 
 /// A context is made on ordinal `dev` by `call`; `made` reads it (to
 /// destroy it again where the group may not have its memory); `primary`:
-/// a primary context, which takes memory only at its first retain.
+/// a primary context, which takes memory only at its first retain. What
+/// a new context takes is reserved first: the most any process's context
+/// took on the GPU, as the scheduler heard (0 for the first context made
+/// there since it started: that one is charged right after the driver
+/// made it). What it really took is reported for the next.
 pub fn context(
     dev: i32,
     primary: bool,
@@ -155,14 +216,14 @@ pub fn context(
     made: impl Fn() -> *mut c_void,
 ) -> CUresult {
     let ordinal = u32::try_from(dev).ok();
-    let fresh = !(primary && crate::driver::primary_active(dev));
-    let estimate = if fresh {
-        CONTEXT_COST.load(Ordering::Relaxed)
-    } else {
-        0
+    if primary && crate::driver::primary_active(dev) {
+        return call(); // retained again: nothing new
+    }
+    let Some(device) = ordinal.map(|d| state::get().physical(d)) else {
+        return call();
     };
-    let before = ordinal.map(|d| held_on(state::get().physical(d)));
-    let r = around(ordinal, estimate, call, || {
+    let new = || !(primary && crate::driver::primary_active(dev));
+    let (r, took) = around_if(ordinal, new, memory::context_cost(device), call, || {
         let ctx = made();
         if primary {
             let _ = crate::driver::primary_release(dev);
@@ -170,30 +231,79 @@ pub fn context(
             let _ = crate::driver::ctx_destroy(ctx);
         }
     });
-    if r == CUDA_SUCCESS
-        && fresh
-        && CONTEXT_COST.load(Ordering::Relaxed) == 0
-        && let (Some(d), Some(before)) = (ordinal, before)
-    {
-        let now = held_on(state::get().physical(d));
-        CONTEXT_COST.store(now.saturating_sub(before), Ordering::Relaxed);
+    if r == CUDA_SUCCESS && took > 0 {
+        let ctx = made() as usize;
+        let object = if primary {
+            Object::Primary(dev, ctx)
+        } else {
+            Object::Context(ctx)
+        };
+        keep(object, device, took);
+        memory::report_context(device, took);
     }
     r
 }
 
-/// A context goes (destroyed, or a primary one released or reset) by
-/// `call`: what the driver kept for it is given back.
-pub fn context_gone(dev: Option<u32>, call: impl FnOnce() -> CUresult) -> CUresult {
-    around(dev, 0, call, || {})
+/// `cuCtxDestroy(ctx)` by `call`: what the driver kept for the context
+/// and its limits is given back.
+pub fn context_destroyed(ctx: *mut c_void, call: impl FnOnce() -> CUresult) -> CUresult {
+    let r = call();
+    if r == CUDA_SUCCESS {
+        context_gone(ctx as usize);
+    }
+    r
 }
 
-/// The ordinal of context `ctx`, as the process made it.
-pub fn ordinal_of(ctx: *mut c_void) -> Option<u32> {
+/// The context `ctx` and its limits went.
+fn context_gone(ctx: usize) {
+    drop_object(Object::Context(ctx));
+    limits_gone(ctx);
+}
+
+/// The limits of context `ctx` went with it.
+fn limits_gone(ctx: usize) {
+    for limit in [
+        LIMIT_STACK_SIZE,
+        LIMIT_PRINTF_FIFO_SIZE,
+        LIMIT_MALLOC_HEAP_SIZE,
+    ] {
+        drop_object(Object::Limit(ctx, limit));
+    }
+}
+
+/// `cuDevicePrimaryCtxRelease` or `cuDevicePrimaryCtxReset` of ordinal
+/// `dev` by `call`: where the primary context is gone after it (its last
+/// release, or a reset), what the driver kept for it is given back.
+pub fn primary_gone(dev: i32, call: impl FnOnce() -> CUresult) -> CUresult {
+    let primary = primary_of(dev);
+    let r = call();
+    if r == CUDA_SUCCESS
+        && let Some(object) = primary
+        && !crate::driver::primary_active(dev)
+    {
+        drop_object(object);
+        if let Object::Primary(_, ctx) = object {
+            limits_gone(ctx);
+        }
+    }
+    r
+}
+
+/// The primary context of ordinal `dev`, as charged.
+fn primary_of(dev: i32) -> Option<Object> {
     let st = state::current()?;
-    lock(&st.contexts)
-        .iter()
-        .find(|&&(c, _)| c == ctx as usize)
-        .map(|&(_, d)| d)
+    lock(&st.driver_objects)
+        .keys()
+        .find(|o| matches!(o, Object::Primary(d, _) if *d == dev))
+        .copied()
+}
+
+/// The current context.
+fn current_context() -> Option<usize> {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    let r = unsafe { crate::driver::ctx_get_current(&mut ctx) };
+    (r == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx as usize)
 }
 
 /// `CUlimit`s that take device memory.
@@ -207,27 +317,48 @@ const ATTR_THREADS_PER_SM: i32 = 39;
 
 /// `cuCtxSetLimit(limit, value)` by `call`: the device memory a larger
 /// stack (per resident thread), printf FIFO or heap takes is reserved
-/// first; refused, the limit is set back.
+/// first (refused, the limit is set back); a smaller one gives back what
+/// the limit's growth was charged.
 pub fn set_limit(limit: i32, value: usize, call: impl FnOnce() -> CUresult) -> CUresult {
     let dev = memory::current_ordinal();
+    let (Some(d), Some(ctx)) = (dev, current_context()) else {
+        return call();
+    };
     let old = crate::driver::ctx_get_limit(limit);
     let per_unit = match limit {
-        LIMIT_STACK_SIZE => dev.map_or(0, |d| {
+        LIMIT_STACK_SIZE => {
             let sms = crate::driver::device_attribute(ATTR_SMS, d).unwrap_or(0);
             let threads = crate::driver::device_attribute(ATTR_THREADS_PER_SM, d).unwrap_or(2048);
             (sms.max(0) as u64) * (threads.max(0) as u64)
-        }),
-        LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => 1,
-        _ => 0,
-    };
-    let estimate = (value as u64)
-        .saturating_sub(old.unwrap_or(value) as u64)
-        .saturating_mul(per_unit);
-    around(dev, estimate, call, || {
-        if let Some(old) = old {
-            let _ = crate::driver::ctx_set_limit(limit, old);
         }
-    })
+        LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => 1,
+        _ => return call(),
+    };
+    let Some(old) = old else { return call() };
+    if value <= old {
+        let r = call();
+        if r == CUDA_SUCCESS {
+            let less = ((old - value) as u64).saturating_mul(per_unit);
+            let st = state::get();
+            let mut objects = lock(&st.driver_objects);
+            if let Some(e) = objects.get_mut(&Object::Limit(ctx, limit)) {
+                let back = less.min(e.1);
+                e.1 -= back;
+                let device = e.0;
+                drop(objects);
+                gone(device, back);
+            }
+        }
+        return r;
+    }
+    let estimate = ((value - old) as u64).saturating_mul(per_unit);
+    let (r, took) = around(dev, estimate, call, || {
+        let _ = crate::driver::ctx_set_limit(limit, old);
+    });
+    if r == CUDA_SUCCESS && took > 0 {
+        keep(Object::Limit(ctx, limit), state::get().physical(d), took);
+    }
+    r
 }
 
 /// The device memory a module image takes, as far as its header says: an
@@ -258,12 +389,15 @@ pub fn image_bytes(image: *const c_void) -> u64 {
     0
 }
 
-/// A module is loaded by `call` (from `image`, where the program gave
-/// one) into `*out`: its memory is charged; refused, it is unloaded.
-pub fn module_loaded(
+/// A module or library is loaded by `call` (from `image`, where the
+/// program gave one) into `*out`: its memory is charged; refused, it is
+/// unloaded by `unload`. A library is loaded into the current context
+/// (and into others as they use it): charged on the current device.
+pub fn code_loaded(
     out: *mut *mut c_void,
     image: *const c_void,
     call: impl FnOnce() -> CUresult,
+    unload: impl FnOnce(*mut c_void),
 ) -> CUresult {
     let dev = memory::current_ordinal();
     let read = || {
@@ -275,31 +409,30 @@ pub fn module_loaded(
             unsafe { *out }
         }
     };
-    let r = around(dev, image_bytes(image), call, || {
+    let (r, took) = around(dev, image_bytes(image), call, || {
         let m = read();
         if !m.is_null() {
-            let _ = crate::driver::module_unload(m);
+            unload(m);
         }
     });
     if r == CUDA_SUCCESS
+        && took > 0
         && let Some(d) = dev
     {
-        lock(&state::get().modules).insert(read() as usize, d);
+        keep(
+            Object::Code(read() as usize),
+            state::get().physical(d),
+            took,
+        );
     }
     r
 }
 
-/// A module is unloaded by `call`: its memory is given back.
-pub fn module_unloaded(module: *mut c_void, call: impl FnOnce() -> CUresult) -> CUresult {
-    let dev = state::current()
-        .and_then(|st| lock(&st.modules).remove(&(module as usize)))
-        .or_else(memory::current_ordinal);
-    around(dev, 0, call, || {})
-}
-
-/// A library is loaded or unloaded by `call` (a library is loaded into
-/// the current context, and into others as they use it): charged on the
-/// current device.
-pub fn library(call: impl FnOnce() -> CUresult) -> CUresult {
-    around(memory::current_ordinal(), 0, call, || {})
+/// A module or library is unloaded by `call`: its memory is given back.
+pub fn code_unloaded(handle: *mut c_void, call: impl FnOnce() -> CUresult) -> CUresult {
+    let r = call();
+    if r == CUDA_SUCCESS {
+        drop_object(Object::Code(handle as usize));
+    }
+    r
 }

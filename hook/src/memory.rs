@@ -439,6 +439,22 @@ pub fn view_physical(device: u32) -> Option<(u64, u64, u64)> {
     }
 }
 
+/// The most a context took on physical `device`, as processes reported
+/// it to the scheduler (0: none yet, or no answer).
+pub fn context_cost(device: u32) -> u64 {
+    let st = state::get();
+    match st.call(&Request::MemoryInfo { device }, device) {
+        Ok(Reply::MemoryView { context, .. }) => context,
+        _ => 0,
+    }
+}
+
+/// Tells the scheduler that a context took `bytes` of physical `device`.
+pub fn report_context(device: u32, bytes: u64) {
+    let st = state::get();
+    let _ = st.call(&Request::ContextCost { device, bytes }, device);
+}
+
 /// The group's view of physical (free, total): total = min(limit,
 /// physical), free = min(limit − used, physical free + what the holder
 /// would give back), never above total.

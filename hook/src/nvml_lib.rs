@@ -69,7 +69,7 @@ pub fn uuid_text(uuid: &[u8; 16]) -> String {
 }
 
 /// Whether NVML is there and initialised for the hook's own use (once).
-fn started() -> bool {
+pub fn available() -> bool {
     static INIT: AtomicUsize = AtomicUsize::new(0);
     type Init = unsafe extern "C" fn() -> NvmlReturn;
     static STARTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -86,7 +86,7 @@ fn started() -> bool {
 fn handle_of(uuid: &str) -> Option<*mut c_void> {
     static BY_UUID: AtomicUsize = AtomicUsize::new(0);
     type ByUuid = unsafe extern "C" fn(*const std::ffi::c_char, *mut *mut c_void) -> NvmlReturn;
-    if !started() {
+    if !available() {
         return None;
     }
     let text = std::ffi::CString::new(uuid).ok()?;

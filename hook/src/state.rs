@@ -239,8 +239,23 @@ pub struct State {
     /// Memory pools of host memory (`cuMemPoolCreate` with a host
     /// location): allocations from them take no device memory.
     pub host_pools: Mutex<HashSet<usize>>,
-    /// Loaded modules → the ordinal they were loaded on.
-    pub modules: Mutex<HashMap<usize, u32>>,
+    /// What the driver keeps for each of the process's contexts, their
+    /// limits, modules and libraries: (physical device, bytes charged).
+    pub driver_objects: Mutex<HashMap<DriverObject, (u32, u64)>>,
+}
+
+/// What the driver keeps for one object: a context, a limit of one, a
+/// module or a library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DriverObject {
+    /// A context made with `cuCtxCreate` (its handle).
+    Context(usize),
+    /// The primary context of an ordinal (the ordinal, its handle).
+    Primary(i32, usize),
+    /// A limit (`CUlimit`) of a context.
+    Limit(usize, i32),
+    /// A module or library (its handle).
+    Code(usize),
 }
 
 /// The mappings of `cuMemCreate` handles: a handle's memory stays with
@@ -315,7 +330,7 @@ pub fn get() -> &'static State {
         measuring: Mutex::new(()),
         vmm: Mutex::new(Vmm::default()),
         host_pools: Mutex::new(HashSet::new()),
-        modules: Mutex::new(HashMap::new()),
+        driver_objects: Mutex::new(HashMap::new()),
     }));
     match STATE.compare_exchange(
         std::ptr::null_mut(),

@@ -214,6 +214,16 @@ fn prop_device(prop: *const [i32; 4]) -> Option<u32> {
     memory::location_device(p[2], p[3])
 }
 
+/// Takes back a module the group may not have.
+fn unload_module(m: Ptr) {
+    let _ = driver::module_unload(m);
+}
+
+/// Takes back a library the group may not have.
+fn unload_library(l: Ptr) {
+    let _ = driver::library_unload(l);
+}
+
 /// `cuMemPoolCreate` made `*pool` from `props`.
 fn pool_made(pool: *mut Ptr, props: *const [i32; 4]) {
     if !props.is_null() {
@@ -429,23 +439,23 @@ hooks! {
     cuCtxCreate_v3 ["cuCtxCreate", 11040, false, Context] (pctx: *mut Ptr, params: Ptr, n: i32, flags: u32, dev: i32) => |call| on_success(held::context(dev, false, call, || ptr_read(pctx)), || gate::context_made(ptr_read(pctx), dev));
     cuCtxCreate_v4 ["cuCtxCreate", 12050, false, Context] (pctx: *mut Ptr, params: Ptr, flags: u32, dev: i32) => |call| on_success(held::context(dev, false, call, || ptr_read(pctx)), || gate::context_made(ptr_read(pctx), dev));
     cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain", 7000, false, Context] (pctx: *mut Ptr, dev: i32) => |call| on_success(held::context(dev, true, call, || ptr_read(pctx)), || gate::context_made(ptr_read(pctx), dev));
-    cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease", 7000, false, Context] (dev: i32) => |call| held::context_gone(u32::try_from(dev).ok(), call);
-    cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease", 11000, false, Context] (dev: i32) => |call| held::context_gone(u32::try_from(dev).ok(), call);
-    cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, false, Context] (dev: i32) => |call| held::context_gone(u32::try_from(dev).ok(), call);
-    cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, false, Context] (dev: i32) => |call| held::context_gone(u32::try_from(dev).ok(), call);
-    cuCtxDestroy_v2 ["cuCtxDestroy", 4000, false, Context] (ctx: Ptr) => |call| on_success(held::context_gone(held::ordinal_of(ctx), call), || { gate::context_gone(ctx); graphs::context_gone(ctx) });
+    cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease", 7000, false, Context] (dev: i32) => |call| held::primary_gone(dev, call);
+    cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease", 11000, false, Context] (dev: i32) => |call| held::primary_gone(dev, call);
+    cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, false, Context] (dev: i32) => |call| held::primary_gone(dev, call);
+    cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, false, Context] (dev: i32) => |call| held::primary_gone(dev, call);
+    cuCtxDestroy_v2 ["cuCtxDestroy", 4000, false, Context] (ctx: Ptr) => |call| on_success(held::context_destroyed(ctx, call), || { gate::context_gone(ctx); graphs::context_gone(ctx) });
     cuCtxSetLimit ["cuCtxSetLimit", 3010, false, Context] (limit: i32, value: usize) => |call| held::set_limit(limit, value, call);
 
     // Code: the driver keeps device memory for each module and library
     // (see `held`).
-    cuModuleLoad ["cuModuleLoad", 2000, false, Module] (module: *mut Ptr, fname: *const c_char) => |call| held::module_loaded(module, std::ptr::null(), call);
-    cuModuleLoadData ["cuModuleLoadData", 2000, false, Module] (module: *mut Ptr, image: *const c_void) => |call| held::module_loaded(module, image, call);
-    cuModuleLoadDataEx ["cuModuleLoadDataEx", 2010, false, Module] (module: *mut Ptr, image: *const c_void, n: u32, options: *mut i32, values: *mut Ptr) => |call| held::module_loaded(module, image, call);
-    cuModuleLoadFatBinary ["cuModuleLoadFatBinary", 2000, false, Module] (module: *mut Ptr, fatbin: *const c_void) => |call| held::module_loaded(module, fatbin, call);
-    cuModuleUnload ["cuModuleUnload", 2000, false, Module] (module: Ptr) => |call| held::module_unloaded(module, call);
-    cuLibraryLoadData ["cuLibraryLoadData", 12000, false, Module] (library: *mut Ptr, code: *const c_void, jit_options: *mut i32, jit_values: *mut Ptr, jit_n: u32, options: *mut i32, values: *mut Ptr, n: u32) => |call| held::library(call);
-    cuLibraryLoadFromFile ["cuLibraryLoadFromFile", 12000, false, Module] (library: *mut Ptr, fname: *const c_char, jit_options: *mut i32, jit_values: *mut Ptr, jit_n: u32, options: *mut i32, values: *mut Ptr, n: u32) => |call| held::library(call);
-    cuLibraryUnload ["cuLibraryUnload", 12000, false, Module] (library: Ptr) => |call| held::library(call);
+    cuModuleLoad ["cuModuleLoad", 2000, false, Module] (module: *mut Ptr, fname: *const c_char) => |call| held::code_loaded(module, std::ptr::null(), call, unload_module);
+    cuModuleLoadData ["cuModuleLoadData", 2000, false, Module] (module: *mut Ptr, image: *const c_void) => |call| held::code_loaded(module, image, call, unload_module);
+    cuModuleLoadDataEx ["cuModuleLoadDataEx", 2010, false, Module] (module: *mut Ptr, image: *const c_void, n: u32, options: *mut i32, values: *mut Ptr) => |call| held::code_loaded(module, image, call, unload_module);
+    cuModuleLoadFatBinary ["cuModuleLoadFatBinary", 2000, false, Module] (module: *mut Ptr, fatbin: *const c_void) => |call| held::code_loaded(module, fatbin, call, unload_module);
+    cuModuleUnload ["cuModuleUnload", 2000, false, Module] (module: Ptr) => |call| held::code_unloaded(module, call);
+    cuLibraryLoadData ["cuLibraryLoadData", 12000, false, Module] (library: *mut Ptr, code: *const c_void, jit_options: *mut i32, jit_values: *mut Ptr, jit_n: u32, options: *mut i32, values: *mut Ptr, n: u32) => |call| held::code_loaded(library, code, call, unload_library);
+    cuLibraryLoadFromFile ["cuLibraryLoadFromFile", 12000, false, Module] (library: *mut Ptr, fname: *const c_char, jit_options: *mut i32, jit_values: *mut Ptr, jit_n: u32, options: *mut i32, values: *mut Ptr, n: u32) => |call| held::code_loaded(library, std::ptr::null(), call, unload_library);
+    cuLibraryUnload ["cuLibraryUnload", 12000, false, Module] (library: Ptr) => |call| held::code_unloaded(library, call);
 
     // Stream capture: tracked so that the hook never synchronises while a
     // capture is open (see `capture`).

@@ -289,6 +289,34 @@ fn graphs_are_reserved_however_their_instantiation_was_found() {
     }
 }
 
+/// A context's cost, measured in the first process that made one on the
+/// GPU, is reserved by the next before the driver makes its context: a
+/// group with room for its allocations but not for another context is
+/// refused the context, and the driver never holds more than the limit.
+#[test]
+fn a_new_process_reserves_its_context_before_the_driver_makes_it() {
+    let g = Gemini::start(
+        SimEnv::default().driver_memory("300MiB"),
+        "[a]\nMemoryLimit=1GiB\n",
+    );
+    // 300 MiB of context and 512 MiB of allocations: 212 MiB left.
+    let mut first = Memwork::start(
+        &g,
+        "a",
+        &["context", "--chunk", "512MiB", "--most", "512MiB"],
+    );
+    first.at("allocated");
+    assert_eq!(first.num("allocated"), 512 * MIB);
+    let mut second = Memwork::start(&g, "a", &["context", "--create"]);
+    second.at("refused");
+    assert_eq!(second.num("context"), 2, "CUDA_ERROR_OUT_OF_MEMORY");
+    let held = g.sim.group_memory("a");
+    assert_eq!(held.peak[0], 812 * MIB, "the second context was never made");
+    assert_eq!(charged(&g, "a", 0), 812 * MIB);
+    second.end();
+    first.end();
+}
+
 /// Three processes of one group, 16 threads each, for 10 s of random
 /// allocations and frees (`cuMemAlloc`, stream-ordered on two devices),
 /// VMM handles mapped and released, host NUMA handles and pool trims,
@@ -306,22 +334,31 @@ fn memory_stays_within_the_limit_under_concurrent_traffic() {
     );
     let mut procs: Vec<Memwork> = (0..3)
         .map(|_| {
-            let mut args = vec![
-                "stress",
-                "--threads",
-                "16",
-                "--seconds",
-                "10",
-                "--devices",
-                "2",
-            ];
-            let ops = std::env::var("MEMWORK_OPS").unwrap_or_default();
-            if !ops.is_empty() {
-                args.extend(["--ops", ops.leak()]);
-            }
-            Memwork::start(&g, "a", &args)
+            Memwork::start(
+                &g,
+                "a",
+                &[
+                    "stress",
+                    "--threads",
+                    "16",
+                    "--seconds",
+                    "10",
+                    "--devices",
+                    "2",
+                ],
+            )
         })
         .collect();
+    // Every process makes its contexts before any traffic: the first
+    // context made on a GPU since the scheduler started is charged only
+    // once the driver has made it (see
+    // `a_new_process_reserves_its_context_before_the_driver_makes_it`).
+    for w in &mut procs {
+        w.at("ready");
+    }
+    for w in &mut procs {
+        w.go();
+    }
     for w in &mut procs {
         w.at("done");
         assert!(w.num("ops") > 1000, "{:?}", w.said);

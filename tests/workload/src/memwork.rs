@@ -760,6 +760,21 @@ fn stress(
     kinds: &[u64],
 ) -> anyhow::Result<()> {
     check("cuInit", call!(cuda, "cuInit", fn(u32), 0))?;
+    // The contexts first (see the test): the traffic starts on a go.
+    for dev in 0..devices.max(1) {
+        let mut ctx: Ptr = std::ptr::null_mut();
+        check(
+            "cuDevicePrimaryCtxRetain",
+            call!(
+                cuda,
+                "cuDevicePrimaryCtxRetain",
+                fn(*mut Ptr, i32),
+                &mut ctx,
+                dev
+            ),
+        )?;
+    }
+    step("ready");
     let until = Instant::now() + Duration::from_secs_f64(seconds);
     let ops: anyhow::Result<Vec<u64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
