@@ -43,6 +43,10 @@ fn main() -> std::io::Result<()> {
             bytes: 1 << 20,
         },
         Request::MemoryInfo { device: 3 },
+        Request::ContextCost {
+            device: 0,
+            bytes: 500 << 20,
+        },
         Request::Status,
         Request::Shutdown,
         Request::Reload,

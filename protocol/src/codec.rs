@@ -145,6 +145,10 @@ mod tests {
                 bytes: 7,
             },
             Request::MemoryInfo { device: 2 },
+            Request::ContextCost {
+                device: 1,
+                bytes: 500 << 20,
+            },
             Request::Status,
             Request::Shutdown,
             Request::Goodbye,
