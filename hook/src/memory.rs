@@ -97,7 +97,12 @@ pub fn unreserve(device: u32, bytes: u64) {
 
 /// Remembers that `key` (a pointer or handle) holds a reservation.
 pub fn record(key: u64, device: u32, bytes: u64) {
-    lock(&state::get().memory).insert(key, (device, bytes));
+    let old = lock(&state::get().memory).insert(key, (device, bytes));
+    if let Some(old) = old {
+        // The driver handed out an address the hook thinks is in use: its
+        // free went past the hook.
+        crate::log::debug!("the record of {key:#x} replaced one never freed: {old:?}");
+    }
 }
 
 /// Frees `key` by `free`. Its record is taken *before* the real call and

@@ -381,3 +381,41 @@ fn memory_stays_within_the_limit_under_concurrent_traffic() {
         w.end();
     }
 }
+
+/// Sixteen threads allocate and free 1 MiB at once, so that the address
+/// one thread frees is the next one another allocates (the simulator
+/// hands a freed address out again first, as the driver does). A free's
+/// record is taken before the real free: taken after it, it could be the
+/// record another thread's allocation of the same address had just
+/// made, leaving that allocation uncharged and the free's reservation
+/// leaked. At the end the scheduler charges exactly what the driver
+/// holds.
+#[test]
+fn a_free_racing_an_allocation_of_the_same_address_keeps_the_books_exact() {
+    let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=1GiB\n");
+    let mut w = Memwork::start(
+        &g,
+        "a",
+        &[
+            "stress",
+            "--threads",
+            "16",
+            "--seconds",
+            "4",
+            "--ops",
+            "0,1",
+            "--size",
+            "1MiB",
+        ],
+    );
+    w.at("ready").go();
+    w.at("done");
+    assert!(w.num("ops") > 1000, "{:?}", w.said);
+    let held = g.sim.group_memory("a");
+    assert_eq!(
+        charged(&g, "a", 0),
+        held.now[0],
+        "charged and held at the end"
+    );
+    w.end();
+}

@@ -104,6 +104,10 @@ enum What {
         /// NUMA, 7 pool trim, 8 stream synchronisation.
         #[arg(long, value_delimiter = ',')]
         ops: Vec<u64>,
+        /// Every allocation this size (default: 0.5 to 16 MiB at random),
+        /// so that each free's address is the next allocation's.
+        #[arg(long, value_parser = size)]
+        size: Option<u64>,
     },
 }
 
@@ -553,6 +557,7 @@ fn stress_thread(
     tid: u64,
     devices: i32,
     kinds: &[u64],
+    bytes: Option<u64>,
     until: Instant,
 ) -> anyhow::Result<u64> {
     let dev = (tid % devices.max(1) as u64) as i32;
@@ -617,7 +622,7 @@ fn stress_thread(
     };
     while Instant::now() < until {
         ops += 1;
-        let bytes = (1 + rng.below(32)) * mib / 2;
+        let bytes = bytes.unwrap_or_else(|| (1 + rng.below(32)) * mib / 2);
         let kind = rng.below(9);
         if !kinds.is_empty() && !kinds.contains(&kind) {
             continue;
@@ -758,6 +763,7 @@ fn stress(
     seconds: f64,
     devices: i32,
     kinds: &[u64],
+    size: Option<u64>,
 ) -> anyhow::Result<()> {
     check("cuInit", call!(cuda, "cuInit", fn(u32), 0))?;
     // The contexts first (see the test): the traffic starts on a go.
@@ -778,7 +784,7 @@ fn stress(
     let until = Instant::now() + Duration::from_secs_f64(seconds);
     let ops: anyhow::Result<Vec<u64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
-            .map(|t| s.spawn(move || stress_thread(cuda, t, devices, kinds, until)))
+            .map(|t| s.spawn(move || stress_thread(cuda, t, devices, kinds, size, until)))
             .collect();
         handles
             .into_iter()
@@ -814,6 +820,7 @@ fn main() -> anyhow::Result<()> {
             seconds,
             devices,
             ops,
-        } => stress(&cuda, threads, seconds, devices, &ops),
+            size,
+        } => stress(&cuda, threads, seconds, devices, &ops, size),
     }
 }
