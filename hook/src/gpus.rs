@@ -37,14 +37,23 @@ impl State {
             .filter(|u| !u.is_empty())
     }
 
+    /// The map, found once the driver answers: asked before `cuInit`
+    /// (vLLM asks NVML for memory before it initialises CUDA), the driver
+    /// has no devices yet, and a map kept from then would be empty for
+    /// the process's life.
     fn gpus(&self) -> &[(String, u32)] {
-        self.gpus.get_or_init(|| self.find_gpus())
+        if let Some(map) = self.gpus.get() {
+            return map;
+        }
+        match self.find_gpus() {
+            Some(map) => self.gpus.get_or_init(|| map),
+            None => &[],
+        }
     }
 
-    fn find_gpus(&self) -> Vec<(String, u32)> {
-        let Some(count) = driver::device_count() else {
-            return Vec::new();
-        };
+    /// `None` while the driver does not answer (not initialised yet).
+    fn find_gpus(&self) -> Option<Vec<(String, u32)>> {
+        let count = driver::device_count()?;
         let uuids: Vec<Option<[u8; 16]>> = (0..count).map(driver::device_uuid).collect();
         let texts: Vec<String> = uuids
             .iter()
@@ -65,6 +74,6 @@ impl State {
             map.push((text, index));
         }
         debug!("GPUs by ordinal, as the scheduler numbers them: {map:?}");
-        map
+        Some(map)
     }
 }

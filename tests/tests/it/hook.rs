@@ -760,6 +760,45 @@ fn a_job_in_a_container_is_scheduled_on_its_own_gpu() {
     );
 }
 
+/// vLLM asks NVML for memory before it initialises CUDA: the hook's GPU
+/// map must not be built (empty) from a driver that does not answer yet.
+/// A job in a container given GPU 2 of 4, whose first call is NVML's,
+/// runs and is accounted on GPU 2. (Before, the empty map sent its
+/// tokens and memory to GPU 0, which its group may not use: refused.)
+#[test]
+fn nvml_asked_before_cuda_leaves_the_gpu_map_to_the_driver() {
+    let g = Gemini::start(
+        SimEnv::new(4, "16GiB"),
+        "[job]\nMemoryLimit=1GiB\nDevices=2\n",
+    );
+    let mut c = rust(
+        &g,
+        "job",
+        &[
+            "--seconds",
+            "0.5",
+            "--kernel-us",
+            "500",
+            "--mem",
+            "256MiB",
+            "--nvml-first",
+        ],
+    );
+    c.env("FAKECUDA_CGROUP_DEVICES", "2")
+        .env("FAKECUDA_CONTAINER", "1");
+    let t0 = now_ns();
+    let child = spawn(c);
+    wait_memory_on(&g, "job", 2);
+    let out = finish(child);
+    assert_ran_only_on(&g, pid_of(&out), t0, 2, 4);
+    let r = &reports(&out.stdout)[0];
+    assert_eq!(
+        field(r, "nvml_total"),
+        1u64 << 30,
+        "NVML's view before cuInit is the group's on GPU 2"
+    );
+}
+
 /// A group with `Devices=1` launches on GPU 1; on GPU 0 its launches get
 /// CUDA_ERROR_NOT_PERMITTED, and the program's stderr says why, once.
 #[test]

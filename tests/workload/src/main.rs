@@ -127,6 +127,10 @@ struct Args {
     /// does) for device 0's memory, with nvmlDeviceGetMemoryInfo and _v2
     #[arg(long)]
     nvml: bool,
+    /// Ask NVML for device 0's memory before `cuInit` (as vLLM does), with
+    /// the driver loaded but not initialised
+    #[arg(long)]
+    nvml_first: bool,
     /// While launching, a helper thread with no current context (as NCCL's
     /// proxy or a DataLoader's pin-memory thread) keeps calling
     /// cuCtxSynchronize, cuStreamQuery, cuMemGetInfo, cuLaunchKernel and
@@ -431,6 +435,11 @@ fn monotonic_ns() -> u64 {
 
 fn run(args: &Args) -> anyhow::Result<Report> {
     let d = Driver::load(args)?;
+    let before_init = if args.nvml_first {
+        Some(nvml_memory()?)
+    } else {
+        None
+    };
     // SAFETY: all driver calls below get valid handles from the driver
     // and pointers to live locals, per the driver API.
     unsafe {
@@ -458,7 +467,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             host_error: 0,
             ipc_error: 0,
             helper: None,
-            nvml: None,
+            nvml: before_init,
             kernels: 0,
             allocated: 0,
             alloc_error: 0,
