@@ -123,8 +123,13 @@ impl State {
             while asked.elapsed() < Duration::from_secs(1) {
                 match self.take(seq) {
                     None => continue,
-                    Some(Ok(Reply::Welcome { config_path, .. })) => {
+                    Some(Ok(Reply::Welcome {
+                        config_path,
+                        client,
+                        ..
+                    })) => {
                         debug!("registered with the scheduler as group {group:?} ({config_path})");
+                        self.client_id.store(client, Ordering::Release);
                         self.registered.store(true, Ordering::Release);
                         return Ok(());
                     }

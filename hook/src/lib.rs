@@ -71,7 +71,7 @@ unsafe extern "C" fn gemhook_dlsym_filter(
     if name.starts_with(b"cu") {
         return table::lookup(name).unwrap_or(std::ptr::null_mut());
     }
-    if name.starts_with(b"nvmlDeviceGetMemoryInfo") {
+    if name.starts_with(b"nvmlDeviceGet") {
         return nvml::lookup(name).unwrap_or(std::ptr::null_mut());
     }
     std::ptr::null_mut()

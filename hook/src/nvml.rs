@@ -143,9 +143,184 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     }
 }
 
+/// The group as the scheduler sees it.
+struct GroupNow {
+    /// Its processes' ids.
+    pids: Vec<u32>,
+    /// Its share of each device: (device, share).
+    shares: Vec<(u32, f64)>,
+}
+
+/// The process's group as the scheduler sees it (`None`: no answer, or
+/// the process is in no group).
+fn group_status() -> Option<GroupNow> {
+    let st = crate::state::get();
+    if st.refused.load(std::sync::atomic::Ordering::Acquire) != 0 {
+        return None;
+    }
+    let me = st.client_id.load(std::sync::atomic::Ordering::Acquire);
+    let gemini_protocol::Reply::Status(report) =
+        st.call(&gemini_protocol::Request::Status, 0).ok()?
+    else {
+        return None;
+    };
+    let group = &report.clients.iter().find(|c| c.id == me)?.group;
+    let pids = report
+        .clients
+        .iter()
+        .filter(|c| &c.group == group && c.role == gemini_protocol::Role::Client)
+        .map(|c| c.pid)
+        .collect();
+    let shares = report
+        .devices
+        .iter()
+        .map(|d| {
+            let share = d
+                .groups
+                .iter()
+                .find(|g| &g.group == group)
+                .map_or(0.0, |g| g.share);
+            (d.device, share)
+        })
+        .collect();
+    Some(GroupNow { pids, shares })
+}
+
+/// Calls the real `nvmlDeviceGetComputeRunningProcesses*` `name` and
+/// keeps, of the entries it wrote (`size` bytes each, the pid first),
+/// those of the group's processes: `nvidia-smi` in a job lists its own.
+///
+/// # Safety
+/// As NVML's: a device handle, a writable count and `*count` entries.
+unsafe fn group_processes(
+    slot: &AtomicUsize,
+    name: &CStr,
+    device: *mut c_void,
+    count: *mut u32,
+    infos: *mut u8,
+    size: usize,
+) -> NvmlReturn {
+    type F = unsafe extern "C" fn(*mut c_void, *mut u32, *mut u8) -> NvmlReturn;
+    // SAFETY: the signature of every version.
+    let Some(f) = (unsafe { real::<F>(slot, name) }) else {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    };
+    // SAFETY: the program's arguments, passed on unchanged.
+    let r = unsafe { f(device, count, infos) };
+    if r != 0 || count.is_null() || infos.is_null() {
+        return r;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let Some(GroupNow { pids, .. }) = group_status() else {
+            return;
+        };
+        // SAFETY: NVML wrote `*count` entries of `size` bytes into the
+        // program's array; entries are moved down within it.
+        unsafe {
+            let n = *count as usize;
+            let mut kept = 0;
+            for i in 0..n {
+                let entry = infos.add(i * size);
+                let pid = (entry as *const u32).read_unaligned();
+                if pids.contains(&pid) {
+                    if kept != i {
+                        std::ptr::copy(entry, infos.add(kept * size), size);
+                    }
+                    kept += 1;
+                }
+            }
+            *count = kept as u32;
+        }
+    }));
+    r
+}
+
+macro_rules! running_processes {
+    ($($name:ident: $size:literal;)*) => {$(
+        /// The group's processes only (see [`group_processes`]).
+        ///
+        /// # Safety
+        /// As NVML's.
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        #[allow(non_snake_case)]
+        pub unsafe extern "C" fn $name(device: *mut c_void, count: *mut u32, infos: *mut c_void) -> NvmlReturn {
+            static SLOT: AtomicUsize = AtomicUsize::new(0);
+            const NAME: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                Ok(c) => c,
+                Err(_) => panic!("no NUL in a name"),
+            };
+            // SAFETY: the caller's arguments; entries of this version's size.
+            unsafe { group_processes(&SLOT, NAME, device, count, infos.cast(), $size) }
+        }
+    )*};
+}
+
+// nvmlProcessInfo_v1_t is 16 bytes, _v2_t and nvmlProcessInfo_t 24.
+running_processes! {
+    nvmlDeviceGetComputeRunningProcesses: 16;
+    nvmlDeviceGetComputeRunningProcesses_v2: 24;
+    nvmlDeviceGetComputeRunningProcesses_v3: 24;
+}
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct NvmlUtilization {
+    gpu: u32,
+    memory: u32,
+}
+
+/// `nvmlDeviceGetUtilizationRates`: the GPU's busy time as the group's
+/// share of it, as the scheduler measures it (the memory figure as NVML
+/// says).
+///
+/// # Safety
+/// As NVML's: a device handle and a writable `nvmlUtilization_t`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+#[allow(non_snake_case)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: *mut c_void,
+    util: *mut NvmlUtilization,
+) -> NvmlReturn {
+    static SLOT: AtomicUsize = AtomicUsize::new(0);
+    type F = unsafe extern "C" fn(*mut c_void, *mut NvmlUtilization) -> NvmlReturn;
+    // SAFETY: nvmlDeviceGetUtilizationRates' signature.
+    let Some(f) = (unsafe { real::<F>(&SLOT, c"nvmlDeviceGetUtilizationRates") }) else {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    };
+    // SAFETY: the program's arguments, passed on unchanged.
+    let r = unsafe { f(device, util) };
+    if r != 0 || util.is_null() {
+        return r;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let (Some(physical), Some(GroupNow { shares, .. })) = (physical_of(device), group_status())
+        else {
+            return;
+        };
+        if let Some(&(_, share)) = shares.iter().find(|(d, _)| *d == physical) {
+            // SAFETY: filled by the real call just now.
+            unsafe { (*util).gpu = (share * 100.0).round().clamp(0.0, 100.0) as u32 };
+        }
+    }));
+    r
+}
+
 /// Our function for an NVML name, for our `dlsym`.
 pub fn lookup(name: &[u8]) -> Option<*mut c_void> {
     match name {
+        b"nvmlDeviceGetComputeRunningProcesses" => {
+            Some(nvmlDeviceGetComputeRunningProcesses as *const () as *mut c_void)
+        }
+        b"nvmlDeviceGetComputeRunningProcesses_v2" => {
+            Some(nvmlDeviceGetComputeRunningProcesses_v2 as *const () as *mut c_void)
+        }
+        b"nvmlDeviceGetComputeRunningProcesses_v3" => {
+            Some(nvmlDeviceGetComputeRunningProcesses_v3 as *const () as *mut c_void)
+        }
+        b"nvmlDeviceGetUtilizationRates" => {
+            Some(nvmlDeviceGetUtilizationRates as *const () as *mut c_void)
+        }
         b"nvmlDeviceGetMemoryInfo" => Some(nvmlDeviceGetMemoryInfo as *const () as *mut c_void),
         b"nvmlDeviceGetMemoryInfo_v2" => {
             Some(nvmlDeviceGetMemoryInfo_v2 as *const () as *mut c_void)

@@ -191,6 +191,8 @@ pub struct State {
     pub register: Mutex<()>,
     /// Whether the scheduler knows this process.
     pub registered: AtomicBool,
+    /// The scheduler's id of this connection (its welcome; 0: not known).
+    pub client_id: AtomicU64,
     /// Non-zero once the hook has given up: every gated call fails with
     /// this result code.
     pub refused: AtomicU32,
@@ -310,6 +312,7 @@ pub fn get() -> &'static State {
         conn: Mutex::new(None),
         register: Mutex::new(()),
         registered: AtomicBool::new(false),
+        client_id: AtomicU64::new(0),
         refused: AtomicU32::new(0),
         gates: (0..MAX_GATES).map(|_| Gate::default()).collect(),
         gpus: std::sync::OnceLock::new(),

@@ -419,3 +419,48 @@ fn a_free_racing_an_allocation_of_the_same_address_keeps_the_books_exact() {
     );
     w.end();
 }
+
+/// `nvidia-smi` in a job shows the job's group: NVML's list of the
+/// processes using the GPU (`nvmlDeviceGetComputeRunningProcesses`, every
+/// version) has the group's processes only, and its utilisation is the
+/// group's share of the GPU as the scheduler measures it, not the busy
+/// time other groups made. (Before, every process on the GPU was listed
+/// and the device's whole busy time shown.)
+#[test]
+fn nvml_in_a_job_shows_its_group() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n[b]\n");
+    let mut mate = Memwork::start(&g, "a", &["host", "--host", "1MiB", "--device", "64MiB"]);
+    mate.at("held");
+    let mut other = Memwork::start(&g, "b", &["host", "--host", "1MiB", "--device", "64MiB"]);
+    other.at("held");
+    // Group b keeps the GPU busy.
+    let mut busy = g.hooked(g.sim.workload(), "b");
+    busy.args(["--seconds", "3", "--kernel-us", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut busy = busy.spawn().unwrap();
+    g.wait_status(5.0, "group b busy on GPU 0", |s| {
+        s.devices
+            .iter()
+            .any(|d| d.groups.iter().any(|r| r.group == "b" && r.share > 0.5))
+    });
+    let mut w = Memwork::start(&g, "a", &["nvml"]);
+    w.at("listed");
+    let me = w.num("pid");
+    let mut want = vec![me, u64::from(mate.child.id())];
+    want.sort_unstable();
+    for version in ["v1", "v2", "v3"] {
+        let mut pids: Vec<u64> = w.said[&format!("pids_{version}")]
+            .split(',')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        pids.sort_unstable();
+        assert_eq!(pids, want, "{version}: group a's processes only");
+    }
+    assert_eq!(w.num("util"), 0, "group a has used none of the GPU");
+    let _ = busy.kill();
+    let _ = busy.wait();
+    w.end();
+    other.end();
+    mate.end();
+}

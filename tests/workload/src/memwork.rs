@@ -90,6 +90,12 @@ enum What {
         #[arg(long)]
         version: i32,
     },
+    /// Holds `--bytes` of device memory, then asks NVML (as `nvidia-smi`
+    /// does) which processes use GPU 0 and how busy it is.
+    Nvml {
+        #[arg(long, value_parser = size, default_value = "64MiB")]
+        bytes: u64,
+    },
     /// Random memory traffic on `--threads` threads for `--seconds`.
     Stress {
         #[arg(long, default_value_t = 16)]
@@ -534,6 +540,71 @@ fn graph(cuda: &Cuda, bytes: u64, version: i32) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn nvml(cuda: &Cuda, bytes: u64) -> anyhow::Result<()> {
+    start(cuda, 0)?;
+    let mut p = 0u64;
+    check(
+        "cuMemAlloc",
+        call!(
+            cuda,
+            "cuMemAlloc",
+            fn(*mut u64, usize),
+            &mut p,
+            bytes as usize
+        ),
+    )?;
+    type Init = unsafe extern "C" fn() -> u32;
+    type Handle = unsafe extern "C" fn(u32, *mut Ptr) -> u32;
+    type Procs = unsafe extern "C" fn(Ptr, *mut u32, *mut u8) -> u32;
+    type Util = unsafe extern "C" fn(Ptr, *mut [u32; 2]) -> u32;
+    // SAFETY: NVML's C signatures, called with pointers to live locals
+    // and arrays of the size given.
+    unsafe {
+        let lib =
+            libloading::Library::new("libnvidia-ml.so.1").context("dlopen libnvidia-ml.so.1")?;
+        let init: libloading::Symbol<Init> = lib.get(b"nvmlInit_v2\0")?;
+        let handle: libloading::Symbol<Handle> = lib.get(b"nvmlDeviceGetHandleByIndex_v2\0")?;
+        let util: libloading::Symbol<Util> = lib.get(b"nvmlDeviceGetUtilizationRates\0")?;
+        if init() != 0 {
+            bail!("nvmlInit_v2 failed");
+        }
+        let mut dev: Ptr = std::ptr::null_mut();
+        if handle(0, &mut dev) != 0 {
+            bail!("nvmlDeviceGetHandleByIndex_v2 failed");
+        }
+        for (version, name, size) in [
+            (
+                "v1",
+                &b"nvmlDeviceGetComputeRunningProcesses\0"[..],
+                16usize,
+            ),
+            ("v2", b"nvmlDeviceGetComputeRunningProcesses_v2\0", 24),
+            ("v3", b"nvmlDeviceGetComputeRunningProcesses_v3\0", 24),
+        ] {
+            let procs: libloading::Symbol<Procs> = lib.get(name)?;
+            let mut count = 64u32;
+            let mut buf = vec![0u8; 64 * size];
+            let r = procs(dev, &mut count, buf.as_mut_ptr());
+            if r != 0 {
+                bail!("nvmlDeviceGetComputeRunningProcesses {version} failed: {r}");
+            }
+            let pids: Vec<String> = buf
+                .chunks_exact(size)
+                .take(count as usize)
+                .map(|e| u32::from_ne_bytes([e[0], e[1], e[2], e[3]]).to_string())
+                .collect();
+            println!("memwork pids_{version}={}", pids.join(","));
+        }
+        let mut u = [0u32; 2];
+        if util(dev, &mut u) != 0 {
+            bail!("nvmlDeviceGetUtilizationRates failed");
+        }
+        println!("memwork pid={} util={}", std::process::id(), u[0]);
+    }
+    step("listed");
+    Ok(())
+}
+
 /// xorshift64*: each thread's own random numbers.
 struct Rng(u64);
 
@@ -815,6 +886,7 @@ fn main() -> anyhow::Result<()> {
         What::Host { host: h, device } => host(&cuda, h, device),
         What::StreamDevice { bytes } => stream_device(&cuda, bytes),
         What::Graph { bytes, version } => graph(&cuda, bytes, version),
+        What::Nvml { bytes } => nvml(&cuda, bytes),
         What::Stress {
             threads,
             seconds,
