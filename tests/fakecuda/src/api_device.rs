@@ -128,6 +128,7 @@ driver_api! {
     fn cuCtxCreate_v2(out: *mut CUcontext, _flags: u32, dev: CUdevice) { create_ctx(out, dev) }
     fn cuCtxDestroy_v2(ctx: CUcontext) {
         destroy(ctx, |o| matches!(o, Obj::Ctx { .. }))?;
+        with_proc(|p| p.dead.insert(ctx as usize));
         free_ctx_mem(initialised()?, ctx as usize);
         ctx_stack(|s| s.retain(|&c| c != ctx as usize));
         Ok(())
@@ -209,10 +210,18 @@ driver_api! {
     fn cuStreamQuery_ptsz(h: CUstream) { query_stream(h, true) }
     fn cuEventCreate(out: *mut CUevent, _flags: u32) {
         initialised()?;
-        let h = with_proc(|p| p.add(Obj::Event { time: None, captured: None }));
+        let ctx = ctx_stack(|st| st.last().copied()).unwrap_or(0);
+        let h = with_proc(|p| {
+            let h = p.add(Obj::Event { time: None, captured: None });
+            p.event_ctx.insert(h, ctx);
+            h
+        });
         put(out, h as CUevent)
     }
-    fn cuEventDestroy_v2(e: CUevent) { destroy(e, |o| matches!(o, Obj::Event { .. })) }
+    fn cuEventDestroy_v2(e: CUevent) {
+        event_alive(e as usize)?;
+        destroy(e, |o| matches!(o, Obj::Event { .. }))
+    }
     fn cuEventRecord(e: CUevent, h: CUstream) { record_event(e, h, false) }
     fn cuEventRecord_ptsz(e: CUevent, h: CUstream) { record_event(e, h, true) }
     // Stream capture (see [`capture`]).

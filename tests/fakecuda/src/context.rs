@@ -147,6 +147,7 @@ pub(crate) fn primary_mem(s: &Sim, dev: usize, ctx: usize) -> R {
         }
         s.alloc(dev, s.ctx_mem)?;
         p.ctx_mem.insert(ctx, CtxMem::new(dev, s.ctx_mem));
+        p.dead.remove(&ctx); // made anew
         Ok(())
     })
 }
@@ -224,6 +225,7 @@ pub(crate) fn primary_release(dev: CUdevice) -> R {
     // The last release destroys the primary context: its memory goes.
     if let Some(h) = last {
         free_ctx_mem(s, h);
+        with_proc(|p| p.dead.insert(h));
     }
     Ok(())
 }
@@ -235,6 +237,7 @@ pub(crate) fn primary_reset(dev: CUdevice) -> R {
     let dev = check_device(s, dev)?;
     if let Some(h) = with_proc(|p| p.primary.get(&dev).map(|(h, _)| *h)) {
         free_ctx_mem(s, h);
+        with_proc(|p| p.dead.insert(h));
     }
     Ok(())
 }

@@ -252,3 +252,32 @@ fn nvml_reports_each_process_whole_footprint() {
         assert_eq!(cuMemFree_v2(p), 0);
     }
 }
+
+#[test]
+fn a_context_that_went_fails_its_calls_and_they_are_logged() {
+    let d = dev();
+    let mut ctx = std::ptr::null_mut();
+    let mut e = std::ptr::null_mut();
+    // SAFETY: out-pointers to locals; the context and event are this
+    // test's own.
+    unsafe {
+        assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 0), 0);
+        assert_eq!(cuEventCreate(&mut e, 0), 0);
+        assert_eq!(cuCtxDestroy_v2(ctx), 0);
+        assert_eq!(cuCtxPushCurrent_v2(ctx), CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(
+            cuEventRecord(e, std::ptr::null_mut()),
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        assert_eq!(cuEventQuery(e), CUDA_ERROR_INVALID_CONTEXT);
+    }
+    let log = std::fs::read_to_string(sim().unwrap().dir.join("dead-context.log")).unwrap();
+    let mine: Vec<&str> = log
+        .lines()
+        .filter(|l| l.ends_with(&format!("{:#x}", ctx as usize)))
+        .collect();
+    assert_eq!(mine.len(), 3, "{log}");
+    assert!(mine[0].contains(" cuCtxPushCurrent_v2 "), "{log}");
+    assert!(mine[1].contains(" cuEventRecord "), "{log}");
+    d.enter();
+}

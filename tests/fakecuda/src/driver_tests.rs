@@ -52,7 +52,7 @@ pub(super) fn dev() -> Dev {
 
 impl Dev {
     /// Makes the context current on the calling thread (another thread).
-    fn enter(&self) {
+    pub(super) fn enter(&self) {
         // SAFETY: a context of this process.
         assert_eq!(unsafe { cuCtxSetCurrent(self.ctx as CUcontext) }, 0);
     }

@@ -24,6 +24,13 @@
 //!
 //! A process is initialised by `cuInit`; a forked child starts
 //! uninitialised, with no contexts, and must call `cuInit` again.
+//!
+//! A context that is gone (destroyed, a primary context released for the
+//! last time or reset) fails every call that uses it, or an event made in
+//! it, with `CUDA_ERROR_INVALID_CONTEXT`, and each such call is logged to
+//! `dead-context.log` in `FAKECUDA_DIR` (`pid entry-point context`), so
+//! that a test can tell that nothing used a context after it went. A
+//! primary context retained again is made anew (the same handle).
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
@@ -50,6 +57,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use types::*;
 
 type R = Result<(), CUresult>;
+
+thread_local! {
+    /// The entry point this thread is in (for the log of calls on
+    /// destroyed contexts).
+    static CALL: std::cell::Cell<&'static str> = const { std::cell::Cell::new("") };
+}
 
 fn guard(f: impl FnOnce() -> R) -> CUresult {
     match catch_unwind(AssertUnwindSafe(f)) {
@@ -128,6 +141,7 @@ macro_rules! driver_api {
         $(
             #[unsafe(no_mangle)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                CALL.with(|c| c.set(stringify!($name)));
                 guard(move || -> R { $body })
             }
         )*

@@ -25,6 +25,11 @@ pub(crate) struct Proc {
     pub(crate) ctx_mem: HashMap<usize, CtxMem>,
     /// Loaded modules → (device, bytes of their image).
     pub(crate) modules: HashMap<usize, (usize, u64)>,
+    /// Contexts that are gone: destroyed, or primary ones released for
+    /// the last time or reset (until retained again).
+    pub(crate) dead: std::collections::HashSet<usize>,
+    /// The context each event was made in.
+    pub(crate) event_ctx: HashMap<usize, usize>,
     /// Freed device addresses by (device, size rounded to 512), reused
     /// first, as the driver reuses addresses.
     pub(crate) free_addrs: HashMap<(usize, u64), Vec<u64>>,
@@ -188,9 +193,39 @@ pub(crate) fn check_device(s: &Sim, dev: CUdevice) -> Result<usize, CUresult> {
 }
 
 pub(crate) fn ctx_device(ctx: usize) -> Result<usize, CUresult> {
-    with_proc(|p| match p.objects.get(&ctx) {
-        Some(Obj::Ctx { device }) => Ok(*device),
-        _ => Err(CUDA_ERROR_INVALID_CONTEXT),
+    with_proc(|p| {
+        if p.dead.contains(&ctx) {
+            return Err(dead_context(ctx));
+        }
+        match p.objects.get(&ctx) {
+            Some(Obj::Ctx { device }) => Ok(*device),
+            _ => Err(CUDA_ERROR_INVALID_CONTEXT),
+        }
+    })
+}
+
+/// A call used context `ctx`, which is gone: logged (see the crate's
+/// doc), and `CUDA_ERROR_INVALID_CONTEXT`.
+pub(crate) fn dead_context(ctx: usize) -> CUresult {
+    use std::io::Write as _;
+    if let Ok(s) = sim()
+        && let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(s.dir.join("dead-context.log"))
+    {
+        let call = CALL.with(std::cell::Cell::get);
+        let _ = writeln!(f, "{} {call} {ctx:#x}", std::process::id());
+    }
+    CUDA_ERROR_INVALID_CONTEXT
+}
+
+/// Fails with [`dead_context`] where event `e` was made in a context that
+/// is gone.
+pub(crate) fn event_alive(e: usize) -> R {
+    with_proc(|p| match p.event_ctx.get(&e) {
+        Some(ctx) if p.dead.contains(ctx) => Err(dead_context(*ctx)),
+        _ => Ok(()),
     })
 }
 

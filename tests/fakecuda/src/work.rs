@@ -208,6 +208,7 @@ pub(crate) fn query_stream(h: CUstream, ptsz: bool) -> R {
 /// a node of the capture (other streams that wait for it join it).
 pub(crate) fn record_event(e: CUevent, h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
+    event_alive(e as usize)?;
     let (_, tail) = stream(s, h, ptsz)?;
     let t = tail.load(Ordering::Acquire).max(now_ns());
     with_proc(|p| {
@@ -265,6 +266,7 @@ pub(crate) fn wait_event(h: CUstream, e: CUevent, ptsz: bool) -> R {
 /// The time `e`'s work ends; refused for an event last recorded in a
 /// capture that is still open.
 pub(crate) fn event_time(e: CUevent) -> Result<Option<u64>, CUresult> {
+    event_alive(e as usize)?;
     with_proc(|p| match p.objects.get(&(e as usize)) {
         Some(Obj::Event {
             captured: Some(id), ..
