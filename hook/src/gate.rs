@@ -497,10 +497,17 @@ pub fn context_made(ctx: *mut c_void, dev: i32) {
     }
 }
 
-/// A context was destroyed.
+/// A context went (destroyed, or a primary one released for the last
+/// time or reset): no token's end waits for its work any more (the
+/// driver fails every call on it).
 pub fn context_gone(ctx: *mut c_void) {
     if let Some(st) = state::current() {
         lock(&st.contexts).retain(|&(c, _)| c != ctx as usize);
+        for g in &st.gates {
+            let _ = g
+                .ctx
+                .compare_exchange(ctx as usize, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
     }
 }
 

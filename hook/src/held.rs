@@ -46,9 +46,16 @@ fn footprint(dev: u32) -> Option<u64> {
 }
 
 /// The device memory in use on ordinal `dev` by every process, where it
-/// can be read without making a context: the current context's device.
+/// can be read without making a context: the current context's device,
+/// where that context is one the process still has (a released primary
+/// context may still be current, and the driver refuses every call on
+/// it).
 fn device_used(dev: u32) -> Option<u64> {
-    if memory::current_ordinal() != Some(dev) {
+    let ctx = current_context()?;
+    let alive = lock(&state::get().contexts)
+        .iter()
+        .any(|&(c, d)| c == ctx && d == dev);
+    if !alive {
         return None;
     }
     let (mut free, mut total) = (0usize, 0usize);
@@ -231,7 +238,7 @@ pub fn context(
             let _ = crate::driver::ctx_destroy(ctx);
         }
     });
-    if r == CUDA_SUCCESS && took > 0 {
+    if r == CUDA_SUCCESS {
         let ctx = made() as usize;
         let object = if primary {
             Object::Primary(dev, ctx)
@@ -239,7 +246,9 @@ pub fn context(
             Object::Context(ctx)
         };
         keep(object, device, took);
-        memory::report_context(device, took);
+        if took > 0 {
+            memory::report_context(device, took);
+        }
     }
     r
 }
@@ -273,17 +282,24 @@ fn limits_gone(ctx: usize) {
 
 /// `cuDevicePrimaryCtxRelease` or `cuDevicePrimaryCtxReset` of ordinal
 /// `dev` by `call`: where the primary context is gone after it (its last
-/// release, or a reset), what the driver kept for it is given back.
-pub fn primary_gone(dev: i32, call: impl FnOnce() -> CUresult) -> CUresult {
+/// release, or a reset: `reset`), what the driver kept for it is given
+/// back, and `gone` is told which context it was.
+pub fn primary_gone(
+    dev: i32,
+    reset: bool,
+    call: impl FnOnce() -> CUresult,
+    gone: impl FnOnce(*mut c_void),
+) -> CUresult {
     let primary = primary_of(dev);
     let r = call();
     if r == CUDA_SUCCESS
         && let Some(object) = primary
-        && !crate::driver::primary_active(dev)
+        && (reset || !crate::driver::primary_active(dev))
     {
         drop_object(object);
         if let Object::Primary(_, ctx) = object {
             limits_gone(ctx);
+            gone(ctx as *mut c_void);
         }
     }
     r

@@ -464,3 +464,28 @@ fn nvml_in_a_job_shows_its_group() {
     other.end();
     mate.end();
 }
+
+/// After a primary context's last release, a reset, or `cuCtxDestroy`
+/// (PyTorch's and the CUDA runtime's teardown at exit), the hook never
+/// uses that context again: no synchronisation of it at a token's end,
+/// no reuse of the timing events it made there. The simulator fails and
+/// logs every call on a context that went; none is logged. (Before, the
+/// idle watcher synchronised a released primary context.)
+#[test]
+fn contexts_that_went_are_never_used_again() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let mut w = Memwork::start(&g, "a", &["contexts"]);
+    w.at("done");
+    let pid = w.num("pid");
+    w.end();
+    let log = std::fs::read_to_string(g.sim.sim_dir().join("dead-context.log")).unwrap_or_default();
+    let mine: Vec<&str> = log
+        .lines()
+        .filter(|l| l.split(' ').next() == Some(&pid.to_string()))
+        .collect();
+    assert!(
+        mine.is_empty(),
+        "calls on contexts that went:\n{}",
+        mine.join("\n")
+    );
+}

@@ -96,6 +96,10 @@ enum What {
         #[arg(long, value_parser = size, default_value = "64MiB")]
         bytes: u64,
     },
+    /// Kernels and graphs in a primary context released to nothing, in
+    /// one retained again and reset, and in one made and destroyed, with
+    /// a pause after each (PyTorch's and the runtime's teardown).
+    Contexts,
     /// Random memory traffic on `--threads` threads for `--seconds`.
     Stress {
         #[arg(long, default_value_t = 16)]
@@ -605,6 +609,148 @@ fn nvml(cuda: &Cuda, bytes: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `CUDA_KERNEL_NODE_PARAMS` (v2 layout).
+#[repr(C)]
+struct KernelNode {
+    func: Ptr,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shmem: u32,
+    params: *mut Ptr,
+    extra: *mut Ptr,
+    kern: Ptr,
+    ctx: Ptr,
+}
+
+/// In the current context: a module, 20 launches of a 1 ms kernel, a
+/// graph of it launched 5 times, then a synchronisation.
+fn work(cuda: &Cuda) -> anyhow::Result<()> {
+    let mut m: Ptr = std::ptr::null_mut();
+    check(
+        "cuModuleLoadData",
+        call!(
+            cuda,
+            "cuModuleLoadData",
+            fn(*mut Ptr, *const c_char),
+            &mut m,
+            c"fakecuda".as_ptr()
+        ),
+    )?;
+    let mut f: Ptr = std::ptr::null_mut();
+    check(
+        "cuModuleGetFunction",
+        call!(
+            cuda,
+            "cuModuleGetFunction",
+            fn(*mut Ptr, Ptr, *const c_char),
+            &mut f,
+            m,
+            c"fixed_1000us".as_ptr()
+        ),
+    )?;
+    let null: Ptr = std::ptr::null_mut();
+    for _ in 0..20 {
+        check(
+            "cuLaunchKernel",
+            call!(
+                cuda,
+                "cuLaunchKernel",
+                fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                null,
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+        )?;
+    }
+    let mut g: Ptr = std::ptr::null_mut();
+    check(
+        "cuGraphCreate",
+        call!(cuda, "cuGraphCreate", fn(*mut Ptr, u32), &mut g, 0),
+    )?;
+    let node = KernelNode {
+        func: f,
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shmem: 0,
+        params: std::ptr::null_mut(),
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    };
+    let mut n: Ptr = std::ptr::null_mut();
+    check(
+        "cuGraphAddKernelNode",
+        call!(
+            cuda,
+            "cuGraphAddKernelNode",
+            fn(*mut Ptr, Ptr, *const Ptr, usize, *const KernelNode),
+            &mut n,
+            g,
+            std::ptr::null(),
+            0,
+            &node
+        ),
+    )?;
+    let mut exec: Ptr = std::ptr::null_mut();
+    check(
+        "cuGraphInstantiateWithFlags",
+        call!(
+            cuda,
+            "cuGraphInstantiateWithFlags",
+            fn(*mut Ptr, Ptr, u64),
+            &mut exec,
+            g,
+            0
+        ),
+    )?;
+    for _ in 0..5 {
+        check(
+            "cuGraphLaunch",
+            call!(cuda, "cuGraphLaunch", fn(Ptr, Ptr), exec, null),
+        )?;
+    }
+    check("cuCtxSynchronize", call!(cuda, "cuCtxSynchronize", fn()))
+}
+
+fn contexts(cuda: &Cuda) -> anyhow::Result<()> {
+    let pause = || std::thread::sleep(Duration::from_millis(300));
+    start(cuda, 0)?;
+    work(cuda)?;
+    check(
+        "cuDevicePrimaryCtxRelease",
+        call!(cuda, "cuDevicePrimaryCtxRelease", fn(i32), 0),
+    )?;
+    pause();
+    start(cuda, 0)?;
+    work(cuda)?;
+    check(
+        "cuDevicePrimaryCtxReset",
+        call!(cuda, "cuDevicePrimaryCtxReset", fn(i32), 0),
+    )?;
+    pause();
+    let at = cuda.at("cuCtxCreate", 11030)?;
+    // SAFETY: cuCtxCreate_v2's signature.
+    let create: unsafe extern "C" fn(*mut Ptr, u32, i32) -> CUresult =
+        unsafe { std::mem::transmute(at) };
+    let mut ctx: Ptr = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    check("cuCtxCreate", unsafe { create(&mut ctx, 0, 0) })?;
+    work(cuda)?;
+    check("cuCtxDestroy", call!(cuda, "cuCtxDestroy", fn(Ptr), ctx))?;
+    pause();
+    println!("memwork pid={}", std::process::id());
+    step("done");
+    Ok(())
+}
+
 /// xorshift64*: each thread's own random numbers.
 struct Rng(u64);
 
@@ -887,6 +1033,7 @@ fn main() -> anyhow::Result<()> {
         What::StreamDevice { bytes } => stream_device(&cuda, bytes),
         What::Graph { bytes, version } => graph(&cuda, bytes, version),
         What::Nvml { bytes } => nvml(&cuda, bytes),
+        What::Contexts => contexts(&cuda),
         What::Stress {
             threads,
             seconds,
