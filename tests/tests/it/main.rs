@@ -16,6 +16,7 @@ mod hook;
 mod launch;
 mod memory;
 mod metrics;
+mod procaddr;
 mod setup;
 mod shapes;
 mod simulator;
