@@ -184,9 +184,22 @@ pub(crate) fn capturable(h: CUstream, ptsz: bool) -> Result<bool, CUresult> {
     })
 }
 
+/// Begins a capture on `h`. The capture is open from the start of the
+/// call; `FAKECUDA_BEGIN_CAPTURE_US` makes the call take that long after
+/// it (0 by default), which a test uses to widen the moment in which
+/// another thread's synchronisation meets a capture its caller cannot
+/// know of yet.
 pub(crate) fn begin_capture(h: CUstream, ptsz: bool, mode: u32) -> R {
     let blocking = capturable(h, ptsz)?;
-    with_proc(|p| p.captures.begin(h as usize, blocking, mode))
+    with_proc(|p| p.captures.begin(h as usize, blocking, mode))?;
+    let us: u64 = std::env::var("FAKECUDA_BEGIN_CAPTURE_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if us > 0 {
+        std::thread::sleep(std::time::Duration::from_micros(us));
+    }
+    Ok(())
 }
 
 pub(crate) fn end_capture(h: CUstream, ptsz: bool, graph: *mut CUgraph) -> R {
