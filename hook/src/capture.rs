@@ -28,16 +28,60 @@ pub fn any_open() -> bool {
     state::current().is_some_and(|st| st.captures_open.load(Ordering::Relaxed) != 0)
 }
 
-/// A `cuStreamBeginCapture*` on `stream` returned `r`.
-pub fn began(stream: *mut c_void, r: CUresult) -> CUresult {
+/// What a capture on `stream` is known by: the stream, but for the
+/// per-thread default stream (null for a `_ptsz` caller, or
+/// `CU_STREAM_PER_THREAD`), which is each thread's own: that one and the
+/// thread.
+pub fn key(stream: *mut c_void, per_thread: bool) -> usize {
+    let s = stream as usize;
+    if s == CU_STREAM_PER_THREAD || (s == 0 && per_thread) {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as usize;
+        (tid << 8) | CU_STREAM_PER_THREAD
+    } else {
+        s
+    }
+}
+
+/// `CU_STREAM_PER_THREAD`.
+const CU_STREAM_PER_THREAD: usize = 0x2;
+
+/// A `cuStreamBeginCapture*` on `stream` by `call`. The capture counts as
+/// open *before* the driver's call (and no longer if it fails): the idle
+/// watcher checks for open captures and synchronises under the same lock
+/// ([`unless_capturing`]), so it never synchronises inside a capture that
+/// another thread is beginning.
+pub fn begin(stream: *mut c_void, per_thread: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+    let st = state::get();
+    let key = key(stream, per_thread);
+    let counted = lock(&st.captures).insert(key);
+    if counted {
+        st.captures_open.fetch_add(1, Ordering::AcqRel);
+    }
+    let r = call();
     if r == CUDA_SUCCESS {
-        let st = state::get();
-        if lock(&st.captures).insert(stream as usize) {
-            st.captures_open.fetch_add(1, Ordering::AcqRel);
-        }
         crate::log::debug!("capture begun on stream {stream:?}");
+    } else if counted && lock(&st.captures).remove(&key) {
+        st.captures_open.fetch_sub(1, Ordering::AcqRel);
     }
     r
+}
+
+/// Runs `sync` (a synchronisation of the process's work) unless a
+/// capture is open, with no capture beginning meanwhile. False if it did
+/// not run.
+pub fn unless_capturing(sync: impl FnOnce()) -> bool {
+    let Some(st) = state::current() else {
+        sync();
+        return true;
+    };
+    let open = lock(&st.captures);
+    if !open.is_empty() {
+        return false;
+    }
+    sync();
+    drop(open);
+    true
 }
 
 /// A `cuStreamEndCapture` on `stream` returned: the capture is over unless
@@ -48,25 +92,26 @@ pub fn ended(stream: *mut c_void, per_thread: bool, r: CUresult) -> CUresult {
     if capturing(stream, per_thread) {
         return r;
     }
-    if lock(&st.captures).remove(&(stream as usize)) {
+    if lock(&st.captures).remove(&key(stream, per_thread)) {
         st.captures_open.fetch_sub(1, Ordering::AcqRel);
         crate::log::debug!("capture ended on stream {stream:?} ({r})");
     }
     r
 }
 
-/// The origin stream of the capture `stream` takes part in: itself when
-/// a capture began on it; else the one capture open, when there is one
-/// (a stream that joined it through an event); else `stream`.
-pub fn origin(stream: *mut c_void) -> *mut c_void {
+/// The [`key`] of the capture `stream` takes part in: its own when a
+/// capture began on it; else the one capture open, when there is one (a
+/// stream that joined it through an event); else its own.
+pub fn origin(stream: *mut c_void, per_thread: bool) -> usize {
+    let own = key(stream, per_thread);
     let Some(st) = state::current() else {
-        return stream;
+        return own;
     };
     let open = lock(&st.captures);
-    if open.contains(&(stream as usize)) || open.len() != 1 {
-        return stream;
+    if open.contains(&own) || open.len() != 1 {
+        return own;
     }
-    open.iter().next().map_or(stream, |&s| s as *mut c_void)
+    open.iter().next().copied().unwrap_or(own)
 }
 
 /// Whether work issued to `stream` is recorded into an open capture (one

@@ -533,11 +533,11 @@ fn settle(dev: usize, g: &Gate, why: Settle) -> Option<u64> {
     // A capture is open: any synchronisation would fail and invalidate
     // the program's capture. The token is accounted up to now (or to when
     // the process went quiet) without waiting for its work.
-    let capturing = capture::any_open();
+    let capturing = !capture::unless_capturing(|| {
+        synchronize_device(dev, g.ctx.load(Ordering::Relaxed) as *mut c_void)
+    });
     if capturing {
         debug!("a capture is open: token accounted without waiting for its work ({why:?})");
-    } else {
-        synchronize_device(dev, g.ctx.load(Ordering::Relaxed) as *mut c_void);
     }
     let t1 = now_ns();
     if !capturing && matches!(why, Settle::RanOut) {

@@ -44,13 +44,14 @@ fn add(key: usize, dev: u32, bytes: u64) {
     }
 }
 
-/// `cuMemAllocAsync` of `bytes` on `stream`, which captures: an
-/// allocation node of the capture's graph on the stream's device.
-pub fn captured_alloc(stream: *mut c_void, bytes: u64) {
+/// `cuMemAllocAsync` of `bytes` on `stream`, which captures into the
+/// capture known as `capture` ([`capture::origin`]): an allocation node of
+/// the capture's graph on the stream's device.
+pub fn captured_alloc(stream: *mut c_void, capture: usize, bytes: u64) {
     let Some(dev) = memory::stream_ordinal(stream) else {
         return;
     };
-    add(stream as usize, dev, bytes);
+    add(capture, dev, bytes);
 }
 
 /// A stream-ordered allocation (`cuMemAllocAsync`,
@@ -69,17 +70,17 @@ pub fn stream_alloc(
     }
     let r = alloc().0;
     if r == CUDA_SUCCESS {
-        captured_alloc(capture::origin(stream), bytes);
+        captured_alloc(stream, capture::origin(stream, per_thread), bytes);
     }
     r
 }
 
 /// A capture begun on `stream` ended with `graph` (the driver's answer
 /// `r`): its allocation nodes are the graph's.
-pub fn capture_ended(stream: *mut c_void, graph: *mut *mut c_void, r: CUresult) {
+pub fn capture_ended(stream: *mut c_void, per_thread: bool, graph: *mut *mut c_void, r: CUresult) {
     let Some(st) = state::current() else { return };
     let mut needs = lock(&st.graph_needs);
-    let Some(need) = needs.remove(&(stream as usize)) else {
+    let Some(need) = needs.remove(&capture::key(stream, per_thread)) else {
         return;
     };
     if r != CUDA_SUCCESS || graph.is_null() {

@@ -210,7 +210,8 @@ pub struct State {
     pub kick: (Mutex<bool>, Condvar),
     /// The driver reports exactly one device: every launch is on ordinal 0.
     pub single_device: bool,
-    /// Streams with a capture open (see [`crate::capture`]), and how many.
+    /// Captures open, by `capture::key` (see [`crate::capture`]), and how
+    /// many.
     pub captures: Mutex<HashSet<usize>>,
     pub captures_open: AtomicUsize,
     /// Memory pools allocated from: handle → (physical device, bytes

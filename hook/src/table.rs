@@ -466,14 +466,14 @@ hooks! {
 
     // Stream capture: tracked so that the hook never synchronises while a
     // capture is open (see `capture`).
-    cuStreamBeginCapture ["cuStreamBeginCapture", 10000, false, Capture] (s: Ptr) => |call| capture::began(s, call());
-    cuStreamBeginCapture_ptsz ["cuStreamBeginCapture", 10000, true, Capture] (s: Ptr) => |call| capture::began(s, call());
-    cuStreamBeginCapture_v2 ["cuStreamBeginCapture", 10010, false, Capture] (s: Ptr, mode: u32) => |call| capture::began(s, call());
-    cuStreamBeginCapture_v2_ptsz ["cuStreamBeginCapture", 10010, true, Capture] (s: Ptr, mode: u32) => |call| capture::began(s, call());
-    cuStreamBeginCaptureToGraph ["cuStreamBeginCaptureToGraph", 12030, false, Capture] (s: Ptr, graph: Ptr, deps: *const Ptr, edges: *const c_void, n: usize, mode: u32) => |call| capture::began(s, call());
-    cuStreamBeginCaptureToGraph_ptsz ["cuStreamBeginCaptureToGraph", 12030, true, Capture] (s: Ptr, graph: Ptr, deps: *const Ptr, edges: *const c_void, n: usize, mode: u32) => |call| capture::began(s, call());
-    cuStreamEndCapture ["cuStreamEndCapture", 10000, false, Capture] (s: Ptr, graph: *mut Ptr) => |call| after(capture::ended(s, false, call()), |r| graphmem::capture_ended(s, graph, r));
-    cuStreamEndCapture_ptsz ["cuStreamEndCapture", 10000, true, Capture] (s: Ptr, graph: *mut Ptr) => |call| after(capture::ended(s, true, call()), |r| graphmem::capture_ended(s, graph, r));
+    cuStreamBeginCapture ["cuStreamBeginCapture", 10000, false, Capture] (s: Ptr) => |call| capture::begin(s, false, call);
+    cuStreamBeginCapture_ptsz ["cuStreamBeginCapture", 10000, true, Capture] (s: Ptr) => |call| capture::begin(s, true, call);
+    cuStreamBeginCapture_v2 ["cuStreamBeginCapture", 10010, false, Capture] (s: Ptr, mode: u32) => |call| capture::begin(s, false, call);
+    cuStreamBeginCapture_v2_ptsz ["cuStreamBeginCapture", 10010, true, Capture] (s: Ptr, mode: u32) => |call| capture::begin(s, true, call);
+    cuStreamBeginCaptureToGraph ["cuStreamBeginCaptureToGraph", 12030, false, Capture] (s: Ptr, graph: Ptr, deps: *const Ptr, edges: *const c_void, n: usize, mode: u32) => |call| capture::begin(s, false, call);
+    cuStreamBeginCaptureToGraph_ptsz ["cuStreamBeginCaptureToGraph", 12030, true, Capture] (s: Ptr, graph: Ptr, deps: *const Ptr, edges: *const c_void, n: usize, mode: u32) => |call| capture::begin(s, true, call);
+    cuStreamEndCapture ["cuStreamEndCapture", 10000, false, Capture] (s: Ptr, graph: *mut Ptr) => |call| after(capture::ended(s, false, call()), |r| graphmem::capture_ended(s, false, graph, r));
+    cuStreamEndCapture_ptsz ["cuStreamEndCapture", 10000, true, Capture] (s: Ptr, graph: *mut Ptr) => |call| after(capture::ended(s, true, call()), |r| graphmem::capture_ended(s, true, graph, r));
 
     // Waiting for (or polling) the device's work: not idle.
     cuCtxSynchronize ["cuCtxSynchronize", 2000, false, Sync] () => |call| trims(call);

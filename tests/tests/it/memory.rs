@@ -27,7 +27,13 @@ struct Memwork {
 
 impl Memwork {
     fn start(g: &Gemini, group: &str, args: &[&str]) -> Memwork {
+        Memwork::start_with(g, group, args, &[])
+    }
+
+    /// [`Memwork::start`] with more environment.
+    fn start_with(g: &Gemini, group: &str, args: &[&str], env: &[(&str, &str)]) -> Memwork {
         let mut c: Command = g.hooked(g.sim.command(bin("gem-memwork")), group);
+        c.envs(env.iter().copied());
         c.args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -488,4 +494,30 @@ fn contexts_that_went_are_never_used_again() {
         "calls on contexts that went:\n{}",
         mine.join("\n")
     );
+}
+
+/// A capture begun while the hook's idle watcher settles a token: the
+/// watcher never synchronises inside it (the capture counts as open
+/// before the driver's call, and the watcher checks and synchronises
+/// under the same lock), so the driver invalidates none of 1000 captures
+/// begun 0 to 10 ms after the process went idle. (The simulator
+/// invalidates a global capture at another thread's context
+/// synchronisation, as the driver does.)
+#[test]
+fn captures_begun_beside_the_idle_watcher_are_never_invalidated() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    // Each begin takes 2 ms after the capture is open, which widens the
+    // moment a watcher that counts captures only once the driver's call
+    // returned synchronises inside one: the previous hook let the driver
+    // invalidate 6 of 1000.
+    let mut w = Memwork::start_with(
+        &g,
+        "a",
+        &["capture-race", "--iterations", "1000"],
+        &[("FAKECUDA_BEGIN_CAPTURE_US", "2000")],
+    );
+    w.at("done");
+    assert_eq!(w.num("failed"), 0, "{:?}", w.said);
+    assert_eq!(w.num("invalidated"), 0, "captures the driver invalidated");
+    w.end();
 }

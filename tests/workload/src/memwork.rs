@@ -100,6 +100,13 @@ enum What {
     /// one retained again and reset, and in one made and destroyed, with
     /// a pause after each (PyTorch's and the runtime's teardown).
     Contexts,
+    /// `--iterations` times: a kernel, a wait, a pause of 0 to 10 ms (the
+    /// hook's idle watcher settles the token meanwhile), then a global
+    /// capture of a kernel; counts the captures the driver invalidated.
+    CaptureRace {
+        #[arg(long, default_value_t = 1000)]
+        iterations: u64,
+    },
     /// Random memory traffic on `--threads` threads for `--seconds`.
     Stress {
         #[arg(long, default_value_t = 16)]
@@ -751,6 +758,85 @@ fn contexts(cuda: &Cuda) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn capture_race(cuda: &Cuda, iterations: u64) -> anyhow::Result<()> {
+    start(cuda, 0)?;
+    let mut m: Ptr = std::ptr::null_mut();
+    check(
+        "cuModuleLoadData",
+        call!(
+            cuda,
+            "cuModuleLoadData",
+            fn(*mut Ptr, *const c_char),
+            &mut m,
+            c"fakecuda".as_ptr()
+        ),
+    )?;
+    let mut f: Ptr = std::ptr::null_mut();
+    check(
+        "cuModuleGetFunction",
+        call!(
+            cuda,
+            "cuModuleGetFunction",
+            fn(*mut Ptr, Ptr, *const c_char),
+            &mut f,
+            m,
+            c"fixed_200us".as_ptr()
+        ),
+    )?;
+    let mut s: Ptr = std::ptr::null_mut();
+    check(
+        "cuStreamCreate",
+        call!(cuda, "cuStreamCreate", fn(*mut Ptr, u32), &mut s, 1),
+    )?;
+    let launch = || -> anyhow::Result<CUresult> {
+        Ok(call!(
+            cuda,
+            "cuLaunchKernel",
+            fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            s,
+            std::ptr::null_mut(),
+            std::ptr::null_mut()
+        ))
+    };
+    let mut rng = Rng(0x51_7cc1_b727_220a ^ u64::from(std::process::id()));
+    let (mut invalidated, mut failed) = (0u64, 0u64);
+    for _ in 0..iterations {
+        check("cuLaunchKernel", launch()?)?;
+        check(
+            "cuStreamSynchronize",
+            call!(cuda, "cuStreamSynchronize", fn(Ptr), s),
+        )?;
+        std::thread::sleep(Duration::from_micros(rng.below(200) * 50));
+        // CU_STREAM_CAPTURE_MODE_GLOBAL = 0.
+        check(
+            "cuStreamBeginCapture",
+            call!(cuda, "cuStreamBeginCapture", fn(Ptr, u32), s, 0),
+        )?;
+        let r = launch()?;
+        let mut g: Ptr = std::ptr::null_mut();
+        let e = call!(cuda, "cuStreamEndCapture", fn(Ptr, *mut Ptr), s, &mut g);
+        match (r, e) {
+            (0, 0) => {}
+            (901, _) | (_, 901) => invalidated += 1,
+            _ => failed += 1,
+        }
+        if !g.is_null() {
+            let _ = call!(cuda, "cuGraphDestroy", fn(Ptr), g);
+        }
+    }
+    println!("memwork invalidated={invalidated} failed={failed}");
+    step("done");
+    Ok(())
+}
+
 /// xorshift64*: each thread's own random numbers.
 struct Rng(u64);
 
@@ -1034,6 +1120,7 @@ fn main() -> anyhow::Result<()> {
         What::Graph { bytes, version } => graph(&cuda, bytes, version),
         What::Nvml { bytes } => nvml(&cuda, bytes),
         What::Contexts => contexts(&cuda),
+        What::CaptureRace { iterations } => capture_race(&cuda, iterations),
         What::Stress {
             threads,
             seconds,
