@@ -290,6 +290,35 @@ driver_api! {
         let h = with_proc(|p| p.add(Obj::Function(function_for(&name))));
         put(out, h as CUfunction)
     }
+    // Libraries (CUDA 12.0): context-independent code, whose kernels
+    // (CUkernel) are launched with the launch calls.
+    fn cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void, _jit_options: *mut i32, _jit_values: *mut *mut c_void, _jit_n: u32, _options: *mut i32, _values: *mut *mut c_void, _n: u32) {
+        initialised()?;
+        if code.is_null() {
+            return Err(CUDA_ERROR_INVALID_IMAGE);
+        }
+        let h = with_proc(|p| p.add(Obj::Library));
+        put(library, h as *mut c_void)
+    }
+    fn cuLibraryGetKernel(kernel: *mut *mut c_void, library: *mut c_void, name: *const c_char) {
+        initialised()?;
+        if name.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        with_proc(|p| match p.objects.get(&(library as usize)) { Some(Obj::Library) => Ok(()), _ => Err(CUDA_ERROR_INVALID_HANDLE) })?;
+        // SAFETY: non-null NUL-terminated string from the caller.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+        let h = with_proc(|p| p.add(Obj::Kernel(function_for(&name))));
+        put(kernel, h as *mut c_void)
+    }
+    fn cuLibraryUnload(library: *mut c_void) { destroy(library, |o| matches!(o, Obj::Library)) }
+    fn cuKernelGetAttribute(value: *mut i32, attr: i32, kernel: *mut c_void, dev: CUdevice) {
+        let s = initialised()?;
+        let dev = check_device(s, dev)?;
+        with_proc(|p| match p.objects.get(&(kernel as usize)) { Some(Obj::Kernel(_)) => Ok(()), _ => Err(CUDA_ERROR_INVALID_HANDLE) })?;
+        // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0; the rest: 0.
+        put(value, if attr == 0 { device_attribute(1, dev, s) } else { 0 })
+    }
     fn cuLaunchKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, _bx: u32, _by: u32, _bz: u32, _shmem: u32, h: CUstream, params: *mut *mut c_void, _extra: *mut *mut c_void) {
         launch(f, [gx, gy, gz], h, params, false, Kind::Kernel)
     }

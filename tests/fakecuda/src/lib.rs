@@ -121,6 +121,11 @@ enum Obj {
     },
     Module,
     Function(Func),
+    /// A library (`cuLibraryLoadData`): context-independent code.
+    Library,
+    /// A `CUkernel` of a library: launched in the context of its stream
+    /// (or the current one), none need be current.
+    Kernel(Func),
     Graph {
         nodes: Vec<u64>,
         allocs: Vec<graphmem::AllocNode>,

@@ -59,6 +59,10 @@ pub const VERSIONED: &[(&str, i32, &str)] = &[
 /// in every version the simulator reports).
 pub const INTRODUCED: &[(&str, i32)] = &[
     ("cuGetProcAddress", 11030),
+    ("cuLibraryLoadData", 12000),
+    ("cuLibraryGetKernel", 12000),
+    ("cuLibraryUnload", 12000),
+    ("cuKernelGetAttribute", 12000),
     ("cuLaunchKernelEx", 11060),
     ("cuMemAllocAsync", 11020),
     ("cuMemFreeAsync", 11020),

@@ -61,7 +61,7 @@ pub(crate) fn function_for(name: &str) -> Func {
 /// Duration in ns of one launch of `f` with `params`.
 pub(crate) fn kernel_ns(f: CUfunction, params: *mut *mut c_void) -> Result<u64, CUresult> {
     let func = with_proc(|p| match p.objects.get(&(f as usize)) {
-        Some(Obj::Function(func)) => Ok(func.clone()),
+        Some(Obj::Function(func) | Obj::Kernel(func)) => Ok(func.clone()),
         _ => Err(CUDA_ERROR_INVALID_HANDLE),
     })?;
     match func {
@@ -176,7 +176,13 @@ pub(crate) fn launch(
     kind: Kind,
 ) -> R {
     let s = initialised()?;
-    current_device()?; // no context: CUDA_ERROR_INVALID_CONTEXT first
+    // A CUkernel runs in its stream's context: none need be current on an
+    // explicit stream (cuda.h). Else no context: CUDA_ERROR_INVALID_CONTEXT
+    // first.
+    let kernel = with_proc(|p| matches!(p.objects.get(&(f as usize)), Some(Obj::Kernel(_))));
+    if !(kernel && stream_ctx(h).is_ok() && h as usize > CU_STREAM_PER_THREAD) {
+        current_device()?;
+    }
     if grid.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
