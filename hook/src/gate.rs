@@ -80,15 +80,18 @@ impl Drop for InCall {
     }
 }
 
-/// [`admit`] for a launch onto `stream` (`per_thread`: the caller's null
-/// stream is its per-thread one): a launch into a capturing stream only
-/// records a graph node and passes ungated (the graph's launch is gated).
+/// Lets a launch onto `stream` (`per_thread`: the caller's null stream is
+/// its per-thread one) through once this process holds the token of its
+/// device; keep the returned guard alive across the real launch call.
+/// `Err` is the CUDA result to return instead of launching. A launch into
+/// a capturing stream only records a graph node and passes ungated (the
+/// graph's launch is gated).
 #[inline]
 pub fn admit_on(stream: *mut c_void, per_thread: bool) -> Result<InCall, CUresult> {
     if capture::captured(stream, per_thread) {
         return Ok(InCall(None));
     }
-    admit()
+    admit_cost(stream, 0)
 }
 
 /// [`admit_on`] for a launch of the graph `exec`: under a lent token it
@@ -103,7 +106,7 @@ pub fn admit_graph(
         return Ok(InCall(None));
     }
     let cost = crate::graphs::cost(exec).unwrap_or(0);
-    let call = admit_cost(cost)?;
+    let call = admit_cost(stream, cost)?;
     if let (Some(g), true) = (call.0, cost != 0) {
         g.graph_launches.fetch_add(1, Ordering::Relaxed);
         g.graph_ns.fetch_add(cost, Ordering::Relaxed);
@@ -111,22 +114,35 @@ pub fn admit_graph(
     Ok(call)
 }
 
-/// Lets a launch through once this process holds the token of the current
-/// device; keep the returned guard alive across the real launch call.
-/// `Err` is the CUDA result to return instead of launching.
-#[inline]
-pub fn admit() -> Result<InCall, CUresult> {
-    admit_cost(0)
+/// The context of an explicit `stream` and its ordinal, for a launch from
+/// a thread with no current context: a `CUkernel` (`cuLibraryGetKernel`)
+/// runs in its stream's context, and the driver takes it (cuda.h).
+#[cold]
+fn stream_context(stream: *mut c_void) -> Option<(usize, *mut c_void)> {
+    if (stream as usize) <= 2 || has_context() {
+        return None; // the null, legacy and per-thread streams are the current context's
+    }
+    let ctx = driver::stream_ctx(stream)?;
+    let st = state::current()?;
+    let dev = lock(&st.contexts)
+        .iter()
+        .find(|&&(c, _)| c == ctx as usize)
+        .map(|&(_, d)| d as usize)?;
+    (dev < MAX_GATES).then_some((dev, ctx))
 }
 
-/// [`admit`] for a launch predicted to take `cost` ns on the device (0:
-/// as long as the process's launches usually take).
+/// [`admit_on`] for a launch onto `stream` predicted to take `cost` ns on
+/// the device (0: as long as the process's launches usually take).
 #[inline]
-fn admit_cost(cost: u64) -> Result<InCall, CUresult> {
-    let Some(dev) = current_device() else {
-        // No context (the real call will report it) or a device beyond the
-        // gates: let the driver answer.
-        return Ok(InCall(None));
+fn admit_cost(stream: *mut c_void, cost: u64) -> Result<InCall, CUresult> {
+    let (dev, launch_ctx) = match current_device() {
+        Some(dev) => (dev, None),
+        None => match stream_context(stream) {
+            Some((dev, ctx)) => (dev, Some(ctx)),
+            // No context (the real call will report it) or a device
+            // beyond the gates: let the driver answer.
+            None => return Ok(InCall(None)),
+        },
     };
     if let Some(st) = state::current() {
         let g = &st.gates[dev];
@@ -141,11 +157,18 @@ fn admit_cost(cost: u64) -> Result<InCall, CUresult> {
     }
     // A thread with no current context (an NCCL proxy or a data loader's
     // pin-memory thread; a one-device process skips the driver call on
-    // the fast path) waits for no token: the driver refuses its launch.
-    if !has_context() {
-        return Ok(InCall(None));
-    }
-    slow_path(dev, cost)?;
+    // the fast path) waits for no token where the driver refuses its
+    // launch; a CUkernel on an explicit stream runs in the stream's
+    // context, and is gated there.
+    let launch_ctx = match launch_ctx {
+        Some(ctx) => ctx,
+        None if has_context() => std::ptr::null_mut(),
+        None => match stream_context(stream) {
+            Some((d, ctx)) if d == dev => ctx,
+            _ => return Ok(InCall(None)),
+        },
+    };
+    slow_path(dev, cost, launch_ctx)?;
     let g: &'static Gate = &state::get().gates[dev];
     g.entered.fetch_add(1, Ordering::AcqRel);
     Ok(InCall(Some(g)))
@@ -621,7 +644,7 @@ fn settle_ahead(g: &Gate, now: u64) -> Option<(u64, u64)> {
 }
 
 #[cold]
-fn slow_path(dev: usize, cost: u64) -> Result<(), CUresult> {
+fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUresult> {
     let st = state::get();
     let refused = st.refused.load(Ordering::Acquire);
     if refused != 0 {
@@ -690,9 +713,13 @@ fn slow_path(dev: usize, cost: u64) -> Result<(), CUresult> {
             g.unknown_launches.store(1, Ordering::Relaxed);
             // A program that never waits is measured over its tokens.
             g.begin_sample(t);
-            let mut ctx: *mut c_void = std::ptr::null_mut();
-            // SAFETY: out-pointer to a local.
-            unsafe { driver::ctx_get_current(&mut ctx) };
+            // The context the launch runs in: the current one, or the
+            // stream's (a CUkernel launched with none current).
+            let mut ctx = launch_ctx;
+            if ctx.is_null() {
+                // SAFETY: out-pointer to a local.
+                unsafe { driver::ctx_get_current(&mut ctx) };
+            }
             g.ctx.store(ctx as usize, Ordering::Relaxed);
             let quota = quota_us * 1000;
             // Stop launching early by the work usually still queued at the

@@ -521,3 +521,37 @@ fn captures_begun_beside_the_idle_watcher_are_never_invalidated() {
     assert_eq!(w.num("invalidated"), 0, "captures the driver invalidated");
     w.end();
 }
+
+/// A `CUkernel` (`cuLibraryGetKernel`) launched on an explicit stream from
+/// a thread with no current context runs in the stream's context, as
+/// cuda.h allows: it is gated on that stream's GPU. A group whose
+/// `Devices` is GPU 1 gets its launches on GPU 0 refused
+/// (`CUDA_ERROR_NOT_PERMITTED`) and those on GPU 1 through a token.
+/// (Before, such launches passed ungated: no context, no token.)
+#[test]
+fn a_kernel_launched_with_no_current_context_is_gated_on_its_streams_gpu() {
+    let g = Gemini::start(SimEnv::new(2, "16GiB"), "[a]\nDevices=1\n");
+    let mut w = Memwork::start(&g, "a", &["kernel-no-context", "--device", "0"]);
+    w.at("launched");
+    assert_eq!(
+        w.num("launch_error"),
+        800,
+        "GPU 0: CUDA_ERROR_NOT_PERMITTED"
+    );
+    w.end();
+    let t0 = gemini_tests::now_ns();
+    let mut w = Memwork::start(&g, "a", &["kernel-no-context", "--device", "1"]);
+    w.at("launched");
+    assert_eq!(w.num("launch_error"), 0, "GPU 1");
+    let busy = g.sim.busy(1, t0, gemini_tests::now_ns());
+    assert!(busy.device_share() > 0.0, "the kernels ran on GPU 1");
+    assert!(
+        g.status()
+            .devices
+            .iter()
+            .any(|d| d.device == 1 && d.groups.iter().any(|r| r.group == "a")),
+        "group a took a token on GPU 1: {:?}",
+        g.status().devices
+    );
+    w.end();
+}

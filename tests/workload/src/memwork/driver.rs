@@ -1,0 +1,365 @@
+//! Scenarios of the driver's other sides: NVML as `nvidia-smi` asks it,
+//! contexts that go away, captures beside the idle watcher, a library's
+//! kernel launched with no current context.
+
+use crate::*;
+
+pub(crate) fn nvml(cuda: &Cuda, bytes: u64) -> anyhow::Result<()> {
+    start(cuda, 0)?;
+    let mut p = 0u64;
+    check(
+        "cuMemAlloc",
+        call!(
+            cuda,
+            "cuMemAlloc",
+            fn(*mut u64, usize),
+            &mut p,
+            bytes as usize
+        ),
+    )?;
+    type Init = unsafe extern "C" fn() -> u32;
+    type Handle = unsafe extern "C" fn(u32, *mut Ptr) -> u32;
+    type Procs = unsafe extern "C" fn(Ptr, *mut u32, *mut u8) -> u32;
+    type Util = unsafe extern "C" fn(Ptr, *mut [u32; 2]) -> u32;
+    // SAFETY: NVML's C signatures, called with pointers to live locals
+    // and arrays of the size given.
+    unsafe {
+        let lib =
+            libloading::Library::new("libnvidia-ml.so.1").context("dlopen libnvidia-ml.so.1")?;
+        let init: libloading::Symbol<Init> = lib.get(b"nvmlInit_v2\0")?;
+        let handle: libloading::Symbol<Handle> = lib.get(b"nvmlDeviceGetHandleByIndex_v2\0")?;
+        let util: libloading::Symbol<Util> = lib.get(b"nvmlDeviceGetUtilizationRates\0")?;
+        if init() != 0 {
+            bail!("nvmlInit_v2 failed");
+        }
+        let mut dev: Ptr = std::ptr::null_mut();
+        if handle(0, &mut dev) != 0 {
+            bail!("nvmlDeviceGetHandleByIndex_v2 failed");
+        }
+        for (version, name, size) in [
+            (
+                "v1",
+                &b"nvmlDeviceGetComputeRunningProcesses\0"[..],
+                16usize,
+            ),
+            ("v2", b"nvmlDeviceGetComputeRunningProcesses_v2\0", 24),
+            ("v3", b"nvmlDeviceGetComputeRunningProcesses_v3\0", 24),
+        ] {
+            let procs: libloading::Symbol<Procs> = lib.get(name)?;
+            let mut count = 64u32;
+            let mut buf = vec![0u8; 64 * size];
+            let r = procs(dev, &mut count, buf.as_mut_ptr());
+            if r != 0 {
+                bail!("nvmlDeviceGetComputeRunningProcesses {version} failed: {r}");
+            }
+            let pids: Vec<String> = buf
+                .chunks_exact(size)
+                .take(count as usize)
+                .map(|e| u32::from_ne_bytes([e[0], e[1], e[2], e[3]]).to_string())
+                .collect();
+            println!("memwork pids_{version}={}", pids.join(","));
+        }
+        let mut u = [0u32; 2];
+        if util(dev, &mut u) != 0 {
+            bail!("nvmlDeviceGetUtilizationRates failed");
+        }
+        println!("memwork pid={} util={}", std::process::id(), u[0]);
+    }
+    step("listed");
+    Ok(())
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS` (v2 layout).
+#[repr(C)]
+pub(crate) struct KernelNode {
+    func: Ptr,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shmem: u32,
+    params: *mut Ptr,
+    extra: *mut Ptr,
+    kern: Ptr,
+    ctx: Ptr,
+}
+
+/// In the current context: a module, 20 launches of a 1 ms kernel, a
+/// graph of it launched 5 times, then a synchronisation.
+pub(crate) fn work(cuda: &Cuda) -> anyhow::Result<()> {
+    let mut m: Ptr = std::ptr::null_mut();
+    check(
+        "cuModuleLoadData",
+        call!(
+            cuda,
+            "cuModuleLoadData",
+            fn(*mut Ptr, *const c_char),
+            &mut m,
+            c"fakecuda".as_ptr()
+        ),
+    )?;
+    let mut f: Ptr = std::ptr::null_mut();
+    check(
+        "cuModuleGetFunction",
+        call!(
+            cuda,
+            "cuModuleGetFunction",
+            fn(*mut Ptr, Ptr, *const c_char),
+            &mut f,
+            m,
+            c"fixed_1000us".as_ptr()
+        ),
+    )?;
+    let null: Ptr = std::ptr::null_mut();
+    for _ in 0..20 {
+        check(
+            "cuLaunchKernel",
+            call!(
+                cuda,
+                "cuLaunchKernel",
+                fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                null,
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+        )?;
+    }
+    let mut g: Ptr = std::ptr::null_mut();
+    check(
+        "cuGraphCreate",
+        call!(cuda, "cuGraphCreate", fn(*mut Ptr, u32), &mut g, 0),
+    )?;
+    let node = KernelNode {
+        func: f,
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shmem: 0,
+        params: std::ptr::null_mut(),
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    };
+    let mut n: Ptr = std::ptr::null_mut();
+    check(
+        "cuGraphAddKernelNode",
+        call!(
+            cuda,
+            "cuGraphAddKernelNode",
+            fn(*mut Ptr, Ptr, *const Ptr, usize, *const KernelNode),
+            &mut n,
+            g,
+            std::ptr::null(),
+            0,
+            &node
+        ),
+    )?;
+    let mut exec: Ptr = std::ptr::null_mut();
+    check(
+        "cuGraphInstantiateWithFlags",
+        call!(
+            cuda,
+            "cuGraphInstantiateWithFlags",
+            fn(*mut Ptr, Ptr, u64),
+            &mut exec,
+            g,
+            0
+        ),
+    )?;
+    for _ in 0..5 {
+        check(
+            "cuGraphLaunch",
+            call!(cuda, "cuGraphLaunch", fn(Ptr, Ptr), exec, null),
+        )?;
+    }
+    check("cuCtxSynchronize", call!(cuda, "cuCtxSynchronize", fn()))
+}
+
+pub(crate) fn contexts(cuda: &Cuda) -> anyhow::Result<()> {
+    let pause = || std::thread::sleep(Duration::from_millis(300));
+    start(cuda, 0)?;
+    work(cuda)?;
+    check(
+        "cuDevicePrimaryCtxRelease",
+        call!(cuda, "cuDevicePrimaryCtxRelease", fn(i32), 0),
+    )?;
+    pause();
+    start(cuda, 0)?;
+    work(cuda)?;
+    check(
+        "cuDevicePrimaryCtxReset",
+        call!(cuda, "cuDevicePrimaryCtxReset", fn(i32), 0),
+    )?;
+    pause();
+    let at = cuda.at("cuCtxCreate", 11030)?;
+    // SAFETY: cuCtxCreate_v2's signature.
+    let create: unsafe extern "C" fn(*mut Ptr, u32, i32) -> CUresult =
+        unsafe { std::mem::transmute(at) };
+    let mut ctx: Ptr = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    check("cuCtxCreate", unsafe { create(&mut ctx, 0, 0) })?;
+    work(cuda)?;
+    check("cuCtxDestroy", call!(cuda, "cuCtxDestroy", fn(Ptr), ctx))?;
+    pause();
+    println!("memwork pid={}", std::process::id());
+    step("done");
+    Ok(())
+}
+
+pub(crate) fn capture_race(cuda: &Cuda, iterations: u64) -> anyhow::Result<()> {
+    start(cuda, 0)?;
+    let mut m: Ptr = std::ptr::null_mut();
+    check(
+        "cuModuleLoadData",
+        call!(
+            cuda,
+            "cuModuleLoadData",
+            fn(*mut Ptr, *const c_char),
+            &mut m,
+            c"fakecuda".as_ptr()
+        ),
+    )?;
+    let mut f: Ptr = std::ptr::null_mut();
+    check(
+        "cuModuleGetFunction",
+        call!(
+            cuda,
+            "cuModuleGetFunction",
+            fn(*mut Ptr, Ptr, *const c_char),
+            &mut f,
+            m,
+            c"fixed_200us".as_ptr()
+        ),
+    )?;
+    let mut s: Ptr = std::ptr::null_mut();
+    check(
+        "cuStreamCreate",
+        call!(cuda, "cuStreamCreate", fn(*mut Ptr, u32), &mut s, 1),
+    )?;
+    let launch = || -> anyhow::Result<CUresult> {
+        Ok(call!(
+            cuda,
+            "cuLaunchKernel",
+            fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            s,
+            std::ptr::null_mut(),
+            std::ptr::null_mut()
+        ))
+    };
+    let mut rng = Rng(0x51_7cc1_b727_220a ^ u64::from(std::process::id()));
+    let (mut invalidated, mut failed) = (0u64, 0u64);
+    for _ in 0..iterations {
+        check("cuLaunchKernel", launch()?)?;
+        check(
+            "cuStreamSynchronize",
+            call!(cuda, "cuStreamSynchronize", fn(Ptr), s),
+        )?;
+        std::thread::sleep(Duration::from_micros(rng.below(200) * 50));
+        // CU_STREAM_CAPTURE_MODE_GLOBAL = 0.
+        check(
+            "cuStreamBeginCapture",
+            call!(cuda, "cuStreamBeginCapture", fn(Ptr, u32), s, 0),
+        )?;
+        let r = launch()?;
+        let mut g: Ptr = std::ptr::null_mut();
+        let e = call!(cuda, "cuStreamEndCapture", fn(Ptr, *mut Ptr), s, &mut g);
+        match (r, e) {
+            (0, 0) => {}
+            (901, _) | (_, 901) => invalidated += 1,
+            _ => failed += 1,
+        }
+        if !g.is_null() {
+            let _ = call!(cuda, "cuGraphDestroy", fn(Ptr), g);
+        }
+    }
+    println!("memwork invalidated={invalidated} failed={failed}");
+    step("done");
+    Ok(())
+}
+
+pub(crate) fn kernel_no_context(cuda: &Cuda, device: i32) -> anyhow::Result<()> {
+    let ctx = start(cuda, device)?;
+    let mut lib: Ptr = std::ptr::null_mut();
+    let null: Ptr = std::ptr::null_mut();
+    check(
+        "cuLibraryLoadData",
+        call!(
+            cuda,
+            "cuLibraryLoadData",
+            fn(*mut Ptr, *const c_char, Ptr, Ptr, u32, Ptr, Ptr, u32),
+            &mut lib,
+            c"fakecuda".as_ptr(),
+            null,
+            null,
+            0,
+            null,
+            null,
+            0
+        ),
+    )?;
+    let mut kernel: Ptr = std::ptr::null_mut();
+    check(
+        "cuLibraryGetKernel",
+        call!(
+            cuda,
+            "cuLibraryGetKernel",
+            fn(*mut Ptr, Ptr, *const c_char),
+            &mut kernel,
+            lib,
+            c"fixed_500us".as_ptr()
+        ),
+    )?;
+    let mut s: Ptr = std::ptr::null_mut();
+    check(
+        "cuStreamCreate",
+        call!(cuda, "cuStreamCreate", fn(*mut Ptr, u32), &mut s, 1),
+    )?;
+    // No context current on this thread from here on.
+    check(
+        "cuCtxSetCurrent",
+        call!(cuda, "cuCtxSetCurrent", fn(Ptr), null),
+    )?;
+    let mut first_error = 0;
+    for _ in 0..20 {
+        let r = call!(
+            cuda,
+            "cuLaunchKernel",
+            fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
+            kernel,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            s,
+            std::ptr::null_mut(),
+            std::ptr::null_mut()
+        );
+        if r != 0 && first_error == 0 {
+            first_error = r;
+        }
+    }
+    check(
+        "cuStreamSynchronize",
+        call!(cuda, "cuStreamSynchronize", fn(Ptr), s),
+    )?;
+    let _ = ctx;
+    println!("memwork launch_error={first_error}");
+    step("launched");
+    Ok(())
+}
