@@ -84,6 +84,9 @@ pub struct SimEnv {
     /// [`SimEnv::driver_memory`]), so that tests count their own bytes.
     pub ctx_mem: String,
     pub module_mem: String,
+    /// A driver that serves its versioned entry points (`_v2`, `_ptsz`,
+    /// ...) only through `cuGetProcAddress` (`FAKECUDA_PROCADDR_ONLY`).
+    pub procaddr_only: bool,
 }
 
 impl Default for SimEnv {
@@ -108,6 +111,7 @@ impl SimEnv {
             queue_depth: 128,
             ctx_mem: "0".into(),
             module_mem: "0".into(),
+            procaddr_only: false,
         }
     }
 
@@ -152,6 +156,9 @@ impl SimEnv {
             .env("FAKECUDA_QUEUE_DEPTH", self.queue_depth.to_string())
             .env("FAKECUDA_CTX_MEM", &self.ctx_mem)
             .env("FAKECUDA_MODULE_MEM", &self.module_mem);
+        if self.procaddr_only {
+            c.env("FAKECUDA_PROCADDR_ONLY", "1");
+        }
         c
     }
 

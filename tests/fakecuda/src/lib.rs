@@ -143,18 +143,36 @@ enum Obj {
 
 macro_rules! driver_api {
     ($( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $body:block )*) => {
+        /// The entry points as `cuGetProcAddress` hands them out.
+        mod served {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                    CALL.with(|c| c.set(stringify!($name)));
+                    guard(move || -> R { $body })
+                }
+            )*
+        }
+
         $(
+            /// The exported symbol: with `FAKECUDA_PROCADDR_ONLY=1`, a
+            /// versioned one answers `CUDA_ERROR_NOT_FOUND` (see
+            /// [`crate::procaddr::served_only`]).
             #[unsafe(no_mangle)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-                CALL.with(|c| c.set(stringify!($name)));
-                guard(move || -> R { $body })
+                if crate::procaddr::served_only(stringify!($name)) {
+                    return CUDA_ERROR_NOT_FOUND;
+                }
+                // SAFETY: the caller's arguments, passed on unchanged.
+                unsafe { served::$name($($arg),*) }
             }
         )*
 
-        /// The exported entry point called `name`.
+        /// The entry point called `name`, as `cuGetProcAddress` gives it.
         pub fn lookup(name: &str) -> Option<*mut c_void> {
             match name {
-                $( stringify!($name) => Some($name as *const () as *mut c_void), )*
+                $( stringify!($name) => Some(served::$name as *const () as *mut c_void), )*
                 _ => None,
             }
         }

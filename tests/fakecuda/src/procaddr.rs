@@ -4,6 +4,33 @@
 //! `cuMemAlloc_v2`; with the per-thread flag, `cuLaunchKernel` is
 //! `cuLaunchKernel_ptsz`).
 
+/// Whether the exported symbol `name` is served only through
+/// `cuGetProcAddress`: with `FAKECUDA_PROCADDR_ONLY=1` the simulator is a
+/// driver that serves its versioned entry points (`_v2`, `_ptsz`, ...)
+/// only that way, as NVIDIA asks programs to reach them; called through
+/// the exported symbol, they answer `CUDA_ERROR_NOT_FOUND`.
+pub fn served_only(name: &str) -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static ON: AtomicU8 = AtomicU8::new(0);
+    let on = match ON.load(Ordering::Relaxed) {
+        0 => {
+            let v = if std::env::var("FAKECUDA_PROCADDR_ONLY").is_ok_and(|v| v == "1") {
+                2
+            } else {
+                1
+            };
+            ON.store(v, Ordering::Relaxed);
+            v == 2
+        }
+        v => v == 2,
+    };
+    // What the CUDA runtime itself finds with dlsym stays exported.
+    on && name != "cuGetProcAddress_v2"
+        && (VERSIONED.iter().any(|(_, _, s)| *s == name)
+            || name.ends_with("_ptsz")
+            || name.ends_with("_ptds"))
+}
+
 /// (base name, first CUDA version of the variant, the variant's symbol).
 /// For each base name, the entry with the highest version not above the
 /// requested one wins; without one the base name itself is the symbol.
@@ -13,6 +40,8 @@ pub const VERSIONED: &[(&str, i32, &str)] = &[
     ("cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2"),
     ("cuMemAllocHost", 3020, "cuMemAllocHost_v2"),
     ("cuCtxCreate", 3020, "cuCtxCreate_v2"),
+    ("cuCtxCreate", 11040, "cuCtxCreate_v3"),
+    ("cuCtxCreate", 12050, "cuCtxCreate_v4"),
     ("cuCtxDestroy", 4000, "cuCtxDestroy_v2"),
     ("cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"),
     ("cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2"),
