@@ -1,7 +1,7 @@
 //! The real driver functions the hook calls for itself (never through its
 //! own exports), resolved once each.
 
-use crate::real::real_fn;
+use crate::real::{real_entry, real_fn};
 use std::ffi::{CStr, c_void};
 use std::sync::atomic::AtomicUsize;
 
@@ -20,7 +20,39 @@ pub unsafe fn resolve<F: Copy>(slot: &AtomicUsize, name: &CStr) -> Option<F> {
     (addr != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&addr) })
 }
 
+/// [`resolve`], through the driver's `cuGetProcAddress(base, version,
+/// flags)` first (see `real::real_entry`).
+///
+/// # Safety
+/// `F` must be the C signature of the driver function `name`, which
+/// `base` at `version` with `flags` stands for.
+#[inline]
+pub unsafe fn resolve_entry<F: Copy>(
+    slot: &AtomicUsize,
+    name: &CStr,
+    base: &CStr,
+    version: i32,
+    flags: u64,
+) -> Option<F> {
+    let addr = real_entry(slot, name, base, version, flags);
+    // SAFETY: as for `resolve`.
+    (addr != 0).then(|| unsafe { std::mem::transmute_copy::<usize, F>(&addr) })
+}
+
+/// Calls the real driver function: by its name (an entry point every
+/// driver exports under that name), or, for a versioned one, as the
+/// driver's `cuGetProcAddress` gives `@ base, version, flags`.
 macro_rules! real_call {
+    ($name:literal @ $base:literal, $version:literal, $flags:literal, fn($($t:ty),*) $(, $arg:expr)*) => {{
+        static SLOT: AtomicUsize = AtomicUsize::new(0);
+        type F = unsafe extern "C" fn($($t),*) -> CUresult;
+        // SAFETY: F is the C signature of the named driver function.
+        match unsafe { resolve_entry::<F>(&SLOT, $name, $base, $version, $flags) } {
+            // SAFETY: arguments as the caller passed them to us.
+            Some(f) => unsafe { f($($arg),*) },
+            None => CUDA_ERROR_NOT_FOUND,
+        }
+    }};
     ($name:literal, fn($($t:ty),*) $(, $arg:expr)*) => {{
         static SLOT: AtomicUsize = AtomicUsize::new(0);
         type F = unsafe extern "C" fn($($t),*) -> CUresult;
@@ -63,7 +95,7 @@ pub unsafe fn ctx_synchronize() -> CUresult {
 /// # Safety
 /// `ctx` must be a context of this process.
 pub unsafe fn ctx_push(ctx: *mut c_void) -> CUresult {
-    real_call!(c"cuCtxPushCurrent_v2", fn(*mut c_void), ctx)
+    real_call!(c"cuCtxPushCurrent_v2" @ c"cuCtxPushCurrent", 4000, 0, fn(*mut c_void), ctx)
 }
 
 /// `cuCtxPopCurrent_v2`.
@@ -71,7 +103,7 @@ pub unsafe fn ctx_push(ctx: *mut c_void) -> CUresult {
 /// # Safety
 /// `ctx` must be writable.
 pub unsafe fn ctx_pop(ctx: *mut *mut c_void) -> CUresult {
-    real_call!(c"cuCtxPopCurrent_v2", fn(*mut *mut c_void), ctx)
+    real_call!(c"cuCtxPopCurrent_v2" @ c"cuCtxPopCurrent", 4000, 0, fn(*mut *mut c_void), ctx)
 }
 
 /// `cuStreamIsCapturing` (`_ptsz` for a per-thread-default-stream
@@ -86,7 +118,7 @@ pub unsafe fn stream_is_capturing(
 ) -> CUresult {
     if per_thread {
         real_call!(
-            c"cuStreamIsCapturing_ptsz",
+            c"cuStreamIsCapturing_ptsz" @ c"cuStreamIsCapturing", 10000, 2,
             fn(*mut c_void, *mut u32),
             stream,
             status
@@ -169,7 +201,7 @@ pub fn device_uuid(ordinal: i32) -> Option<[u8; 16]> {
     }
     let mut uuid = [0u8; 16];
     let mut r = real_call!(
-        c"cuDeviceGetUuid_v2",
+        c"cuDeviceGetUuid_v2" @ c"cuDeviceGetUuid", 11040, 0,
         fn(*mut [u8; 16], i32),
         &mut uuid,
         dev
@@ -185,7 +217,7 @@ pub fn device_uuid(ordinal: i32) -> Option<[u8; 16]> {
 /// # Safety
 /// Both pointers must be writable.
 pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
-    real_call!(c"cuMemGetInfo_v2", fn(*mut usize, *mut usize), free, total)
+    real_call!(c"cuMemGetInfo_v2" @ c"cuMemGetInfo", 3020, 0, fn(*mut usize, *mut usize), free, total)
 }
 
 /// `cuDeviceTotalMem_v2`.
@@ -193,7 +225,7 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
 /// # Safety
 /// `bytes` must be writable.
 pub unsafe fn device_total_mem(bytes: *mut usize, dev: i32) -> CUresult {
-    real_call!(c"cuDeviceTotalMem_v2", fn(*mut usize, i32), bytes, dev)
+    real_call!(c"cuDeviceTotalMem_v2" @ c"cuDeviceTotalMem", 3020, 0, fn(*mut usize, i32), bytes, dev)
 }
 
 /// `cuEventCreate` with timing (flags 0), in the current context.
@@ -208,7 +240,7 @@ pub fn event_record(event: usize, stream: *mut c_void, per_thread: bool) -> CUre
     let e = event as *mut c_void;
     if per_thread {
         real_call!(
-            c"cuEventRecord_ptsz",
+            c"cuEventRecord_ptsz" @ c"cuEventRecord", 7000, 2,
             fn(*mut c_void, *mut c_void),
             e,
             stream
@@ -238,7 +270,7 @@ pub fn event_elapsed_ns(start: usize, end: usize) -> Result<u64, CUresult> {
 
 /// `cuEventDestroy_v2`.
 pub fn event_destroy(event: usize) {
-    let _ = real_call!(c"cuEventDestroy_v2", fn(*mut c_void), event as *mut c_void);
+    let _ = real_call!(c"cuEventDestroy_v2" @ c"cuEventDestroy", 4000, 0, fn(*mut c_void), event as *mut c_void);
 }
 
 /// `cuStreamGetCtx`: the context `stream` belongs to.
@@ -280,13 +312,13 @@ pub fn device_attribute(attr: i32, dev: u32) -> Option<i32> {
 
 /// `cuCtxDestroy_v2`: takes back a context the group may not have.
 pub fn ctx_destroy(ctx: *mut c_void) -> CUresult {
-    real_call!(c"cuCtxDestroy_v2", fn(*mut c_void), ctx)
+    real_call!(c"cuCtxDestroy_v2" @ c"cuCtxDestroy", 4000, 0, fn(*mut c_void), ctx)
 }
 
 /// `cuDevicePrimaryCtxRelease_v2`: takes back a retain the group may not
 /// have.
 pub fn primary_release(dev: i32) -> CUresult {
-    real_call!(c"cuDevicePrimaryCtxRelease_v2", fn(i32), dev)
+    real_call!(c"cuDevicePrimaryCtxRelease_v2" @ c"cuDevicePrimaryCtxRelease", 11000, 0, fn(i32), dev)
 }
 
 /// `cuModuleUnload`: takes back a module the group may not have.

@@ -116,3 +116,38 @@ pub fn real_fn(slot: &AtomicUsize, name: &CStr) -> usize {
     slot.store(f as usize, Ordering::Release);
     f as usize
 }
+
+/// The driver's own `cuGetProcAddress_v2`, found once (0: none).
+fn driver_get_proc() -> usize {
+    static SLOT: AtomicUsize = AtomicUsize::new(0);
+    real_fn(&SLOT, c"cuGetProcAddress_v2")
+}
+
+/// The real driver entry point that `cuGetProcAddress(base, version,
+/// flags)` hands out (the ABI the version picks, as NVIDIA asks programs
+/// to reach entry points), else the exported symbol `name`; cached in
+/// `slot`, 0 if neither. A driver may serve its versioned entry points
+/// only through `cuGetProcAddress`.
+pub fn real_entry(slot: &AtomicUsize, name: &CStr, base: &CStr, version: i32, flags: u64) -> usize {
+    let cur = slot.load(Ordering::Acquire);
+    if cur != 0 {
+        return cur;
+    }
+    type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32) -> i32;
+    let get = driver_get_proc();
+    let mut f: *mut c_void = std::ptr::null_mut();
+    if get != 0 {
+        // SAFETY: cuGetProcAddress_v2's C signature.
+        let get: GetProc = unsafe { std::mem::transmute::<usize, GetProc>(get) };
+        let mut status = 0;
+        // SAFETY: NUL-terminated names and out-pointers to locals.
+        if unsafe { get(base.as_ptr(), &mut f, version, flags, &mut status) } != 0 {
+            f = std::ptr::null_mut();
+        }
+    }
+    if f.is_null() {
+        return real_fn(slot, name);
+    }
+    slot.store(f as usize, Ordering::Release);
+    f as usize
+}

@@ -91,14 +91,20 @@ macro_rules! hooks {
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
                 static SLOT: AtomicUsize = AtomicUsize::new(0);
                 type Real = unsafe extern "C" fn($($ty),*) -> CUresult;
+                const NAME: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                    Ok(c) => c,
+                    Err(_) => panic!("symbol names have no NUL"),
+                };
+                const BASE: &CStr = match CStr::from_bytes_with_nul(concat!($base, "\0").as_bytes()) {
+                    Ok(c) => c,
+                    Err(_) => panic!("base names have no NUL"),
+                };
+                // The function the driver hands out for this line's base
+                // name, version and flag: the ABI this wrapper has.
                 // SAFETY: Real is the C signature of this driver function.
-                let Some(real) = (unsafe { driver::resolve::<Real>(&SLOT, {
-                    const NAME: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
-                        Ok(c) => c,
-                        Err(_) => panic!("symbol names have no NUL"),
-                    };
-                    NAME
-                }) }) else {
+                let Some(real) = (unsafe {
+                    driver::resolve_entry::<Real>(&SLOT, NAME, BASE, $since, if $pt { PER_THREAD } else { 0 })
+                }) else {
                     return CUDA_ERROR_NOT_FOUND;
                 };
                 let $call = move || {

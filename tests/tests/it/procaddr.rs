@@ -43,9 +43,15 @@ const HOOKED: &[&str] = &[
 #[test]
 fn the_cuda_runtimes_lookups_get_the_drivers_answers_through_the_hook() {
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/cudart-lookups");
-    for runtime in ["12.9.79", "13.0.96", "13.5.37"] {
+    // Also from a driver that serves its versioned entry points only
+    // through cuGetProcAddress.
+    for (runtime, only) in ["12.9.79", "13.0.96", "13.5.37"]
+        .into_iter()
+        .flat_map(|r| [(r, false), (r, true)])
+    {
         let file = data.join(format!("{runtime}.tsv"));
-        let sim = SimEnv::default();
+        let mut sim = SimEnv::default();
+        sim.procaddr_only = only;
         let run = |hooked: bool| {
             let mut c = sim.command(bin("gem-procaddr"));
             c.arg(&file);
@@ -81,4 +87,73 @@ fn the_cuda_runtimes_lookups_get_the_drivers_answers_through_the_hook() {
         }
         assert!(ours >= 40, "{runtime}: only {ours} answers were the hook's");
     }
+}
+
+/// With a driver that serves its versioned entry points only through
+/// `cuGetProcAddress` (as NVIDIA asks programs to reach them), a program
+/// that finds everything that way works the same under the hook: the
+/// hook calls the functions the driver handed out for each wrapper's
+/// name, version and flag, and reaches the driver that way for itself. A
+/// capture, its replays, pool and plain allocations, a context's memory,
+/// a released VMM handle and the runtime's lookups are checked. (Before,
+/// the hook called the exported `cuStreamBeginCapture_v2`, and such a
+/// program got `CUDA_ERROR_NOT_FOUND` under the hook only.)
+#[test]
+fn a_driver_that_serves_versions_only_through_get_proc_address_works_under_the_hook() {
+    let mut sim = SimEnv::default().driver_memory("300MiB");
+    sim.procaddr_only = true;
+    let g = gemini_tests::Gemini::start(sim, "[a]\nMemoryLimit=1GiB\n");
+    // Without the hook the driver works (its versioned symbols do not).
+    let plain = g
+        .sim
+        .workload()
+        .args([
+            "--capture",
+            "40",
+            "--capture-pause-ms",
+            "0",
+            "--seconds",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let hooked = g
+        .hooked(g.sim.workload(), "a")
+        .args([
+            "--capture",
+            "40",
+            "--capture-pause-ms",
+            "0",
+            "--seconds",
+            "0.3",
+            "--kernel-us",
+            "500",
+            "--alloc-api",
+            "async",
+            "--mem",
+            "256MiB",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        hooked.status.success(),
+        "under the hook: {}",
+        String::from_utf8_lossy(&hooked.stderr)
+    );
+    let r = &gemini_tests::reports(&hooked.stdout)[0];
+    assert!(gemini_tests::field(r, "kernels") > 40, "{r:?}");
+    assert_eq!(gemini_tests::field(r, "allocated"), 256 << 20);
+    // The group's view: 300 MiB of context, 256 MiB of pool and the
+    // 8-byte module image ("fakecuda"), through the hook's own
+    // cuMemGetInfo_v2 (reached through cuGetProcAddress).
+    assert_eq!(
+        gemini_tests::field(r, "free"),
+        (1 << 30) - (556 << 20) - 8,
+        "{r:?}"
+    );
 }
