@@ -475,10 +475,14 @@ fn quieting(st: &State, dev: usize, g: &Gate) {
 /// Waits for the work of the context `ctx` (from any thread: the context
 /// is pushed and popped around the synchronisation).
 fn synchronize(ctx: *mut c_void) {
+    // A context the program destroys, releases or resets meanwhile would
+    // be used after it went: those calls wait (`context_may_go`).
+    let _syncing = state::current().map(|st| lock(&st.syncing));
     // SAFETY: `ctx` was current in a thread of this process when the token
-    // was taken (contexts are never freed under a running launch);
-    // pushing it on this thread and popping it again leaves no trace. A
-    // null context falls back to the calling thread's own.
+    // was taken, and is one the process still has (a context that went is
+    // dropped under the same lock); pushing it on this thread and popping
+    // it again leaves no trace. A null context falls back to the calling
+    // thread's own.
     unsafe {
         if !ctx.is_null() && driver::ctx_push(ctx) == 0 {
             driver::ctx_synchronize();
@@ -518,6 +522,16 @@ pub fn context_made(ctx: *mut c_void, dev: i32) {
     if !contexts.iter().any(|&(c, _)| c == ctx as usize) {
         contexts.push((ctx as usize, dev as u32));
     }
+}
+
+/// Runs `call`, which may make a context go (`cuCtxDestroy`, a primary
+/// context's release or reset), while the hook synchronises none: a
+/// synchronisation of that context on another thread would use it after
+/// it went. What the call lets go is dropped ([`context_gone`]) before
+/// this returns.
+pub fn context_may_go(call: impl FnOnce() -> CUresult) -> CUresult {
+    let _syncing = lock(&state::get().syncing);
+    call()
 }
 
 /// A context went (destroyed, or a primary one released for the last

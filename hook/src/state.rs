@@ -227,6 +227,9 @@ pub struct State {
     pub graph_mem_seen: AtomicBool,
     /// Contexts the process made: (context, ordinal).
     pub contexts: Mutex<Vec<(usize, u32)>>,
+    /// Held while the hook synchronises one of them on any thread; a call
+    /// that may make a context go waits for it (see `gate::context_may_go`).
+    pub syncing: Mutex<()>,
     /// What this process holds reserved through the scheduler, by
     /// physical device: every reservation, whatever it is for (said again
     /// to a restarted scheduler).
@@ -329,6 +332,7 @@ pub fn get() -> &'static State {
         graph_held: Mutex::new(HashMap::new()),
         graph_mem_seen: AtomicBool::new(false),
         contexts: Mutex::new(Vec::new()),
+        syncing: Mutex::new(()),
         reserved: Mutex::new(HashMap::new()),
         driver_held: Mutex::new(HashMap::new()),
         measuring: Mutex::new(()),
