@@ -145,9 +145,23 @@ pub fn real_entry(slot: &AtomicUsize, name: &CStr, base: &CStr, version: i32, fl
             f = std::ptr::null_mut();
         }
     }
-    if f.is_null() {
+    // A driver whose own symbols can be interposed may hand out ours (the
+    // same name, exported by this library first): never call ourselves.
+    if f.is_null() || in_this_library(f) {
         return real_fn(slot, name);
     }
     slot.store(f as usize, Ordering::Release);
     f as usize
+}
+
+/// Whether `f` is a function of this library.
+fn in_this_library(f: *mut c_void) -> bool {
+    let object = |p: *const c_void| {
+        // SAFETY: dladdr only reads the loader's tables; `info` is a local.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        (unsafe { libc::dladdr(p, &mut info) } != 0).then_some(info.dli_fbase as usize)
+    };
+    let ours = object(in_this_library as *const c_void);
+    ours.is_some() && object(f) == ours
 }

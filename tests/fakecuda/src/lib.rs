@@ -169,10 +169,17 @@ macro_rules! driver_api {
             }
         )*
 
-        /// The entry point called `name`, as `cuGetProcAddress` gives it.
+        /// The entry point called `name`, as `cuGetProcAddress` gives it:
+        /// the exported symbol, or with `FAKECUDA_PROCADDR_ONLY=1` a
+        /// function of its own.
         pub fn lookup(name: &str) -> Option<*mut c_void> {
+            let own = crate::procaddr::only_through_proc_address();
             match name {
-                $( stringify!($name) => Some(served::$name as *const () as *mut c_void), )*
+                $( stringify!($name) => Some(if own {
+                    served::$name as *const () as *mut c_void
+                } else {
+                    $name as *const () as *mut c_void
+                }), )*
                 _ => None,
             }
         }

@@ -10,25 +10,29 @@
 /// only that way, as NVIDIA asks programs to reach them; called through
 /// the exported symbol, they answer `CUDA_ERROR_NOT_FOUND`.
 pub fn served_only(name: &str) -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    static ON: AtomicU8 = AtomicU8::new(0);
-    let on = match ON.load(Ordering::Relaxed) {
-        0 => {
-            let v = if std::env::var("FAKECUDA_PROCADDR_ONLY").is_ok_and(|v| v == "1") {
-                2
-            } else {
-                1
-            };
-            ON.store(v, Ordering::Relaxed);
-            v == 2
-        }
-        v => v == 2,
-    };
     // What the CUDA runtime itself finds with dlsym stays exported.
-    on && name != "cuGetProcAddress_v2"
+    only_through_proc_address()
+        && name != "cuGetProcAddress_v2"
         && (VERSIONED.iter().any(|(_, _, s)| *s == name)
             || name.ends_with("_ptsz")
             || name.ends_with("_ptds"))
+}
+
+/// Whether `FAKECUDA_PROCADDR_ONLY=1` (read once): then `cuGetProcAddress`
+/// hands out functions of its own, not the exported symbols (which, for
+/// a versioned entry point, answer `CUDA_ERROR_NOT_FOUND`); else the
+/// exported symbols, as a driver whose both are one.
+pub fn only_through_proc_address() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static ON: AtomicU8 = AtomicU8::new(0);
+    match ON.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("FAKECUDA_PROCADDR_ONLY").is_ok_and(|v| v == "1");
+            ON.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+        v => v == 2,
+    }
 }
 
 /// (base name, first CUDA version of the variant, the variant's symbol).
