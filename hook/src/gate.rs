@@ -477,7 +477,12 @@ fn quieting(st: &State, dev: usize, g: &Gate) {
 fn synchronize(ctx: *mut c_void) {
     // A context the program destroys, releases or resets meanwhile would
     // be used after it went: those calls wait (`context_may_go`).
-    let _syncing = state::current().map(|st| lock(&st.syncing));
+    let Some(st) = state::current() else { return };
+    let _syncing = lock(&st.syncing);
+    // Read before the lock, it may have gone since.
+    if lock(&st.gone_contexts).contains(&(ctx as usize)) {
+        return;
+    }
     // SAFETY: `ctx` was current in a thread of this process when the token
     // was taken, and is one the process still has (a context that went is
     // dropped under the same lock); pushing it on this thread and popping
@@ -518,6 +523,7 @@ pub fn context_made(ctx: *mut c_void, dev: i32) {
         return;
     }
     let st = state::get();
+    lock(&st.gone_contexts).remove(&(ctx as usize));
     let mut contexts = lock(&st.contexts);
     if !contexts.iter().any(|&(c, _)| c == ctx as usize) {
         contexts.push((ctx as usize, dev as u32));
@@ -539,6 +545,7 @@ pub fn context_may_go(call: impl FnOnce() -> CUresult) -> CUresult {
 /// driver fails every call on it).
 pub fn context_gone(ctx: *mut c_void) {
     if let Some(st) = state::current() {
+        lock(&st.gone_contexts).insert(ctx as usize);
         lock(&st.contexts).retain(|&(c, _)| c != ctx as usize);
         for g in &st.gates {
             let _ = g

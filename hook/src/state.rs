@@ -227,6 +227,10 @@ pub struct State {
     pub graph_mem_seen: AtomicBool,
     /// Contexts the process made: (context, ordinal).
     pub contexts: Mutex<Vec<(usize, u32)>>,
+    /// Contexts that went (destroyed, or primary ones released for the
+    /// last time or reset), until made again (a primary context's handle
+    /// comes back).
+    pub gone_contexts: Mutex<HashSet<usize>>,
     /// Held while the hook synchronises one of them on any thread; a call
     /// that may make a context go waits for it (see `gate::context_may_go`).
     pub syncing: Mutex<()>,
@@ -332,6 +336,7 @@ pub fn get() -> &'static State {
         graph_held: Mutex::new(HashMap::new()),
         graph_mem_seen: AtomicBool::new(false),
         contexts: Mutex::new(Vec::new()),
+        gone_contexts: Mutex::new(HashSet::new()),
         syncing: Mutex::new(()),
         reserved: Mutex::new(HashMap::new()),
         driver_held: Mutex::new(HashMap::new()),
