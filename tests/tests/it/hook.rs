@@ -721,13 +721,10 @@ fn without_nvml_at_the_scheduler_a_job_in_a_device_cgroup_keeps_its_gpu() {
     assert_ran_only_on(&g, pid_of(&out), t0, 3, 4);
 }
 
-/// In a container (Kubernetes' device plugin, `docker run --gpus`) NVML
-/// too sees only the container's GPUs and numbers them from 0: the hook
-/// asks the scheduler for its index of each GPU by UUID. A job given GPU 2
-/// of 4, whose group may use GPU 2 only, runs, is accounted on GPU 2, and
-/// NVML's memory view in the job is its group's on GPU 2.
-#[test]
-fn a_job_in_a_container_is_scheduled_on_its_own_gpu() {
+/// A job of group `job` (`MemoryLimit` 1 GiB, `Devices=2`) in a container
+/// given GPU 2 of 4, asking NVML for memory as `nvml_flag` says: it runs
+/// and is accounted on GPU 2 only. Its report.
+fn job_in_a_container(nvml_flag: &str) -> std::collections::HashMap<String, String> {
     let g = Gemini::start(
         SimEnv::new(4, "16GiB"),
         "[job]\nMemoryLimit=1GiB\nDevices=2\n",
@@ -742,7 +739,7 @@ fn a_job_in_a_container_is_scheduled_on_its_own_gpu() {
             "500",
             "--mem",
             "256MiB",
-            "--nvml",
+            nvml_flag,
         ],
     );
     c.env("FAKECUDA_CGROUP_DEVICES", "2")
@@ -752,9 +749,19 @@ fn a_job_in_a_container_is_scheduled_on_its_own_gpu() {
     wait_memory_on(&g, "job", 2);
     let out = finish(child);
     assert_ran_only_on(&g, pid_of(&out), t0, 2, 4);
-    let r = &reports(&out.stdout)[0];
+    reports(&out.stdout).remove(0)
+}
+
+/// In a container (Kubernetes' device plugin, `docker run --gpus`) NVML
+/// too sees only the container's GPUs and numbers them from 0: the hook
+/// asks the scheduler for its index of each GPU by UUID. A job given GPU 2
+/// of 4, whose group may use GPU 2 only, runs, is accounted on GPU 2, and
+/// NVML's memory view in the job is its group's on GPU 2.
+#[test]
+fn a_job_in_a_container_is_scheduled_on_its_own_gpu() {
+    let r = job_in_a_container("--nvml");
     assert_eq!(
-        (field(r, "nvml_total"), field(r, "nvml_free")),
+        (field(&r, "nvml_total"), field(&r, "nvml_free")),
         (1u64 << 30, (1u64 << 30) - (256 << 20)),
         "NVML's view of the container's GPU is the group's on GPU 2"
     );
@@ -767,33 +774,9 @@ fn a_job_in_a_container_is_scheduled_on_its_own_gpu() {
 /// tokens and memory to GPU 0, which its group may not use: refused.)
 #[test]
 fn nvml_asked_before_cuda_leaves_the_gpu_map_to_the_driver() {
-    let g = Gemini::start(
-        SimEnv::new(4, "16GiB"),
-        "[job]\nMemoryLimit=1GiB\nDevices=2\n",
-    );
-    let mut c = rust(
-        &g,
-        "job",
-        &[
-            "--seconds",
-            "0.5",
-            "--kernel-us",
-            "500",
-            "--mem",
-            "256MiB",
-            "--nvml-first",
-        ],
-    );
-    c.env("FAKECUDA_CGROUP_DEVICES", "2")
-        .env("FAKECUDA_CONTAINER", "1");
-    let t0 = now_ns();
-    let child = spawn(c);
-    wait_memory_on(&g, "job", 2);
-    let out = finish(child);
-    assert_ran_only_on(&g, pid_of(&out), t0, 2, 4);
-    let r = &reports(&out.stdout)[0];
+    let r = job_in_a_container("--nvml-first");
     assert_eq!(
-        field(r, "nvml_total"),
+        field(&r, "nvml_total"),
         1u64 << 30,
         "NVML's view before cuInit is the group's on GPU 2"
     );

@@ -82,9 +82,9 @@ pub(crate) struct KernelNode {
     ctx: Ptr,
 }
 
-/// In the current context: a module, 20 launches of a 1 ms kernel, a
-/// graph of it launched 5 times, then a synchronisation.
-pub(crate) fn work(cuda: &Cuda) -> anyhow::Result<()> {
+/// In the current context: a module's function `name` (a simulator
+/// kernel name: `fixed_<N>us`).
+fn kernel(cuda: &Cuda, name: &std::ffi::CStr) -> anyhow::Result<Ptr> {
     let mut m: Ptr = std::ptr::null_mut();
     check(
         "cuModuleLoadData",
@@ -105,9 +105,16 @@ pub(crate) fn work(cuda: &Cuda) -> anyhow::Result<()> {
             fn(*mut Ptr, Ptr, *const c_char),
             &mut f,
             m,
-            c"fixed_1000us".as_ptr()
+            name.as_ptr()
         ),
     )?;
+    Ok(f)
+}
+
+/// In the current context: a module, 20 launches of a 1 ms kernel, a
+/// graph of it launched 5 times, then a synchronisation.
+pub(crate) fn work(cuda: &Cuda) -> anyhow::Result<()> {
+    let f = kernel(cuda, c"fixed_1000us")?;
     let null: Ptr = std::ptr::null_mut();
     for _ in 0..20 {
         check(
@@ -213,29 +220,7 @@ pub(crate) fn contexts(cuda: &Cuda) -> anyhow::Result<()> {
 
 pub(crate) fn capture_race(cuda: &Cuda, iterations: u64) -> anyhow::Result<()> {
     start(cuda, 0)?;
-    let mut m: Ptr = std::ptr::null_mut();
-    check(
-        "cuModuleLoadData",
-        call!(
-            cuda,
-            "cuModuleLoadData",
-            fn(*mut Ptr, *const c_char),
-            &mut m,
-            c"fakecuda".as_ptr()
-        ),
-    )?;
-    let mut f: Ptr = std::ptr::null_mut();
-    check(
-        "cuModuleGetFunction",
-        call!(
-            cuda,
-            "cuModuleGetFunction",
-            fn(*mut Ptr, Ptr, *const c_char),
-            &mut f,
-            m,
-            c"fixed_200us".as_ptr()
-        ),
-    )?;
+    let f = kernel(cuda, c"fixed_200us")?;
     let mut s: Ptr = std::ptr::null_mut();
     check(
         "cuStreamCreate",
