@@ -110,43 +110,40 @@ pub fn record(key: u64, device: u32, bytes: u64) {
 /// thread's allocation may get it and record it, and that record must
 /// not be the one this free deletes.
 pub fn freeing(key: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+    taken(key, free, unreserve)
+}
+
+/// `cuMemRelease(handle)` by `release` (its record taken as [`freeing`]
+/// takes it): the handle's memory stays with the driver, and charged,
+/// while any mapping of it remains; it is given back with the last
+/// `cuMemUnmap` (see [`unmapped`]).
+pub fn release_handle(handle: u64, release: impl FnOnce() -> CUresult) -> CUresult {
+    taken(handle, release, |device, bytes| {
+        let st = state::get();
+        let mut vmm = lock(&st.vmm);
+        if vmm.maps.values().any(|(_, h)| *h == handle) {
+            vmm.released.insert(handle, (device, bytes));
+        } else {
+            drop(vmm);
+            unreserve(device, bytes);
+        }
+    })
+}
+
+/// Takes the record of `key`, calls `free`, and gives the record to
+/// `freed` (physical device, bytes) if that succeeded, else puts it back.
+fn taken(key: u64, free: impl FnOnce() -> CUresult, freed: impl FnOnce(u32, u64)) -> CUresult {
     let Some(st) = state::current() else {
         return free();
     };
     let found = lock(&st.memory).remove(&key);
     let r = free();
     match found {
-        Some((device, bytes)) if r == CUDA_SUCCESS => unreserve(device, bytes),
+        Some((device, bytes)) if r == CUDA_SUCCESS => freed(device, bytes),
         Some(entry) => {
             lock(&st.memory).insert(key, entry);
         }
         None => {}
-    }
-    r
-}
-
-/// `cuMemRelease(handle)` by `release`: the handle's memory stays with
-/// the driver, and charged, while any mapping of it remains; it is given
-/// back with the last `cuMemUnmap` (see [`unmapped`]).
-pub fn release_handle(handle: u64, release: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(st) = state::current() else {
-        return release();
-    };
-    let found = lock(&st.memory).remove(&handle);
-    let r = release();
-    let Some((device, bytes)) = found else {
-        return r;
-    };
-    if r != CUDA_SUCCESS {
-        lock(&st.memory).insert(handle, (device, bytes));
-        return r;
-    }
-    let mut vmm = lock(&st.vmm);
-    if vmm.maps.values().any(|(_, h)| *h == handle) {
-        vmm.released.insert(handle, (device, bytes));
-    } else {
-        drop(vmm);
-        unreserve(device, bytes);
     }
     r
 }
