@@ -160,9 +160,10 @@ fn a_released_handle_is_charged_until_its_last_unmap() {
 }
 
 /// A context's own memory, a larger malloc heap and a module count
-/// against the group: under a 1 GiB limit, a program whose context takes
-/// 300 MiB gets 700 MiB of allocations, and `cuMemGetInfo` says so.
-/// Before, none of it was charged and the group held 1100 MB.
+/// against the group: under a 1 GiB limit, a program whose context (300
+/// MiB), heap (64 MiB more) and module (4 MiB) take 368 MiB gets 656 MiB
+/// of allocations, and `cuMemGetInfo` says so. Before, none of it was
+/// charged and the program allocated the whole 1 GiB beside it.
 #[test]
 fn a_context_its_heap_and_its_modules_count_against_the_group() {
     let g = Gemini::start(

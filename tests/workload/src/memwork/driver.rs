@@ -221,11 +221,7 @@ pub(crate) fn contexts(cuda: &Cuda) -> anyhow::Result<()> {
 pub(crate) fn capture_race(cuda: &Cuda, iterations: u64) -> anyhow::Result<()> {
     start(cuda, 0)?;
     let f = kernel(cuda, c"fixed_200us")?;
-    let mut s: Ptr = std::ptr::null_mut();
-    check(
-        "cuStreamCreate",
-        call!(cuda, "cuStreamCreate", fn(*mut Ptr, u32), &mut s, 1),
-    )?;
+    let s = new_stream(cuda)?;
     let launch = || -> anyhow::Result<CUresult> {
         Ok(call!(
             cuda,
@@ -307,11 +303,7 @@ pub(crate) fn kernel_no_context(cuda: &Cuda, device: i32) -> anyhow::Result<()> 
             c"fixed_500us".as_ptr()
         ),
     )?;
-    let mut s: Ptr = std::ptr::null_mut();
-    check(
-        "cuStreamCreate",
-        call!(cuda, "cuStreamCreate", fn(*mut Ptr, u32), &mut s, 1),
-    )?;
+    let s = new_stream(cuda)?;
     // No context current on this thread from here on.
     check(
         "cuCtxSetCurrent",

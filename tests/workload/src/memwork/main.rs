@@ -222,6 +222,11 @@ fn step(name: &str) {
 /// Initialises the driver and makes the primary context of `dev` current.
 fn start(cuda: &Cuda, dev: i32) -> anyhow::Result<Ptr> {
     check("cuInit", call!(cuda, "cuInit", fn(u32), 0))?;
+    make_current(cuda, dev)
+}
+
+/// Retains the primary context of `dev`.
+fn retain(cuda: &Cuda, dev: i32) -> anyhow::Result<Ptr> {
     let mut ctx: Ptr = std::ptr::null_mut();
     check(
         "cuDevicePrimaryCtxRetain",
@@ -233,11 +238,28 @@ fn start(cuda: &Cuda, dev: i32) -> anyhow::Result<Ptr> {
             dev
         ),
     )?;
+    Ok(ctx)
+}
+
+/// Retains the primary context of `dev` and makes it this thread's.
+fn make_current(cuda: &Cuda, dev: i32) -> anyhow::Result<Ptr> {
+    let ctx = retain(cuda, dev)?;
     check(
         "cuCtxSetCurrent",
         call!(cuda, "cuCtxSetCurrent", fn(Ptr), ctx),
     )?;
     Ok(ctx)
+}
+
+/// A stream of the current context that does not synchronise with the
+/// legacy one (`CU_STREAM_NON_BLOCKING`), as PyTorch's.
+fn new_stream(cuda: &Cuda) -> anyhow::Result<Ptr> {
+    let mut stream: Ptr = std::ptr::null_mut();
+    check(
+        "cuStreamCreate",
+        call!(cuda, "cuStreamCreate", fn(*mut Ptr, u32), &mut stream, 1),
+    )?;
+    Ok(stream)
 }
 
 /// `CUmemAllocationProp`'s leading fields: pinned, no handle types, a

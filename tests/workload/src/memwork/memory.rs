@@ -192,11 +192,7 @@ pub(crate) fn host(cuda: &Cuda, host: u64, device: u64) -> anyhow::Result<()> {
             &p
         ),
     )?;
-    let mut stream: Ptr = std::ptr::null_mut();
-    check(
-        "cuStreamCreate",
-        call!(cuda, "cuStreamCreate", fn(*mut Ptr, u32), &mut stream, 1),
-    )?;
+    let stream = new_stream(cuda)?;
     let mut hp = 0u64;
     let r = call!(
         cuda,
@@ -223,26 +219,8 @@ pub(crate) fn host(cuda: &Cuda, host: u64, device: u64) -> anyhow::Result<()> {
 
 pub(crate) fn stream_device(cuda: &Cuda, bytes: u64) -> anyhow::Result<()> {
     check("cuInit", call!(cuda, "cuInit", fn(u32), 0))?;
-    let mut c1: Ptr = std::ptr::null_mut();
-    check(
-        "cuDevicePrimaryCtxRetain",
-        call!(
-            cuda,
-            "cuDevicePrimaryCtxRetain",
-            fn(*mut Ptr, i32),
-            &mut c1,
-            1
-        ),
-    )?;
-    check(
-        "cuCtxSetCurrent",
-        call!(cuda, "cuCtxSetCurrent", fn(Ptr), c1),
-    )?;
-    let mut stream: Ptr = std::ptr::null_mut();
-    check(
-        "cuStreamCreate",
-        call!(cuda, "cuStreamCreate", fn(*mut Ptr, u32), &mut stream, 1),
-    )?;
+    make_current(cuda, 1)?;
+    let stream = new_stream(cuda)?;
     start(cuda, 0)?;
     let mut p = 0u64;
     let r = call!(

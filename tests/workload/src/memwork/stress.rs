@@ -29,26 +29,8 @@ pub(crate) fn stress_thread(
     until: Instant,
 ) -> anyhow::Result<u64> {
     let dev = (tid % devices.max(1) as u64) as i32;
-    let mut ctx: Ptr = std::ptr::null_mut();
-    check(
-        "cuDevicePrimaryCtxRetain",
-        call!(
-            cuda,
-            "cuDevicePrimaryCtxRetain",
-            fn(*mut Ptr, i32),
-            &mut ctx,
-            dev
-        ),
-    )?;
-    check(
-        "cuCtxSetCurrent",
-        call!(cuda, "cuCtxSetCurrent", fn(Ptr), ctx),
-    )?;
-    let mut stream: Ptr = std::ptr::null_mut();
-    check(
-        "cuStreamCreate",
-        call!(cuda, "cuStreamCreate", fn(*mut Ptr, u32), &mut stream, 1),
-    )?;
+    make_current(cuda, dev)?;
+    let stream = new_stream(cuda)?;
     let mut pool: Ptr = std::ptr::null_mut();
     check(
         "cuDeviceGetMemPool",
@@ -236,17 +218,7 @@ pub(crate) fn stress(
     check("cuInit", call!(cuda, "cuInit", fn(u32), 0))?;
     // The contexts first (see the test): the traffic starts on a go.
     for dev in 0..devices.max(1) {
-        let mut ctx: Ptr = std::ptr::null_mut();
-        check(
-            "cuDevicePrimaryCtxRetain",
-            call!(
-                cuda,
-                "cuDevicePrimaryCtxRetain",
-                fn(*mut Ptr, i32),
-                &mut ctx,
-                dev
-            ),
-        )?;
+        retain(cuda, dev)?;
     }
     step("ready");
     let until = Instant::now() + Duration::from_secs_f64(seconds);
