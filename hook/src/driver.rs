@@ -228,6 +228,19 @@ pub unsafe fn device_total_mem(bytes: *mut usize, dev: i32) -> CUresult {
     real_call!(c"cuDeviceTotalMem_v2" @ c"cuDeviceTotalMem", 3020, 0, fn(*mut usize, i32), bytes, dev)
 }
 
+/// `cuStreamGetFlags`.
+///
+/// # Safety
+/// `flags` must be writable.
+pub unsafe fn stream_get_flags(stream: *mut c_void, flags: *mut u32) -> CUresult {
+    real_call!(
+        c"cuStreamGetFlags",
+        fn(*mut c_void, *mut u32),
+        stream,
+        flags
+    )
+}
+
 /// `cuEventCreate` with timing (flags 0), in the current context.
 pub fn event_create() -> Option<usize> {
     let mut e: *mut c_void = std::ptr::null_mut();

@@ -32,10 +32,12 @@
 //! Under a lent token (another group owed time is away and will be back)
 //! a launch is admitted only while the work queued is predicted to end
 //! within the token, from the device time per launch learned from waits
-//! that returned with the work done.
+//! that proved those launches run (see `covers`: an old event's
+//! completion proves nothing about the kernels queued since).
 
 use crate::capture;
 use crate::clock::now_ns;
+use crate::covers::{self, Covers};
 use crate::cuda::{CUDA_ERROR_NOT_PERMITTED, CUDA_SUCCESS};
 use crate::driver::{self, CUresult};
 use crate::log::debug;
@@ -48,7 +50,7 @@ use std::time::Duration;
 /// Device ordinal of the calling thread's current context. A process
 /// that sees one device needs no driver call to know it.
 #[inline]
-fn current_device() -> Option<usize> {
+pub(crate) fn current_device() -> Option<usize> {
     if state::current().is_some_and(|s| s.single_device) {
         return Some(0);
     }
@@ -91,7 +93,7 @@ pub fn admit_on(stream: *mut c_void, per_thread: bool) -> Result<InCall, CUresul
     if capture::captured(stream, per_thread) {
         return Ok(InCall(None));
     }
-    admit_cost(stream, 0)
+    admit_cost(stream, per_thread, 0)
 }
 
 /// [`admit_on`] for a launch of the graph `exec`: under a lent token it
@@ -106,7 +108,7 @@ pub fn admit_graph(
         return Ok(InCall(None));
     }
     let cost = crate::graphs::cost(exec).unwrap_or(0);
-    let call = admit_cost(stream, cost)?;
+    let call = admit_cost(stream, per_thread, cost)?;
     if let (Some(g), true) = (call.0, cost != 0) {
         g.graph_launches.fetch_add(1, Ordering::Relaxed);
         g.graph_ns.fetch_add(cost, Ordering::Relaxed);
@@ -134,7 +136,7 @@ fn stream_context(stream: *mut c_void) -> Option<(usize, *mut c_void)> {
 /// [`admit_on`] for a launch onto `stream` predicted to take `cost` ns on
 /// the device (0: as long as the process's launches usually take).
 #[inline]
-fn admit_cost(stream: *mut c_void, cost: u64) -> Result<InCall, CUresult> {
+fn admit_cost(stream: *mut c_void, per_thread: bool, cost: u64) -> Result<InCall, CUresult> {
     let (dev, launch_ctx) = match current_device() {
         Some(dev) => (dev, None),
         None => match stream_context(stream) {
@@ -152,6 +154,7 @@ fn admit_cost(stream: *mut c_void, cost: u64) -> Result<InCall, CUresult> {
         }
         if now < g.deadline.load(Ordering::Acquire) && g.queue_ahead(now, cost) {
             g.entered.fetch_add(1, Ordering::AcqRel);
+            covers::note_launch(g, covers::stream_key(stream, per_thread));
             return Ok(InCall(Some(g)));
         }
     }
@@ -171,6 +174,7 @@ fn admit_cost(stream: *mut c_void, cost: u64) -> Result<InCall, CUresult> {
     slow_path(dev, cost, launch_ctx)?;
     let g: &'static Gate = &state::get().gates[dev];
     g.entered.fetch_add(1, Ordering::AcqRel);
+    covers::note_launch(g, covers::stream_key(stream, per_thread));
     Ok(InCall(Some(g)))
 }
 
@@ -203,6 +207,8 @@ impl Gate {
             );
             self.sample_graph_ns
                 .store(self.graph_ns.load(Ordering::Relaxed), Ordering::Relaxed);
+            self.sample_stream
+                .store(covers::NO_STREAM, Ordering::Relaxed);
             self.sample_start.store(now, Ordering::Relaxed);
         }
     }
@@ -216,7 +222,7 @@ impl Gate {
     }
 
     /// Launches admitted so far.
-    fn launches(&self) -> u64 {
+    pub(crate) fn launches(&self) -> u64 {
         let entered = self.entered.load(Ordering::Acquire);
         entered.saturating_sub(self.waits.load(Ordering::Acquire))
     }
@@ -346,15 +352,21 @@ const EARLY_RELEASE_NS: u64 = 500_000;
 /// The guard of a wait call (see [`waiting`]).
 #[derive(Debug)]
 pub struct Waiting {
-    at: Option<(&'static State, &'static Gate)>,
+    /// The state, the device's ordinal and its gate.
+    at: Option<(&'static State, usize, &'static Gate)>,
+    /// What the call proves done if it returns with the work done.
+    covers: Covers,
+    /// Launches admitted when the call began.
+    launches_at: u64,
     /// The call returned with the work before it done (a synchronisation
     /// or blocking copy that succeeded, a query that found it complete).
     finished: bool,
 }
 
 impl Waiting {
-    /// Says the work before this call is done: the gate learns from it how
-    /// long launches take on the device.
+    /// Says the work before this call is done: where that is the work of
+    /// every launch of the gate's sample (see `covers`), the gate learns
+    /// from it how long launches take on the device.
     pub fn finished(&mut self) {
         self.finished = true;
     }
@@ -362,14 +374,16 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        let Some((st, g)) = self.at else { return };
+        let Some((st, dev, g)) = self.at else { return };
         let exited = g.exited.fetch_add(1, Ordering::AcqRel) + 1;
         if g.entered.load(Ordering::Acquire) != exited {
             return; // another thread is still launching or waiting
         }
         let now = now_ns();
         if self.finished {
-            g.learn_kernel(now);
+            if self.covers.proves_sample(dev, g, self.launches_at) {
+                g.learn_kernel(now);
+            }
             let announced = g.quiet_end.swap(0, Ordering::Relaxed);
             if announced != 0 {
                 let late = announced as i64 - now as i64;
@@ -396,11 +410,14 @@ impl Drop for Waiting {
 /// state: a process that has launched nothing holds no token to keep.
 /// `blocks`: the call blocks until the work is done (a synchronisation,
 /// a blocking copy), not a query; one in a process that goes quiet after
-/// its waits may announce its end (see [`quieting`]).
+/// its waits may announce its end (see [`quieting`]). `covers`: what the
+/// call proves done if it returns with the work done.
 #[inline]
-pub fn waiting(blocks: bool) -> Waiting {
+pub fn waiting(blocks: bool, covers: Covers) -> Waiting {
     let none = Waiting {
         at: None,
+        covers,
+        launches_at: 0,
         finished: false,
     };
     let Some(st) = state::current() else {
@@ -410,6 +427,7 @@ pub fn waiting(blocks: bool) -> Waiting {
         return none;
     };
     let g = &st.gates[dev];
+    let launches_at = g.launches();
     g.waits.fetch_add(1, Ordering::AcqRel);
     g.entered.fetch_add(1, Ordering::AcqRel);
     if blocks
@@ -419,7 +437,9 @@ pub fn waiting(blocks: bool) -> Waiting {
         quieting(st, dev, g);
     }
     Waiting {
-        at: Some((st, g)),
+        at: Some((st, dev, g)),
+        covers,
+        launches_at,
         finished: false,
     }
 }

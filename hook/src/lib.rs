@@ -33,6 +33,7 @@
 mod capture;
 mod clock;
 mod conn;
+mod covers;
 mod cuda;
 mod driver;
 mod gate;

@@ -161,6 +161,9 @@ pub struct Gate {
     pub(crate) sample_blocked: AtomicU64,
     pub(crate) sample_graphs: AtomicU64,
     pub(crate) sample_graph_ns: AtomicU64,
+    /// The stream the sample's launches went to (`covers::NO_STREAM`
+    /// before the first, `covers::MIXED` once they went to several).
+    pub(crate) sample_stream: AtomicUsize,
     /// Graph launches of known cost admitted, and their predicted device
     /// time (ns), cumulative: the time per launch of kernels is learned
     /// without them.
@@ -252,6 +255,8 @@ pub struct State {
     /// What the driver keeps for each of the process's contexts, their
     /// limits, modules and libraries: (physical device, bytes charged).
     pub driver_objects: Mutex<HashMap<DriverObject, (u32, u64)>>,
+    /// Where each event was last recorded (see `covers`).
+    pub events: Mutex<HashMap<usize, crate::covers::Record>>,
 }
 
 /// What the driver keeps for one object: a context, a limit of one, a
@@ -344,6 +349,7 @@ pub fn get() -> &'static State {
         vmm: Mutex::new(Vmm::default()),
         host_pools: Mutex::new(HashSet::new()),
         driver_objects: Mutex::new(HashMap::new()),
+        events: Mutex::new(HashMap::new()),
     }));
     match STATE.compare_exchange(
         std::ptr::null_mut(),

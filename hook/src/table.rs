@@ -10,6 +10,7 @@
 //! through resolved pointers), so no re-entrancy guard is needed here.
 
 use crate::capture;
+use crate::covers::{self, Covers};
 use crate::cuda::{
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, CUresult,
 };
@@ -58,6 +59,8 @@ pub enum Kind {
     Graph,
     /// Resolves entry points (`cuGetProcAddress`).
     Entry,
+    /// Records or destroys an event: what its completion proves done.
+    Event,
 }
 
 /// A line of the table, without the code.
@@ -142,16 +145,17 @@ fn gated(s: Ptr, pt: bool, call: impl FnOnce() -> CUresult) -> CUresult {
 /// `call`, which waits for (or polls) the process's device work: while it
 /// runs the process is busy, not idle (see [`gate`]).
 fn waits(call: impl FnOnce() -> CUresult) -> CUresult {
-    let _waiting = gate::waiting(false);
+    let _waiting = gate::waiting(false, Covers::Context);
     call()
 }
 
 /// Like [`waits`], for a call whose success means the work before it is
 /// done (a synchronisation, a blocking copy, a query answering
 /// `CUDA_SUCCESS`): the gate learns from it how long launches take.
-/// `blocks`: the call blocks until the work is done.
-fn synced(blocks: bool, call: impl FnOnce() -> CUresult) -> CUresult {
-    let mut waiting = gate::waiting(blocks);
+/// `blocks`: the call blocks until the work is done; `covers`: what it
+/// proves done.
+fn synced(blocks: bool, covers: Covers, call: impl FnOnce() -> CUresult) -> CUresult {
+    let mut waiting = gate::waiting(blocks, covers);
     let r = call();
     if r == CUDA_SUCCESS {
         waiting.finished();
@@ -160,15 +164,15 @@ fn synced(blocks: bool, call: impl FnOnce() -> CUresult) -> CUresult {
 }
 
 /// [`synced`], for a query (`cuStreamQuery`, `cuEventQuery`).
-fn syncs(call: impl FnOnce() -> CUresult) -> CUresult {
-    synced(false, call)
+fn syncs(covers: Covers, call: impl FnOnce() -> CUresult) -> CUresult {
+    synced(false, covers, call)
 }
 
 /// [`synced`], for a call that blocks until the work is done (a
 /// synchronisation, a blocking copy): the driver trims memory pools
 /// there, so the group's pool memory is settled afterwards.
-fn trims(call: impl FnOnce() -> CUresult) -> CUresult {
-    let r = synced(true, call);
+fn trims(covers: Covers, call: impl FnOnce() -> CUresult) -> CUresult {
+    let r = synced(true, covers, call);
     memory::settle_pools();
     r
 }
@@ -482,23 +486,29 @@ hooks! {
     cuStreamEndCapture_ptsz ["cuStreamEndCapture", 10000, true, Capture] (s: Ptr, graph: *mut Ptr) => |call| after(capture::ended(s, true, call()), |r| graphmem::capture_ended(s, true, graph, r));
 
     // Waiting for (or polling) the device's work: not idle.
-    cuCtxSynchronize ["cuCtxSynchronize", 2000, false, Sync] () => |call| trims(call);
-    cuStreamSynchronize ["cuStreamSynchronize", 2000, false, Sync] (s: Ptr) => |call| trims(call);
-    cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, true, Sync] (s: Ptr) => |call| trims(call);
-    cuStreamQuery ["cuStreamQuery", 2000, false, Sync] (s: Ptr) => |call| syncs(call);
-    cuStreamQuery_ptsz ["cuStreamQuery", 7000, true, Sync] (s: Ptr) => |call| syncs(call);
+    cuCtxSynchronize ["cuCtxSynchronize", 2000, false, Sync] () => |call| trims(Covers::Context, call);
+    cuStreamSynchronize ["cuStreamSynchronize", 2000, false, Sync] (s: Ptr) => |call| trims(Covers::stream(s, false), call);
+    cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, true, Sync] (s: Ptr) => |call| trims(Covers::stream(s, true), call);
+    cuStreamQuery ["cuStreamQuery", 2000, false, Sync] (s: Ptr) => |call| syncs(Covers::stream(s, false), call);
+    cuStreamQuery_ptsz ["cuStreamQuery", 7000, true, Sync] (s: Ptr) => |call| syncs(Covers::stream(s, true), call);
     cuStreamWaitEvent ["cuStreamWaitEvent", 3020, false, Sync] (s: Ptr, e: Ptr, flags: u32) => |call| waits(call);
     cuStreamWaitEvent_ptsz ["cuStreamWaitEvent", 7000, true, Sync] (s: Ptr, e: Ptr, flags: u32) => |call| waits(call);
-    cuEventSynchronize ["cuEventSynchronize", 2000, false, Sync] (e: Ptr) => |call| trims(call);
-    cuEventQuery ["cuEventQuery", 2000, false, Sync] (e: Ptr) => |call| syncs(call);
-    cuMemcpy ["cuMemcpy", 4000, false, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(call);
-    cuMemcpy_ptds ["cuMemcpy", 7000, true, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(call);
-    cuMemcpyHtoD_v2 ["cuMemcpyHtoD", 3020, false, Sync] (dst: CUdeviceptr, src: *const c_void, n: usize) => |call| trims(call);
-    cuMemcpyHtoD_v2_ptds ["cuMemcpyHtoD", 7000, true, Sync] (dst: CUdeviceptr, src: *const c_void, n: usize) => |call| trims(call);
-    cuMemcpyDtoH_v2 ["cuMemcpyDtoH", 3020, false, Sync] (dst: Ptr, src: CUdeviceptr, n: usize) => |call| trims(call);
-    cuMemcpyDtoH_v2_ptds ["cuMemcpyDtoH", 7000, true, Sync] (dst: Ptr, src: CUdeviceptr, n: usize) => |call| trims(call);
-    cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, false, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(call);
-    cuMemcpyDtoD_v2_ptds ["cuMemcpyDtoD", 7000, true, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(call);
+    cuEventSynchronize ["cuEventSynchronize", 2000, false, Sync] (e: Ptr) => |call| trims(Covers::event(e), call);
+    // What an event's completion proves done (see `covers`).
+    cuEventRecord ["cuEventRecord", 2000, false, Event] (e: Ptr, s: Ptr) => |call| covers::record(e, s, false, call);
+    cuEventRecord_ptsz ["cuEventRecord", 7000, true, Event] (e: Ptr, s: Ptr) => |call| covers::record(e, s, true, call);
+    cuEventRecordWithFlags ["cuEventRecordWithFlags", 11010, false, Event] (e: Ptr, s: Ptr, flags: u32) => |call| covers::record(e, s, false, call);
+    cuEventRecordWithFlags_ptsz ["cuEventRecordWithFlags", 11010, true, Event] (e: Ptr, s: Ptr, flags: u32) => |call| covers::record(e, s, true, call);
+    cuEventDestroy_v2 ["cuEventDestroy", 4000, false, Event] (e: Ptr) => |call| covers::destroyed(e, call);
+    cuEventQuery ["cuEventQuery", 2000, false, Sync] (e: Ptr) => |call| syncs(Covers::event(e), call);
+    cuMemcpy ["cuMemcpy", 4000, false, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(Covers::Copy { per_thread: false }, call);
+    cuMemcpy_ptds ["cuMemcpy", 7000, true, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(Covers::Copy { per_thread: true }, call);
+    cuMemcpyHtoD_v2 ["cuMemcpyHtoD", 3020, false, Sync] (dst: CUdeviceptr, src: *const c_void, n: usize) => |call| trims(Covers::Copy { per_thread: false }, call);
+    cuMemcpyHtoD_v2_ptds ["cuMemcpyHtoD", 7000, true, Sync] (dst: CUdeviceptr, src: *const c_void, n: usize) => |call| trims(Covers::Copy { per_thread: true }, call);
+    cuMemcpyDtoH_v2 ["cuMemcpyDtoH", 3020, false, Sync] (dst: Ptr, src: CUdeviceptr, n: usize) => |call| trims(Covers::Copy { per_thread: false }, call);
+    cuMemcpyDtoH_v2_ptds ["cuMemcpyDtoH", 7000, true, Sync] (dst: Ptr, src: CUdeviceptr, n: usize) => |call| trims(Covers::Copy { per_thread: true }, call);
+    cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, false, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(Covers::Copy { per_thread: false }, call);
+    cuMemcpyDtoD_v2_ptds ["cuMemcpyDtoD", 7000, true, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(Covers::Copy { per_thread: true }, call);
 
     // Allocations, reserved against the group's MemoryLimit first.
     cuMemAlloc_v2 ["cuMemAlloc", 3020, false, Alloc] (dptr: *mut CUdeviceptr, bytes: usize) => |call| guarded_alloc(bytes as u64, || (call(), ptr_key(dptr)));

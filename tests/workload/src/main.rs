@@ -137,6 +137,11 @@ struct Args {
     /// cuMemAlloc: each must answer CUDA_ERROR_INVALID_CONTEXT at once
     #[arg(long)]
     helper: bool,
+    /// While launching, a watchdog thread (as NCCL's, or PyTorch's caching
+    /// allocator checking its old events) records one event at the start
+    /// and then queries it every this many microseconds (0: none)
+    #[arg(long, default_value_t = 0)]
+    poll_old_event_us: u64,
     /// With --alloc-api create: map each handle into this many address
     /// ranges (cuMemAddressReserve + cuMemMap), as expandable segments do
     #[arg(long, default_value_t = 0)]
@@ -637,10 +642,13 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         }
         let (f, e, c) = (func as usize, exec as usize, ctx as usize);
         let helping = std::sync::atomic::AtomicBool::new(args.helper);
+        let polling = std::sync::atomic::AtomicBool::new(true);
         let helper = std::thread::scope(|scope| {
             let h = args
                 .helper
                 .then(|| scope.spawn(|| helper_thread(&d, f, &helping)));
+            let watchdog = (args.poll_old_event_us > 0)
+                .then(|| scope.spawn(|| poll_old_event(&d, c, args.poll_old_event_us, &polling)));
             let second = args.second_context.then(|| {
                 scope.spawn(|| -> anyhow::Result<u64> {
                     // The new context becomes this thread's current one; it
@@ -678,6 +686,12 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                 Some(Err(_)) => Err(anyhow::anyhow!("the second context's thread panicked")),
             };
             helping.store(false, std::sync::atomic::Ordering::Release);
+            polling.store(false, std::sync::atomic::Ordering::Release);
+            let launched = match watchdog.map(|w| w.join()) {
+                None => launched,
+                Some(Ok(polled)) => launched.and_then(|n| polled.map(|()| n)),
+                Some(Err(_)) => Err(anyhow::anyhow!("the watchdog thread panicked")),
+            };
             let helped = h
                 .map(|h| h.join())
                 .transpose()
@@ -727,6 +741,33 @@ fn launch_threads(
         }
         anyhow::Ok(total)
     })
+}
+
+/// `--poll-old-event-us`: in context `ctx`, records an event once, waits
+/// for it, then queries that old event every `every_us` while `on`.
+fn poll_old_event(
+    d: &Driver,
+    ctx: usize,
+    every_us: u64,
+    on: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<()> {
+    let mut event: Ptr = std::ptr::null_mut();
+    // SAFETY: the process's context, and an out-pointer to a local; the
+    // event lives until this thread ends.
+    unsafe {
+        check("cuCtxSetCurrent", (d.ctx_set_current)(ctx as Ptr))?;
+        check("cuEventCreate", (d.event_create)(&mut event, 0))?;
+        check(
+            "cuEventRecord",
+            (d.event_record)(event, std::ptr::null_mut()),
+        )?;
+        check("cuEventSynchronize", (d.event_sync)(event))?;
+        while on.load(std::sync::atomic::Ordering::Acquire) {
+            check("cuEventQuery (an old event)", (d.event_query)(event))?;
+            std::thread::sleep(Duration::from_micros(every_us));
+        }
+    }
+    Ok(())
 }
 
 /// `--helper`: calls from a thread with no current context while `on`:

@@ -1,0 +1,191 @@
+//! What a wait that returned with work done proves done.
+//!
+//! The gate learns the device time per launch from a sample: the
+//! launches since it began and the time until a wait proved them run (see
+//! `gate`). A completion proves less than "the process's work": a stream
+//! synchronisation or query only that stream's work queued before it, an
+//! event's only the work its stream had before the event's last record,
+//! a synchronous copy only the work of the streams it synchronises with.
+//! PyTorch's caching allocator and NCCL's watchdog query old events all the
+//! time; had each such answer counted, the kernels queued since would have
+//! seemed to take no time.
+//!
+//! So each gate remembers the one stream its sample's launches went to
+//! (or that they went to several), and each event the stream and the
+//! launch count of its last record; a completion teaches the gate only
+//! where it covers every launch of the sample.
+
+use crate::capture;
+use crate::driver;
+use crate::state::{self, Gate, lock};
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+
+/// The sample has no launch yet.
+pub const NO_STREAM: usize = 0;
+/// The sample's launches went to more than one stream.
+pub const MIXED: usize = usize::MAX;
+/// The legacy default stream (`0` without `_ptsz`, `CU_STREAM_LEGACY`).
+const LEGACY: usize = 1;
+/// `CU_STREAM_PER_THREAD`.
+const PER_THREAD: usize = 2;
+
+thread_local! {
+    /// Its address names the calling thread's per-thread default stream.
+    static OWN_STREAM: u8 = const { 0 };
+}
+
+/// The calling thread's per-thread default stream.
+fn own_stream() -> usize {
+    OWN_STREAM.with(|b| b as *const u8 as usize)
+}
+
+/// Names the stream a handle means on the calling thread (`per_thread`:
+/// the null stream is the thread's own, as for `_ptsz` entry points).
+#[inline]
+pub fn stream_key(stream: *mut c_void, per_thread: bool) -> usize {
+    match stream as usize {
+        0 if per_thread => own_stream(),
+        0 | LEGACY => LEGACY,
+        PER_THREAD => own_stream(),
+        s => s,
+    }
+}
+
+/// A launch onto `key` was admitted under `g`: the sample's launches
+/// went there too.
+#[inline]
+pub fn note_launch(g: &Gate, key: usize) {
+    let seen = g.sample_stream.load(Ordering::Relaxed);
+    if seen == key || seen == MIXED {
+        return;
+    }
+    let _ = g
+        .sample_stream
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+            (s != key && s != MIXED).then_some(if s == NO_STREAM { key } else { MIXED })
+        });
+}
+
+/// What a wait call, if it returns with the work done, proves done.
+#[derive(Debug, Clone, Copy)]
+pub enum Covers {
+    /// Every stream of the current context (`cuCtxSynchronize`).
+    Context,
+    /// The work queued onto one stream before the call.
+    Stream(usize),
+    /// The work before the event's last record.
+    Event(usize),
+    /// A synchronous copy: the work of the streams the null stream
+    /// synchronises with (`per_thread`: the thread's own default stream).
+    Copy { per_thread: bool },
+}
+
+impl Covers {
+    /// A synchronisation or query of `stream`.
+    pub fn stream(stream: *mut c_void, per_thread: bool) -> Covers {
+        Covers::Stream(stream_key(stream, per_thread))
+    }
+
+    /// A synchronisation or query of `event`.
+    pub fn event(event: *mut c_void) -> Covers {
+        Covers::Event(event as usize)
+    }
+
+    /// Whether this completion, of a wait that began when `launches_at`
+    /// launches had been admitted under gate `dev`, proves every launch
+    /// of the gate's sample run.
+    pub fn proves_sample(self, dev: usize, g: &Gate, launches_at: u64) -> bool {
+        let launches = g.launches();
+        if launches != launches_at {
+            return false; // launched meanwhile: the call need not cover that
+        }
+        let sample = g.sample_stream.load(Ordering::Relaxed);
+        match self {
+            Covers::Context => true,
+            Covers::Stream(key) => sample == key,
+            Covers::Event(e) => state::current().is_some_and(|st| {
+                lock(&st.events).get(&e).is_some_and(|r| {
+                    r.device == dev && r.stream == sample && r.launches == launches
+                })
+            }),
+            // The per-thread default stream synchronises with the legacy
+            // one; the legacy one with the per-thread ones and every
+            // blocking stream.
+            Covers::Copy { per_thread: true } => sample == own_stream() || sample == LEGACY,
+            Covers::Copy { per_thread: false } => {
+                sample == LEGACY || (sample != MIXED && sample != NO_STREAM && blocking(sample))
+            }
+        }
+    }
+}
+
+/// Whether the stream named `key` synchronises with the legacy default
+/// stream: a per-thread default stream, or one created without
+/// `CU_STREAM_NON_BLOCKING` (asked of the driver; a stream it does not
+/// know proves nothing).
+fn blocking(key: usize) -> bool {
+    if key == own_stream() {
+        return true;
+    }
+    const CU_STREAM_NON_BLOCKING: u32 = 1;
+    let mut flags = 0u32;
+    // SAFETY: out-pointer to a local; an invalid handle is answered with
+    // an error, not used.
+    let r = unsafe { driver::stream_get_flags(key as *mut c_void, &mut flags) };
+    r == crate::cuda::CUDA_SUCCESS && flags & CU_STREAM_NON_BLOCKING == 0
+}
+
+/// Where an event was last recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct Record {
+    /// Ordinal of the device whose gate counted the launches.
+    pub device: usize,
+    /// The stream (see [`stream_key`]).
+    pub stream: usize,
+    /// Launches admitted under that gate when it was recorded.
+    pub launches: u64,
+}
+
+/// `cuEventRecord[WithFlags]` of `event` onto `stream` by `call`: what the
+/// event's completion will prove done. A record into a capture makes a
+/// graph node and proves nothing now.
+pub fn record(
+    event: *mut c_void,
+    stream: *mut c_void,
+    per_thread: bool,
+    call: impl FnOnce() -> crate::cuda::CUresult,
+) -> crate::cuda::CUresult {
+    let r = call();
+    let Some(st) = state::current() else {
+        return r;
+    };
+    let mut events = lock(&st.events);
+    events.remove(&(event as usize));
+    if r != crate::cuda::CUDA_SUCCESS || capture::captured(stream, per_thread) {
+        return r;
+    }
+    if let Some(device) = crate::gate::current_device() {
+        let g = &st.gates[device];
+        events.insert(
+            event as usize,
+            Record {
+                device,
+                stream: stream_key(stream, per_thread),
+                launches: g.launches(),
+            },
+        );
+    }
+    r
+}
+
+/// `cuEventDestroy` of `event` by `call`.
+pub fn destroyed(
+    event: *mut c_void,
+    call: impl FnOnce() -> crate::cuda::CUresult,
+) -> crate::cuda::CUresult {
+    if let Some(st) = state::current() {
+        lock(&st.events).remove(&(event as usize));
+    }
+    call()
+}
