@@ -42,6 +42,7 @@ use crate::cuda::{CUDA_ERROR_NOT_PERMITTED, CUDA_SUCCESS};
 use crate::driver::{self, CUresult};
 use crate::log::debug;
 use crate::state::{self, Gate, MAX_GATES, State, lock};
+use crate::syncer;
 use gemini_protocol::{Reply, Request};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -375,6 +376,7 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         let Some((st, dev, g)) = self.at else { return };
+        g.waiting_now.fetch_sub(1, Ordering::AcqRel);
         let exited = g.exited.fetch_add(1, Ordering::AcqRel) + 1;
         if g.entered.load(Ordering::Acquire) != exited {
             return; // another thread is still launching or waiting
@@ -428,6 +430,7 @@ pub fn waiting(blocks: bool, covers: Covers) -> Waiting {
     };
     let g = &st.gates[dev];
     let launches_at = g.launches();
+    g.waiting_now.fetch_add(1, Ordering::AcqRel);
     g.waits.fetch_add(1, Ordering::AcqRel);
     g.entered.fetch_add(1, Ordering::AcqRel);
     if blocks
@@ -522,7 +525,7 @@ fn synchronize(ctx: *mut c_void) {
 /// Waits for the process's work on ordinal `dev`: in `ctx` (the one the
 /// token was taken in) and in every other context the process has there
 /// (a context synchronises only its own work).
-fn synchronize_device(dev: usize, ctx: *mut c_void) {
+pub(crate) fn synchronize_device(dev: usize, ctx: *mut c_void) {
     synchronize(ctx);
     let others: Vec<usize> = state::current().map_or_else(Vec::new, |st| {
         lock(&st.contexts)
@@ -575,6 +578,26 @@ pub fn context_gone(ctx: *mut c_void) {
     }
 }
 
+/// How long a token's end waits for its work (see `syncer`): until the
+/// work's predicted end (which leans long), and a quota more; while the
+/// device time per launch is not known, `UNKNOWN_SYNC_NS`.
+fn sync_bound(g: &Gate, granted_at: u64, now: u64) -> Duration {
+    if g.kernel_hi_ns.load(Ordering::Relaxed) == 0 {
+        return Duration::from_nanos(UNKNOWN_SYNC_NS);
+    }
+    let left = g.queued_end.load(Ordering::Relaxed).saturating_sub(now);
+    let quota = g
+        .quota_end
+        .load(Ordering::Relaxed)
+        .saturating_sub(granted_at);
+    Duration::from_nanos(left + quota.max(STALL_NS))
+}
+
+/// [`sync_bound`] while the device time per launch is not known: the few
+/// launches admitted then (`UNKNOWN_LAUNCHES`) are measured by it, and
+/// the scheduler revokes a token a second past its end.
+const UNKNOWN_SYNC_NS: u64 = 250_000_000;
+
 /// Why a token's accounting ends.
 #[derive(Debug, Clone, Copy)]
 enum Settle {
@@ -582,26 +605,49 @@ enum Settle {
     RanOut,
     /// The process has not used the device since `quiet_since` (ns).
     Idle { quiet_since: u64 },
+    /// The process only waits, for work that should have ended an idle
+    /// threshold ago: work that waits for another process (an NCCL
+    /// collective for its peer rank, `cuStreamWaitValue32`, a host
+    /// function). Waiting for it would hold the device, and the peer may
+    /// need this very device (or another job's peer, which needs ours).
+    Stalled,
 }
 
 /// Ends the accounting of `g`'s token (the caller holds `g.slow`): waits
 /// for the work launched under it and returns the device time it took in
 /// µs, overuse included; `None` if no token was held. The one place that
 /// turns a token into a usage report, for the slow path and the watcher.
-fn settle(dev: usize, g: &Gate, why: Settle) -> Option<u64> {
+fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
     let granted_at = g.granted_at.swap(0, Ordering::AcqRel);
     if granted_at == 0 {
         return None;
     }
     let t0 = now_ns();
+    if let Settle::Stalled = why {
+        // What the waits learn from now on spans the stall, not launches.
+        g.sample_start.store(0, Ordering::Relaxed);
+        return Some(t0.saturating_sub(granted_at) / 1000);
+    }
     // A capture is open: any synchronisation would fail and invalidate
-    // the program's capture. The token is accounted up to now (or to when
-    // the process went quiet) without waiting for its work.
-    let capturing = !capture::unless_capturing(|| {
-        synchronize_device(dev, g.ctx.load(Ordering::Relaxed) as *mut c_void)
-    });
-    if capturing {
-        debug!("a capture is open: token accounted without waiting for its work ({why:?})");
+    // the program's capture. Or the work outlasts the bound: it waits for
+    // another process (see `syncer`). Either way the token is accounted up
+    // to now (or to when the process went quiet) without waiting for its
+    // work.
+    let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
+    let synced = syncer::sync_within(dev, g, ctx, sync_bound(g, granted_at, t0));
+    let capturing = synced != Some(true);
+    match synced {
+        Some(true) => {}
+        Some(false) => {
+            debug!("a capture is open: token accounted without waiting for its work ({why:?})")
+        }
+        None => {
+            debug!(
+                "device {dev}: the work outlasts its prediction: token accounted without waiting for it ({why:?})"
+            );
+            // What the waits learn next spans the wait, not launches.
+            g.sample_start.store(0, Ordering::Relaxed);
+        }
     }
     let t1 = now_ns();
     if !capturing && matches!(why, Settle::RanOut) {
@@ -787,6 +833,57 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     }
 }
 
+/// How long past the predicted end of its work a wait holds a token
+/// before it counts as stalled (or the idle threshold, if shorter): the
+/// prediction leans long, so a wait this much longer waits for something
+/// else than this process's launches.
+const STALL_NS: u64 = 1_000_000;
+
+/// Whether `g`'s token is held by waits alone, for work that should
+/// have ended `idle` ago (see [`Settle::Stalled`]). Only once the device
+/// time per launch is known: until then a long kernel's wait looks the
+/// same.
+fn stalled(g: &Gate, now: u64, idle: u64) -> bool {
+    let granted_at = g.granted_at.load(Ordering::Acquire);
+    if granted_at == 0 || g.kernel_hi_ns.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let only_waits = |g: &Gate| {
+        let in_flight = g
+            .entered
+            .load(Ordering::Acquire)
+            .saturating_sub(g.exited.load(Ordering::Acquire));
+        in_flight != 0 && in_flight == g.waiting_now.load(Ordering::Acquire)
+    };
+    let expected_end = g.queued_end.load(Ordering::Relaxed).max(granted_at);
+    only_waits(g) && now >= expected_end + idle
+}
+
+/// Gives back a token [`stalled`] waits hold, accounted to now: the
+/// waits go on without it, and the next launch asks for a new one.
+#[cold]
+fn give_back_stalled(st: &State, dev: usize, g: &'static Gate) {
+    let Ok(_slow) = g.slow.try_lock() else {
+        return;
+    };
+    // Launches from now on take the slow path and wait for us; one that
+    // slipped in meanwhile keeps the token after all.
+    let deadline = g.deadline.swap(0, Ordering::AcqRel);
+    let idle = st.settings.idle.as_nanos() as u64;
+    if !stalled(g, now_ns(), idle.min(STALL_NS)) {
+        g.deadline.store(deadline, Ordering::Release);
+        return;
+    }
+    let Some(used_us) = settle(dev, g, Settle::Stalled) else {
+        return;
+    };
+    debug!(
+        "device {dev}: waiting for work that waits on another process: token given back after {used_us} us"
+    );
+    let device = st.physical(dev as u32);
+    let _ = st.call(&Request::ReleaseToken { device, used_us }, device);
+}
+
 fn start_watcher(st: &'static State) {
     if st.watcher.swap(true, Ordering::AcqRel) {
         return;
@@ -826,6 +923,10 @@ fn watch(st: &'static State) {
             let now = now_ns();
             let entered = g.entered.load(Ordering::Acquire);
             let busy = entered != g.exited.load(Ordering::Acquire);
+            if busy && stalled(g, now, idle.min(STALL_NS)) {
+                give_back_stalled(st, dev, g);
+                continue;
+            }
             // Quiet since a wait returned, in a process that usually stays
             // quiet after its waits: idle now, not in `idle` from now.
             let wait_exit = g.wait_exit.load(Ordering::Relaxed);

@@ -47,6 +47,7 @@ mod nvml;
 mod nvml_lib;
 mod real;
 mod state;
+mod syncer;
 mod table;
 
 use std::ffi::{CStr, c_char, c_void};

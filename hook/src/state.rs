@@ -154,6 +154,8 @@ pub struct Gate {
     pub(crate) kernel_hi_ns: AtomicU64,
     /// Wait calls entered (launches = `entered` - `waits`).
     pub(crate) waits: AtomicU64,
+    /// Wait calls in flight now.
+    pub(crate) waiting_now: AtomicU64,
     /// First launch after the last wait (ns; 0: none since), with the
     /// launches and the blocked time counted before it.
     pub(crate) sample_start: AtomicU64,
@@ -181,6 +183,8 @@ pub struct Gate {
     pub(crate) quiet_bias: AtomicI64,
     /// Held by whoever is acquiring or releasing the token.
     pub(crate) slow: Mutex<()>,
+    /// Waits for the work launched under the token (see `syncer`).
+    pub(crate) syncer: crate::syncer::Syncer,
 }
 
 /// Per-process state.

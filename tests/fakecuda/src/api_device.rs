@@ -179,6 +179,7 @@ driver_api! {
         let s = initialised()?;
         current_device()?;
         with_proc(|p| p.captures.unsafe_call())?;
+        collective::wait_device(current_device()?);
         sleep_until(current_ctx_end(s, current_device()?));
         trim_pools(s);
         Ok(())

@@ -617,3 +617,60 @@ fn graph_memory_is_taken_at_launch_and_kept_until_trimmed() {
     }
     assert_eq!(free_mem(), f0);
 }
+
+/// `fake_allreduce` launches `rank` of `ranks` of communicator `comm`
+/// (2 ms once all are there) onto `s`.
+fn allreduce(s: CUstream, comm: u64, ranks: u32, rank: u32) -> CUresult {
+    let (mut comm, mut ranks, mut rank, mut us) = (comm, ranks, rank, 2000u64);
+    let mut m = std::ptr::null_mut();
+    let mut f = std::ptr::null_mut();
+    // SAFETY: out-pointers to locals; four parameters, as the kernel
+    // takes them.
+    unsafe {
+        assert_eq!(cuModuleLoadData(&mut m, c"image".as_ptr().cast()), 0);
+        assert_eq!(
+            cuModuleGetFunction(&mut f, m, c"fake_allreduce".as_ptr()),
+            0
+        );
+        let mut params: [*mut c_void; 4] = [
+            (&raw mut comm).cast(),
+            (&raw mut ranks).cast(),
+            (&raw mut rank).cast(),
+            (&raw mut us).cast(),
+        ];
+        let null = std::ptr::null_mut();
+        cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), null)
+    }
+}
+
+fn query(s: CUstream) -> CUresult {
+    // SAFETY: a stream of this process.
+    unsafe { cuStreamQuery(s) }
+}
+
+/// A collective waits for its peer however long, and then runs its own
+/// time; the stream's later work waits behind it.
+#[test]
+fn a_collective_ends_only_after_every_rank_has_launched_its_own() {
+    let d = dev();
+    let (a, b) = (d.stream(NON_BLOCKING), d.stream(NON_BLOCKING));
+    let comm = 0x5eed_0000 + u64::from(std::process::id());
+    assert_eq!(allreduce(a, comm, 2, 0), 0);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(query(a), CUDA_ERROR_NOT_READY, "ended without its peer");
+    let t = Instant::now();
+    assert_eq!(allreduce(b, comm, 2, 1), 0);
+    // SAFETY: streams of this process.
+    assert_eq!(unsafe { cuStreamSynchronize(a) }, 0);
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2),
+        "ended {waited:?} after its peer came, before its own 2 ms"
+    );
+    assert_eq!(query(b), 0, "the peer's ended with it");
+    // A rank with nobody to wait for, and bad ranks.
+    assert_eq!(allreduce(a, comm + 1, 1, 0), 0);
+    // SAFETY: a stream of this process.
+    assert_eq!(unsafe { cuStreamSynchronize(a) }, 0);
+    assert_eq!(allreduce(a, comm + 2, 2, 2), CUDA_ERROR_INVALID_VALUE);
+}

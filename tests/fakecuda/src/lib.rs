@@ -13,6 +13,8 @@
 //! - `fixed_<N>us` (e.g. `fixed_500us`): N microseconds;
 //! - `gemini_spin` (the holder's kernel): the first parameter, a `u64`,
 //!   in nanoseconds;
+//! - `fake_allreduce`: a collective, which ends only once every rank of
+//!   its communicator has launched its own (see [`collective`]);
 //! - any other name: `FAKECUDA_KERNEL_US` microseconds (default 100).
 //!
 //! The library also answers the few NVML calls the holder makes
@@ -35,6 +37,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 pub mod capture;
+pub mod collective;
 pub mod device;
 #[cfg(test)]
 mod driver_mem_tests;
@@ -99,6 +102,8 @@ enum Func {
     /// First parameter: nanoseconds (the holder's `gemini_spin`).
     SpinNs,
     Fixed(u64),
+    /// `fake_allreduce`: see [`collective`].
+    Collective,
 }
 
 #[derive(Debug)]

@@ -51,6 +51,9 @@ pub(crate) fn function_for(name: &str) -> Func {
     if name == "gemini_spin" {
         return Func::SpinNs;
     }
+    if name == "fake_allreduce" {
+        return Func::Collective;
+    }
     let fixed = name
         .strip_prefix("fixed_")
         .and_then(|r| r.strip_suffix("us"))
@@ -73,6 +76,12 @@ pub(crate) fn kernel_ns(f: CUfunction, params: *mut *mut c_void) -> Result<u64, 
         Func::SpinNs => {
             let first = get(params as *const *mut c_void)?;
             get(first as *const u64)
+        }
+        // Its duration once its peers are there (the fourth parameter).
+        Func::Collective => {
+            // SAFETY: the program's kernel parameters: four for this kernel.
+            let fourth = get(unsafe { params.add(3) } as *const *mut c_void)?;
+            Ok(get(fourth as *const u64)?.saturating_mul(1000))
         }
     }
 }
@@ -103,6 +112,9 @@ pub(crate) fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Option<Kind
             }
         })?;
     let (dev, tail) = stream(s, h, ptsz)?;
+    if !captured {
+        collective::wait_stream(&tail);
+    }
     if let (false, Some(kind)) = (captured, kind) {
         let end = s.run(dev, ns, &tail, kind as u32);
         note_ctx_end(h, end);
@@ -186,6 +198,15 @@ pub(crate) fn launch(
     if grid.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    let collective = with_proc(|p| {
+        matches!(
+            p.objects.get(&(f as usize)),
+            Some(Obj::Function(Func::Collective) | Obj::Kernel(Func::Collective))
+        )
+    });
+    if collective && !capture::any_open() {
+        return collective::launch(s, h, ptsz, params);
+    }
     let dur = kernel_ns(f, params)?;
     issue(s, h, ptsz, dur, Some(kind))
 }
@@ -194,6 +215,7 @@ pub(crate) fn sync_stream(h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
     let (_, tail) = stream(s, h, ptsz)?;
     check_wait(h, ptsz)?;
+    collective::wait_stream(&tail);
     sleep_until(tail.load(Ordering::Acquire));
     trim_pools(s);
     Ok(())
@@ -203,7 +225,7 @@ pub(crate) fn query_stream(h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
     let (_, tail) = stream(s, h, ptsz)?;
     check_wait(h, ptsz)?;
-    if tail.load(Ordering::Acquire) > now_ns() {
+    if collective::pending_on(&tail) || tail.load(Ordering::Acquire) > now_ns() {
         Err(CUDA_ERROR_NOT_READY)
     } else {
         Ok(())
@@ -216,6 +238,9 @@ pub(crate) fn record_event(e: CUevent, h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
     event_alive(e as usize)?;
     let (_, tail) = stream(s, h, ptsz)?;
+    if !capture::any_open() {
+        collective::wait_stream(&tail);
+    }
     let t = tail.load(Ordering::Acquire).max(now_ns());
     with_proc(|p| {
         let legacy = is_legacy(h, ptsz);
@@ -305,6 +330,7 @@ pub(crate) fn sync_copy_on(ptds: bool) -> R {
         // On the legacy stream: potentially unsafe during a capture.
         with_proc(|p| p.captures.unsafe_call())?;
     }
+    collective::wait_device(dev);
     let until = if ptds {
         let (_, tail) = stream(s, std::ptr::null_mut(), true)?;
         tail.load(Ordering::Acquire)

@@ -248,6 +248,85 @@ fn share_accuracy(t: &mut Table) {
     );
 }
 
+/// Two jobs of two ranks each on the same two GPUs, `MinUtil` 0.5 each,
+/// five 200 µs kernels and an allreduce per step (the simulator's
+/// `fake_allreduce`, which ends once the peer rank has launched its own),
+/// for 12 s: the steps made, with the hook and without it, and how each
+/// device's work split between the jobs over the last 10 s.
+fn nccl_jobs(t: &mut Table) {
+    let conf = "[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n";
+    let run = |hooked: bool| {
+        let g = Gemini::start_with(SimEnv::new(2, "16GiB"), conf, &["--log-level", "warn"]);
+        let t0 = now_ns();
+        let children: Vec<(usize, u32, Child)> = (0..4)
+            .map(|i| {
+                let (job, rank) = (i / 2, (i % 2) as u32);
+                let group = ["a", "b"][job];
+                let mut c = if hooked {
+                    g.hooked(g.sim.workload(), group)
+                } else {
+                    g.sim.workload()
+                };
+                c.args([
+                    "--device",
+                    &rank.to_string(),
+                    "--iter-kernels",
+                    "5",
+                    "--kernel-us",
+                    "200",
+                    "--allreduce",
+                    &format!("{}:2:{rank}", job + 1),
+                    "--seconds",
+                    "12",
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+                (job, rank, c.spawn().unwrap())
+            })
+            .collect();
+        let done: Vec<(usize, u32, u64, u32)> = children
+            .into_iter()
+            .map(|(job, rank, c)| {
+                let out = c.wait_with_output().unwrap();
+                let r = &reports(&out.stdout)[0];
+                (
+                    job,
+                    rank,
+                    field(r, "kernels") as u64 / 5,
+                    field(r, "pid") as u32,
+                )
+            })
+            .collect();
+        let mut worst = 0.0f64;
+        let mut busy = 0.0f64;
+        for dev in 0..2u32 {
+            let b = g.sim.busy(dev, t0 + 2 * SEC, t0 + 12 * SEC);
+            let of = |job: usize| -> f64 {
+                done.iter()
+                    .filter(|d| d.0 == job && d.1 == dev)
+                    .map(|d| b.share(d.3))
+                    .sum()
+            };
+            let split = of(0) / (of(0) + of(1)).max(f64::EPSILON);
+            worst = worst.max((split - 0.5).abs() * 100.0);
+            busy += b.device_share() / 2.0;
+        }
+        let steps = done.iter().map(|d| d.2).min().unwrap_or(0);
+        (steps, worst, busy)
+    };
+    let (bare, _, bare_busy) = run(false);
+    let (steps, worst, busy) = run(true);
+    t.row(
+        "two 2-GPU NCCL jobs on the same 2 GPUs (MinUtil 0.5/0.5, allreduce per step)",
+        format!(
+            "{steps} steps per rank in 12 s ({bare} without the hook); split of the work worst {worst:.1} pp; devices busy {:.1} % ({:.1} % without)",
+            busy * 100.0,
+            bare_busy * 100.0
+        ),
+        "no hang, ±2 pp",
+    );
+}
+
 /// The workload shapes of the share matrix: what real programs do between
 /// launches (`gem-workload` arguments).
 pub const SHAPES: &[(&str, &[&str])] = &[
@@ -726,7 +805,9 @@ fn scheduler_rss(t: &mut Table) {
 }
 
 /// The parts of the bench, in the order they run.
-const PARTS: [&str; 6] = ["fast", "shares", "shapes", "holder", "policy", "rss"];
+const PARTS: [&str; 7] = [
+    "fast", "shares", "nccl", "shapes", "holder", "policy", "rss",
+];
 
 #[derive(clap::Parser, Debug)]
 #[command(
@@ -755,9 +836,10 @@ fn main() {
     let cpu_before = gemini_tests::cpu::CpuTimes::now();
     let only = args.only;
     type Part = (&'static str, fn(&mut Table));
-    let parts: [Part; 6] = [
+    let parts: [Part; 7] = [
         ("fast", fast_path),
         ("shares", share_accuracy),
+        ("nccl", nccl_jobs),
         ("shapes", shape_matrix),
         ("holder", holder),
         ("policy", policy_throughput),

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The body of `GET http://addr{path}`.
-fn get(addr: &str, path: &str) -> String {
+pub(crate) fn get(addr: &str, path: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
@@ -25,7 +25,7 @@ fn get(addr: &str, path: &str) -> String {
 }
 
 /// The address the scheduler's log says the metrics are served at.
-fn metrics_addr(g: &Gemini) -> String {
+pub(crate) fn metrics_addr(g: &Gemini) -> String {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let log = g.log();
@@ -41,7 +41,7 @@ fn metrics_addr(g: &Gemini) -> String {
 }
 
 /// The value of the sample `name{labels}` (labels as written, in order).
-fn sample(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .map(|v| v.trim().parse().unwrap())

@@ -142,6 +142,16 @@ struct Args {
     /// and then queries it every this many microseconds (0: none)
     #[arg(long, default_value_t = 0)]
     poll_old_event_us: u64,
+    /// End each iteration (or burst) with an allreduce, as an NCCL job
+    /// step does: `COMM:RANKS:RANK` (a communicator id, its ranks and this
+    /// process's rank; the simulator's `fake_allreduce`, which ends once
+    /// every rank has launched its own), launched onto the stream after
+    /// the iteration's kernels and before its wait
+    #[arg(long)]
+    allreduce: Option<String>,
+    /// Device time of the allreduce once every rank is there, microseconds
+    #[arg(long, default_value_t = 100)]
+    allreduce_us: u64,
     /// With --alloc-api create: map each handle into this many address
     /// ranges (cuMemAddressReserve + cuMemMap), as expandable segments do
     #[arg(long, default_value_t = 0)]
@@ -1099,6 +1109,11 @@ fn launch_loop(
     let mut kernels = 0u64;
     let waiter = Wait::new(d, args)?;
     let stream = waiter.stream;
+    let allreduce = args
+        .allreduce
+        .as_deref()
+        .map(|spec| Allreduce::new(d, spec))
+        .transpose()?;
     // SAFETY: driver calls with handles from the driver and pointers to
     // live locals, per the driver API.
     unsafe {
@@ -1113,7 +1128,14 @@ fn launch_loop(
         let end = Instant::now() + Duration::from_secs_f64(args.seconds);
         let mut bursts = Vec::new();
         let mut demand = Vec::new();
-        while Instant::now() < end {
+        let mut step = 0u64;
+        while match &allreduce {
+            // The ranks of a communicator make the same number of steps
+            // (a rank whose peer has left would wait for it for ever).
+            Some(a) => a.go_on(step, Instant::now() < end)?,
+            None => Instant::now() < end,
+        } {
+            step += 1;
             let start = monotonic_ns();
             bursts.push(start);
             let burst_end = if args.burst_ms > 0.0 {
@@ -1159,6 +1181,9 @@ fn launch_loop(
                 };
                 launched += 1;
             }
+            if let Some(a) = &allreduce {
+                a.launch(d, stream, args.allreduce_us)?;
+            }
             waiter.wait()?;
             demand.push((start, monotonic_ns()));
             if args.gap_ms > 0.0 && Instant::now() < end {
@@ -1185,6 +1210,94 @@ fn launch_loop(
         }
     }
     Ok(kernels)
+}
+
+/// `--allreduce COMM:RANKS:RANK`.
+struct Allreduce {
+    comm: u64,
+    ranks: u32,
+    rank: u32,
+    /// `fake_allreduce`.
+    func: usize,
+}
+
+impl Allreduce {
+    fn new(d: &Driver, spec: &str) -> anyhow::Result<Allreduce> {
+        let parts: Vec<&str> = spec.split(':').collect();
+        let [comm, ranks, rank] = parts[..] else {
+            bail!("--allreduce {spec}: expected COMM:RANKS:RANK");
+        };
+        let n = |what: &str, v: &str| -> anyhow::Result<u64> {
+            v.parse()
+                .with_context(|| format!("--allreduce {spec}: {what} {v:?} is not a number"))
+        };
+        let mut module: Ptr = std::ptr::null_mut();
+        let mut func: Ptr = std::ptr::null_mut();
+        // SAFETY: out-pointers to locals, in the thread's current context.
+        unsafe {
+            check(
+                "cuModuleLoadData",
+                (d.module_load)(&mut module, c"fakecuda".as_ptr() as *const c_void),
+            )?;
+            check(
+                "cuModuleGetFunction",
+                (d.get_function)(&mut func, module, c"fake_allreduce".as_ptr()),
+            )?;
+        }
+        Ok(Allreduce {
+            comm: n("communicator", comm)?,
+            ranks: n("ranks", ranks)? as u32,
+            rank: n("rank", rank)? as u32,
+            func: func as usize,
+        })
+    }
+
+    /// Whether to make step `done + 1`, `time_left` as this rank sees it.
+    /// Rank 0 decides when to stop and writes the last step to a file
+    /// beside the simulator's state (`FAKECUDA_DIR`): two steps on, which
+    /// every rank can still reach (none is more than one allreduce ahead
+    /// of another); the others stop there.
+    fn go_on(&self, done: u64, time_left: bool) -> anyhow::Result<bool> {
+        let dir = std::env::var_os("FAKECUDA_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let path = dir.join(format!("allreduce-{}.last", self.comm));
+        let last = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok());
+        if let Some(last) = last {
+            return Ok(done < last);
+        }
+        if self.rank == 0 && !time_left {
+            let tmp = dir.join(format!("allreduce-{}.{}", self.comm, std::process::id()));
+            std::fs::write(&tmp, (done + 2).to_string())
+                .and_then(|()| std::fs::rename(&tmp, &path))
+                .with_context(|| format!("writing {}", path.display()))?;
+            return Ok(true);
+        }
+        Ok(true)
+    }
+
+    /// Launches this rank's allreduce onto `stream`.
+    fn launch(&self, d: &Driver, stream: Ptr, us: u64) -> anyhow::Result<()> {
+        let (mut comm, mut ranks, mut rank, mut us) = (self.comm, self.ranks, self.rank, us);
+        let func = self.func as Ptr;
+        // SAFETY: the function loaded in `new`, and the four parameters
+        // the simulator's collective takes.
+        unsafe {
+            let mut params: [Ptr; 4] = [
+                (&raw mut comm).cast(),
+                (&raw mut ranks).cast(),
+                (&raw mut rank).cast(),
+                (&raw mut us).cast(),
+            ];
+            let null = std::ptr::null_mut();
+            check(
+                "cuLaunchKernel (allreduce)",
+                (d.launch)(func, 1, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr(), null),
+            )
+        }
+    }
 }
 
 /// `--identify`: the GPUs this process sees through CUDA and through

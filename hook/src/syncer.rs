@@ -1,0 +1,111 @@
+//! Waiting for a device's work, within a bound.
+//!
+//! A token's end waits for the work launched under it, so that the time it
+//! really took is what gets reported. But work may wait for another
+//! process: an NCCL collective for its peer rank on another GPU, whose
+//! token another job may hold while its own collective waits for this
+//! very device. A wait without a bound then holds this device until the
+//! scheduler revokes the token (a second past its end), and the two jobs
+//! take turns at that pace.
+//!
+//! So the synchronisation runs on a thread of its own per device, and the
+//! token's end waits for it only so long; past that, the token is
+//! accounted to now and handed back, and the synchronisation goes on (the
+//! next token's end waits for it first).
+
+use crate::state::{Gate, lock};
+use std::ffi::c_void;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// One device's synchronisation thread and what it was asked.
+#[derive(Debug, Default)]
+pub struct Syncer {
+    slot: Mutex<Slot>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// Synchronisations asked for, and done.
+    asked: u64,
+    done: u64,
+    /// The context of the last one asked (see `gate::synchronize_device`).
+    ctx: usize,
+    /// Whether the last one done ran (not while a capture was open).
+    ran: bool,
+    /// The thread runs.
+    started: bool,
+}
+
+/// Waits for the process's work on ordinal `dev` (in `ctx` and its other
+/// contexts there) for at most `bound`. `Some(ran)` once done (`ran`:
+/// false where a capture was open, and nothing was synchronised); `None`
+/// if it was not done in time: it goes on without the caller.
+pub fn sync_within(
+    dev: usize,
+    g: &'static Gate,
+    ctx: *mut c_void,
+    bound: Duration,
+) -> Option<bool> {
+    let s = &g.syncer;
+    let deadline = Instant::now() + bound;
+    let mut slot = lock(&s.slot);
+    if !slot.started && !start(dev, g) {
+        // No thread: wait here, without a bound.
+        drop(slot);
+        return Some(crate::capture::unless_capturing(|| {
+            crate::gate::synchronize_device(dev, ctx)
+        }));
+    }
+    slot.started = true;
+    let mut mine = None;
+    loop {
+        match mine {
+            Some(n) if slot.done >= n => return Some(slot.ran),
+            // An earlier one still runs: it covers only older work.
+            None if slot.asked == slot.done => {
+                slot.asked += 1;
+                slot.ctx = ctx as usize;
+                mine = Some(slot.asked);
+                s.cv.notify_all();
+            }
+            _ => {}
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        slot =
+            s.cv.wait_timeout(slot, deadline - now)
+                .map_or_else(|p| p.into_inner().0, |(g, _)| g);
+    }
+}
+
+/// Starts `g`'s synchronisation thread.
+fn start(dev: usize, g: &'static Gate) -> bool {
+    std::thread::Builder::new()
+        .name(format!("gemini-sync-{dev}"))
+        .spawn(move || run(dev, g))
+        .is_ok()
+}
+
+fn run(dev: usize, g: &'static Gate) {
+    let s = &g.syncer;
+    loop {
+        let (n, ctx) = {
+            let mut slot = lock(&s.slot);
+            while slot.asked == slot.done {
+                slot = s.cv.wait(slot).unwrap_or_else(|p| p.into_inner());
+            }
+            (slot.asked, slot.ctx)
+        };
+        let ran = crate::capture::unless_capturing(|| {
+            crate::gate::synchronize_device(dev, ctx as *mut c_void)
+        });
+        let mut slot = lock(&s.slot);
+        slot.done = n;
+        slot.ran = ran;
+        s.cv.notify_all();
+    }
+}
