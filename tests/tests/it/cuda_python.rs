@@ -22,11 +22,13 @@ fn repo() -> PathBuf {
         .into()
 }
 
-/// The virtual environment's python, with the pinned packages installed.
-fn python() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda-python-venv");
+/// The python of a virtual environment `name` with the pinned `packages`
+/// installed (made once per target directory); `None` where that cannot
+/// be done (offline, or no python3-venv).
+fn venv(name: &str, packages: &[&str]) -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let py = venv.join("bin/python");
-    let marker = venv.join(PACKAGES.join(" ").replace(['=', ' '], "_"));
+    let marker = venv.join(packages.join(" ").replace(['=', ' ', '[', ']'], "_"));
     if marker.exists() {
         return Some(py);
     }
@@ -34,12 +36,17 @@ fn python() -> Option<PathBuf> {
     let made = run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
         && run(Command::new(&py)
             .args(["-m", "pip", "install", "--quiet"])
-            .args(PACKAGES));
+            .args(packages));
     if !made {
         return None;
     }
     std::fs::write(&marker, "").unwrap();
     Some(py)
+}
+
+/// The virtual environment's python, with cuda-python and NVRTC.
+fn python() -> Option<PathBuf> {
+    venv("cuda-python-venv", PACKAGES)
 }
 
 fn values(stdout: &[u8]) -> HashMap<String, String> {
@@ -95,5 +102,79 @@ fn cuda_python_is_gated_capped_and_sees_its_limit() {
     );
     if counts {
         assert!(share >= 0.2, "cuda-python got {share:.3} of its 0.3");
+    }
+}
+
+/// numba-cuda, pinned with the CUDA 12 wheels it compiles with (NVVM) and
+/// drives the driver through (cuda-bindings): about 270 MB to download.
+const NUMBA: &[&str] = &[
+    "numba-cuda[cu12]==0.30.4",
+    "numba==0.68.1",
+    "llvmlite==0.50.0",
+    "numpy==2.4.6",
+];
+
+/// numba-cuda, as a new user runs it: kernels JIT-compiled by NVVM from
+/// Python, loaded with cuLibraryLoadData and launched with
+/// cuLaunchKernelEx on the CUkernel, no CUDA runtime. Under MaxUtil 0.3
+/// over five of the scheduler's (1 s) windows its launches get no more
+/// than the cap; its memory counts against the group's 256 MiB: the
+/// driver's view shows the limit and what it holds, and 512 MiB more is
+/// refused with CUDA_ERROR_OUT_OF_MEMORY.
+#[test]
+fn numba_cuda_kernels_are_gated_capped_and_their_memory_counts() {
+    let _serial = serial();
+    let Some(py) = venv("numba-cuda-venv", NUMBA) else {
+        eprintln!("NOT CHECKED: numba-cuda could not be installed (offline, or no python3-venv)");
+        return;
+    };
+    let g = Gemini::start_with(
+        SimEnv::default(),
+        "[nb]\nMaxUtil=0.3\nMemoryLimit=256MiB\n",
+        &["--window", "1s"],
+    );
+    let run = || {
+        let mut c = g.sim.command(&py);
+        // numba's kernels have mangled names: every kernel runs 1 ms.
+        c.env("FAKECUDA_KERNEL_US", "1000")
+            .arg(repo().join("tests/python/numba_client.py"))
+            .args(["5", "64", "512"]);
+        let mut c = g.hooked(c, "nb");
+        let t0 = now_ns();
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "numba client failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = values(&out.stdout);
+        let share = g.sim.busy(0, t0 + 2 * SEC, t0 + 5 * SEC).device_share();
+        (v, share)
+    };
+    let ((v, share), counts) = measured("numba-cuda under MaxUtil 0.3", MAX_STEAL, 2, run);
+    let limit = 256u64 << 20;
+    assert_eq!(
+        v["mem_total"],
+        limit.to_string(),
+        "cuMemGetInfo shows the cap"
+    );
+    let holding: u64 = v["mem_free_holding"].parse().unwrap();
+    assert!(
+        holding <= limit - (64 << 20),
+        "64 MiB held, yet {holding} of 256 MiB free: {v:?}"
+    );
+    assert_eq!(
+        v["alloc_error"], "2",
+        "512 MiB over a 256 MiB limit: CUDA_ERROR_OUT_OF_MEMORY"
+    );
+    assert!(v["launches"].parse::<u64>().unwrap() > 100, "{v:?}");
+    let peak = g.sim.group_memory("nb").peak[0];
+    assert!(
+        (64 << 20..=limit).contains(&peak),
+        "the group held {peak} bytes at most on the device: {v:?}"
+    );
+    assert!(share <= 0.35, "numba's launches were not gated: {share:.3}");
+    if counts {
+        assert!(share >= 0.2, "numba-cuda got {share:.3} of its 0.3");
     }
 }
