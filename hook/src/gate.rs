@@ -122,8 +122,16 @@ pub fn admit_graph(
 /// runs in its stream's context, and the driver takes it (cuda.h).
 #[cold]
 fn stream_context(stream: *mut c_void) -> Option<(usize, *mut c_void)> {
-    if (stream as usize) <= 2 || has_context() {
+    if has_context() {
         return None; // the null, legacy and per-thread streams are the current context's
+    }
+    stream_device(stream)
+}
+
+/// The ordinal and context of an explicit (created) `stream`.
+fn stream_device(stream: *mut c_void) -> Option<(usize, *mut c_void)> {
+    if (stream as usize) <= 2 {
+        return None;
     }
     let ctx = driver::stream_ctx(stream)?;
     let st = state::current()?;
@@ -132,6 +140,27 @@ fn stream_context(stream: *mut c_void) -> Option<(usize, *mut c_void)> {
         .find(|&&(c, _)| c == ctx as usize)
         .map(|&(_, d)| d as usize)?;
     (dev < MAX_GATES).then_some((dev, ctx))
+}
+
+/// Lets a launch onto each of `streams` through, each on its own device:
+/// `cuLaunchCooperativeKernelMultiDevice`, one kernel per device onto a
+/// stream the program created there. Tokens are taken in the order of the
+/// devices (two such launchers never wait on each other's); keep the
+/// guards alive across the real call.
+pub fn admit_streams(mut streams: Vec<*mut c_void>) -> Result<Vec<InCall>, CUresult> {
+    let mut found: Vec<(usize, *mut c_void, *mut c_void)> = Vec::new();
+    streams.retain(|&s| !capture::captured(s, false));
+    for s in streams {
+        // A stream the driver does not know: its answer will say so.
+        if let Some((dev, ctx)) = stream_device(s) {
+            found.push((dev, ctx, s));
+        }
+    }
+    found.sort_by_key(|&(dev, ..)| dev);
+    found
+        .into_iter()
+        .map(|(dev, ctx, s)| admit_at(dev, Some(ctx), s, false, 0))
+        .collect()
 }
 
 /// [`admit_on`] for a launch onto `stream` predicted to take `cost` ns on
@@ -147,6 +176,19 @@ fn admit_cost(stream: *mut c_void, per_thread: bool, cost: u64) -> Result<InCall
             None => return Ok(InCall(None)),
         },
     };
+    admit_at(dev, launch_ctx, stream, per_thread, cost)
+}
+
+/// [`admit_cost`] on ordinal `dev`, in `launch_ctx` (`None`: the calling
+/// thread's current context).
+#[inline]
+fn admit_at(
+    dev: usize,
+    launch_ctx: Option<*mut c_void>,
+    stream: *mut c_void,
+    per_thread: bool,
+    cost: u64,
+) -> Result<InCall, CUresult> {
     if let Some(st) = state::current() {
         let g = &st.gates[dev];
         let now = now_ns();

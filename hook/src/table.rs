@@ -142,6 +142,30 @@ fn gated(s: Ptr, pt: bool, call: impl FnOnce() -> CUresult) -> CUresult {
     }
 }
 
+/// `CUDA_LAUNCH_PARAMS`, one device's part of a
+/// `cuLaunchCooperativeKernelMultiDevice`.
+#[repr(C)]
+pub struct LaunchParams {
+    function: Ptr,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem_bytes: u32,
+    stream: Ptr,
+    params: *mut Ptr,
+}
+
+/// The streams of the `n` entries of a multi-device launch (none where
+/// the list is null: the driver refuses it).
+fn launch_streams(list: *mut LaunchParams, n: u32) -> Vec<Ptr> {
+    if list.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: non-null, and the program passes `n` entries by contract
+    // (the driver reads the same).
+    let entries = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    entries.iter().map(|e| e.stream).collect()
+}
+
 /// `call`, which waits for (or polls) the process's device work: while it
 /// runs the process is busy, not idle (see [`gate`]).
 fn waits(call: impl FnOnce() -> CUresult) -> CUresult {
@@ -424,6 +448,7 @@ hooks! {
     cuLaunchKernelEx ["cuLaunchKernelEx", 11060, false, Launch] (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |call| gated(capture::config_stream(config), false, call);
     cuLaunchKernelEx_ptsz ["cuLaunchKernelEx", 11060, true, Launch] (config: Ptr, f: Ptr, p: *mut Ptr, e: *mut Ptr) => |call| gated(capture::config_stream(config), true, call);
     cuLaunchCooperativeKernel ["cuLaunchCooperativeKernel", 9000, false, Launch] (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |call| gated(s, false, call);
+    cuLaunchCooperativeKernelMultiDevice ["cuLaunchCooperativeKernelMultiDevice", 9000, false, Launch] (list: *mut LaunchParams, n: u32, flags: u32) => |call| match gate::admit_streams(launch_streams(list, n)) { Ok(_in_calls) => call(), Err(e) => e };
     cuLaunchCooperativeKernel_ptsz ["cuLaunchCooperativeKernel", 9000, true, Launch] (f: Ptr, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sh: u32, s: Ptr, p: *mut Ptr) => |call| gated(s, true, call);
     // The launches of CUDA 2.0, deprecated but in cuda.h: on the legacy
     // default stream, or the one given.

@@ -332,6 +332,9 @@ driver_api! {
     fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: u32, gy: u32, gz: u32, _bx: u32, _by: u32, _bz: u32, _shmem: u32, h: CUstream, params: *mut *mut c_void) {
         launch(f, [gx, gy, gz], h, params, true, Kind::Cooperative)
     }
+    fn cuLaunchCooperativeKernelMultiDevice(list: *mut CudaLaunchParams, n: u32, _flags: u32) {
+        launch_multi_device(list, n)
+    }
     fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, _extra: *mut *mut c_void) {
         let c = config_ref(config)?;
         launch(f, [c.grid_dim_x, c.grid_dim_y, c.grid_dim_z], c.h_stream, params, false, Kind::Kernel)

@@ -155,6 +155,19 @@ pub struct IpcMemHandle {
     pub reserved: [u8; 64],
 }
 
+/// `CUDA_LAUNCH_PARAMS`, one device's part of a
+/// `cuLaunchCooperativeKernelMultiDevice`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct CudaLaunchParams {
+    pub function: CUfunction,
+    pub grid_dim: [u32; 3],
+    pub block_dim: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub h_stream: CUstream,
+    pub kernel_params: *mut *mut c_void,
+}
+
 /// `CUlaunchConfig` (CUDA 11.8).
 #[repr(C)]
 #[derive(Debug)]

@@ -211,6 +211,36 @@ pub(crate) fn launch(
     issue(s, h, ptsz, dur, Some(kind))
 }
 
+/// `cuLaunchCooperativeKernelMultiDevice` (deprecated since CUDA 11.3):
+/// one kernel per device, each onto a stream the program created on that
+/// device (not a null stream), no device twice; all are checked before
+/// any is launched.
+pub(crate) fn launch_multi_device(list: *mut CudaLaunchParams, n: u32) -> R {
+    let s = initialised()?;
+    if list.is_null() || n == 0 || n as usize > s.devices() as usize {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and the caller passes `n` entries by contract.
+    let entries = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    let mut devices = Vec::new();
+    let mut runs = Vec::new();
+    for e in entries {
+        if (e.h_stream as usize) <= CU_STREAM_PER_THREAD || e.grid_dim.contains(&0) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (dev, _) = stream(s, e.h_stream, false)?;
+        if devices.contains(&dev) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        devices.push(dev);
+        runs.push((e.h_stream, kernel_ns(e.function, e.kernel_params)?));
+    }
+    for (h, ns) in runs {
+        issue(s, h, false, ns, Some(Kind::Cooperative))?;
+    }
+    Ok(())
+}
+
 pub(crate) fn sync_stream(h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
     let (_, tail) = stream(s, h, ptsz)?;

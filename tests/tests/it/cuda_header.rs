@@ -26,10 +26,6 @@ enum Class {
 /// Entry points of the header the hook deliberately leaves alone, and why.
 const NOT_HOOKED: &[(&str, &str)] = &[
     ("cuLaunchHostFunc", "runs a host function: no device time"),
-    (
-        "cuLaunchCooperativeKernelMultiDevice",
-        "deprecated since CUDA 11.3 and gone in 13; one call on several devices",
-    ),
     ("cuMemAllocHost", "host memory: never counted"),
     ("cuMemFreeHost", "host memory: never counted"),
 ];

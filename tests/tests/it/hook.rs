@@ -174,6 +174,35 @@ fn every_launch_api_is_gated() {
     }
 }
 
+/// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still in CUDA 12)
+/// launches one kernel on each of several devices in one call: each is
+/// gated on its own device, under the group's MaxUtil there.
+#[test]
+fn a_multi_device_cooperative_launch_is_gated_on_every_device() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::new(2, "16GiB"), "[capped]\nMaxUtil=0.4\n");
+    let args = [
+        "--seconds",
+        "3",
+        "--kernel-us",
+        "500",
+        "--iter-kernels",
+        "10",
+        "--launch-api",
+        "coop-multi",
+    ];
+    let run = || {
+        let t0 = now_ns();
+        let out = finish(spawn(rust(&g, "capped", &args)));
+        let pid = pid_of(&out);
+        [0, 1].map(|dev| g.sim.busy(dev, t0 + SEC, t0 + 3 * SEC).share(pid))
+    };
+    let (shares, counts) = measured("coop-multi", MAX_STEAL, 2, run);
+    for (dev, share) in shares.into_iter().enumerate() {
+        assert_capped(&format!("device {dev}"), share, 0.40, 0.05, counts);
+    }
+}
+
 #[test]
 fn group_memory_limit_across_processes_and_release_on_kill() {
     let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=1GiB\n");

@@ -38,7 +38,10 @@ struct Args {
     /// (cuArrayCreate, 1D float4), array3d (cuArray3DCreate)
     #[arg(long, default_value = "v2")]
     alloc_api: String,
-    /// Launch API: kernel, ex, coop, graph
+    /// Launch API: kernel, ex, coop, graph, or coop-multi
+    /// (cuLaunchCooperativeKernelMultiDevice: one kernel on each device,
+    /// each onto a stream of its own there; an iteration then synchronises
+    /// every one of those streams)
     #[arg(long, default_value = "kernel")]
     launch_api: String,
     /// Device ordinal
@@ -246,6 +249,9 @@ struct Driver {
     launch_ex: unsafe extern "C" fn(*const LaunchConfig, Ptr, *mut Ptr, *mut Ptr) -> CUresult,
     launch_coop:
         unsafe extern "C" fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr) -> CUresult,
+    launch_coop_multi: unsafe extern "C" fn(*mut MultiDeviceParams, u32, u32) -> CUresult,
+    ctx_get_current: unsafe extern "C" fn(*mut Ptr) -> CUresult,
+    device_get_count: unsafe extern "C" fn(*mut i32) -> CUresult,
     graph_create: unsafe extern "C" fn(*mut Ptr, u32) -> CUresult,
     graph_add_kernel:
         unsafe extern "C" fn(*mut Ptr, Ptr, *const Ptr, usize, *const KernelNodeParams) -> CUresult,
@@ -289,6 +295,56 @@ struct Driver {
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct IpcMemHandle([u8; 64]);
+
+/// `CUDA_LAUNCH_PARAMS`.
+#[repr(C)]
+struct MultiDeviceParams {
+    func: Ptr,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shmem: u32,
+    stream: Ptr,
+    params: *mut Ptr,
+}
+
+/// `--launch-api coop-multi`: on every device, the kernel (loaded in its
+/// primary context) and a non-blocking stream there.
+fn every_device(d: &Driver) -> anyhow::Result<Vec<(Ptr, Ptr)>> {
+    let mut out = Vec::new();
+    // SAFETY: driver calls with out-pointers to locals; the thread's
+    // current context is put back at the end.
+    unsafe {
+        let mut current: Ptr = std::ptr::null_mut();
+        check("cuCtxGetCurrent", (d.ctx_get_current)(&mut current))?;
+        let mut n = 0;
+        check("cuDeviceGetCount", (d.device_get_count)(&mut n))?;
+        for dev in 0..n {
+            let mut ctx: Ptr = std::ptr::null_mut();
+            check(
+                "cuDevicePrimaryCtxRetain",
+                (d.primary_retain)(&mut ctx, dev),
+            )?;
+            check("cuCtxSetCurrent", (d.ctx_set_current)(ctx))?;
+            let (mut module, mut func, mut stream): (Ptr, Ptr, Ptr) = (
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+            check(
+                "cuModuleLoadData",
+                (d.module_load)(&mut module, c"fakecuda".as_ptr() as *const c_void),
+            )?;
+            check(
+                "cuModuleGetFunction",
+                (d.get_function)(&mut func, module, c"fake_spin".as_ptr()),
+            )?;
+            check("cuStreamCreate", (d.stream_create)(&mut stream, 1))?;
+            out.push((func, stream));
+        }
+        check("cuCtxSetCurrent", (d.ctx_set_current)(current))?;
+    }
+    Ok(out)
+}
 
 #[repr(C)]
 struct LaunchConfig {
@@ -378,6 +434,9 @@ impl Driver {
             launch: f!("cuLaunchKernel"),
             launch_ex: f!("cuLaunchKernelEx"),
             launch_coop: f!("cuLaunchCooperativeKernel"),
+            launch_coop_multi: f!("cuLaunchCooperativeKernelMultiDevice"),
+            ctx_get_current: f!("cuCtxGetCurrent"),
+            device_get_count: f!("cuDeviceGetCount"),
             graph_create: f!("cuGraphCreate"),
             graph_add_kernel: f!("cuGraphAddKernelNode"),
             graph_instantiate: f!("cuGraphInstantiateWithFlags"),
@@ -1109,6 +1168,11 @@ fn launch_loop(
     let mut kernels = 0u64;
     let waiter = Wait::new(d, args)?;
     let stream = waiter.stream;
+    let multi = if args.launch_api == "coop-multi" {
+        every_device(d)?
+    } else {
+        Vec::new()
+    };
     let allreduce = args
         .allreduce
         .as_deref()
@@ -1169,6 +1233,20 @@ fn launch_loop(
                         (d.launch_coop)(func, 1, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr())
                     }
                     "graph" => (d.graph_launch)(exec, stream),
+                    "coop-multi" => {
+                        let mut list: Vec<MultiDeviceParams> = multi
+                            .iter()
+                            .map(|&(func, stream)| MultiDeviceParams {
+                                func,
+                                grid: [1, 1, 1],
+                                block: [1, 1, 1],
+                                shmem: 0,
+                                stream,
+                                params: params.as_mut_ptr(),
+                            })
+                            .collect();
+                        (d.launch_coop_multi)(list.as_mut_ptr(), list.len() as u32, 0)
+                    }
                     other => bail!("unknown --launch-api {other}"),
                 };
                 if r != 0 {
@@ -1183,6 +1261,9 @@ fn launch_loop(
             }
             if let Some(a) = &allreduce {
                 a.launch(d, stream, args.allreduce_us)?;
+            }
+            for &(_, s) in &multi {
+                check("cuStreamSynchronize", (d.stream_sync)(s))?;
             }
             waiter.wait()?;
             demand.push((start, monotonic_ns()));
