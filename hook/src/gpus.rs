@@ -1,5 +1,5 @@
 //! Which GPU is which: the scheduler's index of each CUDA ordinal, found
-//! once by the GPU's UUID. A device cgroup (Slurm's `ConstrainDevices`),
+//! once by the GPU's UUID (a MIG instance's, by the GPU it is part of). A device cgroup (Slurm's `ConstrainDevices`),
 //! `CUDA_VISIBLE_DEVICES` and a container (whose NVML numbers its GPUs
 //! from 0 too) renumber the ordinals away from the machine's indices.
 
@@ -55,9 +55,14 @@ impl State {
     fn find_gpus(&self) -> Option<Vec<(String, u32)>> {
         let count = driver::device_count()?;
         let uuids: Vec<Option<[u8; 16]>> = (0..count).map(driver::device_uuid).collect();
+        // A MIG instance is known (to the scheduler, and here) by its GPU.
         let texts: Vec<String> = uuids
             .iter()
-            .map(|u| u.as_ref().map(nvml_lib::uuid_text).unwrap_or_default())
+            .map(|u| {
+                u.as_ref()
+                    .map(|u| nvml_lib::gpu_of_uuid(u).unwrap_or_else(|| nvml_lib::uuid_text(u)))
+                    .unwrap_or_default()
+            })
             .collect();
         let asked = Request::Gpus {
             uuids: texts.clone(),

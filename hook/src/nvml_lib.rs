@@ -102,7 +102,30 @@ fn handle_of(uuid: &str) -> Option<*mut c_void> {
 /// process's device cgroup and `CUDA_VISIBLE_DEVICES` made of its CUDA
 /// ordinals. `None` without NVML or where it does not know the GPU.
 pub fn index_of_uuid(uuid: &[u8; 16]) -> Option<u32> {
-    nvml_index(handle_of(&uuid_text(uuid))?)
+    nvml_index(handle_of(&gpu_of_uuid(uuid)?)?)
+}
+
+/// The UUID text of the GPU a CUDA device whose UUID is `uuid` runs on:
+/// its own (`GPU-…`), or, for a MIG instance (`CUDA_VISIBLE_DEVICES=MIG-…`:
+/// CUDA then gives the instance's UUID), the GPU it is part of. `None`
+/// without NVML or where NVML knows neither.
+pub fn gpu_of_uuid(uuid: &[u8; 16]) -> Option<String> {
+    static PARENT: AtomicUsize = AtomicUsize::new(0);
+    type Parent = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> NvmlReturn;
+    let gpu = uuid_text(uuid);
+    if handle_of(&gpu).is_some() {
+        return Some(gpu);
+    }
+    let instance = handle_of(&format!("MIG-{}", &gpu["GPU-".len()..]))?;
+    // SAFETY: nvmlDeviceGetDeviceHandleFromMigDeviceHandle's C signature.
+    let parent_of =
+        unsafe { real::<Parent>(&PARENT, c"nvmlDeviceGetDeviceHandleFromMigDeviceHandle") }?;
+    let mut parent: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a MIG handle NVML gave and an out-pointer to a local.
+    if unsafe { parent_of(instance, &mut parent) } != 0 {
+        return None;
+    }
+    uuid_of(parent)
 }
 
 /// The device memory NVML says process `pid` holds on the GPU whose UUID

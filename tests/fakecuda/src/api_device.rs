@@ -61,7 +61,12 @@ driver_api! {
     }
     fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) {
         let s = initialised()?;
-        put(uuid, device::uuid(check_device(s, dev)?))
+        let physical = check_device(s, dev)?;
+        // A MIG instance's own UUID, as CUDA gives it.
+        if s.is_mig(dev as usize) {
+            return put(uuid, device::mig_uuid(physical));
+        }
+        put(uuid, device::uuid(physical))
     }
     fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) {
         // SAFETY: same contract as cuDeviceGetUuid.

@@ -33,10 +33,19 @@
 //!   `docker run --gpus`): NVML too enumerates only those, renumbered from
 //!   0 in index order (`nvmlDeviceGetIndex` gives the container's index),
 //!   and a UUID of another device is not found (`NVML_ERROR_NOT_FOUND`).
+//! - `FAKECUDA_MIG`: devices in MIG mode, a list of indices; each has one
+//!   MIG instance, whose UUID is the GPU's with its 15th byte `0x4d`
+//!   (`MIG-facec0da-0000-4000-8000-000000004d02` on device 2). CUDA sees
+//!   an instance only where `CUDA_VISIBLE_DEVICES` names it, and then
+//!   gives its UUID (`cuDeviceGetUuid`); NVML finds it by that UUID
+//!   (`nvmlDeviceGetHandleByUUID`), and gives its GPU
+//!   (`nvmlDeviceGetDeviceHandleFromMigDeviceHandle`). Its work and memory
+//!   are its GPU's.
 //! - `CUDA_VISIBLE_DEVICES`: as with the real driver, a list of indices
-//!   (of the devices the cgroup allows) makes the process see only those,
+//!   (of the devices the cgroup allows), GPU UUIDs (`GPU-…`) or MIG
+//!   instance UUIDs (`MIG-…`) makes the process see only those,
 //!   renumbered from 0 in that order (the list stops at the first entry
-//!   that is not a valid index).
+//!   that names no device it may see).
 //!
 //! The first process to create the state file fixes devices and memory;
 //! later ones use what the file says.
@@ -89,6 +98,10 @@ pub struct Sim {
     groups: Option<fakecuda_log::groups::Groups>,
     /// Physical devices this process sees, by ordinal.
     visible: Vec<usize>,
+    /// By ordinal: whether it is the MIG instance of its device.
+    visible_mig: Vec<bool>,
+    /// Devices in MIG mode (`FAKECUDA_MIG`).
+    pub mig: Vec<usize>,
     /// Physical devices its device cgroup lets it open.
     allowed: Vec<usize>,
     /// Physical devices NVML enumerates, by NVML index: every device, or
@@ -242,14 +255,34 @@ impl Sim {
             }
             Err(_) => (0..count).collect(),
         };
-        let visible = match std::env::var("CUDA_VISIBLE_DEVICES") {
-            Ok(list) => list
-                .split(',')
-                .map_while(|s| s.trim().parse::<usize>().ok())
-                .map_while(|i| allowed.get(i).copied())
-                .collect(),
-            Err(_) => allowed.clone(),
-        };
+        let mig: Vec<usize> = std::env::var("FAKECUDA_MIG")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|s| s.trim().parse::<usize>().ok())
+            .filter(|&d| d < count)
+            .collect();
+        let (visible, visible_mig): (Vec<usize>, Vec<bool>) =
+            match std::env::var("CUDA_VISIBLE_DEVICES") {
+                Ok(list) => list
+                    .split(',')
+                    .map(str::trim)
+                    .map_while(|e| {
+                        if let Ok(i) = e.parse::<usize>() {
+                            return allowed.get(i).map(|&d| (d, false));
+                        }
+                        allowed.iter().find_map(|&d| {
+                            if e == uuid_text(d) {
+                                Some((d, false))
+                            } else if mig.contains(&d) && e == mig_uuid_text(d) {
+                                Some((d, true))
+                            } else {
+                                None
+                            }
+                        })
+                    })
+                    .unzip(),
+                Err(_) => (allowed.clone(), vec![false; allowed.len()]),
+            };
         let nvml = if std::env::var("FAKECUDA_CONTAINER").is_ok_and(|v| v == "1") {
             allowed.clone()
         } else {
@@ -278,6 +311,8 @@ impl Sim {
                 .map_or(0, |t| fakecuda_log::groups::tag_hash(&t)),
             groups,
             visible,
+            visible_mig,
+            mig,
             allowed,
             nvml,
             pending: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
@@ -297,6 +332,11 @@ impl Sim {
     /// Number of devices this process sees.
     pub fn devices(&self) -> i32 {
         self.visible.len() as i32
+    }
+
+    /// Whether ordinal `ordinal` is a MIG instance (of its physical device).
+    pub fn is_mig(&self, ordinal: usize) -> bool {
+        self.visible_mig.get(ordinal).copied().unwrap_or(false)
     }
 
     /// The physical device of ordinal `ordinal`.
@@ -549,12 +589,29 @@ pub fn uuid(dev: usize) -> [u8; 16] {
     u
 }
 
+/// The UUID of the MIG instance of physical device `dev` (in MIG mode).
+pub fn mig_uuid(dev: usize) -> [u8; 16] {
+    let mut u = uuid(dev);
+    u[14] = 0x4d;
+    u
+}
+
 /// The UUID of physical device `dev` as NVML writes it
 /// (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, lower-case hex).
 pub fn uuid_text(dev: usize) -> String {
-    let h: String = uuid(dev).iter().map(|b| format!("{b:02x}")).collect();
+    text_of("GPU", &uuid(dev))
+}
+
+/// The UUID of the MIG instance of physical device `dev` as NVML and
+/// `CUDA_VISIBLE_DEVICES` write it (`MIG-…`).
+pub fn mig_uuid_text(dev: usize) -> String {
+    text_of("MIG", &mig_uuid(dev))
+}
+
+fn text_of(prefix: &str, u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
     format!(
-        "GPU-{}-{}-{}-{}-{}",
+        "{prefix}-{}-{}-{}-{}-{}",
         &h[0..8],
         &h[8..12],
         &h[12..16],

@@ -115,6 +115,23 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     }
     // SAFETY: the caller passes a NUL-terminated string.
     let text = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_string_lossy();
+    if text.starts_with("MIG-") {
+        let Some(dev) = s
+            .mig
+            .iter()
+            .copied()
+            .filter(|&d| s.nvml_index(d).is_some())
+            .find(|&d| crate::device::mig_uuid_text(d) == text)
+        else {
+            return NVML_ERROR_NOT_FOUND;
+        };
+        if !s.may_open(dev) {
+            return NVML_ERROR_NO_PERMISSION;
+        }
+        // SAFETY: non-null out-pointer from the caller.
+        unsafe { *handle = (MIG_HANDLES + dev + 1) as *mut c_void };
+        return NVML_SUCCESS;
+    }
     let Some(dev) = (0..s.total_devices())
         .filter(|&d| s.nvml_index(d).is_some())
         .find(|&d| crate::device::uuid_text(d) == text)
@@ -140,14 +157,14 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut std::ffi::c_char,
     length: u32,
 ) -> NvmlReturn {
-    let dev = match device_of(handle) {
-        Ok(d) => d,
-        Err(e) => return e,
+    let text = match (mig_of(handle), device_of(handle)) {
+        (Some(dev), _) => crate::device::mig_uuid_text(dev),
+        (None, Ok(dev)) => crate::device::uuid_text(dev),
+        (None, Err(e)) => return e,
     };
     if uuid.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    let text = crate::device::uuid_text(dev);
     if (length as usize) < text.len() + 1 {
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
@@ -218,6 +235,54 @@ pub struct NvmlMemoryV2 {
 pub const NVML_MEMORY_V2: u32 = std::mem::size_of::<NvmlMemoryV2>() as u32 | (2 << 24);
 
 /// The simulated device of an NVML handle.
+/// MIG instances' handles: this plus their GPU's index plus one (a GPU's
+/// handle is its index plus one).
+const MIG_HANDLES: usize = 0x1_0000;
+
+/// The GPU of a MIG instance's handle.
+fn mig_of(handle: *mut c_void) -> Option<usize> {
+    let s = sim().ok()?;
+    let dev = (handle as usize).checked_sub(MIG_HANDLES + 1)?;
+    s.mig.contains(&dev).then_some(dev)
+}
+
+/// `nvmlDeviceIsMigDeviceHandle`.
+///
+/// # Safety
+/// `is_mig` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    handle: *mut c_void,
+    is_mig: *mut u32,
+) -> NvmlReturn {
+    if is_mig.is_null() || (mig_of(handle).is_none() && device_of(handle).is_err()) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null out-pointer from the caller.
+    unsafe { *is_mig = u32::from(mig_of(handle).is_some()) };
+    NVML_SUCCESS
+}
+
+/// `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`: the GPU a MIG
+/// instance is part of.
+///
+/// # Safety
+/// `parent` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    handle: *mut c_void,
+    parent: *mut *mut c_void,
+) -> NvmlReturn {
+    let (Some(dev), false) = (mig_of(handle), parent.is_null()) else {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    };
+    // SAFETY: non-null out-pointer from the caller.
+    unsafe { *parent = (dev + 1) as *mut c_void };
+    NVML_SUCCESS
+}
+
+/// The GPU of a GPU's handle (not a MIG instance's: NVML's device queries
+/// on those are left out).
 fn device_of(handle: *mut c_void) -> Result<usize, NvmlReturn> {
     let s = sim().map_err(|_| NVML_ERROR_UNINITIALIZED)?;
     let dev = (handle as usize).wrapping_sub(1);

@@ -754,6 +754,22 @@ fn without_nvml_at_the_scheduler_a_job_in_a_device_cgroup_keeps_its_gpu() {
 /// given GPU 2 of 4, asking NVML for memory as `nvml_flag` says: it runs
 /// and is accounted on GPU 2 only. Its report.
 fn job_in_a_container(nvml_flag: &str) -> std::collections::HashMap<String, String> {
+    job_on_gpu_2(
+        nvml_flag,
+        &[
+            ("FAKECUDA_CGROUP_DEVICES", "2"),
+            ("FAKECUDA_CONTAINER", "1"),
+        ],
+    )
+}
+
+/// A job whose group may use GPU 2 of 4 only, given that GPU as `env`
+/// says (a container, a MIG instance): it runs, holds 256 MiB there, and
+/// its kernels ran only there.
+fn job_on_gpu_2(
+    nvml_flag: &str,
+    env: &[(&str, &str)],
+) -> std::collections::HashMap<String, String> {
     let g = Gemini::start(
         SimEnv::new(4, "16GiB"),
         "[job]\nMemoryLimit=1GiB\nDevices=2\n",
@@ -771,8 +787,7 @@ fn job_in_a_container(nvml_flag: &str) -> std::collections::HashMap<String, Stri
             nvml_flag,
         ],
     );
-    c.env("FAKECUDA_CGROUP_DEVICES", "2")
-        .env("FAKECUDA_CONTAINER", "1");
+    c.envs(env.iter().copied());
     let t0 = now_ns();
     let child = spawn(c);
     wait_memory_on(&g, "job", 2);
@@ -809,6 +824,27 @@ fn nvml_asked_before_cuda_leaves_the_gpu_map_to_the_driver() {
         1u64 << 30,
         "NVML's view before cuInit is the group's on GPU 2"
     );
+}
+
+/// A MIG instance (`CUDA_VISIBLE_DEVICES=MIG-…`, as Slurm and the
+/// Kubernetes device plugin hand them out) is CUDA's ordinal 0 and has a
+/// UUID of its own: the hook finds its GPU through NVML, and the job is
+/// scheduled and charged there. (Before, the instance's UUID matched no
+/// GPU and the job went to GPU 0, which its group may not use: refused.)
+#[test]
+fn a_mig_instance_is_scheduled_on_its_gpu() {
+    let r = job_on_gpu_2(
+        "--nvml",
+        &[
+            ("FAKECUDA_MIG", "2"),
+            // The simulator's instance of GPU 2 (see fakecuda::device).
+            (
+                "CUDA_VISIBLE_DEVICES",
+                "MIG-facec0da-0000-4000-8000-000000004d02",
+            ),
+        ],
+    );
+    assert_eq!(field(&r, "allocated"), 256u64 << 20);
 }
 
 /// A group with `Devices=1` launches on GPU 1; on GPU 0 its launches get
