@@ -157,3 +157,61 @@ fn a_driver_that_serves_versions_only_through_get_proc_address_works_under_the_h
         "{r:?}"
     );
 }
+
+/// The hook's gate and memory cap with that driver, for every way a
+/// program launches and allocates: each launch API (with and without the
+/// per-thread default stream) stays under MaxUtil 0.4, and each
+/// allocation API is refused past the group's 512 MiB, the hook reaching
+/// every real function through `cuGetProcAddress`.
+#[test]
+fn gating_and_caps_hold_with_a_driver_that_serves_versions_only_through_get_proc_address() {
+    use gemini_tests::cpu::{MAX_STEAL, measured, serial};
+    let _serial = serial();
+    let mut sim = SimEnv::default();
+    sim.procaddr_only = true;
+    let g = gemini_tests::Gemini::start(sim, "[a]\nMaxUtil=0.4\nMemoryLimit=512MiB\n");
+    for api in ["kernel", "ex", "coop", "graph"] {
+        for ptsz in [false, true] {
+            let mut args = vec!["--seconds", "2", "--kernel-us", "500", "--launch-api", api];
+            if ptsz {
+                args.push("--ptsz");
+            }
+            let run = || {
+                let t0 = gemini_tests::now_ns();
+                let out = g
+                    .hooked(g.sim.workload(), "a")
+                    .args(&args)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{api} ptsz={ptsz}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let pid = gemini_tests::field(&gemini_tests::reports(&out.stdout)[0], "pid");
+                g.sim
+                    .busy(0, t0 + 500_000_000, t0 + 2_000_000_000)
+                    .share(pid as u32)
+            };
+            let what = format!("{api} ptsz={ptsz}");
+            let (share, counts) = measured(&what, MAX_STEAL, 2, run);
+            assert!(share <= 0.45, "{what}: {share:.3} over the 0.4 cap");
+            if counts {
+                assert!(share >= 0.3, "{what}: {share:.3} of its 0.4");
+            }
+        }
+    }
+    for api in ["v2", "pitch", "managed", "async", "create", "array"] {
+        let out = g
+            .hooked(g.sim.workload(), "a")
+            .args(["--seconds", "0", "--alloc-api", api, "--mem", "600MiB"])
+            .output()
+            .unwrap();
+        let r = &gemini_tests::reports(&out.stdout)[0];
+        assert_eq!(
+            gemini_tests::field(r, "alloc_error"),
+            2,
+            "{api}: 600 MiB under a 512 MiB limit: {r:?}"
+        );
+    }
+}
