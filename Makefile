@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release test test-slurm test-prometheus demo bench test-gpu fuzz soak install uninstall lint fmt clean
+.PHONY: all setup build release test test-slurm test-prometheus demo bench chart test-gpu fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -55,6 +55,10 @@ demo: release
 
 bench: release
 	$(RELEASE_DIR)/gem-bench --write docs/benchmarks.md
+
+# docs/shares.svg, the README's chart, from a fresh 12 s run.
+chart: release
+	$(RELEASE_DIR)/gem-bench --chart docs/shares.svg
 
 # Skips (exit 0) where there is no NVIDIA GPU; needs the release binaries
 # (built here when cargo is available) and PyTorch.

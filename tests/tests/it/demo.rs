@@ -59,3 +59,54 @@ fn the_demo_has_help_and_clear_errors() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("/nonexistent.conf: No such file"), "{err}");
 }
+
+/// `gem-bench --chart` (`make chart`, the README's picture) runs its
+/// scenario and writes an SVG with each group's measured share and its
+/// entitlement, and the events marked.
+#[test]
+fn the_chart_is_drawn_from_a_run() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shares.svg");
+    let out = Command::new(bin("gem-bench"))
+        .arg("--chart")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gem-bench --chart failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        svg.starts_with("<svg") || svg.starts_with("<?xml"),
+        "{svg:.200}"
+    );
+    for label in [
+        "group a: measured",
+        "group b: entitled",
+        "b leaves",
+        "resource.conf: 0.6 / 0.4",
+    ] {
+        assert!(svg.contains(label), "no {label:?} in the chart");
+    }
+    // Four series: two measured, two entitled.
+    assert!(svg.matches("<polyline").count() >= 4, "{svg:.400}");
+    // The table row: mean shares for each phase; a alone got most of it.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| chart of a run"))
+        .unwrap_or_else(|| panic!("no chart row:\n{text}"));
+    let alone: f64 = row
+        .split(" · ")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(alone > 0.5, "a alone got {alone}: {row}");
+}

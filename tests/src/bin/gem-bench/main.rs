@@ -16,10 +16,14 @@
 //!   holder must give memory back;
 //! - policy throughput: grants per second of the pure policy with 256
 //!   always-busy clients on 8 devices, in virtual time;
-//! - scheduler RSS with 256 connected clients.
+//! - scheduler RSS with 256 connected clients;
+//! - with `--chart PATH`, an SVG chart of two groups' shares over a run
+//!   (see `chart`).
 
 // A tool of the test suite: on failure it stops loudly, which is its job.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod chart;
 
 use gemini_config::parse_resource;
 use gemini_protocol::{Reply, Request, Role};
@@ -824,6 +828,11 @@ struct Args {
     /// Run only these parts (comma-separated)
     #[arg(long, value_delimiter = ',', value_parser = PARTS)]
     only: Option<Vec<String>>,
+    /// Write an SVG chart of two groups' shares over a 12 s run (one
+    /// leaving and coming back, a live resource.conf edit) to this file;
+    /// alone, without --only, runs nothing else
+    #[arg(long, value_name = "PATH")]
+    chart: Option<std::path::PathBuf>,
 }
 
 fn main() {
@@ -834,7 +843,25 @@ fn main() {
     let mut t = Table(Vec::new());
     let started = Instant::now();
     let cpu_before = gemini_tests::cpu::CpuTimes::now();
-    let only = args.only;
+    let only = match (&args.chart, args.only) {
+        (Some(_), None) => Some(Vec::new()),
+        (_, only) => only,
+    };
+    if let Some(path) = &args.chart {
+        let phases = chart::write(path);
+        let shown: Vec<String> = phases
+            .iter()
+            .map(|(a, b)| format!("{a:.2}/{b:.2}"))
+            .collect();
+        t.row(
+            format!(
+                "chart of a run ({}): mean shares a/b, both / b away / both / after the edit",
+                path.display()
+            ),
+            shown.join(" · "),
+            "0.30/0.70 · 1.00/0 · 0.30/0.70 · 0.60/0.40",
+        );
+    }
     type Part = (&'static str, fn(&mut Table));
     let parts: [Part; 7] = [
         ("fast", fast_path),
