@@ -3,7 +3,6 @@
 //! Prometheus scraping it (`make test-prometheus`, ignored otherwise),
 //! that what Prometheus stored is what the scheduler served.
 
-use gemini_tests::cpu::CpuTimes;
 use gemini_tests::{Gemini, SimEnv, bin};
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -63,7 +62,6 @@ fn metrics_describe_groups_devices_tokens_and_reloads() {
         &["--metrics", "127.0.0.1:0"],
     );
     let addr = metrics_addr(&g);
-    let cpu = CpuTimes::now();
     let (a, b) = (workload(&g, "a", "3"), workload(&g, "b", "3"));
     std::thread::sleep(Duration::from_millis(2500));
     let text = get(&addr, "/metrics");
@@ -89,12 +87,9 @@ fn metrics_describe_groups_devices_tokens_and_reloads() {
         v("gemini_group_share_ratio{group=\"b\",device=\"0\"}"),
     );
     assert!(sa > 0.0 && sb > sa, "shares a {sa}, b {sb}");
-    if cpu.counts("the shares in the metrics") {
-        assert!(
-            (sa - 0.3).abs() < 0.1 && (sb - 0.7).abs() < 0.1,
-            "a {sa}, b {sb}"
-        );
-    }
+    // Whether the shares meet MinUtil is for the share tests and `make
+    // bench`: the gauges are refreshed once a second, so no figure here is
+    // the scheduler's of the same instant.
     assert!(v("gemini_device_busy_ratio{device=\"0\"}") > 0.5);
     let grants = v("gemini_group_token_grants_total{group=\"a\",device=\"0\"}");
     assert!(grants >= 1.0, "{text}");

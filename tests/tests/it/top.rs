@@ -2,7 +2,6 @@
 //! groups share the simulated device, and what tmux shows (capture-pane)
 //! has both groups and their shares; `q` ends it.
 
-use gemini_tests::cpu::CpuTimes;
 use gemini_tests::{Gemini, SimEnv, bin};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -49,7 +48,6 @@ fn top_shows_the_groups_and_their_shares_in_an_80_by_24_terminal() {
             .stderr(Stdio::null());
         c.spawn().unwrap()
     };
-    let cpu = CpuTimes::now();
     let workloads = [spawn("train"), spawn("serve")];
     g.wait_status(5.0, "both groups running", |s| s.clients.len() == 2);
     let socket = format!("gemtop-{}", std::process::id());
@@ -82,7 +80,6 @@ fn top_shows_the_groups_and_their_shares_in_an_80_by_24_terminal() {
     let screen =
         String::from_utf8_lossy(&tmux(&socket, &["capture-pane", "-p", "-t", "top"]).stdout)
             .into_owned();
-    let counts = cpu.counts("the shares gem-schd top shows");
     let _ = tmux(&socket, &["send-keys", "-t", "top", "q"]);
     let deadline = Instant::now() + Duration::from_secs(3);
     while tmux(&socket, &["has-session", "-t", "top"])
@@ -118,10 +115,4 @@ fn top_shows_the_groups_and_their_shares_in_an_80_by_24_terminal() {
         train > 0.0 && serve > train,
         "train {train}, serve {serve}:\n{screen}"
     );
-    if counts {
-        assert!(
-            (train - 0.3).abs() <= 0.1 && (serve - 0.7).abs() <= 0.1,
-            "train {train}, serve {serve}:\n{screen}"
-        );
-    }
 }
