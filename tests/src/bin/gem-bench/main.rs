@@ -331,6 +331,80 @@ fn nccl_jobs(t: &mut Table) {
     );
 }
 
+/// What the hook costs a program that is alone on the device: the kernel
+/// throughput of a lone uncapped group launching 10 µs kernels with a
+/// wait every 100 (default scheduler settings: tokens come and go), and
+/// the time an allocation takes, with the hook and without it (runs
+/// interleaved, median of 5 each).
+fn overhead(t: &mut Table) {
+    let g = Gemini::start_with(
+        SimEnv::default(),
+        "[alone]\n[mem]\nMemoryLimit=8GiB\n",
+        &["--log-level", "warn"],
+    );
+    let kernels = |hooked: bool| {
+        let mut c = if hooked {
+            g.hooked(g.sim.workload(), "alone")
+        } else {
+            g.sim.workload()
+        };
+        c.args([
+            "--seconds",
+            "3",
+            "--kernel-us",
+            "10",
+            "--iter-kernels",
+            "100",
+            "--wait",
+            "stream",
+        ]);
+        let out = c.output().expect("run gem-workload");
+        let r = &reports(&out.stdout)[0];
+        field(r, "kernels") as f64 / r["seconds"].parse::<f64>().expect("seconds")
+    };
+    // 1 MiB at a time, 2048 of them: each one charged before the driver
+    // is asked.
+    let allocs = |hooked: bool| {
+        let mut c = if hooked {
+            g.hooked(g.sim.workload(), "mem")
+        } else {
+            g.sim.workload()
+        };
+        c.args(["--seconds", "0", "--mem", "2GiB", "--chunk", "1MiB"]);
+        let out = c.output().expect("run gem-workload");
+        let r = &reports(&out.stdout)[0];
+        (field(r, "alloc_done_ns") - field(r, "alloc_start_ns")) as f64 / 2048.0 / 1000.0
+    };
+    let (mut plain, mut hooked) = (Vec::new(), Vec::new());
+    let (mut plain_alloc, mut hooked_alloc) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        plain.push(kernels(false));
+        hooked.push(kernels(true));
+        plain_alloc.push(allocs(false));
+        hooked_alloc.push(allocs(true));
+    }
+    let (p, h) = (percentile(&mut plain, 0.5), percentile(&mut hooked, 0.5));
+    t.row(
+        "lone uncapped group, 10 µs kernels, a wait every 100: kernel throughput lost to the hook (median of 5)",
+        format!(
+            "{:.1} % ({:.0} / {:.0} kernels/s without / with)",
+            100.0 * (1.0 - h / p),
+            p,
+            h
+        ),
+        "≤ 1 %",
+    );
+    let (pa, ha) = (
+        percentile(&mut plain_alloc, 0.5),
+        percentile(&mut hooked_alloc, 0.5),
+    );
+    t.row(
+        "memory cap: time added per cuMemAlloc (1 MiB, 2048 in a row, median of 5)",
+        format!("{:.1} µs ({pa:.1} → {ha:.1} µs)", ha - pa),
+        "",
+    );
+}
+
 /// The workload shapes of the share matrix: what real programs do between
 /// launches (`gem-workload` arguments).
 pub const SHAPES: &[(&str, &[&str])] = &[
@@ -831,8 +905,8 @@ fn scheduler_rss(t: &mut Table) {
 }
 
 /// The parts of the bench, in the order they run.
-const PARTS: [&str; 7] = [
-    "fast", "shares", "nccl", "shapes", "holder", "policy", "rss",
+const PARTS: [&str; 8] = [
+    "fast", "shares", "nccl", "overhead", "shapes", "holder", "policy", "rss",
 ];
 
 #[derive(clap::Parser, Debug)]
@@ -841,7 +915,7 @@ const PARTS: [&str; 7] = [
     after_help = "Environment: GEMINI_BIN_DIR (the binaries; default: next to this one), \
 GEM_BENCH_TRIES (attempts at a shapes row while the host steals over 10 % of \
 the CPU; default 3), GEM_BENCH_SECONDS (length of a shapes row; default 12), GEM_BENCH_SHAPES (only the \
-shapes whose name contains it), GEM_BENCH_MIXES (only these group mixes, by index: 0 two groups, 1 and 2 two and four processes per group, 3 three groups, 4 four groups; e.g. 0,2)."
+shapes whose name contains it), GEM_BENCH_MIXES (only these group mixes, by index: 0 two groups, 1 and 2 two and four processes per group, 3 three groups, 4 four groups, 5-7 a lone group capped at 0.2, 0.4, 0.8, 8 a group capped at 0.4 beside an uncapped one; e.g. 0,2)."
 )]
 struct Args {
     /// Also write the table, with the date, commit and machine, to this file
@@ -885,10 +959,11 @@ fn main() {
         );
     }
     type Part = (&'static str, fn(&mut Table));
-    let parts: [Part; 7] = [
+    let parts: [Part; 8] = [
         ("fast", fast_path),
         ("shares", share_accuracy),
         ("nccl", nccl_jobs),
+        ("overhead", overhead),
         ("shapes", shape_matrix),
         ("holder", holder),
         ("policy", policy_throughput),
