@@ -513,6 +513,26 @@ pub const TRAINING_STEP: &[&str] = &[
     "ctx",
 ];
 
+/// `gem-workload` arguments for rank `rank` of a 2-rank NCCL-style job
+/// (communicator `comm`) on GPU `rank`: steps of five 200 µs kernels and
+/// an allreduce (the simulator's `fake_allreduce`), then a wait.
+pub fn allreduce_rank(comm: usize, rank: u32, seconds: &str) -> Vec<String> {
+    [
+        "--device",
+        &rank.to_string(),
+        "--iter-kernels",
+        "5",
+        "--kernel-us",
+        "200",
+        "--allreduce",
+        &format!("{comm}:2:{rank}"),
+        "--seconds",
+        seconds,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// `gem-workload` arguments for latency-bound inference: one 1 ms kernel,
 /// then `cuStreamSynchronize` for it.
 pub const SYNC_EVERY_KERNEL: &[&str] = &[

@@ -5,8 +5,8 @@
 //! device.
 
 use crate::metrics::{get, metrics_addr, sample};
-use gemini_tests::cpu::CpuTimes;
-use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
+use gemini_tests::cpu::{CpuTimes, serial};
+use gemini_tests::{Gemini, SimEnv, allreduce_rank, field, now_ns, reports};
 use std::process::{Child, Stdio};
 
 const SEC: u64 = 1_000_000_000;
@@ -15,20 +15,9 @@ const SEC: u64 = 1_000_000_000;
 /// 200 µs kernels and an allreduce, then a wait, on GPU `rank`.
 fn rank(g: &Gemini, group: &str, comm: u32, rank: u32, seconds: &str) -> Child {
     let mut c = g.hooked(g.sim.workload(), group);
-    c.args([
-        "--device",
-        &rank.to_string(),
-        "--iter-kernels",
-        "5",
-        "--kernel-us",
-        "200",
-        "--allreduce",
-        &format!("{comm}:2:{rank}"),
-        "--seconds",
-        seconds,
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    c.args(allreduce_rank(comm as usize, rank, seconds))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     c.spawn().unwrap()
 }
 
@@ -39,6 +28,7 @@ fn rank(g: &Gemini, group: &str, comm: u32, rank: u32, seconds: &str) -> Child {
 /// steps, and each gets its half of what the devices worked.
 #[test]
 fn two_nccl_jobs_on_the_same_two_gpus_never_wait_on_each_other() {
+    let _serial = serial();
     let g = Gemini::start_with(
         SimEnv::new(2, "16GiB"),
         "[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n",

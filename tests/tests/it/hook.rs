@@ -1154,6 +1154,7 @@ fn learned_per_launch(log: &str) -> Vec<u64> {
 /// per launch.)
 #[test]
 fn polling_an_old_event_teaches_nothing_about_kernel_time() {
+    let _serial = serial();
     let g = Gemini::start(SimEnv::default(), "[a]\nMaxUtil=0.5\n");
     let mut a = rust(
         &g,

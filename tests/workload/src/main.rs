@@ -296,6 +296,24 @@ struct Driver {
 #[derive(Clone, Copy)]
 struct IpcMemHandle([u8; 64]);
 
+/// Loads a module in the calling thread's current context and returns
+/// its function `name` (the simulator times a kernel by its name).
+fn load_kernel(d: &Driver, name: &std::ffi::CStr) -> anyhow::Result<Ptr> {
+    let (mut module, mut func): (Ptr, Ptr) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: out-pointers to locals and a NUL-terminated name.
+    unsafe {
+        check(
+            "cuModuleLoadData",
+            (d.module_load)(&mut module, c"fakecuda".as_ptr() as *const c_void),
+        )?;
+        check(
+            "cuModuleGetFunction",
+            (d.get_function)(&mut func, module, name.as_ptr()),
+        )?;
+    }
+    Ok(func)
+}
+
 /// `CUDA_LAUNCH_PARAMS`.
 #[repr(C)]
 struct MultiDeviceParams {
@@ -325,19 +343,8 @@ fn every_device(d: &Driver) -> anyhow::Result<Vec<(Ptr, Ptr)>> {
                 (d.primary_retain)(&mut ctx, dev),
             )?;
             check("cuCtxSetCurrent", (d.ctx_set_current)(ctx))?;
-            let (mut module, mut func, mut stream): (Ptr, Ptr, Ptr) = (
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            );
-            check(
-                "cuModuleLoadData",
-                (d.module_load)(&mut module, c"fakecuda".as_ptr() as *const c_void),
-            )?;
-            check(
-                "cuModuleGetFunction",
-                (d.get_function)(&mut func, module, c"fake_spin".as_ptr()),
-            )?;
+            let func = load_kernel(d, c"fake_spin")?;
+            let mut stream: Ptr = std::ptr::null_mut();
             check("cuStreamCreate", (d.stream_create)(&mut stream, 1))?;
             out.push((func, stream));
         }
@@ -526,16 +533,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
             (d.primary_retain)(&mut ctx, dev),
         )?;
         check("cuCtxSetCurrent", (d.ctx_set_current)(ctx))?;
-        let mut module: Ptr = std::ptr::null_mut();
-        check(
-            "cuModuleLoadData",
-            (d.module_load)(&mut module, c"fakecuda".as_ptr() as *const c_void),
-        )?;
-        let mut func: Ptr = std::ptr::null_mut();
-        check(
-            "cuModuleGetFunction",
-            (d.get_function)(&mut func, module, c"fake_spin".as_ptr()),
-        )?;
+        let func = load_kernel(&d, c"fake_spin")?;
 
         let mut report = Report {
             host_error: 0,
@@ -724,16 +722,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
                     // gets a module of its own (functions belong to one).
                     let mut own: Ptr = std::ptr::null_mut();
                     check("cuCtxCreate", (d.ctx_create)(&mut own, 0, dev))?;
-                    let mut module: Ptr = std::ptr::null_mut();
-                    let mut func: Ptr = std::ptr::null_mut();
-                    check(
-                        "cuModuleLoadData",
-                        (d.module_load)(&mut module, c"fakecuda".as_ptr() as *const c_void),
-                    )?;
-                    check(
-                        "cuModuleGetFunction",
-                        (d.get_function)(&mut func, module, c"fake_spin".as_ptr()),
-                    )?;
+                    let func = load_kernel(&d, c"fake_spin")?;
                     let mut own_args = args.clone();
                     own_args.kernel_us = args.second_kernel_us.unwrap_or(args.kernel_us);
                     let n = launch_loop(&d, &own_args, func as usize, e, per_launch)?;
@@ -1312,19 +1301,7 @@ impl Allreduce {
             v.parse()
                 .with_context(|| format!("--allreduce {spec}: {what} {v:?} is not a number"))
         };
-        let mut module: Ptr = std::ptr::null_mut();
-        let mut func: Ptr = std::ptr::null_mut();
-        // SAFETY: out-pointers to locals, in the thread's current context.
-        unsafe {
-            check(
-                "cuModuleLoadData",
-                (d.module_load)(&mut module, c"fakecuda".as_ptr() as *const c_void),
-            )?;
-            check(
-                "cuModuleGetFunction",
-                (d.get_function)(&mut func, module, c"fake_allreduce".as_ptr()),
-            )?;
-        }
+        let func = load_kernel(d, c"fake_allreduce")?;
         Ok(Allreduce {
             comm: n("communicator", comm)?,
             ranks: n("ranks", ranks)? as u32,

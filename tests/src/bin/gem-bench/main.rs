@@ -271,20 +271,9 @@ fn nccl_jobs(t: &mut Table) {
                 } else {
                     g.sim.workload()
                 };
-                c.args([
-                    "--device",
-                    &rank.to_string(),
-                    "--iter-kernels",
-                    "5",
-                    "--kernel-us",
-                    "200",
-                    "--allreduce",
-                    &format!("{}:2:{rank}", job + 1),
-                    "--seconds",
-                    "12",
-                ])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit());
+                c.args(gemini_tests::allreduce_rank(job + 1, rank, "12"))
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit());
                 (job, rank, c.spawn().unwrap())
             })
             .collect();
