@@ -1,0 +1,150 @@
+//! Waits: a thread waiting for (or polling) its device work keeps the
+//! process busy, and a wait that proves the launches done teaches the
+//! gate their device time (see `covers`).
+
+use super::*;
+
+/// The guard of a wait call (see [`waiting`]).
+#[derive(Debug)]
+pub struct Waiting {
+    /// The state, the device's ordinal and its gate.
+    at: Option<(&'static State, usize, &'static Gate)>,
+    /// What the call proves done if it returns with the work done.
+    covers: Covers,
+    /// Launches admitted when the call began.
+    launches_at: u64,
+    /// The call returned with the work before it done (a synchronisation
+    /// or blocking copy that succeeded, a query that found it complete).
+    finished: bool,
+}
+
+impl Waiting {
+    /// Says the work before this call is done: where that is the work of
+    /// every launch of the gate's sample (see `covers`), the gate learns
+    /// from it how long launches take on the device.
+    pub fn finished(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let Some((st, dev, g)) = self.at else { return };
+        g.waiting_now.fetch_sub(1, Ordering::AcqRel);
+        let exited = g.exited.fetch_add(1, Ordering::AcqRel) + 1;
+        if g.entered.load(Ordering::Acquire) != exited {
+            return; // another thread is still launching or waiting
+        }
+        let now = now_ns();
+        if self.finished {
+            if self.covers.proves_sample(dev, g, self.launches_at) {
+                g.learn_kernel(now);
+            }
+            let announced = g.quiet_end.swap(0, Ordering::Relaxed);
+            if announced != 0 {
+                let late = announced as i64 - now as i64;
+                let bias = g.quiet_bias.load(Ordering::Relaxed);
+                g.quiet_bias
+                    .store(bias + (late - bias) / 4, Ordering::Relaxed);
+            }
+        }
+        g.wait_exit.store(now.max(1), Ordering::Relaxed);
+        let idle = st.settings.idle.as_nanos() as u64;
+        if g.granted_at.load(Ordering::Relaxed) != 0 && g.quiet_after_waits(idle) {
+            // This process usually goes quiet now: let the watcher give the
+            // token back at once.
+            let (m, cv) = &st.kick;
+            *lock(m) = true;
+            cv.notify_one();
+        }
+    }
+}
+
+/// Marks the calling thread as waiting for (or polling) its device work on
+/// the current device until the guard drops: the process is busy, not
+/// idle, and keeps its token. Never blocks on the device and creates no
+/// state: a process that has launched nothing holds no token to keep.
+/// `blocks`: the call blocks until the work is done (a synchronisation,
+/// a blocking copy), not a query; one in a process that goes quiet after
+/// its waits may announce its end (see [`quieting`]). `covers`: what the
+/// call proves done if it returns with the work done.
+#[inline]
+pub fn waiting(blocks: bool, covers: Covers) -> Waiting {
+    let none = Waiting {
+        at: None,
+        covers,
+        launches_at: 0,
+        finished: false,
+    };
+    let Some(st) = state::current() else {
+        return none;
+    };
+    let Some(dev) = current_device() else {
+        return none;
+    };
+    let g = &st.gates[dev];
+    let launches_at = g.launches();
+    g.waiting_now.fetch_add(1, Ordering::AcqRel);
+    g.waits.fetch_add(1, Ordering::AcqRel);
+    g.entered.fetch_add(1, Ordering::AcqRel);
+    if blocks
+        && g.deadline.load(Ordering::Relaxed) != 0
+        && g.quiet_after_waits(st.settings.idle.as_nanos() as u64)
+    {
+        quieting(st, dev, g);
+    }
+    Waiting {
+        at: Some((st, dev, g)),
+        covers,
+        launches_at,
+        finished: false,
+    }
+}
+
+/// Work left shorter than this when a wait begins is not announced (see
+/// [`quieting`]): the notice's round trip would outlast it.
+const QUIET_NOTICE_MIN_NS: u64 = 1_000_000;
+
+/// A wait begins in a process that usually goes quiet after its waits:
+/// if this wait is the only call in flight and the work queued under the
+/// token is predicted to run on for a while, tell the scheduler when it
+/// ends, so the device passes to the next holder just before (instead of
+/// idling while this process wakes, reports and the next one launches),
+/// and launch nothing more under this token (a launch after all takes
+/// the slow path and asks again).
+#[cold]
+fn quieting(st: &State, dev: usize, g: &Gate) {
+    let now = now_ns();
+    let end = g.queued_end.load(Ordering::Relaxed);
+    if end < now + QUIET_NOTICE_MIN_NS
+        || g.entered.load(Ordering::Acquire) != g.exited.load(Ordering::Acquire) + 1
+    {
+        return;
+    }
+    let Ok(_slow) = g.slow.try_lock() else {
+        return;
+    };
+    if g.granted_at.load(Ordering::Acquire) == 0 || g.deadline.swap(0, Ordering::AcqRel) == 0 {
+        return;
+    }
+    // The queue's end was predicted with the estimate that leans long (a
+    // token not lent); the device passes on at the end that leans short:
+    // too early, the next holder's first launches wait behind this work
+    // (its time is not charged to them), too late, the device idles.
+    let (lo, hi) = (
+        g.kernel_ns.load(Ordering::Relaxed),
+        g.kernel_hi_ns.load(Ordering::Relaxed),
+    );
+    let left = if g.lent.load(Ordering::Relaxed) || hi == 0 {
+        end - now
+    } else {
+        ((end - now) as u128 * lo.min(hi) as u128 / hi as u128) as u64
+    };
+    let bias = g.quiet_bias.load(Ordering::Relaxed);
+    let left = (left as i64 - bias).max(0) as u64;
+    g.quiet_end.store(now + left, Ordering::Relaxed);
+    let done_in_us = left / 1000;
+    debug!("device {dev}: waiting, quiet after; work ends in about {done_in_us} us");
+    let device = st.physical(dev as u32);
+    let _ = st.call(&Request::Quieting { device, done_in_us }, device);
+}

@@ -1,0 +1,138 @@
+//! The idle watcher: gives tokens back when the process stops using the
+//! device, or when only waits hold one, for work that waits on another
+//! process (see `Settle::Stalled`).
+
+use super::*;
+
+/// How long past the predicted end of its work a wait holds a token
+/// before it counts as stalled (or the idle threshold, if shorter): the
+/// prediction leans long, so a wait this much longer waits for something
+/// else than this process's launches.
+pub(super) const STALL_NS: u64 = 1_000_000;
+
+/// Whether `g`'s token is held by waits alone, for work that should
+/// have ended `idle` ago (see [`Settle::Stalled`]). Only once the device
+/// time per launch is known: until then a long kernel's wait looks the
+/// same.
+fn stalled(g: &Gate, now: u64, idle: u64) -> bool {
+    let granted_at = g.granted_at.load(Ordering::Acquire);
+    if granted_at == 0 || g.kernel_hi_ns.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let only_waits = |g: &Gate| {
+        let in_flight = g
+            .entered
+            .load(Ordering::Acquire)
+            .saturating_sub(g.exited.load(Ordering::Acquire));
+        in_flight != 0 && in_flight == g.waiting_now.load(Ordering::Acquire)
+    };
+    let expected_end = g.queued_end.load(Ordering::Relaxed).max(granted_at);
+    only_waits(g) && now >= expected_end + idle
+}
+
+/// Gives back a token [`stalled`] waits hold, accounted to now: the
+/// waits go on without it, and the next launch asks for a new one.
+#[cold]
+fn give_back_stalled(st: &State, dev: usize, g: &'static Gate) {
+    let Ok(_slow) = g.slow.try_lock() else {
+        return;
+    };
+    // Launches from now on take the slow path and wait for us; one that
+    // slipped in meanwhile keeps the token after all.
+    let deadline = g.deadline.swap(0, Ordering::AcqRel);
+    let idle = st.settings.idle.as_nanos() as u64;
+    if !stalled(g, now_ns(), idle.min(STALL_NS)) {
+        g.deadline.store(deadline, Ordering::Release);
+        return;
+    }
+    let Some(used_us) = settle(dev, g, Settle::Stalled) else {
+        return;
+    };
+    debug!(
+        "device {dev}: waiting for work that waits on another process: token given back after {used_us} us"
+    );
+    let device = st.physical(dev as u32);
+    let _ = st.call(&Request::ReleaseToken { device, used_us }, device);
+}
+
+pub(super) fn start_watcher(st: &'static State) {
+    if st.watcher.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("gemini-idle".into())
+        .spawn(move || watch(st));
+    if spawned.is_err() {
+        st.watcher.store(false, Ordering::Release);
+    }
+}
+
+/// Gives tokens back when the process stops using the device: no call
+/// that launches or waits in flight, and none made for `GEMINI_IDLE_MS`.
+/// A token that ran out while the process was quiet is given back too, so
+/// the scheduler does not keep it reserved until it revokes it.
+fn watch(st: &'static State) {
+    let idle = st.settings.idle.as_nanos() as u64;
+    let tick = Duration::from_nanos((idle / 2).clamp(200_000, 2_000_000));
+    // Per gate: calls entered as last seen, and since when unchanged.
+    let mut seen: Vec<(u64, u64)> = vec![(0, now_ns()); st.gates.len()];
+    loop {
+        {
+            let (m, cv) = &st.kick;
+            let mut kicked = lock(m);
+            if !*kicked {
+                kicked = cv
+                    .wait_timeout(kicked, tick)
+                    .map_or_else(|p| p.into_inner().0, |(k, _)| k);
+            }
+            *kicked = false;
+        }
+        if !state::current().is_some_and(|c| std::ptr::eq(c, st)) {
+            return; // forked child: this state is not ours any more
+        }
+        for (dev, g) in st.gates.iter().enumerate() {
+            let now = now_ns();
+            let entered = g.entered.load(Ordering::Acquire);
+            let busy = entered != g.exited.load(Ordering::Acquire);
+            if busy && stalled(g, now, idle.min(STALL_NS)) {
+                give_back_stalled(st, dev, g);
+                continue;
+            }
+            // Quiet since a wait returned, in a process that usually stays
+            // quiet after its waits: idle now, not in `idle` from now.
+            let wait_exit = g.wait_exit.load(Ordering::Relaxed);
+            let predicted = !busy && wait_exit != 0 && g.quiet_after_waits(idle);
+            if !predicted && (busy || entered != seen[dev].0) {
+                seen[dev] = (entered, now);
+                continue;
+            }
+            let quiet_since = if predicted { wait_exit } else { seen[dev].1 };
+            seen[dev] = (entered, quiet_since);
+            if g.granted_at.load(Ordering::Acquire) == 0 || (!predicted && now - quiet_since < idle)
+            {
+                continue;
+            }
+            let Ok(_slow) = g.slow.try_lock() else {
+                continue;
+            };
+            // Launches from now on take the slow path and wait for us; a
+            // call that slipped in meanwhile keeps the token after all.
+            let deadline = g.deadline.swap(0, Ordering::AcqRel);
+            if g.entered.load(Ordering::Acquire) != entered
+                || g.exited.load(Ordering::Acquire) != entered
+            {
+                g.deadline.store(deadline, Ordering::Release);
+                continue;
+            }
+            let Some(used_us) = settle(dev, g, Settle::Idle { quiet_since }) else {
+                continue;
+            };
+            let device = st.physical(dev as u32);
+            debug!(
+                "device {dev}: idle{}, token given back after {used_us} us",
+                if predicted { " after its wait" } else { "" }
+            );
+            let _ = st.call(&Request::ReleaseToken { device, used_us }, device);
+        }
+    }
+}
