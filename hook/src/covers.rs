@@ -160,22 +160,20 @@ pub fn record(
     let Some(st) = state::current() else {
         return r;
     };
+    // Asked of the driver before the lock: it is held only to update.
+    let record = (r == crate::cuda::CUDA_SUCCESS && !capture::captured(stream, per_thread))
+        .then(crate::gate::current_device)
+        .flatten()
+        .map(|device| Record {
+            device,
+            stream: stream_key(stream, per_thread),
+            launches: st.gates[device].launches(),
+        });
     let mut events = lock(&st.events);
-    events.remove(&(event as usize));
-    if r != crate::cuda::CUDA_SUCCESS || capture::captured(stream, per_thread) {
-        return r;
-    }
-    if let Some(device) = crate::gate::current_device() {
-        let g = &st.gates[device];
-        events.insert(
-            event as usize,
-            Record {
-                device,
-                stream: stream_key(stream, per_thread),
-                launches: g.launches(),
-            },
-        );
-    }
+    match record {
+        Some(rec) => events.insert(event as usize, rec),
+        None => events.remove(&(event as usize)),
+    };
     r
 }
 

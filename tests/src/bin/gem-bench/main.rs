@@ -39,6 +39,11 @@ const SEC: u64 = 1_000_000_000;
 
 fn rate(mut c: Command, secs: &str) -> f64 {
     c.args(["--seconds", secs, "--kernel-us", "0"]);
+    kernels_per_second(c)
+}
+
+/// Kernels per second a run of `gem-workload` reports.
+fn kernels_per_second(mut c: Command) -> f64 {
     let out = c.output().expect("run gem-workload");
     assert!(
         out.status.success(),
@@ -47,6 +52,16 @@ fn rate(mut c: Command, secs: &str) -> f64 {
     );
     let r = &reports(&out.stdout)[0];
     field(r, "kernels") as f64 / r["seconds"].parse::<f64>().expect("seconds")
+}
+
+/// `gem-workload` on `g`'s simulator: under the hook in `group`, or
+/// without it.
+fn workload(g: &Gemini, hooked: bool, group: &str) -> Command {
+    if hooked {
+        g.hooked(g.sim.workload(), group)
+    } else {
+        g.sim.workload()
+    }
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -266,11 +281,7 @@ fn nccl_jobs(t: &mut Table) {
             .map(|i| {
                 let (job, rank) = (i / 2, (i % 2) as u32);
                 let group = ["a", "b"][job];
-                let mut c = if hooked {
-                    g.hooked(g.sim.workload(), group)
-                } else {
-                    g.sim.workload()
-                };
+                let mut c = workload(&g, hooked, group);
                 c.args(gemini_tests::allreduce_rank(job + 1, rank, "12"))
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit());
@@ -332,11 +343,7 @@ fn overhead(t: &mut Table) {
         &["--log-level", "warn"],
     );
     let kernels = |hooked: bool| {
-        let mut c = if hooked {
-            g.hooked(g.sim.workload(), "alone")
-        } else {
-            g.sim.workload()
-        };
+        let mut c = workload(&g, hooked, "alone");
         c.args([
             "--seconds",
             "3",
@@ -347,18 +354,12 @@ fn overhead(t: &mut Table) {
             "--wait",
             "stream",
         ]);
-        let out = c.output().expect("run gem-workload");
-        let r = &reports(&out.stdout)[0];
-        field(r, "kernels") as f64 / r["seconds"].parse::<f64>().expect("seconds")
+        kernels_per_second(c)
     };
     // 1 MiB at a time, 2048 of them: each one charged before the driver
     // is asked.
     let allocs = |hooked: bool| {
-        let mut c = if hooked {
-            g.hooked(g.sim.workload(), "mem")
-        } else {
-            g.sim.workload()
-        };
+        let mut c = workload(&g, hooked, "mem");
         c.args(["--seconds", "0", "--mem", "2GiB", "--chunk", "1MiB"]);
         let out = c.output().expect("run gem-workload");
         let r = &reports(&out.stdout)[0];
