@@ -54,7 +54,7 @@ use gemini_protocol::{Reply, Request};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-pub use waits::waiting;
+pub use waits::{waiting, waiting_on};
 use watcher::{STALL_NS, start_watcher};
 
 /// Device ordinal of the calling thread's current context. A process
@@ -143,12 +143,17 @@ fn stream_device(stream: *mut c_void) -> Option<(usize, *mut c_void)> {
         return None;
     }
     let ctx = driver::stream_ctx(stream)?;
-    let st = state::current()?;
+    let dev = context_device(state::current()?, ctx)?;
+    Some((dev, ctx))
+}
+
+/// The ordinal of context `ctx`, one the process made or retained.
+pub(crate) fn context_device(st: &State, ctx: *mut c_void) -> Option<usize> {
     let dev = lock(&st.contexts)
         .iter()
         .find(|&&(c, _)| c == ctx as usize)
         .map(|&(_, d)| d as usize)?;
-    (dev < MAX_GATES).then_some((dev, ctx))
+    (dev < MAX_GATES).then_some(dev)
 }
 
 /// Lets a launch onto each of `streams` through, each on its own device:

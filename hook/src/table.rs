@@ -201,6 +201,18 @@ fn trims(covers: Covers, call: impl FnOnce() -> CUresult) -> CUresult {
     r
 }
 
+/// [`trims`] for `cuCtxSynchronize_v2(ctx)`: the work of every stream of
+/// `ctx` (null: the current context), on its device.
+fn trims_ctx(ctx: Ptr, call: impl FnOnce() -> CUresult) -> CUresult {
+    let mut waiting = gate::waiting_on(true, Covers::Context, Some(ctx));
+    let r = call();
+    if r == CUDA_SUCCESS {
+        waiting.finished();
+    }
+    memory::settle_pools();
+    r
+}
+
 /// `r`, after `then` ran if it is `CUDA_SUCCESS`.
 fn on_success(r: CUresult, then: impl FnOnce()) -> CUresult {
     if r == CUDA_SUCCESS {
@@ -512,6 +524,7 @@ hooks! {
 
     // Waiting for (or polling) the device's work: not idle.
     cuCtxSynchronize ["cuCtxSynchronize", 2000, false, Sync] () => |call| trims(Covers::Context, call);
+    cuCtxSynchronize_v2 ["cuCtxSynchronize", 13000, false, Sync] (ctx: Ptr) => |call| trims_ctx(ctx, call);
     cuStreamSynchronize ["cuStreamSynchronize", 2000, false, Sync] (s: Ptr) => |call| trims(Covers::stream(s, false), call);
     cuStreamSynchronize_ptsz ["cuStreamSynchronize", 7000, true, Sync] (s: Ptr) => |call| trims(Covers::stream(s, true), call);
     cuStreamQuery ["cuStreamQuery", 2000, false, Sync] (s: Ptr) => |call| syncs(Covers::stream(s, false), call);

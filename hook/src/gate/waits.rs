@@ -70,6 +70,13 @@ impl Drop for Waiting {
 /// call proves done if it returns with the work done.
 #[inline]
 pub fn waiting(blocks: bool, covers: Covers) -> Waiting {
+    waiting_on(blocks, covers, None)
+}
+
+/// [`waiting`] for the work of context `ctx` (`None` or null: the current
+/// one), on its device: `cuCtxSynchronize_v2` names the context it waits
+/// for, which need not be current.
+pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Waiting {
     let none = Waiting {
         at: None,
         covers,
@@ -79,7 +86,11 @@ pub fn waiting(blocks: bool, covers: Covers) -> Waiting {
     let Some(st) = state::current() else {
         return none;
     };
-    let Some(dev) = current_device() else {
+    let dev = match ctx {
+        Some(ctx) if !ctx.is_null() => context_device(st, ctx),
+        _ => current_device(),
+    };
+    let Some(dev) = dev else {
         return none;
     };
     let g = &st.gates[dev];

@@ -13,8 +13,7 @@ driver_api! {
         Ok(())
     }
     fn cuDriverGetVersion(version: *mut i32) {
-        let v = std::env::var("FAKECUDA_DRIVER_VERSION").ok().and_then(|v| v.parse().ok()).unwrap_or(12080);
-        put(version, v)
+        put(version, procaddr::driver_version())
     }
     fn cuGetErrorName(err: CUresult, out: *mut *const c_char) {
         match ERRORS.iter().find(|(c, _, _)| *c == err) {
@@ -174,6 +173,13 @@ driver_api! {
         let ordinal = s.ordinal(current_device()?).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         put(out, ordinal as CUdevice)
     }
+    // CUDA 13.0: the context is named (NULL: the current one).
+    fn cuCtxGetDevice_v2(out: *mut CUdevice, ctx: CUcontext) {
+        let s = initialised()?;
+        let dev = if ctx.is_null() { current_device()? } else { ctx_device(ctx as usize)? };
+        let ordinal = s.ordinal(dev).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        put(out, ordinal as CUdevice)
+    }
     fn cuCtxSetLimit(limit: i32, value: usize) { set_limit(limit, value) }
     fn cuCtxGetLimit(value: *mut usize, limit: i32) { get_limit(value, limit) }
     fn cuCtxGetApiVersion(_ctx: CUcontext, version: *mut u32) {
@@ -186,6 +192,22 @@ driver_api! {
         with_proc(|p| p.captures.unsafe_call())?;
         collective::wait_device(current_device()?);
         sleep_until(current_ctx_end(s, current_device()?));
+        trim_pools(s);
+        Ok(())
+    }
+    // CUDA 13.0: the context is named (NULL: the current one); what CUDA
+    // 13 runtimes find as cuCtxSynchronize.
+    fn cuCtxSynchronize_v2(ctx: CUcontext) {
+        let s = initialised()?;
+        let ctx = if ctx.is_null() {
+            ctx_stack(|st| st.last().copied()).ok_or(CUDA_ERROR_INVALID_CONTEXT)?
+        } else {
+            ctx as usize
+        };
+        let dev = ctx_device(ctx)?;
+        with_proc(|p| p.captures.unsafe_call())?;
+        collective::wait_device(dev);
+        sleep_until(ctx_end(s, dev, ctx));
         trim_pools(s);
         Ok(())
     }

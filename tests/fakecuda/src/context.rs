@@ -279,6 +279,11 @@ pub(crate) fn proc_address(
             put(pfn, std::ptr::null_mut())?;
             Err(CUDA_ERROR_NOT_FOUND)
         }
+        procaddr::Resolved::NotFound => {
+            set_status(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+            put(pfn, std::ptr::null_mut())?;
+            Err(CUDA_ERROR_NOT_FOUND)
+        }
     }
 }
 

@@ -35,6 +35,25 @@ pub fn only_through_proc_address() -> bool {
     }
 }
 
+/// The CUDA version the driver reports: `FAKECUDA_DRIVER_VERSION`, else
+/// 12080 (read once). A CUDA 13 runtime refuses a driver under 13000.
+pub fn driver_version() -> i32 {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    static V: AtomicI32 = AtomicI32::new(0);
+    match V.load(Ordering::Relaxed) {
+        0 => {
+            let v = std::env::var("FAKECUDA_DRIVER_VERSION")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|v| *v > 0)
+                .unwrap_or(12080);
+            V.store(v, Ordering::Relaxed);
+            v
+        }
+        v => v,
+    }
+}
+
 /// (base name, first CUDA version of the variant, the variant's symbol).
 /// For each base name, the entry with the highest version not above the
 /// requested one wins; without one the base name itself is the symbol.
@@ -46,6 +65,8 @@ pub const VERSIONED: &[(&str, i32, &str)] = &[
     ("cuCtxCreate", 3020, "cuCtxCreate_v2"),
     ("cuCtxCreate", 11040, "cuCtxCreate_v3"),
     ("cuCtxCreate", 12050, "cuCtxCreate_v4"),
+    ("cuCtxGetDevice", 13000, "cuCtxGetDevice_v2"),
+    ("cuCtxSynchronize", 13000, "cuCtxSynchronize_v2"),
     ("cuCtxDestroy", 4000, "cuCtxDestroy_v2"),
     ("cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"),
     ("cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2"),
@@ -125,21 +146,42 @@ pub enum Resolved {
     Symbol(String),
     /// The function exists only in later versions.
     VersionNotSufficient,
+    /// The function is newer than this driver.
+    NotFound,
 }
 
-/// The symbol `cuGetProcAddress(name, version, flags)` stands for;
-/// `exists` tells whether the simulator exports a symbol.
+/// The symbol `cuGetProcAddress(name, version, flags)` stands for, from
+/// this driver (see [`driver_version`]); `exists` tells whether the
+/// simulator exports a symbol.
 pub fn resolve(
     name: &str,
     version: i32,
     per_thread: bool,
     exists: impl Fn(&str) -> bool,
 ) -> Resolved {
-    if let Some((_, v)) = INTRODUCED.iter().find(|(n, _)| *n == name)
-        && version < *v
-    {
-        return Resolved::VersionNotSufficient;
+    resolve_from(driver_version(), name, version, per_thread, exists)
+}
+
+/// [`resolve`] by a driver of CUDA version `driver`: a version asked for
+/// above the driver's gets the newest variant the driver has (a 12.8
+/// driver asked for `cuCtxSynchronize` at 13000 hands out the one it
+/// has), and a function newer than the driver is not found.
+pub fn resolve_from(
+    driver: i32,
+    name: &str,
+    version: i32,
+    per_thread: bool,
+    exists: impl Fn(&str) -> bool,
+) -> Resolved {
+    if let Some((_, v)) = INTRODUCED.iter().find(|(n, _)| *n == name) {
+        if version < *v {
+            return Resolved::VersionNotSufficient;
+        }
+        if driver < *v {
+            return Resolved::NotFound;
+        }
     }
+    let version = version.min(driver);
     let base = VERSIONED
         .iter()
         .filter(|(n, v, _)| *n == name && *v <= version)
@@ -189,6 +231,28 @@ mod tests {
             r("cuMemAllocAsync", 11000, false),
             Resolved::VersionNotSufficient
         );
+    }
+
+    #[test]
+    fn a_driver_hands_out_the_newest_variant_it_has() {
+        let at = |driver: i32, name: &str, v: i32| resolve_from(driver, name, v, false, |_| true);
+        assert_eq!(
+            at(13050, "cuCtxSynchronize", 13000),
+            Resolved::Symbol("cuCtxSynchronize_v2".into())
+        );
+        assert_eq!(
+            at(12080, "cuCtxSynchronize", 13000),
+            Resolved::Symbol("cuCtxSynchronize".into())
+        );
+        assert_eq!(
+            at(13050, "cuCtxSynchronize", 12080),
+            Resolved::Symbol("cuCtxSynchronize".into())
+        );
+        assert_eq!(
+            at(12000, "cuCtxCreate", 13000),
+            Resolved::Symbol("cuCtxCreate_v3".into())
+        );
+        assert_eq!(at(11000, "cuMemAllocAsync", 13000), Resolved::NotFound);
     }
 
     #[test]

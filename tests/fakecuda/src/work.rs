@@ -151,10 +151,15 @@ pub(crate) fn note_ctx_end(h: CUstream, end: u64) {
 /// Where the current context's work ends: its own, with several
 /// contexts; else the device's (the process's one context there).
 pub(crate) fn current_ctx_end(s: &Sim, dev: usize) -> u64 {
+    let ctx = ctx_stack(|st| st.last().copied()).unwrap_or(0);
+    ctx_end(s, dev, ctx)
+}
+
+/// When the work of context `ctx` (on device `dev`) ends.
+pub(crate) fn ctx_end(s: &Sim, dev: usize, ctx: usize) -> u64 {
     if !MANY_CONTEXTS.load(Ordering::Acquire) {
         return s.last_end[dev].load(Ordering::Acquire);
     }
-    let ctx = ctx_stack(|st| st.last().copied()).unwrap_or(0);
     with_proc(|p| p.ctx_end.get(&ctx).map_or(0, |e| e.load(Ordering::Acquire)))
 }
 

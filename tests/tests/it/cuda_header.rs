@@ -1,13 +1,13 @@
 //! Keeping up with CUDA: the hook's one table (`hook/src/table.rs`) checked
-//! against `cuda.h` and `cudaTypedefs.h` of a pinned CUDA release
-//! (`scripts/cuda-headers.sh` fetches them):
+//! against `cuda.h` and `cudaTypedefs.h` of each pinned CUDA release,
+//! 12.8.90, 13.0.96 and 13.5.37 (`scripts/cuda-headers.sh` fetches them):
 //! - every entry names a real versioned entry point (`PFN_<base>_v<since>`,
 //!   `_ptsz`/`_ptds` for the per-thread ones) whose parameters agree with
 //!   the entry's, in number and in how they are passed (a 32-bit value, a
 //!   64-bit value or pointer);
-//! - every launch, device allocation, free and memory query of the
-//!   header, in its newest version and per-thread variant, is in the
-//!   table, as a line of that kind.
+//! - every launch, device allocation, free, memory query and
+//!   synchronisation of the header, in its newest version and per-thread
+//!   variant, is in the table, as a line of that kind.
 
 use regex::Regex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -37,17 +37,28 @@ fn repo() -> PathBuf {
         .into()
 }
 
-/// The headers' directory, fetched once; `None` where they cannot be had.
-fn headers() -> Option<PathBuf> {
+/// The pinned CUDA releases whose headers are checked.
+const RELEASES: [&str; 3] = ["12.8.90", "13.0.96", "13.5.37"];
+
+/// The headers' directories, one per release, fetched once; `None` where
+/// they cannot be had. `GEMINI_CUDA_INCLUDE` names one directory to check
+/// instead.
+fn headers() -> Option<Vec<(String, PathBuf)>> {
     if let Some(d) = std::env::var_os("GEMINI_CUDA_INCLUDE") {
-        return Some(d.into());
+        return Some(vec![("GEMINI_CUDA_INCLUDE".into(), d.into())]);
     }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda-headers");
-    let ok = Command::new(repo().join("scripts/cuda-headers.sh"))
-        .arg(&dir)
-        .status()
-        .is_ok_and(|s| s.success());
-    ok.then_some(dir)
+    RELEASES
+        .iter()
+        .map(|v| {
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cuda-headers-{v}"));
+            let ok = Command::new(repo().join("scripts/cuda-headers.sh"))
+                .arg(&dir)
+                .arg(v)
+                .status()
+                .is_ok_and(|s| s.success());
+            ok.then(|| (v.to_string(), dir))
+        })
+        .collect()
 }
 
 /// A C type's class, through `cuda.h`'s typedefs.
@@ -209,6 +220,7 @@ fn must_hook(base: &str) -> Option<&'static str> {
             r"^cu(MemFree\w*|MemRelease|(Mipmapped)?ArrayDestroy)$",
         ),
         ("Query", r"^cu(MemGetInfo|DeviceTotalMem)$"),
+        ("Sync", r"^cu(Ctx|Stream|Event)Synchronize$"),
     ]
     .into_iter()
     .find(|(_, re)| Regex::new(re).unwrap().is_match(base))
@@ -217,24 +229,49 @@ fn must_hook(base: &str) -> Option<&'static str> {
 
 #[test]
 fn the_hook_table_matches_the_pinned_cuda_headers() {
-    let Some(dir) = headers() else {
+    let Some(dirs) = headers() else {
         eprintln!(
             "NOT CHECKED: the pinned CUDA headers could not be fetched (offline?); \
              set GEMINI_CUDA_INCLUDE to a directory with cuda.h and cudaTypedefs.h"
         );
         return;
     };
+    let table = std::fs::read_to_string(repo().join("hook/src/table.rs")).unwrap();
+    let entries = parse_table(&table);
+    assert!(entries.len() > 40, "parsed {} table entries", entries.len());
+    let mut problems = Vec::new();
+    // Each entry must be in some release's header (a newer release keeps
+    // every older entry point, but an entry may be newer than the oldest).
+    let mut unknown: BTreeSet<String> = entries.iter().map(|e| e.symbol.clone()).collect();
+    for (release, dir) in &dirs {
+        let (found, wrong) = check_release(dir, &entries);
+        unknown.retain(|s| !found.contains(s));
+        problems.extend(wrong.into_iter().map(|p| format!("CUDA {release}: {p}")));
+    }
+    for symbol in unknown {
+        problems.push(format!(
+            "{symbol}: no PFN typedef of its version in any pinned release's cudaTypedefs.h"
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "the hook's table disagrees with CUDA's headers:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The table's entries checked against one release's headers in `dir`:
+/// the symbols of the entries the header types, and what disagrees.
+fn check_release(dir: &Path, entries: &[Entry]) -> (BTreeSet<String>, Vec<String>) {
     let cuda_h = std::fs::read_to_string(dir.join("cuda.h")).unwrap();
     let typedefs = std::fs::read_to_string(dir.join("cudaTypedefs.h")).unwrap();
-    let table = std::fs::read_to_string(repo().join("hook/src/table.rs")).unwrap();
     let types = Types::parse(&cuda_h);
     let pfns = parse_pfns(&typedefs);
-    let entries = parse_table(&table);
     assert!(pfns.len() > 500, "parsed {} PFN typedefs", pfns.len());
-    assert!(entries.len() > 40, "parsed {} table entries", entries.len());
 
     let mut problems = Vec::new();
-    for e in &entries {
+    let mut found_symbols = BTreeSet::new();
+    for e in entries {
         let variants: &[&str] = if e.per_thread {
             &["_ptsz", "_ptds"]
         } else {
@@ -244,15 +281,9 @@ fn the_hook_table_matches_the_pinned_cuda_headers() {
             .iter()
             .find_map(|v| pfns.get(&(e.base.clone(), e.since, v.to_string())));
         let Some(params) = found else {
-            problems.push(format!(
-                "{}: no PFN_{}_v{}{} in cudaTypedefs.h",
-                e.symbol,
-                e.base,
-                e.since,
-                if e.per_thread { "_pt*" } else { "" }
-            ));
             continue;
         };
+        found_symbols.insert(e.symbol.clone());
         let want: Result<Vec<Class>, String> = params.iter().map(|p| types.param(p)).collect();
         match want {
             Err(why) => problems.push(format!("{}: {why}", e.symbol)),
@@ -291,11 +322,7 @@ fn the_hook_table_matches_the_pinned_cuda_headers() {
         }
     }
     assert!(newest.len() >= 20, "{newest:?}");
-    assert!(
-        problems.is_empty(),
-        "the hook's table disagrees with CUDA's headers:\n{}",
-        problems.join("\n")
-    );
+    (found_symbols, problems)
 }
 
 /// The simulator's `cuGetProcAddress` tables (kept apart from the hook's,
@@ -306,10 +333,12 @@ fn the_hook_table_matches_the_pinned_cuda_headers() {
 /// the header, and the hook, at 11060.)
 #[test]
 fn the_simulators_versions_match_the_pinned_cuda_headers() {
-    let Some(dir) = headers() else {
+    let Some(dirs) = headers() else {
         eprintln!("NOT CHECKED: the pinned CUDA headers could not be fetched (offline?)");
         return;
     };
+    // The newest release types every version the older ones do.
+    let (_, dir) = dirs.last().unwrap();
     let typedefs = std::fs::read_to_string(dir.join("cudaTypedefs.h")).unwrap();
     let pfns = parse_pfns(&typedefs);
     let first = |base: &str| {
@@ -396,5 +425,6 @@ fn the_parsers_read_what_they_claim() {
     assert_eq!(must_hook("cuLaunchHostFunc"), None);
     assert_eq!(must_hook("cuMemAllocHost"), None);
     assert_eq!(must_hook("cuMemFreeHost"), None);
-    assert_eq!(must_hook("cuCtxSynchronize"), None);
+    assert_eq!(must_hook("cuCtxSynchronize"), Some("Sync"));
+    assert_eq!(must_hook("cuCtxSetCurrent"), None);
 }

@@ -1185,6 +1185,50 @@ fn polling_an_old_event_teaches_nothing_about_kernel_time() {
     );
 }
 
+/// CUDA 13 programs find `cuCtxSynchronize` at 13000, which a 13.x driver
+/// hands out as `cuCtxSynchronize_v2(ctx)`: the context is named and need
+/// not be current. The hook answers with a wrapper of that signature,
+/// which waits for the named context on its device: the workload's
+/// synchronisation from a thread with no current context succeeds (the
+/// hook of 71c5835 handed out its argument-less wrapper, which called the
+/// driver's old `cuCtxSynchronize`: `CUDA_ERROR_INVALID_CONTEXT`), and the
+/// hook learns the kernels' time from it.
+#[test]
+fn a_cuda_13_context_synchronisation_waits_for_the_context_it_names() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::default(), "[a]\nMaxUtil=0.5\n");
+    let args = [
+        "--cuda-version",
+        "13000",
+        "--wait",
+        "ctx",
+        "--iter-kernels",
+        "10",
+        "--kernel-us",
+        "1000",
+        "--seconds",
+        "1.5",
+    ];
+    let mut plain = g.sim.workload();
+    plain.args(args).env("FAKECUDA_DRIVER_VERSION", "13050");
+    finish(spawn(plain));
+    let mut a = rust(&g, "a", &args);
+    a.env("FAKECUDA_DRIVER_VERSION", "13050")
+        .env("GEMINI_LOG", "debug");
+    let out = finish(spawn(a));
+    let log = String::from_utf8_lossy(&out.stderr);
+    let learned = learned_per_launch(&log);
+    assert!(learned.len() >= 3, "few tokens:\n{log}");
+    let close = learned
+        .iter()
+        .filter(|&&us| (900..=1100).contains(&us))
+        .count();
+    assert!(
+        close * 10 >= learned.len() * 9,
+        "1 ms kernels learned as {learned:?} us per launch"
+    );
+}
+
 /// A graph launch runs all its kernels: the hook times each launch with
 /// events and learns what the graph costs on the device (20 captured 1 ms
 /// kernels: 20 ms), which a lent token then counts it as, instead of one

@@ -55,6 +55,12 @@ fn the_cuda_runtimes_lookups_get_the_drivers_answers_through_the_hook() {
         let run = |hooked: bool| {
             let mut c = sim.command(bin("gem-procaddr"));
             c.arg(&file);
+            // A CUDA 13 runtime needs a 13.x driver, which maps some names
+            // to newer entry points (cuCtxSynchronize at 13000 is
+            // cuCtxSynchronize_v2).
+            if runtime.starts_with("13.") {
+                c.env("FAKECUDA_DRIVER_VERSION", "13050");
+            }
             if hooked {
                 c.env("LD_PRELOAD", bin("libgemhook.so"));
             }

@@ -230,7 +230,13 @@ struct Driver {
     device_get: unsafe extern "C" fn(*mut i32, i32) -> CUresult,
     primary_retain: unsafe extern "C" fn(*mut Ptr, i32) -> CUresult,
     ctx_set_current: unsafe extern "C" fn(Ptr) -> CUresult,
-    ctx_sync: unsafe extern "C" fn() -> CUresult,
+    /// `cuCtxSynchronize` as asked for at `--cuda-version`: from 13000
+    /// on, a 13.x driver hands out `cuCtxSynchronize_v2(ctx)` (NULL: the
+    /// current context); an older one, or an older version, the
+    /// argument-less one, which ignores the argument.
+    ctx_sync: unsafe extern "C" fn(Ptr) -> CUresult,
+    /// Whether `ctx_sync` takes its context (`cuCtxSynchronize_v2`).
+    ctx_sync_names_ctx: bool,
     module_load: unsafe extern "C" fn(*mut Ptr, *const c_void) -> CUresult,
     get_function: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> CUresult,
     launch: unsafe extern "C" fn(
@@ -436,6 +442,12 @@ impl Driver {
             primary_retain: f!("cuDevicePrimaryCtxRetain"),
             ctx_set_current: f!("cuCtxSetCurrent"),
             ctx_sync: f!("cuCtxSynchronize"),
+            ctx_sync_names_ctx: version >= 13000 && {
+                let get: unsafe extern "C" fn(*mut i32) -> CUresult = f!("cuDriverGetVersion");
+                let mut v = 0i32;
+                // SAFETY: out-pointer to a local.
+                (unsafe { get(&mut v) }) == 0 && v >= 13000
+            },
             module_load: f!("cuModuleLoadData"),
             get_function: f!("cuModuleGetFunction"),
             launch: f!("cuLaunchKernel"),
@@ -664,7 +676,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         }
         if args.free_first {
             free_all(&d, args, &mut ptrs, &mut handles, &mut arrays)?;
-            check("cuCtxSynchronize", (d.ctx_sync)())?;
+            check("cuCtxSynchronize", (d.ctx_sync)(std::ptr::null_mut()))?;
         }
         check(
             "cuMemGetInfo",
@@ -758,7 +770,7 @@ fn run(args: &Args) -> anyhow::Result<Report> {
         })?;
         report.kernels += helper.0;
         report.helper = helper.1;
-        check("cuCtxSynchronize", (d.ctx_sync)())?;
+        check("cuCtxSynchronize", (d.ctx_sync)(std::ptr::null_mut()))?;
         free_all(&d, args, &mut ptrs, &mut handles, &mut arrays)?;
         if !host.is_null() {
             check("cuMemFreeHost", (d.free_host)(host))?;
@@ -840,7 +852,7 @@ fn helper_thread(d: &Driver, func: usize, on: &std::sync::atomic::AtomicBool) ->
         // (each must fail cleanly).
         let answers = unsafe {
             [
-                time_us(|| (d.ctx_sync)()),
+                time_us(|| (d.ctx_sync)(std::ptr::null_mut())),
                 time_us(|| (d.stream_query)(null)),
                 time_us(|| (d.mem_get_info)(&mut free, &mut total)),
                 time_us(|| {
@@ -1098,7 +1110,17 @@ impl<'a> Wait<'a> {
         // SAFETY: handles from the driver and a live host buffer.
         unsafe {
             match self.how {
-                "ctx" => check("cuCtxSynchronize", (d.ctx_sync)()),
+                "ctx" if d.ctx_sync_names_ctx => {
+                    // As a CUDA 13 program may: the context named, from a
+                    // thread where it is not current.
+                    let mut ctx: Ptr = std::ptr::null_mut();
+                    check("cuCtxGetCurrent", (d.ctx_get_current)(&mut ctx))?;
+                    check("cuCtxSetCurrent", (d.ctx_set_current)(std::ptr::null_mut()))?;
+                    let r = (d.ctx_sync)(ctx);
+                    check("cuCtxSetCurrent", (d.ctx_set_current)(ctx))?;
+                    check("cuCtxSynchronize", r)
+                }
+                "ctx" => check("cuCtxSynchronize", (d.ctx_sync)(std::ptr::null_mut())),
                 "event" => {
                     check("cuEventRecord", (d.event_record)(self.event, self.stream))?;
                     check("cuEventSynchronize", (d.event_sync)(self.event))
