@@ -612,6 +612,9 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
         used_us,
         burst_us,
     };
+    if !st.settings.token_delay.is_zero() {
+        std::thread::sleep(st.settings.token_delay);
+    }
     match st.call(&req, device)? {
         Reply::Token { quota_us, lent, .. } => {
             let t = now_ns();

@@ -31,6 +31,9 @@ pub struct Settings {
     pub idle: Duration,
     /// `CUDA_VISIBLE_DEVICES` as physical indices, when numeric.
     pub visible: Vec<u32>,
+    /// `GEMINI_BENCH_TOKEN_DELAY_US`: slept before each token request
+    /// (benchmarks only; zero in use).
+    pub token_delay: Duration,
 }
 
 /// The IPC directory, found as the daemon and the tools find it
@@ -83,12 +86,17 @@ impl Settings {
                     .unwrap_or_default()
             })
             .unwrap_or_default();
+        let token_delay = var(env::BENCH_TOKEN_DELAY_US)
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_micros)
+            .unwrap_or_default();
         Settings {
             group: var(env::GROUP_NAME),
             ipc_dir: ipc_dir(),
             connect_timeout,
             idle,
             visible,
+            token_delay,
         }
     }
 

@@ -17,5 +17,9 @@ pub const CONNECT_TIMEOUT: &str = "GEMINI_CONNECT_TIMEOUT";
 /// How long the hook holds a token with nothing queued before giving it
 /// back (a bare number is milliseconds; default 5).
 pub const IDLE_MS: &str = "GEMINI_IDLE_MS";
+/// Benchmarks only: microseconds the hook sleeps before each token
+/// request, so that `gem-bench --only rtt` can measure what a slower token
+/// round trip would cost. Unset (or 0) in use.
+pub const BENCH_TOKEN_DELAY_US: &str = "GEMINI_BENCH_TOKEN_DELAY_US";
 /// Path of `libgemhook.so` for `gem-launch` (flag `--hook` wins).
 pub const HOOK: &str = "GEMINI_HOOK";

@@ -590,9 +590,20 @@ impl Scenario<'_> {
         self.run_on(&g)
     }
 
+    /// [`Scenario::run`] with `env` set in every process's environment.
+    pub fn run_with_env(&self, env: &[(&str, &str)]) -> Outcome {
+        let g = Gemini::start_with(SimEnv::default(), &self.conf(), &["--log-level", "warn"]);
+        self.run_on_with_env(&g, env)
+    }
+
     /// Runs the scenario with the scheduler of `g` (whose resource.conf
     /// must define the groups `g0`, `g1`, …).
     pub fn run_on(&self, g: &Gemini) -> Outcome {
+        self.run_on_with_env(g, &[])
+    }
+
+    /// [`Scenario::run_on`] with `env` set in every process's environment.
+    pub fn run_on_with_env(&self, g: &Gemini, env: &[(&str, &str)]) -> Outcome {
         let t0 = now_ns();
         let secs = format!("{}", self.seconds);
         let demand_file = g.sim.sim_dir().join(format!("demand-{t0}"));
@@ -602,6 +613,7 @@ impl Scenario<'_> {
                 let mut c = g.hooked(g.sim.workload(), &format!("g{i}"));
                 c.args(["--seconds", &secs])
                     .args(self.args)
+                    .envs(env.iter().copied())
                     .arg("--demand-file")
                     .arg(&demand_file)
                     .stdout(std::process::Stdio::piped())
@@ -639,3 +651,4 @@ impl Scenario<'_> {
         }
     }
 }
+

@@ -192,6 +192,87 @@ fn fast_path(t: &mut Table) {
         format!("{:.0} µs", percentile(&mut rtt, 0.99)),
         "≤ 200 µs",
     );
+    let (mut zmq_rtt, mut unix_rtt) = (zmq_floor(), unix_floor());
+    t.row(
+        "the floor on this machine: a ZeroMQ DEALER/ROUTER echo over ipc:// (no scheduler), median / p99",
+        format!(
+            "{:.0} / {:.0} µs",
+            percentile(&mut zmq_rtt, 0.5),
+            percentile(&mut zmq_rtt, 0.99)
+        ),
+        "",
+    );
+    t.row(
+        "the floor on this machine: a Unix socket pair echo between two threads, median / p99",
+        format!(
+            "{:.0} / {:.0} µs",
+            percentile(&mut unix_rtt, 0.5),
+            percentile(&mut unix_rtt, 0.99)
+        ),
+        "",
+    );
+}
+
+/// Round trips (µs) of a 16-byte message to a ZeroMQ ROUTER that echoes it
+/// from another thread, over `ipc://`, as the scheduler's socket is
+/// reached but with nothing done per message: what ZeroMQ itself costs
+/// here (its I/O threads wake on each side).
+fn zmq_floor() -> Vec<f64> {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = format!("ipc://{}/echo.sock", dir.path().display());
+    let ctx = zmq::Context::new();
+    let router = ctx.socket(zmq::ROUTER).unwrap();
+    router.bind(&endpoint).unwrap();
+    let echo = std::thread::spawn(move || {
+        while let Ok(frames) = router.recv_multipart(0) {
+            if frames.last().is_some_and(|f| f.is_empty()) {
+                break;
+            }
+            router.send_multipart(frames, 0).unwrap();
+        }
+    });
+    let dealer = zmq::Context::new().socket(zmq::DEALER).unwrap();
+    dealer.connect(&endpoint).unwrap();
+    let mut rtt = Vec::new();
+    for i in 0..3000 {
+        let start = Instant::now();
+        dealer.send(&b"0123456789abcdef"[..], 0).unwrap();
+        dealer.recv_bytes(0).unwrap();
+        if i >= 200 {
+            rtt.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    dealer.send(&b""[..], 0).unwrap();
+    echo.join().unwrap();
+    rtt
+}
+
+/// Round trips (µs) of 16 bytes over a Unix socket pair to a thread that
+/// echoes them: the two wake-ups any IPC costs on this machine.
+fn unix_floor() -> Vec<f64> {
+    use std::io::{Read, Write};
+    let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        while b.read_exact(&mut buf).is_ok() {
+            if b.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    let mut buf = [7u8; 16];
+    let mut rtt = Vec::new();
+    for i in 0..3000 {
+        let start = Instant::now();
+        a.write_all(&buf).unwrap();
+        a.read_exact(&mut buf).unwrap();
+        if i >= 200 {
+            rtt.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    drop(a);
+    echo.join().unwrap();
+    rtt
 }
 
 fn spawn_workload(g: &Gemini, group: &str, secs: &str) -> Child {
@@ -537,6 +618,8 @@ const MIXES: &[(&[(f64, f64)], usize)] = &[
     (&[(0.0, 0.4)], 1),
     (&[(0.0, 0.8)], 1),
     (&[(0.0, 0.4), (0.0, 1.0)], 1),
+    // A lone group with no bounds: what the hook costs it.
+    (&[(0.0, 1.0)], 1),
 ];
 
 /// Share of the device one process of `args` keeps busy alone, without
@@ -596,8 +679,10 @@ fn least_starved<T>(measure: impl FnMut() -> T) -> (T, f64) {
     gemini_tests::cpu::least_starved(gemini_tests::cpu::MAX_STEAL, tries(), measure, |_, _, _| {})
 }
 
-/// Shares for every workload shape × mix, against the entitlement.
-fn shape_matrix(t: &mut Table) {
+/// `GEM_BENCH_SECONDS`, `GEM_BENCH_SHAPES` and `GEM_BENCH_MIXES` (see the
+/// help): the length of a row, and the shapes and mixes to run (`None`:
+/// all).
+fn matrix_choice() -> (f64, Option<String>, Option<Vec<usize>>) {
     let secs: f64 = std::env::var("GEM_BENCH_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -606,6 +691,117 @@ fn shape_matrix(t: &mut Table) {
     let mixes: Option<Vec<usize>> = std::env::var("GEM_BENCH_MIXES")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect());
+    (secs, only, mixes)
+}
+
+/// "0.300/0.700".
+fn fmt_shares(v: &[f64]) -> String {
+    v.iter()
+        .map(|g| format!("{g:.3}"))
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// What the token round trip costs each row of the shapes matrix: every
+/// row run as it is and with `GEM_BENCH_RTT_DELAY_US` (default 150) slept
+/// before each token request, so that every hand-over and renewal takes
+/// that much longer. The shares that move by `d` pp for the added delay
+/// would move by about `d × 40 / added` pp if the round trip were brought
+/// from 90 µs to the 50 µs of the target: the row says which.
+fn rtt_matrix(t: &mut Table) {
+    let (secs, only, mixes) = matrix_choice();
+    let mixes = mixes.unwrap_or_else(|| vec![0, 6, 8, 9]);
+    let delay_us: u64 = std::env::var("GEM_BENCH_RTT_DELAY_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150);
+    // What the sleep really adds on this machine (a sleep overshoots).
+    let mut slept: Vec<f64> = (0..200)
+        .map(|_| {
+            let s = Instant::now();
+            std::thread::sleep(Duration::from_micros(delay_us));
+            s.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    let added = percentile(&mut slept, 0.5);
+    t.row(
+        format!("token round trip made longer by a sleep of {delay_us} µs before each request"),
+        format!("+{added:.0} µs (median sleep)"),
+        "",
+    );
+    let delay = delay_us.to_string();
+    let mut worst: f64 = 0.0;
+    for (name, args) in SHAPES {
+        if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+            continue;
+        }
+        for &m in &mixes {
+            let Some((groups, procs)) = MIXES.get(m) else {
+                continue;
+            };
+            let s = gemini_tests::Scenario {
+                groups,
+                procs: *procs,
+                args,
+                seconds: secs,
+                skip: 2.0,
+            };
+            let ((base, slow), steal) = least_starved(|| {
+                let base = s.run();
+                let slow = s.run_with_env(&[(gemini_protocol::env::BENCH_TOKEN_DELAY_US, &delay)]);
+                (base, slow)
+            });
+            let moved = base
+                .got
+                .iter()
+                .zip(&slow.got)
+                .map(|(a, b)| (a - b) * 100.0)
+                .fold(0.0, |w: f64, d| if d.abs() > w.abs() { d } else { w });
+            let at_target = moved * 40.0 / added;
+            worst = worst.max(at_target.abs());
+            let capped = groups.iter().any(|g| g.1 < 1.0);
+            let limits: Vec<String> = groups
+                .iter()
+                .map(|g| format!("{}", if capped { g.1 } else { g.0 }))
+                .collect();
+            let who = if groups.len() == 1 && !capped {
+                "lone group, no bounds".to_string()
+            } else {
+                format!(
+                    "{} {} {}",
+                    if groups.len() == 1 {
+                        "lone group"
+                    } else {
+                        "groups"
+                    },
+                    if capped { "MaxUtil" } else { "MinUtil" },
+                    limits.join("/")
+                )
+            };
+            t.row(
+                format!("{name}; {who}"),
+                format!(
+                    "got {} → {} with +{added:.0} µs (device {:.1} → {:.1} %): {moved:+.2} pp, so {at_target:+.2} pp at the 50 µs target; host steal {:.0} %",
+                    fmt_shares(&base.got),
+                    fmt_shares(&slow.got),
+                    base.busy * 100.0,
+                    slow.busy * 100.0,
+                    steal * 100.0
+                ),
+                "",
+            );
+        }
+    }
+    t.row(
+        "the most any row would gain from a 50 µs round trip (from the rows above)",
+        format!("{worst:.2} pp"),
+        "irrelevant: well under the ±2 pp of a row",
+    );
+}
+
+/// Shares for every workload shape × mix, against the entitlement.
+fn shape_matrix(t: &mut Table) {
+    let (secs, only, mixes) = matrix_choice();
     for (name, args) in SHAPES {
         if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
             continue;
@@ -644,12 +840,6 @@ fn shape_matrix(t: &mut Table) {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs() * 100.0)
                 .fold(0.0, f64::max);
-            let fmt = |v: &[f64]| {
-                v.iter()
-                    .map(|g| format!("{g:.3}"))
-                    .collect::<Vec<_>>()
-                    .join("/")
-            };
             let capped = groups.iter().any(|g| g.1 < 1.0);
             let limits: Vec<String> = groups
                 .iter()
@@ -676,8 +866,8 @@ fn shape_matrix(t: &mut Table) {
                     } else {
                         "MISSED"
                     },
-                    fmt(&o.got),
-                    fmt(&want),
+                    fmt_shares(&o.got),
+                    fmt_shares(&want),
                     o.busy * 100.0,
                     asked * 100.0,
                     if ceiling < 0.995 {
@@ -895,9 +1085,12 @@ fn scheduler_rss(t: &mut Table) {
 }
 
 /// The parts of the bench, in the order they run.
-const PARTS: [&str; 8] = [
-    "fast", "shares", "nccl", "overhead", "shapes", "holder", "policy", "rss",
+const PARTS: [&str; 9] = [
+    "fast", "shares", "nccl", "overhead", "shapes", "holder", "policy", "rss", "rtt",
 ];
+
+/// Parts run only when `--only` names them (they take long).
+const ON_REQUEST: [&str; 1] = ["rtt"];
 
 #[derive(clap::Parser, Debug)]
 #[command(
@@ -905,7 +1098,7 @@ const PARTS: [&str; 8] = [
     after_help = "Environment: GEMINI_BIN_DIR (the binaries; default: next to this one), \
 GEM_BENCH_TRIES (attempts at a shapes row while the host steals over 10 % of \
 the CPU; default 3), GEM_BENCH_SECONDS (length of a shapes row; default 12), GEM_BENCH_SHAPES (only the \
-shapes whose name contains it), GEM_BENCH_MIXES (only these group mixes, by index: 0 two groups, 1 and 2 two and four processes per group, 3 three groups, 4 four groups, 5-7 a lone group capped at 0.2, 0.4, 0.8, 8 a group capped at 0.4 beside an uncapped one; e.g. 0,2)."
+shapes whose name contains it), GEM_BENCH_MIXES (only these group mixes, by index: 0 two groups, 1 and 2 two and four processes per group, 3 three groups, 4 four groups, 5-7 a lone group capped at 0.2, 0.4, 0.8, 8 a group capped at 0.4 beside an uncapped one, 9 a lone group with no bounds; e.g. 0,2; the rtt part runs 0,6,8,9 unless told), GEM_BENCH_RTT_DELAY_US (the rtt part: the sleep added before each token request; default 150). The rtt part runs only when --only names it: every shapes row with and without a longer token round trip, to show what the round trip costs."
 )]
 struct Args {
     /// Also write the table, with the date, commit and machine, to this file
@@ -949,7 +1142,7 @@ fn main() {
         );
     }
     type Part = (&'static str, fn(&mut Table));
-    let parts: [Part; 8] = [
+    let parts: [Part; 9] = [
         ("fast", fast_path),
         ("shares", share_accuracy),
         ("nccl", nccl_jobs),
@@ -958,9 +1151,14 @@ fn main() {
         ("holder", holder),
         ("policy", policy_throughput),
         ("rss", scheduler_rss),
+        ("rtt", rtt_matrix),
     ];
     for (name, run) in parts {
-        if only.as_ref().is_none_or(|o| o.iter().any(|x| x == name)) {
+        let asked = match &only {
+            None => !ON_REQUEST.contains(&name),
+            Some(o) => o.iter().any(|x| x == name),
+        };
+        if asked {
             run(&mut t);
         }
     }
