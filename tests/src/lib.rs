@@ -652,3 +652,15 @@ impl Scenario<'_> {
     }
 }
 
+/// The cgroup of this process (and of the processes the tests start), as
+/// the scheduler reads it: the unified (v2) hierarchy's path, else the
+/// first hierarchy's.
+pub fn own_cgroup() -> String {
+    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let path = |l: &str| l.splitn(3, ':').nth(2).unwrap_or("/").to_string();
+    text.lines()
+        .find(|l| l.starts_with("0::"))
+        .map(path)
+        .or_else(|| text.lines().next().map(path))
+        .unwrap_or_else(|| "/".into())
+}

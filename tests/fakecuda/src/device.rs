@@ -47,6 +47,18 @@
 //!   renumbered from 0 in that order (the list stops at the first entry
 //!   that names no device it may see).
 //!
+//! - Memory limits per cgroup (R615 drivers, CUDA 13.4): where the
+//!   simulated driver is 13.4 or later (`FAKECUDA_DRIVER_VERSION` ≥
+//!   13040), NVML's `nvmlDeviceSetMemoryLimits_v1` sets a hard and a soft
+//!   limit of a device's memory for a cgroup (v2 path), kept in
+//!   `mem-limits` in `FAKECUDA_DIR`. A process whose cgroup
+//!   (`/proc/self/cgroup`, any hierarchy) is that cgroup or below it is
+//!   refused an allocation that would take the cgroup's processes past
+//!   the hard limit (`CUDA_ERROR_OUT_OF_MEMORY`), and its `cuMemGetInfo`
+//!   and NVML memory queries report the limit as the total, and what the
+//!   cgroup's processes leave of it as free. Limits of 0 remove it. The
+//!   soft limit is kept and reported; nothing enforces it.
+//!
 //! The first process to create the state file fixes devices and memory;
 //! later ones use what the file says.
 
@@ -114,6 +126,41 @@ pub struct Sim {
     /// Legacy default stream tail, per device.
     pub legacy_tail: Vec<std::sync::Arc<AtomicU64>>,
     mem_lock: Mutex<()>,
+}
+
+/// A device memory limit of a cgroup (`nvmlDeviceSetMemoryLimits_v1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryLimit {
+    /// Physical device.
+    pub device: usize,
+    /// cgroup v2 path (`nameSpace`).
+    pub cgroup: String,
+    /// Soft limit, bytes (kept, not enforced).
+    pub soft: u64,
+    /// Hard limit, bytes.
+    pub hard: u64,
+}
+
+/// The cgroup paths of process `pid`, every hierarchy
+/// (`/proc/PID/cgroup`); none if it is gone.
+fn cgroups_of(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|t| {
+            t.lines()
+                .filter_map(|l| l.splitn(3, ':').nth(2).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether cgroup path `path` is `cgroup` or below it.
+pub fn within(path: &str, cgroup: &str) -> bool {
+    let cgroup = cgroup.trim_end_matches('/');
+    path == cgroup
+        || cgroup.is_empty()
+        || path
+            .strip_prefix(cgroup)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -462,7 +509,9 @@ impl Sim {
         used
     }
 
-    /// Takes `bytes` of `dev`'s memory, or fails with out-of-memory.
+    /// Takes `bytes` of `dev`'s memory, or fails with out-of-memory (past
+    /// the device's memory, or past the hard limit of a cgroup this
+    /// process is in).
     pub fn alloc(&self, dev: usize, bytes: u64) -> Result<(), CUresult> {
         let _g = lock(&self.mem_lock);
         let _f = FileLock::new(&self.file);
@@ -470,6 +519,11 @@ impl Sim {
         if used
             .checked_add(bytes)
             .is_none_or(|t| t > self.mem_total(dev))
+        {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        if let Some((limit, in_cgroup)) = self.own_limit_locked(dev)
+            && in_cgroup.checked_add(bytes).is_none_or(|t| t > limit.hard)
         {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
@@ -529,12 +583,126 @@ impl Sim {
         self.tag_changed(dev);
     }
 
-    /// (free, total) of `dev`.
+    /// (free, total) of `dev`, as this process sees it: within the hard
+    /// limit of its cgroup, if one is set.
     pub fn mem_info(&self, dev: usize) -> (u64, u64) {
         let _g = lock(&self.mem_lock);
         let _f = FileLock::new(&self.file);
         let total = self.mem_total(dev);
-        (total.saturating_sub(self.used_locked(dev)), total)
+        let free = total.saturating_sub(self.used_locked(dev));
+        match self.own_limit_locked(dev) {
+            Some((limit, in_cgroup)) => (
+                free.min(limit.hard.saturating_sub(in_cgroup)),
+                total.min(limit.hard),
+            ),
+            None => (free, total),
+        }
+    }
+
+    /// Whether this driver has per-cgroup memory limits (R615, CUDA 13.4).
+    pub fn has_memory_limits(&self) -> bool {
+        crate::procaddr::driver_version() >= 13040
+    }
+
+    /// The memory limits set on `dev`.
+    pub fn memory_limits(&self, dev: usize) -> Vec<MemoryLimit> {
+        let _g = lock(&self.mem_lock);
+        let _f = FileLock::new(&self.file);
+        self.limits_locked()
+            .into_iter()
+            .filter(|l| l.device == dev)
+            .collect()
+    }
+
+    /// Sets (or with both 0, removes) the limit of `cgroup` on `dev`.
+    pub fn set_memory_limit(&self, dev: usize, cgroup: &str, soft: u64, hard: u64) {
+        let _g = lock(&self.mem_lock);
+        let _f = FileLock::new(&self.file);
+        let mut all = self.limits_locked();
+        all.retain(|l| !(l.device == dev && l.cgroup == cgroup));
+        if soft != 0 || hard != 0 {
+            all.push(MemoryLimit {
+                device: dev,
+                cgroup: cgroup.to_string(),
+                soft,
+                hard,
+            });
+        }
+        let text: String = all
+            .iter()
+            .map(|l| format!("{}\t{}\t{}\t{}\n", l.device, l.soft, l.hard, l.cgroup))
+            .collect();
+        let path = self.dir.join("mem-limits");
+        let tmp = self.dir.join(format!("mem-limits.{}", self.pid));
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+
+    /// What the living processes in `cgroup` (or below it) hold on `dev`.
+    pub fn cgroup_used(&self, dev: usize, cgroup: &str) -> u64 {
+        let _g = lock(&self.mem_lock);
+        let _f = FileLock::new(&self.file);
+        self.used_locked(dev);
+        self.cgroup_used_locked(dev, cgroup)
+    }
+
+    /// Every limit (called with the state locked); none on a driver that
+    /// lacks them.
+    fn limits_locked(&self) -> Vec<MemoryLimit> {
+        if !self.has_memory_limits() {
+            return Vec::new();
+        }
+        let text = std::fs::read_to_string(self.dir.join("mem-limits")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let mut f = l.splitn(4, '\t');
+                Some(MemoryLimit {
+                    device: f.next()?.parse().ok()?,
+                    soft: f.next()?.parse().ok()?,
+                    hard: f.next()?.parse().ok()?,
+                    cgroup: f.next()?.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// The tightest hard limit of a cgroup this process is in, on `dev`,
+    /// and what that cgroup's processes hold there (with the state
+    /// locked and `used_locked` just called).
+    fn own_limit_locked(&self, dev: usize) -> Option<(MemoryLimit, u64)> {
+        let limits: Vec<MemoryLimit> = self
+            .limits_locked()
+            .into_iter()
+            .filter(|l| l.device == dev)
+            .collect();
+        if limits.is_empty() {
+            return None;
+        }
+        let mine = cgroups_of(self.pid);
+        limits
+            .into_iter()
+            .filter(|l| mine.iter().any(|c| within(c, &l.cgroup)))
+            .map(|l| {
+                let used = self.cgroup_used_locked(dev, &l.cgroup);
+                (l, used)
+            })
+            .min_by_key(|(l, used)| l.hard.saturating_sub(*used))
+    }
+
+    /// What the living processes in `cgroup` or below hold on `dev`.
+    fn cgroup_used_locked(&self, dev: usize, cgroup: &str) -> u64 {
+        self.shared
+            .slots
+            .iter()
+            .filter_map(|s| {
+                let p = s.pid.load(Ordering::Relaxed);
+                let m = s.mem[dev].load(Ordering::Relaxed);
+                (p != 0 && m > 0).then_some((p, m))
+            })
+            .filter(|&(p, _)| cgroups_of(p).iter().any(|c| within(c, cgroup)))
+            .map(|(_, m)| m)
+            .fold(0u64, u64::saturating_add)
     }
 }
 

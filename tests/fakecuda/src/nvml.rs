@@ -490,3 +490,129 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     // SAFETY: the caller's contract, v3 entries of 24 bytes.
     unsafe { running_processes(handle, count, infos.cast(), 24) }
 }
+
+/// `NVML_ERROR_FUNCTION_NOT_FOUND`: what a driver older than R615 answers
+/// for the per-cgroup memory limits.
+const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
+
+/// `nvmlMemoryLimits_v1_t`: a cgroup's (`name_space`, its cgroup v2
+/// path) limits of a device's memory.
+#[repr(C)]
+#[derive(Debug)]
+pub struct NvmlMemoryLimits {
+    name_space: *const std::ffi::c_char,
+    soft_limit: u64,
+    hard_limit: u64,
+}
+
+/// `nvmlMemoryLimitsInfo_v1_t`: `name_space` in; the limits and what the
+/// cgroup's processes use of the device now out.
+#[repr(C)]
+#[derive(Debug)]
+pub struct NvmlMemoryLimitsInfo {
+    name_space: *const std::ffi::c_char,
+    soft_limit: u64,
+    hard_limit: u64,
+    current_used: u64,
+}
+
+/// A cgroup v2 path from the caller: absolute, UTF-8.
+///
+/// # Safety
+/// `p` must be null or a NUL-terminated string.
+unsafe fn name_space(p: *const std::ffi::c_char) -> Result<String, NvmlReturn> {
+    if p.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null NUL-terminated string (the caller's promise).
+    let s = unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
+    if !s.starts_with('/') {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(s.to_string())
+}
+
+/// `nvmlDeviceSetMemoryLimits_v1` (R615): sets the soft and hard limit of
+/// the device's memory for the processes of a cgroup (both 0: removes
+/// them). A soft limit above the hard one is refused. Drivers before
+/// R615 (`FAKECUDA_DRIVER_VERSION` < 13040) answer
+/// `NVML_ERROR_FUNCTION_NOT_FOUND`.
+///
+/// # Safety
+/// `limits` must be null or point to a readable struct whose `name_space`
+/// is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
+    handle: *mut c_void,
+    limits: *const NvmlMemoryLimits,
+) -> NvmlReturn {
+    let dev = match device_of(handle) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let Ok(s) = sim() else {
+        return NVML_ERROR_UNINITIALIZED;
+    };
+    if !s.has_memory_limits() {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    }
+    if limits.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, readable (the caller's promise).
+    let l = unsafe { &*limits };
+    // SAFETY: the caller's promise on `name_space`.
+    let cgroup = match unsafe { name_space(l.name_space) } {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    if l.hard_limit != 0 && l.soft_limit > l.hard_limit {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    s.set_memory_limit(dev, &cgroup, l.soft_limit, l.hard_limit);
+    NVML_SUCCESS
+}
+
+/// `nvmlDeviceGetMemoryLimits_v1` (R615): the limits set for the cgroup
+/// `info.name_space` (0: none) and what its processes (and those of the
+/// cgroups below it) hold on the device now.
+///
+/// # Safety
+/// `info` must be null or point to a writable struct whose `name_space`
+/// is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
+    handle: *mut c_void,
+    info: *mut NvmlMemoryLimitsInfo,
+) -> NvmlReturn {
+    let dev = match device_of(handle) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let Ok(s) = sim() else {
+        return NVML_ERROR_UNINITIALIZED;
+    };
+    if !s.has_memory_limits() {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    }
+    if info.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, writable (the caller's promise).
+    let out = unsafe { &mut *info };
+    // SAFETY: the caller's promise on `name_space`.
+    let cgroup = match unsafe { name_space(out.name_space) } {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let set = s
+        .memory_limits(dev)
+        .into_iter()
+        .find(|l| l.cgroup == cgroup);
+    out.soft_limit = set.as_ref().map_or(0, |l| l.soft);
+    out.hard_limit = set.as_ref().map_or(0, |l| l.hard);
+    out.current_used = s.cgroup_used(dev, &cgroup);
+    NVML_SUCCESS
+}

@@ -1051,16 +1051,6 @@ fn drop_in_files_add_and_remove_groups_live() {
     s.wait_status(5.0, "the directory removed", |st| st.groups.is_empty());
 }
 
-/// The cgroup of this process, as the scheduler reads it.
-fn own_cgroup() -> String {
-    let text = fs::read_to_string("/proc/self/cgroup").unwrap();
-    let path = |l: &str| l.splitn(3, ':').nth(2).unwrap().to_string();
-    text.lines()
-        .find(|l| l.starts_with("0::"))
-        .map(path)
-        .unwrap_or_else(|| path(text.lines().next().unwrap()))
-}
-
 /// A group's `Cgroups` decides membership from the kernel's view of the
 /// connecting process: a process in the group's cgroup is placed in it
 /// without naming a group and may not name another; a group bound to
@@ -1068,7 +1058,7 @@ fn own_cgroup() -> String {
 /// that names no group is told to set GEMINI_GROUP_NAME.
 #[test]
 fn a_groups_cgroups_place_its_processes_and_keep_others_out() {
-    let mine = own_cgroup();
+    let mine = gemini_tests::own_cgroup();
     let s = Gemini::daemon(&format!(
         "[job]\nCgroups=/no/such/job;{mine}\n[open]\n[elsewhere]\nCgroups=/no/such/cgroup\n"
     ));

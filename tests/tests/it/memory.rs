@@ -32,7 +32,19 @@ impl Memwork {
 
     /// [`Memwork::start`] with more environment.
     fn start_with(g: &Gemini, group: &str, args: &[&str], env: &[(&str, &str)]) -> Memwork {
-        let mut c: Command = g.hooked(g.sim.command(bin("gem-memwork")), group);
+        Memwork::spawn(
+            g.hooked(g.sim.command(bin("gem-memwork")), group),
+            args,
+            env,
+        )
+    }
+
+    /// Without the hook, on `sim`.
+    fn plain(sim: &SimEnv, args: &[&str], env: &[(&str, &str)]) -> Memwork {
+        Memwork::spawn(sim.command(bin("gem-memwork")), args, env)
+    }
+
+    fn spawn(mut c: Command, args: &[&str], env: &[(&str, &str)]) -> Memwork {
         c.envs(env.iter().copied());
         c.args(args)
             .stdin(Stdio::piped())
@@ -107,6 +119,22 @@ impl Memwork {
     /// Lets it go on past the step it waits at.
     fn go(&mut self) {
         self.child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    }
+
+    /// Runs it to its end (which must be a success) and returns what it
+    /// said.
+    fn said(mut self) -> HashMap<String, String> {
+        drop(self.child.stdin.take());
+        for line in self.out.iter() {
+            if let Some(rest) = line.trim().strip_prefix("memwork ") {
+                for (k, v) in rest.split_whitespace().filter_map(|kv| kv.split_once('=')) {
+                    self.said.insert(k.into(), v.into());
+                }
+            }
+        }
+        let said = std::mem::take(&mut self.said);
+        self.end();
+        said
     }
 
     /// Lets it go on to its end, which must be a success.
@@ -554,5 +582,73 @@ fn a_kernel_launched_with_no_current_context_is_gated_on_its_streams_gpu() {
         "group a took a token on GPU 1: {:?}",
         g.status().devices
     );
+    w.end();
+}
+
+/// What `gem-memwork limits` said, as numbers.
+fn limits(
+    sim: &SimEnv,
+    cgroup: &str,
+    set: Option<&str>,
+    env: &[(&str, &str)],
+) -> HashMap<String, u64> {
+    let mut args = vec!["limits", "--cgroup", cgroup];
+    if let Some(s) = set {
+        args.extend(["--set", s]);
+    }
+    Memwork::plain(sim, &args, env)
+        .said()
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
+        .collect()
+}
+
+/// The driver's own per-cgroup memory limit (R615, CUDA 13.4), as the
+/// simulator models it: a driver before it has no such call
+/// (`NVML_ERROR_FUNCTION_NOT_FOUND`); with it, a process in the cgroup
+/// that runs without the hook is refused past the hard limit, and the
+/// driver and NVML report the limit as its total; NVML's `currentUsed`
+/// counts the cgroup's processes; a limit of 0 removes it.
+#[test]
+fn the_drivers_cgroup_limit_holds_without_the_hook() {
+    let sim = SimEnv::new(1, "1GiB");
+    let cg = gemini_tests::own_cgroup();
+    let old = limits(&sim, &cg, Some("256MiB:256MiB"), &[]);
+    assert_eq!(old["set_error"], 13, "{old:?}");
+    assert_eq!(old["get_error"], 13, "{old:?}");
+    let r615 = [("FAKECUDA_DRIVER_VERSION", "13050")];
+    let set = limits(&sim, &cg, Some("200MiB:256MiB"), &r615);
+    assert_eq!(set["set_error"], 0, "{set:?}");
+    assert_eq!(
+        (set["soft"], set["hard"]),
+        (200 * MIB, 256 * MIB),
+        "{set:?}"
+    );
+    assert_eq!(set["used"], 0);
+    assert_eq!(set["nvml_total"], 256 * MIB, "NVML reports the limit");
+    let mut w = Memwork::plain(&sim, &["context", "--chunk", "64MiB"], &r615);
+    w.at("allocated");
+    assert_eq!(w.num("error"), 2, "refused past the limit: {:?}", w.said);
+    assert_eq!(w.num("allocated"), 256 * MIB);
+    assert_eq!(w.num("total"), 256 * MIB, "cuMemGetInfo reports the limit");
+    assert_eq!(w.num("free"), 0);
+    let held = limits(&sim, &cg, None, &r615);
+    assert_eq!(held["used"], 256 * MIB, "currentUsed: {held:?}");
+    assert_eq!(held["nvml_free"], 0);
+    w.go();
+    w.end();
+    let bad = limits(&sim, &cg, Some("300MiB:256MiB"), &r615);
+    assert_eq!(bad["set_error"], 2, "a soft limit above the hard one");
+    let gone = limits(&sim, &cg, Some("0:0"), &r615);
+    assert_eq!((gone["set_error"], gone["hard"]), (0, 0));
+    let mut w = Memwork::plain(
+        &sim,
+        &["context", "--chunk", "64MiB", "--most", "512MiB"],
+        &r615,
+    );
+    w.at("allocated");
+    assert_eq!((w.num("allocated"), w.num("error")), (512 * MIB, 0));
+    assert_eq!(w.num("total"), 1 << 30);
+    w.go();
     w.end();
 }

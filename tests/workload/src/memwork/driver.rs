@@ -69,6 +69,85 @@ pub(crate) fn nvml(cuda: &Cuda, bytes: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `nvmlMemoryLimitsInfo_v1_t` (`nvmlMemoryLimits_v1_t` is its first
+/// three fields).
+#[repr(C)]
+struct LimitsInfo {
+    name_space: *const c_char,
+    soft: u64,
+    hard: u64,
+    current_used: u64,
+}
+
+/// See `What::Limits`.
+pub(crate) fn limits(cgroup: &str, device: u32, set: Option<&str>) -> anyhow::Result<()> {
+    type Init = unsafe extern "C" fn() -> u32;
+    type Handle = unsafe extern "C" fn(u32, *mut Ptr) -> u32;
+    type Limits = unsafe extern "C" fn(Ptr, *mut LimitsInfo) -> u32;
+    type Memory = unsafe extern "C" fn(Ptr, *mut [u64; 3]) -> u32;
+    let name = std::ffi::CString::new(cgroup)?;
+    let set = match set {
+        Some(s) => {
+            let (soft, hard) = s.split_once(':').context("--set SOFT:HARD")?;
+            Some((
+                crate::size(soft).map_err(anyhow::Error::msg)?,
+                crate::size(hard).map_err(anyhow::Error::msg)?,
+            ))
+        }
+        None => None,
+    };
+    // SAFETY: NVML's C signatures, called with pointers to live locals;
+    // the struct's name is a live NUL-terminated string.
+    unsafe {
+        let lib =
+            libloading::Library::new("libnvidia-ml.so.1").context("dlopen libnvidia-ml.so.1")?;
+        let init: libloading::Symbol<Init> = lib.get(b"nvmlInit_v2\0")?;
+        let handle: libloading::Symbol<Handle> = lib.get(b"nvmlDeviceGetHandleByIndex_v2\0")?;
+        let memory: libloading::Symbol<Memory> = lib.get(b"nvmlDeviceGetMemoryInfo\0")?;
+        if init() != 0 {
+            bail!("nvmlInit_v2 failed");
+        }
+        let mut dev: Ptr = std::ptr::null_mut();
+        if handle(device, &mut dev) != 0 {
+            bail!("nvmlDeviceGetHandleByIndex_v2({device}) failed");
+        }
+        if let Some((soft, hard)) = set {
+            let r = match lib.get::<Limits>(b"nvmlDeviceSetMemoryLimits_v1\0") {
+                Ok(f) => {
+                    let mut l = LimitsInfo {
+                        name_space: name.as_ptr(),
+                        soft,
+                        hard,
+                        current_used: 0,
+                    };
+                    f(dev, &mut l)
+                }
+                Err(_) => 13,
+            };
+            println!("memwork set_error={r}");
+        }
+        let mut info = LimitsInfo {
+            name_space: name.as_ptr(),
+            soft: 0,
+            hard: 0,
+            current_used: 0,
+        };
+        let r = match lib.get::<Limits>(b"nvmlDeviceGetMemoryLimits_v1\0") {
+            Ok(f) => f(dev, &mut info),
+            Err(_) => 13,
+        };
+        let mut m = [0u64; 3];
+        if memory(dev, &mut m) != 0 {
+            bail!("nvmlDeviceGetMemoryInfo failed");
+        }
+        println!(
+            "memwork get_error={r} soft={} hard={} used={} nvml_total={} nvml_free={}",
+            info.soft, info.hard, info.current_used, m[0], m[1]
+        );
+    }
+    Ok(())
+}
+
 /// `CUDA_KERNEL_NODE_PARAMS` (v2 layout).
 #[repr(C)]
 pub(crate) struct KernelNode {

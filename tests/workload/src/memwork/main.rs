@@ -105,6 +105,22 @@ enum What {
         #[arg(long, value_parser = size, default_value = "64MiB")]
         bytes: u64,
     },
+    /// The driver's memory limit of a cgroup on GPU `--device` (NVML,
+    /// R615): sets it if `--set SOFT:HARD` is given (as the NVIDIA
+    /// container toolkit's hook does), then prints what NVML reports for
+    /// the cgroup, and NVML's memory figures of the device as this
+    /// process sees them.
+    Limits {
+        /// The cgroup (v2 path).
+        #[arg(long)]
+        cgroup: String,
+        /// NVML index.
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+        /// `SOFT:HARD`, sizes (0:0 removes the limit).
+        #[arg(long)]
+        set: Option<String>,
+    },
     /// Kernels and graphs in a primary context released to nothing, in
     /// one retained again and reset, and in one made and destroyed, with
     /// a pause after each (PyTorch's and the runtime's teardown).
@@ -301,6 +317,11 @@ fn main() -> anyhow::Result<()> {
         What::StreamDevice { bytes } => stream_device(&cuda, bytes),
         What::Graph { bytes, version } => graph(&cuda, bytes, version),
         What::Nvml { bytes } => nvml(&cuda, bytes),
+        What::Limits {
+            cgroup,
+            device,
+            set,
+        } => limits(&cgroup, device, set.as_deref()),
         What::Contexts => contexts(&cuda),
         What::KernelNoContext { device } => kernel_no_context(&cuda, device),
         What::CaptureRace { iterations } => capture_race(&cuda, iterations),
