@@ -277,6 +277,7 @@ mod tests {
             memory_limit: u64::MAX,
             clients: 0,
             devices: None,
+            driver_memory: vec![],
         };
         let json = serde_json::to_value(&g).unwrap();
         assert!(json["memory_limit"].is_null(), "{json}");
@@ -311,12 +312,14 @@ mod tests {
                     memory_limit: u64::MAX,
                     clients: 0,
                     devices: None,
+                    driver_memory: vec![],
                 })
                 .collect(),
             devices: vec![],
             clients: vec![],
             reservations: vec![],
             queue: vec![],
+            driver_limits: false,
         };
         let reply = Reply::Status(Box::new(report));
         let frame = encode_reply(7, &reply);

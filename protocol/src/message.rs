@@ -354,6 +354,10 @@ pub struct StatusReport {
     pub reservations: Vec<ReservationStatus>,
     /// Launches waiting for GPUs, first in line first.
     pub queue: Vec<ReservationStatus>,
+    /// Who enforces `MemoryLimit` for groups bound to cgroups: the driver
+    /// too (its per-cgroup limits, R615 drivers), or the hook alone.
+    #[serde(default)]
+    pub driver_limits: bool,
 }
 
 /// A reservation, held or waiting.
@@ -412,6 +416,26 @@ pub struct GroupStatus {
     pub clients: u32,
     /// The GPUs the group may use (`Devices=`); `None`: every GPU.
     pub devices: Option<Vec<DeviceId>>,
+    /// The limits the driver enforces for the group's cgroups
+    /// (`nvmlDeviceSetMemoryLimits_v1`, R615 drivers), one per GPU and
+    /// cgroup; empty where the hook alone caps the group's memory.
+    #[serde(default)]
+    pub driver_memory: Vec<DriverMemory>,
+}
+
+/// A device memory limit the driver enforces for one cgroup of a group on
+/// one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverMemory {
+    /// The GPU.
+    pub device: DeviceId,
+    /// The cgroup (`Cgroups=`).
+    pub cgroup: String,
+    /// Its hard limit, bytes.
+    pub limit: u64,
+    /// What its processes hold there now, as the driver counts it
+    /// (`currentUsed`), bytes.
+    pub used: u64,
 }
 
 /// One device.

@@ -33,6 +33,17 @@ pub struct GroupDevice {
     pub device: String,
 }
 
+/// One cgroup of a group on a device (the driver's limits).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupCgroup {
+    /// The group's name.
+    pub group: String,
+    /// The device (the scheduler's index).
+    pub device: String,
+    /// The cgroup (`Cgroups=`).
+    pub cgroup: String,
+}
+
 /// A device.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeviceLabel {
@@ -73,6 +84,9 @@ pub struct Metrics {
     clients: Family<GroupLabel, Gauge>,
     share: Family<GroupDevice, FloatGauge>,
     memory_used: Family<GroupDevice, Gauge>,
+    driver_limit: Family<GroupCgroup, Gauge>,
+    driver_used: Family<GroupCgroup, Gauge>,
+    driver_limits: Gauge,
     waiting: Family<GroupDevice, Gauge>,
     throttled: Family<GroupDevice, FloatCounter>,
     revocations: Family<GroupDevice, Counter>,
@@ -113,6 +127,9 @@ impl Metrics {
             clients: Family::default(),
             share: Family::default(),
             memory_used: Family::default(),
+            driver_limit: Family::default(),
+            driver_used: Family::default(),
+            driver_limits: Gauge::default(),
             waiting: Family::default(),
             throttled: Family::default(),
             revocations: Family::default(),
@@ -161,6 +178,23 @@ impl Metrics {
             "Device memory held by the group's processes",
             Unit::Bytes,
             m.memory_used.clone(),
+        );
+        r.register_with_unit(
+            "driver_memory_limit",
+            "The hard limit the driver enforces for a cgroup of the group on the device (nvmlDeviceSetMemoryLimits_v1, R615 drivers)",
+            Unit::Bytes,
+            m.driver_limit.clone(),
+        );
+        r.register_with_unit(
+            "driver_memory_used",
+            "Device memory the processes of a cgroup of the group hold, as the driver counts it (currentUsed)",
+            Unit::Bytes,
+            m.driver_used.clone(),
+        );
+        r.register(
+            "driver_memory_limits",
+            "1 where the driver has per-cgroup memory limits and enforces MemoryLimit for groups bound to cgroups, 0 where the hook alone does",
+            m.driver_limits.clone(),
         );
         r.register(
             "group_waiting_clients",
@@ -247,6 +281,9 @@ impl Metrics {
         self.clients.clear();
         self.share.clear();
         self.memory_used.clear();
+        self.driver_limit.clear();
+        self.driver_used.clear();
+        self.driver_limits.set(i64::from(st.driver_limits));
         self.waiting.clear();
         self.busy.clear();
         self.holder_share.clear();
@@ -265,6 +302,15 @@ impl Metrics {
                     g.memory_limit as f64
                 });
             self.clients.get_or_create(&l).set(i64::from(g.clients));
+            for m in &g.driver_memory {
+                let c = GroupCgroup {
+                    group: g.name.clone(),
+                    device: m.device.to_string(),
+                    cgroup: m.cgroup.clone(),
+                };
+                self.driver_limit.get_or_create(&c).set(m.limit as i64);
+                self.driver_used.get_or_create(&c).set(m.used as i64);
+            }
         }
         for d in &st.devices {
             let device = DeviceLabel {

@@ -50,6 +50,43 @@ pub fn render(r: &StatusReport) -> String {
             gpus(g.devices.as_deref())
         );
     }
+    let limited: Vec<_> = r
+        .groups
+        .iter()
+        .flat_map(|g| g.driver_memory.iter().map(move |m| (&g.name, m)))
+        .collect();
+    if r.driver_limits {
+        let _ = writeln!(
+            s,
+            "
+DRIVER MEMORY LIMITS (per cgroup, nvmlDeviceSetMemoryLimits_v1; the hook caps every group too)"
+        );
+        if limited.is_empty() {
+            let _ = writeln!(s, "  none: no group with Cgroups= has a MemoryLimit");
+        } else {
+            let _ = writeln!(
+                s,
+                "  {:<16} {:>4} {:>24}  CGROUP",
+                "GROUP", "GPU", "USED / LIMIT"
+            );
+        }
+        for (group, m) in &limited {
+            let _ = writeln!(
+                s,
+                "  {:<16} {:>4} {:>24}  {}",
+                group,
+                m.device,
+                format!("{} / {}", format_size(m.used), format_size(m.limit)),
+                m.cgroup
+            );
+        }
+    } else {
+        let _ = writeln!(
+            s,
+            "
+MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
+        );
+    }
     for d in &r.devices {
         let holder = d
             .holder
@@ -131,6 +168,7 @@ mod tests {
             memory_limit: u64::MAX,
             clients: 0,
             devices,
+            driver_memory: vec![],
         };
         let report = StatusReport {
             server: "test".into(),
@@ -143,6 +181,7 @@ mod tests {
             clients: vec![],
             reservations: vec![],
             queue: vec![],
+            driver_limits: false,
         };
         let text = render(&report);
         let row = |name: &str| {
@@ -154,5 +193,48 @@ mod tests {
         assert!(text.contains("GPUS"), "{text}");
         assert!(row("shard").trim_end().ends_with(" 1,3"), "{text}");
         assert!(row("wide").trim_end().ends_with(" all"), "{text}");
+    }
+
+    /// The driver's limits are listed per group, GPU and cgroup, with the
+    /// driver's count; without them, the status says the hook caps.
+    #[test]
+    fn the_drivers_limits_are_listed() {
+        let mut report = StatusReport {
+            server: "test".into(),
+            config_path: "/etc/gemini/resource.conf".into(),
+            config_error: None,
+            window_us: 10_000_000,
+            uptime_us: 1,
+            groups: vec![GroupStatus {
+                name: "job".into(),
+                min_util: 0.0,
+                max_util: 1.0,
+                memory_limit: 1 << 30,
+                clients: 0,
+                devices: None,
+                driver_memory: vec![gemini_protocol::DriverMemory {
+                    device: 1,
+                    cgroup: "/slurm/job_7".into(),
+                    limit: 1 << 30,
+                    used: 256 << 20,
+                }],
+            }],
+            devices: vec![],
+            clients: vec![],
+            reservations: vec![],
+            queue: vec![],
+            driver_limits: true,
+        };
+        let text = render(&report);
+        let row = text
+            .lines()
+            .find(|l| l.contains("/slurm/job_7"))
+            .unwrap_or_else(|| panic!("{text}"));
+        let words: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(words[..2], ["job", "1"], "{row}");
+        assert!(row.contains("256.0 MiB / 1.0 GiB"), "{row}");
+        report.driver_limits = false;
+        report.groups[0].driver_memory.clear();
+        assert!(render(&report).contains("enforced by the hook"));
     }
 }

@@ -217,6 +217,26 @@ pub fn view(st: &StatusReport, history: &History, note: Option<&str>) -> Vec<Lin
                     Style::default().fg(colour),
                 ),
             ]));
+            // What the driver itself enforces for the group's cgroups here.
+            let driver = config
+                .get(g.group.as_str())
+                .map(|c| c.driver_memory.iter().filter(|m| m.device == d.device));
+            for m in driver.into_iter().flatten() {
+                lines.push(Line::styled(
+                    fit(
+                        &format!(
+                            "    driver limit {}/{} for cgroup {}",
+                            short_size(m.used),
+                            short_size(m.limit),
+                            m.cgroup
+                        ),
+                        78,
+                    )
+                    .trim_end()
+                    .to_string(),
+                    dim,
+                ));
+            }
         }
     }
     let idle: Vec<&str> = st
@@ -318,5 +338,63 @@ mod tests {
         assert_eq!(sparkline(Some(&h), 5), "  ▁▅█");
         assert_eq!(sparkline(Some(&h), 2), "▅█");
         assert_eq!(sparkline(None, 3), "   ");
+    }
+
+    /// Under a group's row on a GPU, the limit the driver enforces there
+    /// for each of its cgroups, with the driver's count.
+    #[test]
+    fn the_drivers_limits_show_under_their_group() {
+        use gemini_protocol::{DeviceStatus, DriverMemory, GroupDeviceStatus, GroupStatus};
+        let report = StatusReport {
+            server: "test".into(),
+            config_path: "/etc/gemini/resource.conf".into(),
+            config_error: None,
+            window_us: 10_000_000,
+            uptime_us: 1,
+            groups: vec![GroupStatus {
+                name: "job".into(),
+                min_util: 0.0,
+                max_util: 1.0,
+                memory_limit: 1 << 30,
+                clients: 1,
+                devices: None,
+                driver_memory: vec![DriverMemory {
+                    device: 0,
+                    cgroup: "/slurm/job_7".into(),
+                    limit: 1 << 30,
+                    used: 256 << 20,
+                }],
+            }],
+            devices: vec![DeviceStatus {
+                device: 0,
+                busy: 0.5,
+                holder: None,
+                waiting: 0,
+                groups: vec![GroupDeviceStatus {
+                    group: "job".into(),
+                    share: 0.5,
+                    memory_used: 256 << 20,
+                    memory_limit: 1 << 30,
+                    waiting: 0,
+                }],
+            }],
+            clients: vec![],
+            reservations: vec![],
+            queue: vec![],
+            driver_limits: true,
+        };
+        let lines: Vec<String> = view(&report, &History::default(), None)
+            .iter()
+            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
+            .collect();
+        let at = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with("job"))
+            .unwrap_or_else(|| panic!("{lines:#?}"));
+        assert!(
+            lines[at + 1].contains("driver limit") && lines[at + 1].contains("/slurm/job_7"),
+            "{lines:#?}"
+        );
+        assert!(lines.iter().all(|l| l.chars().count() <= 80), "{lines:#?}");
     }
 }

@@ -87,6 +87,9 @@ pub struct SimEnv {
     /// A driver that serves its versioned entry points (`_v2`, `_ptsz`,
     /// ...) only through `cuGetProcAddress` (`FAKECUDA_PROCADDR_ONLY`).
     pub procaddr_only: bool,
+    /// The CUDA version the driver reports (`FAKECUDA_DRIVER_VERSION`;
+    /// `None`: the simulator's default, 12.8). See [`SimEnv::r615`].
+    pub driver_version: Option<i32>,
 }
 
 impl Default for SimEnv {
@@ -112,6 +115,7 @@ impl SimEnv {
             ctx_mem: "0".into(),
             module_mem: "0".into(),
             procaddr_only: false,
+            driver_version: None,
         }
     }
 
@@ -159,7 +163,17 @@ impl SimEnv {
         if self.procaddr_only {
             c.env("FAKECUDA_PROCADDR_ONLY", "1");
         }
+        if let Some(v) = self.driver_version {
+            c.env("FAKECUDA_DRIVER_VERSION", v.to_string());
+        }
         c
+    }
+
+    /// The machine with an R615 driver (CUDA 13.5), which has per-cgroup
+    /// memory limits (`nvmlDeviceSetMemoryLimits_v1`).
+    pub fn r615(mut self) -> SimEnv {
+        self.driver_version = Some(13050);
+        self
     }
 
     /// The Rust workload (dlopen + cuGetProcAddress_v2).

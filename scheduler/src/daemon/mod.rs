@@ -4,11 +4,13 @@
 //! when it changes, and a liveness check that releases what dead clients
 //! held. A bad frame gets an error reply and a log line, never a panic.
 
+mod driver_limits;
 mod ipc;
 mod peers;
 mod reload;
 mod saved;
 
+use driver_limits::DriverLimits;
 use ipc::{IpcAccess, prepare_ipc_dir, scheduler_alive};
 use peers::{PeerCred, Watched, parse_peer_address, peer_of};
 use reload::{ConfigWatch, main_is_empty};
@@ -92,6 +94,8 @@ pub struct Daemon {
     asked: HashMap<(ClientId, u32), Instant>,
     /// The machine's GPUs: UUID → index (`Request::Gpus`).
     gpus: HashMap<String, DeviceId>,
+    /// The driver's per-cgroup memory limits, where it has them.
+    driver_limits: DriverLimits,
     /// A client asked to stop (and was allowed to).
     stopping: bool,
 }
@@ -199,6 +203,8 @@ impl Daemon {
             config_path.display(),
             params.devices
         );
+        let mut driver_limits = DriverLimits::start(ipc_dir);
+        driver_limits.apply(&config);
         Ok(Daemon {
             _ctx: ctx,
             sock,
@@ -228,6 +234,7 @@ impl Daemon {
             last_metrics: Instant::now(),
             asked: HashMap::new(),
             gpus: gpu_uuids(),
+            driver_limits,
             stopping: false,
         })
     }
@@ -241,9 +248,17 @@ impl Daemon {
             return;
         }
         self.last_metrics = Instant::now();
-        let now = self.now();
-        let report = self.policy.status(now);
-        m.refresh(&report, &self.policy.counters(now));
+        let report = self.status_report();
+        m.refresh(&report, &self.policy.counters(self.now()));
+    }
+
+    /// The status: the policy's, the configuration's error and the
+    /// driver's limits.
+    fn status_report(&mut self) -> gemini_protocol::StatusReport {
+        let mut report = self.policy.status(self.now());
+        report.config_error = self.config_error.clone();
+        self.driver_limits.report(&mut report);
+        report
     }
 
     fn now(&self) -> Micros {
@@ -316,6 +331,7 @@ impl Daemon {
             let actions = self.policy.handle(Event::Tick, now);
             self.send_actions(actions);
             self.save_reservations();
+            self.driver_limits.poll();
             self.refresh_metrics();
         }
         info!("gem-schd stopping");
@@ -454,8 +470,7 @@ impl Daemon {
                 return;
             }
             Request::Status => {
-                let mut report = self.policy.status(self.now());
-                report.config_error = self.config_error.clone();
+                let report = self.status_report();
                 self.reply(client, seq, &Reply::Status(Box::new(report)));
                 return;
             }

@@ -225,6 +225,7 @@ impl Daemon {
                 }
                 let actions = self.policy.handle(Event::Reconfigure(cfg), self.now());
                 self.send_actions(actions);
+                self.driver_limits.apply(self.policy.config());
                 Ok(())
             }
             Err(e) => {

@@ -42,6 +42,7 @@ impl Policy {
                     .filter(|c| c.group.name() == Some(&g.name))
                     .count() as u32,
                 devices: g.devices.clone(),
+                driver_memory: Vec::new(),
             })
             .collect();
         groups.sort_by(|a, b| a.name.cmp(&b.name));
@@ -135,6 +136,8 @@ impl Policy {
             clients,
             reservations,
             queue,
+            // The daemon fills in the driver's side.
+            driver_limits: false,
         }
     }
 }

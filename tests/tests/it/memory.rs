@@ -652,3 +652,130 @@ fn the_drivers_cgroup_limit_holds_without_the_hook() {
     w.go();
     w.end();
 }
+
+/// The driver's limit of a group's cgroup on `dev`, from the status.
+fn driver_limit(st: &gemini_protocol::StatusReport, group: &str, dev: u32) -> Option<(u64, u64)> {
+    st.groups
+        .iter()
+        .find(|g| g.name == group)?
+        .driver_memory
+        .iter()
+        .find(|m| m.device == dev)
+        .map(|m| (m.limit, m.used))
+}
+
+/// With an R615 driver, gem-schd has the driver enforce the `MemoryLimit`
+/// of a group bound to cgroups, on each of its cgroups and every GPU it
+/// may use: a process of the cgroup that runs without the hook is refused
+/// past it, and sees the limit as its GPU's memory, as a hooked one does.
+/// The driver's count of what the cgroup holds shows in the status. The
+/// limit follows a reload, is set again by a scheduler started after a
+/// crash, and is removed when the group goes, even while the scheduler
+/// was down.
+#[test]
+fn the_driver_enforces_the_memory_limit_of_a_group_bound_to_cgroups() {
+    let cg = gemini_tests::own_cgroup();
+    let conf = |limit: &str| format!("[job]\nCgroups={cg}\nMemoryLimit={limit}\n");
+    let mut g = Gemini::start(SimEnv::new(2, "1GiB").r615(), &conf("256MiB"));
+    assert!(
+        g.log().contains("MemoryLimit: the driver enforces it too"),
+        "{}",
+        g.log()
+    );
+    let st = g.wait_status(5.0, "the driver's limits", |s| {
+        s.driver_limits && (0..2).all(|d| driver_limit(s, "job", d).is_some())
+    });
+    for dev in 0..2 {
+        assert_eq!(driver_limit(&st, "job", dev).unwrap().0, 256 * MIB);
+    }
+    let r615 = [("FAKECUDA_DRIVER_VERSION", "13050")];
+    let mut plain = Memwork::plain(&g.sim, &["context", "--chunk", "64MiB"], &r615);
+    plain.at("allocated");
+    assert_eq!(
+        (plain.num("allocated"), plain.num("error")),
+        (256 * MIB, 2),
+        "without the hook, refused by the driver: {:?}",
+        plain.said
+    );
+    assert_eq!(plain.num("total"), 256 * MIB);
+    g.wait_status(5.0, "the driver's count in the status", |s| {
+        driver_limit(s, "job", 0) == Some((256 * MIB, 256 * MIB))
+    });
+    plain.go();
+    plain.end();
+    let mut hooked = Memwork::start(&g, "job", &["context", "--chunk", "64MiB"]);
+    hooked.at("allocated");
+    assert_eq!(
+        (
+            hooked.num("allocated"),
+            hooked.num("error"),
+            hooked.num("total")
+        ),
+        (256 * MIB, 2, 256 * MIB),
+        "with the hook, the same view: {:?}",
+        hooked.said
+    );
+    hooked.go();
+    hooked.end();
+
+    g.write_conf(&conf("512MiB"));
+    g.wait_status(5.0, "the limit reloaded", |s| {
+        driver_limit(s, "job", 1).is_some_and(|l| l.0 == 512 * MIB)
+    });
+    assert_eq!(limits(&g.sim, &cg, None, &r615)["hard"], 512 * MIB);
+
+    // The driver forgets (a GPU reset, say) while the scheduler is down:
+    // started again, it sets the limit again.
+    g.kill_scheduler();
+    limits(&g.sim, &cg, Some("0:0"), &r615);
+    g.start_scheduler();
+    g.wait_status(5.0, "the limit set again", |s| {
+        driver_limit(s, "job", 0).is_some_and(|l| l.0 == 512 * MIB)
+    });
+    assert_eq!(limits(&g.sim, &cg, None, &r615)["hard"], 512 * MIB);
+
+    // The group goes while the scheduler is down: its limits go with it.
+    g.kill_scheduler();
+    g.write_conf("[other]\n");
+    g.start_scheduler();
+    let st = g.status();
+    assert!(
+        st.groups.iter().all(|g| g.driver_memory.is_empty()),
+        "{st:?}"
+    );
+    for dev in ["0", "1"] {
+        let args = ["limits", "--cgroup", &cg, "--device", dev];
+        let said = Memwork::plain(&g.sim, &args, &r615).said();
+        assert_eq!(said["hard"], "0", "GPU {dev}: {said:?}");
+    }
+}
+
+/// A driver before R615 has no per-cgroup limits: gem-schd says once that
+/// the hook enforces `MemoryLimit`, sets nothing, and the status says so.
+#[test]
+fn before_r615_the_hook_alone_enforces_the_memory_limit() {
+    let cg = gemini_tests::own_cgroup();
+    let g = Gemini::start(
+        SimEnv::new(1, "1GiB"),
+        &format!("[job]\nCgroups={cg}\nMemoryLimit=256MiB\n"),
+    );
+    let st = g.status();
+    assert!(!st.driver_limits);
+    assert!(st.groups.iter().all(|g| g.driver_memory.is_empty()));
+    assert_eq!(
+        g.log().matches("MemoryLimit: the hook enforces it").count(),
+        1,
+        "{}",
+        g.log()
+    );
+    // Without the hook nothing stops a process of the job.
+    let mut plain = Memwork::plain(
+        &g.sim,
+        &["context", "--chunk", "64MiB", "--most", "512MiB"],
+        &[],
+    );
+    plain.at("allocated");
+    assert_eq!(plain.num("allocated"), 512 * MIB);
+    plain.go();
+    plain.end();
+}

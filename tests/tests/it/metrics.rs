@@ -397,3 +397,48 @@ fn the_holder_is_counted_apart_from_the_groups() {
         "the holder in a group's metrics:\n{text}"
     );
 }
+
+/// Where the driver enforces a group's `MemoryLimit` on its cgroups (R615),
+/// the metrics say so, with each limit and the driver's count of what the
+/// cgroup holds; before R615 they say the hook alone caps.
+#[test]
+fn metrics_show_the_drivers_memory_limits() {
+    let cg = gemini_tests::own_cgroup();
+    for (sim, driver) in [
+        (SimEnv::new(1, "1GiB").r615(), 1.0),
+        (SimEnv::new(1, "1GiB"), 0.0),
+    ] {
+        let g = Gemini::start_with(
+            sim,
+            &format!("[job]\nCgroups={cg}\nMemoryLimit=256MiB\n"),
+            &["--metrics", "127.0.0.1:0"],
+        );
+        let addr = metrics_addr(&g);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let text = loop {
+            let text = get(&addr, "/metrics");
+            // Refreshed once at least.
+            if sample(&text, "gemini_group_min_util_ratio{group=\"job\"}").is_some()
+                || Instant::now() > deadline
+            {
+                break text;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(
+            sample(&text, "gemini_driver_memory_limits"),
+            Some(driver),
+            "{text}"
+        );
+        let limit = format!(
+            "gemini_driver_memory_limit_bytes{{group=\"job\",device=\"0\",cgroup=\"{cg}\"}}"
+        );
+        let used = limit.replace("limit_bytes", "used_bytes");
+        if driver == 1.0 {
+            assert_eq!(sample(&text, &limit), Some(268435456.0), "{text}");
+            assert_eq!(sample(&text, &used), Some(0.0), "{text}");
+        } else {
+            assert_eq!(sample(&text, &limit), None, "{text}");
+        }
+    }
+}

@@ -262,7 +262,9 @@ fn slurm_shards_become_guaranteed_shares() {
         return;
     }
     ensure_munge();
-    let g = Gemini::start(SimEnv::default(), "");
+    // An R615 driver: gem-schd has it enforce each job's memory limit on
+    // the job's cgroup too.
+    let g = Gemini::start(SimEnv::default().r615(), "");
     let dir = g.sim.path().join("slurm");
     std::fs::create_dir_all(&dir).unwrap();
     let settings = g.sim.path().join("gemini.toml");
@@ -294,6 +296,7 @@ fn slurm_shards_become_guaranteed_shares() {
         ("FAKECUDA_MEM", g.sim.mem.as_str()),
         ("FAKECUDA_CTX_MEM", g.sim.ctx_mem.as_str()),
         ("FAKECUDA_MODULE_MEM", g.sim.module_mem.as_str()),
+        ("FAKECUDA_DRIVER_VERSION", "13050"),
         ("GEMINI_SETTINGS", "/dev/null"),
         ("LD_PRELOAD", ""),
         ("GEMINI_GROUP_NAME", ""),
@@ -302,9 +305,14 @@ fn slurm_shards_become_guaranteed_shares() {
     let workload = bin("gem-workload");
     let w = workload.display();
     let seven = slurm.submit(7, &format!("{w} --seconds 6 --kernel-us 1000"), &env);
+    // A step that escapes the hook (LD_PRELOAD unset) is held to the
+    // job's limit by the driver.
+    let memwork = bin("gem-memwork");
     let claim = if cgroups {
         format!(
-            "GEMINI_GROUP_NAME=slurm-{seven} {w} --seconds 0.2 --kernel-us 1000; echo claim exit $?; "
+            "GEMINI_GROUP_NAME=slurm-{seven} {w} --seconds 0.2 --kernel-us 1000; echo claim exit $?; \
+             env -u LD_PRELOAD {} context --chunk 1GiB </dev/null; ",
+            memwork.display()
         )
     } else {
         String::new()
@@ -368,6 +376,15 @@ fn slurm_shards_become_guaranteed_shares() {
             o3.contains(&format!("may not join group \"slurm-{seven}\""))
                 && o3.contains("claim exit 1"),
             "a process of job {three} claimed job {seven}'s group: {o3}"
+        );
+        // 3/10 of 16 GiB: the fifth GiB is refused, by the driver alone.
+        assert!(
+            o3.contains("memwork allocated=4294967296 error=2"),
+            "a step without the hook was not held to the job's limit by the driver: {o3}"
+        );
+        assert!(
+            g3.driver_memory.iter().any(|m| m.limit == g3.memory_limit),
+            "the driver's limit is in the status: {g3:?}"
         );
     } else {
         eprintln!(
