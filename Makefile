@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release test test-slurm test-prometheus demo bench chart test-gpu fuzz soak install uninstall lint fmt clean
+.PHONY: all setup build release test test-slurm test-prometheus test-aarch64 demo bench chart test-gpu fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -49,6 +49,24 @@ test-prometheus: setup
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || exit 1; fi
 	$(CARGO) build --workspace --all-targets
 	$(CARGO) test -p gemini-tests --test it -- metrics:: --ignored --nocapture
+
+# The hook, the driver simulator and the workloads built for aarch64
+# (Grace Hopper, GB200) and run under qemu-user beside the x86-64
+# scheduler: the ignored tests of tests/tests/it/aarch64.rs. Installs
+# Debian's aarch64 cross compilers and qemu-user-static (as root) and the
+# Rust target; the tests skip, saying why, without them.
+AARCH64 = aarch64-unknown-linux-gnu
+AARCH64_ENV = CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+	CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
+	CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++ \
+	AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
+test-aarch64: setup
+	@if [ "$$(id -u)" = 0 ] && ! { command -v qemu-aarch64-static && command -v aarch64-linux-gnu-g++; } >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static >/dev/null; } || exit 1; fi
+	@rustup target list --installed 2>/dev/null | grep -qx $(AARCH64) || rustup target add $(AARCH64)
+	$(AARCH64_ENV) $(CARGO) build --target $(AARCH64) -p gemini-hook -p fakecuda -p gemini-workload
+	$(CARGO) build --workspace --all-targets
+	GEMINI_AARCH64_DIR=$(TARGET_DIR)/$(AARCH64)/debug $(CARGO) test -p gemini-tests --test it -- aarch64:: --ignored --nocapture
 
 demo: release
 	$(RELEASE_DIR)/gem-demo examples/resource.conf

@@ -79,36 +79,120 @@ unsafe extern "C" fn gemhook_dlsym_filter(
     std::ptr::null_mut()
 }
 
-/// Our `dlsym`. glibc resolves `RTLD_NEXT` relative to the caller's return
-/// address, so this must not be an ordinary function that calls the real
-/// one (every other library's `dlsym(RTLD_NEXT, …)` would then resolve
-/// relative to us). It asks the filter, and either returns its answer or
-/// tail-jumps to glibc's `dlsym` with the caller's arguments and return
-/// address untouched.
+/// Exports a function `$name` of two pointer-sized arguments that asks
+/// `$filter` with the same arguments and either returns its non-null
+/// answer or tail-jumps to the address in `$real` with the caller's
+/// arguments and return address untouched. glibc's `dlsym` and `dlopen`
+/// look at their caller's return address (`RTLD_NEXT` is resolved
+/// relative to it, and `dlopen` finds the caller's namespace and
+/// `$ORIGIN` by it), so they cannot be wrapped by an ordinary function
+/// that calls the real one: every other library's `dlsym(RTLD_NEXT, …)`
+/// would then resolve relative to the hook. `$filter` must have made
+/// `$real` non-zero before it returns null.
+macro_rules! trampoline {
+    ($(#[$doc:meta])* $name:ident, $filter:path, $real:path) => {
+        $(#[$doc])*
+        #[cfg(all(target_arch = "x86_64", not(test)))]
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(a: *mut c_void, b: *const c_char) -> *mut c_void {
+            core::arch::naked_asm!(
+                // On entry rsp is 8 mod 16; two pushes and 8 bytes realign it.
+                "push rdi",
+                "push rsi",
+                "sub rsp, 8",
+                "call {filter}",
+                "add rsp, 8",
+                "pop rsi",
+                "pop rdi",
+                "test rax, rax",
+                "jnz 2f",
+                "jmp qword ptr [rip + {real}]",
+                "2:",
+                "ret",
+                filter = sym $filter,
+                real = sym $real,
+            )
+        }
+
+        $(#[$doc])*
+        #[cfg(all(target_arch = "aarch64", not(test)))]
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(a: *mut c_void, b: *const c_char) -> *mut c_void {
+            core::arch::naked_asm!(
+                // A frame record, and the two arguments kept across the
+                // call (sp stays 16-byte aligned).
+                "stp x29, x30, [sp, #-32]!",
+                "mov x29, sp",
+                "stp x0, x1, [sp, #16]",
+                "bl {filter}",
+                "mov x16, x0",
+                "ldp x0, x1, [sp, #16]",
+                "ldp x29, x30, [sp], #32",
+                "cbz x16, 2f",
+                "mov x0, x16",
+                "ret",
+                "2:",
+                // x30 is the caller's again: the real function sees it.
+                "adrp x16, {real}",
+                "ldr x16, [x16, :lo12:{real}]",
+                "br x16",
+                filter = sym $filter,
+                real = sym $real,
+            )
+        }
+    };
+}
+
+trampoline!(
+    /// Our `dlsym`: the hook's function for a hooked name (see
+    /// [`gemhook_dlsym_filter`]), else glibc's answer.
+    ///
+    /// # Safety
+    /// As glibc's `dlsym`: a valid handle and a NUL-terminated name.
+    dlsym,
+    gemhook_dlsym_filter,
+    real::GEMHOOK_REAL_DLSYM
+);
+
+trampoline!(
+    /// Our `dlopen`: glibc's, after noting a library loaded with
+    /// `RTLD_DEEPBIND` (see [`gemhook_dlopen_note`]).
+    ///
+    /// # Safety
+    /// As glibc's `dlopen`: a NUL-terminated file name (or null) and
+    /// flags.
+    dlopen,
+    gemhook_dlopen_note,
+    real::GEMHOOK_REAL_DLOPEN
+);
+
+/// The note half of our `dlopen`: a library loaded with `RTLD_DEEPBIND`
+/// finds its own dependencies' symbols before the hook's, so its direct
+/// calls into `libcuda` (and its own `dlsym` of CUDA names, if it carries
+/// a copy of the lookup) may bypass the hook, ungated and uncapped: said
+/// once per process, with the library's name. Always returns null (the
+/// real `dlopen` runs), having made sure it is known.
 ///
 /// # Safety
-/// As glibc's `dlsym`: a valid handle and a NUL-terminated name.
-#[cfg(all(target_arch = "x86_64", not(test)))]
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        // On entry rsp is 8 mod 16; two pushes and 8 bytes realign it.
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {filter}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jnz 2f",
-        "jmp qword ptr [rip + {real}]",
-        "2:",
-        "ret",
-        filter = sym gemhook_dlsym_filter,
-        real = sym real::GEMHOOK_REAL_DLSYM,
-    )
+/// `file` is null or a NUL-terminated string, as for `dlopen`.
+unsafe extern "C" fn gemhook_dlopen_note(file: *mut c_void, mode: *const c_char) -> *mut c_void {
+    real::real_dlopen_addr();
+    let mode = mode as usize as i32;
+    if mode & libc::RTLD_DEEPBIND != 0 && !file.is_null() {
+        static TOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !TOLD.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: dlopen's contract: a NUL-terminated name.
+            let name = unsafe { CStr::from_ptr(file.cast::<c_char>()) };
+            log::error!(
+                "{} is loaded with RTLD_DEEPBIND: its own calls into the CUDA driver may bypass gemini (not gated, not capped); \
+                 load it without RTLD_DEEPBIND to have them managed",
+                name.to_string_lossy()
+            );
+        }
+    }
+    std::ptr::null_mut()
 }
 
 #[cfg(test)]
@@ -130,5 +214,19 @@ mod tests {
             assert!(gemhook_dlsym_filter(std::ptr::null_mut(), std::ptr::null()).is_null());
         }
         assert_ne!(real::real_dlsym_addr(), 0, "glibc's dlsym found");
+    }
+
+    #[test]
+    fn dlopen_note_lets_the_real_dlopen_answer() {
+        // SAFETY: a NUL-terminated name; flags as an integer in the second
+        // argument, as the trampoline passes them.
+        let r = unsafe {
+            gemhook_dlopen_note(
+                c"libm.so.6".as_ptr() as *mut c_void,
+                libc::RTLD_NOW as usize as *const c_char,
+            )
+        };
+        assert!(r.is_null());
+        assert_ne!(real::real_dlopen_addr(), 0, "glibc's dlopen found");
     }
 }

@@ -19,7 +19,8 @@ pub fn real_dlsym_addr() -> usize {
         return cur;
     }
     let mut f: *mut c_void = std::ptr::null_mut();
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+    // The default version, then the first one of x86_64 and of aarch64.
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
         // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated names; dlvsym is
         // not interposed by this library.
         f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
@@ -29,6 +30,20 @@ pub fn real_dlsym_addr() -> usize {
     }
     GEMHOOK_REAL_DLSYM.store(f as usize, Ordering::Release);
     f as usize
+}
+
+/// glibc's `dlopen`; read by the naked `dlopen` export to tail-jump to it.
+pub static GEMHOOK_REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Resolves glibc's `dlopen` once (the next one after the hook's).
+pub fn real_dlopen_addr() -> usize {
+    let cur = GEMHOOK_REAL_DLOPEN.load(Ordering::Acquire);
+    if cur != 0 {
+        return cur;
+    }
+    let f = real_dlsym(libc::RTLD_NEXT, c"dlopen") as usize;
+    GEMHOOK_REAL_DLOPEN.store(f, Ordering::Release);
+    f
 }
 
 /// Calls the real `dlsym`.

@@ -1229,6 +1229,33 @@ fn a_cuda_13_context_synchronisation_waits_for_the_context_it_names() {
     );
 }
 
+/// A library that loads the driver with `RTLD_DEEPBIND` binds its own
+/// dependencies first, so its calls may bypass the hook: the hook says so
+/// once, naming it, instead of letting it run ungated unnoticed.
+#[test]
+fn a_driver_loaded_with_rtld_deepbind_is_said_once() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let c = rust(
+        &g,
+        "a",
+        &["--deepbind", "--seconds", "0.2", "--kernel-us", "1000"],
+    );
+    let out = finish(spawn(c));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        log.matches("libcuda.so.1 is loaded with RTLD_DEEPBIND")
+            .count(),
+        1,
+        "{log}"
+    );
+    let plain = finish(spawn(rust(
+        &g,
+        "a",
+        &["--seconds", "0.2", "--kernel-us", "1000"],
+    )));
+    assert!(!String::from_utf8_lossy(&plain.stderr).contains("RTLD_DEEPBIND"));
+}
+
 /// A graph launch runs all its kernels: the hook times each launch with
 /// events and learns what the graph costs on the device (20 captured 1 ms
 /// kernels: 20 ms), which a lent token then counts it as, instead of one

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod aarch64;
 mod collective;
 mod cuda_header;
 mod cuda_python;

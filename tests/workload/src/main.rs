@@ -59,6 +59,10 @@ struct Args {
     /// Driver library to dlopen
     #[arg(long, default_value = "libcuda.so.1")]
     driver: String,
+    /// dlopen the driver with RTLD_DEEPBIND (as some libraries load
+    /// theirs)
+    #[arg(long)]
+    deepbind: bool,
     /// How entry points are found: procaddr (cuGetProcAddress_v2, as the
     /// CUDA runtime does) or dlsym (the versioned symbol names)
     #[arg(long, default_value = "procaddr")]
@@ -394,8 +398,21 @@ impl Driver {
     fn load(args: &Args) -> anyhow::Result<Driver> {
         // SAFETY: loading the driver library; its initialisers are the
         // driver's own.
-        let lib = unsafe { libloading::Library::new(&args.driver) }
-            .with_context(|| format!("dlopen {}", args.driver))?;
+        let lib = if args.deepbind {
+            // SAFETY: as above, with the flags of a library that binds
+            // its own dependencies first.
+            unsafe {
+                libloading::os::unix::Library::open(
+                    Some(&args.driver),
+                    libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND,
+                )
+            }
+            .map(libloading::Library::from)
+        } else {
+            // SAFETY: as above.
+            unsafe { libloading::Library::new(&args.driver) }
+        }
+        .with_context(|| format!("dlopen {}", args.driver))?;
         // SAFETY: the symbol has cuGetProcAddress_v2's C signature.
         let get_proc: FnGetProc = *unsafe { lib.get::<FnGetProc>(b"cuGetProcAddress_v2\0") }?;
         let flags = if args.ptsz { 2 } else { 0 };

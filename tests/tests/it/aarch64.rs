@@ -1,0 +1,221 @@
+//! The hook on aarch64 (Grace Hopper, GB200): `libgemhook.so`, the driver
+//! simulator and the workloads built for `aarch64-unknown-linux-gnu`, run
+//! under qemu-user beside the x86-64 scheduler (the socket, the peer
+//! credentials and `/proc` are the host kernel's). `make test-aarch64`
+//! builds them and runs these tests (ignored otherwise); without the
+//! cross build or qemu they skip, saying why.
+//!
+//! What they prove is that the hook is reached the way the CUDA runtime
+//! reaches the driver there: `dlsym(libcuda, "cuGetProcAddress_v2")`,
+//! which only the hook's own `dlsym` can answer. (Before, it was built for
+//! x86-64 only, and an aarch64 program ran ungated and uncapped.)
+
+use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const SEC: u64 = 1_000_000_000;
+
+/// The aarch64 build (`GEMINI_AARCH64_DIR`, set by `make test-aarch64`)
+/// and qemu, or why they cannot be had.
+fn aarch64() -> Result<(PathBuf, PathBuf), String> {
+    let dir = std::env::var_os("GEMINI_AARCH64_DIR")
+        .map(PathBuf::from)
+        .ok_or("GEMINI_AARCH64_DIR is not set (run `make test-aarch64`)")?;
+    for f in [
+        "libgemhook.so",
+        "libfakecuda.so",
+        "gem-workload",
+        "gem-memwork",
+        "gem-procaddr",
+    ] {
+        if !dir.join(f).exists() {
+            return Err(format!(
+                "{} is missing (run `make test-aarch64`)",
+                dir.join(f).display()
+            ));
+        }
+    }
+    let qemu = ["qemu-aarch64-static", "qemu-aarch64"]
+        .iter()
+        .find_map(|q| {
+            std::env::var_os("PATH")?
+                .to_str()?
+                .split(':')
+                .map(|d| Path::new(d).join(q))
+                .find(|p| p.exists())
+        })
+        .ok_or("no qemu-aarch64-static (Debian: apt-get install qemu-user-static)")?;
+    if !Path::new(SYSROOT)
+        .join("lib/ld-linux-aarch64.so.1")
+        .exists()
+    {
+        return Err(format!(
+            "no aarch64 C library in {SYSROOT} (Debian: apt-get install libc6-arm64-cross)"
+        ));
+    }
+    Ok((dir, qemu))
+}
+
+/// `sim` with a driver whose `cuGetProcAddress` hands out functions of its
+/// own, as the real driver's does. (The simulator's exported entry
+/// points are reached through its GOT, so an `LD_PRELOAD`ed library that
+/// exports the same names is handed out instead: that would reach the
+/// hook without its `dlsym`, which these tests are about.)
+fn procaddr_only(mut sim: SimEnv) -> SimEnv {
+    sim.procaddr_only = true;
+    sim
+}
+
+/// Debian's aarch64 cross libraries (`libc6-arm64-cross`,
+/// `libstdc++6-arm64-cross`), the guest's root for its loader.
+const SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// An aarch64 machine beside `g`'s: its simulated driver (the same
+/// `FAKECUDA_DIR`, so one device and one busy log) and `program` of the
+/// aarch64 build, run by qemu; with the aarch64 hook for `group`.
+struct Arm {
+    dir: PathBuf,
+    qemu: PathBuf,
+    lib: PathBuf,
+}
+
+impl Arm {
+    fn new(g: &Gemini) -> Option<Arm> {
+        let (dir, qemu) = match aarch64() {
+            Ok(x) => x,
+            Err(why) => {
+                eprintln!("SKIPPED: {why}");
+                return None;
+            }
+        };
+        let lib = g.dir().join("lib-aarch64");
+        std::fs::create_dir_all(&lib).unwrap();
+        for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"] {
+            let _ = std::os::unix::fs::symlink(dir.join("libfakecuda.so"), lib.join(name));
+        }
+        Some(Arm { dir, qemu, lib })
+    }
+
+    /// `program` of the aarch64 build under qemu, on `g`'s machine, with
+    /// the hook for `group` (`None`: without it).
+    fn command(&self, g: &Gemini, program: &str, group: Option<&str>) -> Command {
+        let mut c = match group {
+            Some(group) => g.hooked(g.sim.command(&self.qemu), group),
+            None => g.sim.command(&self.qemu),
+        };
+        // The x86-64 paths the harness set are replaced inside the guest.
+        c.env_remove("LD_PRELOAD")
+            .arg("-L")
+            .arg(SYSROOT)
+            .arg("-E")
+            .arg(format!("LD_LIBRARY_PATH={}", self.lib.display()));
+        if group.is_some() {
+            c.arg("-E").arg(format!(
+                "LD_PRELOAD={}",
+                self.dir.join("libgemhook.so").display()
+            ));
+        }
+        c.arg(self.dir.join(program));
+        c
+    }
+}
+
+/// The CUDA runtime's start-up lookups (13.5.37) from an aarch64 program:
+/// through the hook's `dlsym` it gets the hook's `cuGetProcAddress_v2`,
+/// which answers with the hook's wrappers where it gates or charges, and
+/// the driver's answers (results, statuses) unchanged.
+#[test]
+#[ignore = "needs the aarch64 build and qemu: run `make test-aarch64`"]
+fn an_aarch64_runtimes_lookups_reach_the_hook() {
+    let g = Gemini::start(procaddr_only(SimEnv::default().r615()), "[a]\n");
+    let Some(arm) = Arm::new(&g) else { return };
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/cudart-lookups/13.5.37.tsv");
+    let run = |group: Option<&str>| {
+        let out = arm
+            .command(&g, "gem-procaddr", group)
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (plain, hooked) = (run(None), run(Some("a")));
+    assert!(plain.lines().count() > 400, "{plain}");
+    let mut ours = 0;
+    for (a, b) in plain.lines().zip(hooked.lines()) {
+        let (a, b): (Vec<&str>, Vec<&str>) = (a.split('\t').collect(), b.split('\t').collect());
+        assert_eq!(a[..6], b[..6], "the hook changed the answer");
+        ours += usize::from(b[6] == "hook");
+    }
+    assert!(ours >= 40, "only {ours} answers were the hook's:\n{hooked}");
+    for name in [
+        "cuLaunchKernel\t",
+        "cuMemAlloc\t",
+        "cuCtxSynchronize\t13000",
+    ] {
+        assert!(
+            hooked
+                .lines()
+                .any(|l| l.starts_with(name) && l.ends_with("\thook")),
+            "{name}: not the hook's wrapper:\n{hooked}"
+        );
+    }
+}
+
+/// An aarch64 program capped at `MaxUtil` 0.3 gets at most that share of
+/// the device, and one under `MemoryLimit` 256 MiB is refused past it.
+#[test]
+#[ignore = "needs the aarch64 build and qemu: run `make test-aarch64`"]
+fn an_aarch64_program_is_gated_and_capped() {
+    let g = Gemini::start(
+        procaddr_only(SimEnv::new(1, "1GiB")),
+        "[a]\nMaxUtil=0.3\nMemoryLimit=256MiB\n",
+    );
+    let Some(arm) = Arm::new(&g) else { return };
+    let t0 = now_ns();
+    let out = arm
+        .command(&g, "gem-workload", Some("a"))
+        .args([
+            "--seconds",
+            "4",
+            "--kernel-us",
+            "1000",
+            "--iter-kernels",
+            "10",
+        ])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = field(&reports(&out.stdout)[0], "pid") as u32;
+    let share = g.sim.busy(0, t0 + 2 * SEC, t0 + 4 * SEC).share(pid);
+    assert!(
+        share > 0.05 && share <= 0.35,
+        "MaxUtil 0.3 on aarch64: the workload took {share:.3} of the device"
+    );
+    let out = arm
+        .command(&g, "gem-memwork", Some("a"))
+        .args(["context", "--chunk", "64MiB"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("memwork allocated=268435456 error=2"),
+        "MemoryLimit 256 MiB on aarch64: {text}"
+    );
+}
