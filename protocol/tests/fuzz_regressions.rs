@@ -11,7 +11,9 @@ use gemini_protocol::{PROTOCOL_VERSION, Reply, decode_reply, encode_reply};
 fn status_with_nan_shares_round_trips_byte_for_byte() {
     // Recorded at protocol version 2; version 5 added a group's GPUs
     // (`None`, one zero byte after each group's client count, inserted
-    // here); only the header's version is brought up to date.
+    // here), version 7 a group's driver limits (an empty list, one zero
+    // byte after its GPUs) and the report's `driver_limits` (false, a zero
+    // byte at the end); only the header's version is brought up to date.
     let mut frame = include_bytes!("status_with_nan_shares.bin").to_vec();
     frame[2..4].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     let (seq, reply) = decode_reply(&frame).expect("decodes");

@@ -175,18 +175,26 @@ macro_rules! driver_api {
         )*
 
         /// The entry point called `name`, as `cuGetProcAddress` gives it:
-        /// the exported symbol, or with `FAKECUDA_PROCADDR_ONLY=1` a
-        /// function of its own.
+        /// a function of the driver's own, as the real driver hands out
+        /// its internal functions. (Its exported symbol's address would
+        /// be read through the library's GOT, where a preloaded library
+        /// exporting the same name takes its place: a program would reach
+        /// the hook however it found `cuGetProcAddress`, which the real
+        /// driver never does.)
         pub fn lookup(name: &str) -> Option<*mut c_void> {
-            let own = crate::procaddr::only_through_proc_address();
             match name {
-                $( stringify!($name) => Some(if own {
-                    served::$name as *const () as *mut c_void
-                } else {
-                    $name as *const () as *mut c_void
-                }), )*
+                $( stringify!($name) => Some(served::$name as *const () as *mut c_void), )*
                 _ => None,
             }
+        }
+
+        /// The name of an entry point [`lookup`] handed out (a
+        /// NUL-terminated string).
+        pub(crate) fn name_of(f: *mut c_void) -> Option<&'static str> {
+            $( if f == served::$name as *const () as *mut c_void {
+                return Some(concat!(stringify!($name), "\0"));
+            } )*
+            None
         }
     };
 }
@@ -207,9 +215,18 @@ use memory::*;
 use process::*;
 use work::*;
 
-/// The exported entry point called `name`.
+/// The entry point called `name`, as `cuGetProcAddress` hands it out.
 pub fn lookup(name: &str) -> Option<*mut c_void> {
     api_device::lookup(name).or_else(|| api_memory::lookup(name))
+}
+
+/// For the tests: the name of an entry point `cuGetProcAddress` handed out
+/// (a NUL-terminated string), or null for any other address.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakecuda_entry_name(f: *mut c_void) -> *const c_char {
+    api_device::name_of(f)
+        .or_else(|| api_memory::name_of(f))
+        .map_or(std::ptr::null(), |n| n.as_ptr().cast())
 }
 
 fn config_ref<'a>(c: *const CUlaunchConfig) -> Result<&'a CUlaunchConfig, CUresult> {

@@ -18,10 +18,11 @@ pub fn served_only(name: &str) -> bool {
             || name.ends_with("_ptds"))
 }
 
-/// Whether `FAKECUDA_PROCADDR_ONLY=1` (read once): then `cuGetProcAddress`
-/// hands out functions of its own, not the exported symbols (which, for
-/// a versioned entry point, answer `CUDA_ERROR_NOT_FOUND`); else the
-/// exported symbols, as a driver whose both are one.
+/// Whether `FAKECUDA_PROCADDR_ONLY=1` (read once): then the exported
+/// symbols of versioned entry points answer `CUDA_ERROR_NOT_FOUND`.
+/// (`cuGetProcAddress` always hands out functions of the driver's own, as
+/// the real driver does, never its exports: a library preloaded beside
+/// it that exports the same names is not handed out instead.)
 pub fn only_through_proc_address() -> bool {
     use std::sync::atomic::{AtomicU8, Ordering};
     static ON: AtomicU8 = AtomicU8::new(0);

@@ -57,16 +57,6 @@ fn aarch64() -> Result<(PathBuf, PathBuf), String> {
     Ok((dir, qemu))
 }
 
-/// `sim` with a driver whose `cuGetProcAddress` hands out functions of its
-/// own, as the real driver's does. (The simulator's exported entry
-/// points are reached through its GOT, so an `LD_PRELOAD`ed library that
-/// exports the same names is handed out instead: that would reach the
-/// hook without its `dlsym`, which these tests are about.)
-fn procaddr_only(mut sim: SimEnv) -> SimEnv {
-    sim.procaddr_only = true;
-    sim
-}
-
 /// Debian's aarch64 cross libraries (`libc6-arm64-cross`,
 /// `libstdc++6-arm64-cross`), the guest's root for its loader.
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
@@ -128,7 +118,7 @@ impl Arm {
 #[test]
 #[ignore = "needs the aarch64 build and qemu: run `make test-aarch64`"]
 fn an_aarch64_runtimes_lookups_reach_the_hook() {
-    let g = Gemini::start(procaddr_only(SimEnv::default().r615()), "[a]\n");
+    let g = Gemini::start(SimEnv::default().r615(), "[a]\n");
     let Some(arm) = Arm::new(&g) else { return };
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/cudart-lookups/13.5.37.tsv");
     let run = |group: Option<&str>| {
@@ -173,7 +163,7 @@ fn an_aarch64_runtimes_lookups_reach_the_hook() {
 #[ignore = "needs the aarch64 build and qemu: run `make test-aarch64`"]
 fn an_aarch64_program_is_gated_and_capped() {
     let g = Gemini::start(
-        procaddr_only(SimEnv::new(1, "1GiB")),
+        SimEnv::new(1, "1GiB"),
         "[a]\nMaxUtil=0.3\nMemoryLimit=256MiB\n",
     );
     let Some(arm) = Arm::new(&g) else { return };
