@@ -30,6 +30,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+mod bypass;
 mod capture;
 mod clock;
 mod conn;

@@ -53,7 +53,7 @@ driver_api! {
         let n = text.len().min(len as usize - 1);
         // SAFETY: the caller's buffer holds `len` bytes; we write n + 1 <= len.
         unsafe {
-            std::ptr::copy_nonoverlapping(text.as_ptr(), name as *mut u8, n);
+            std::ptr::copy_nonoverlapping(text.as_ptr(), name.cast::<u8>(), n);
             *name.add(n) = 0;
         }
         Ok(())

@@ -170,7 +170,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     }
     // SAFETY: the caller's buffer holds `length` > text.len() bytes.
     unsafe {
-        std::ptr::copy_nonoverlapping(text.as_ptr(), uuid as *mut u8, text.len());
+        std::ptr::copy_nonoverlapping(text.as_ptr(), uuid.cast::<u8>(), text.len());
         *uuid.add(text.len()) = 0;
     }
     NVML_SUCCESS

@@ -79,7 +79,12 @@ fn two_nccl_jobs_on_the_same_two_gpus_never_wait_on_each_other() {
     if !cpu.counts("the split of the devices' work") {
         return;
     }
-    // Each device's work splits evenly between the jobs.
+    // Each device's work splits between the jobs about evenly: within
+    // ±12 pp here, since on a loaded 2-core machine the four ranks start
+    // and end up to a few hundred ms apart, and a rank alone meanwhile
+    // counts in the window (a CI run gave 0.556 with 1891 and 1775 steps).
+    // The held token this test guards against gave 18 steps against 407.
+    // The ±2 pp figure is `gem-bench --only nccl`'s.
     let (from, to) = (t0 + SEC, t1 - SEC);
     for dev in 0..2u32 {
         let b = g.sim.busy(dev, from, to);
@@ -92,7 +97,7 @@ fn two_nccl_jobs_on_the_same_two_gpus_never_wait_on_each_other() {
         let (a, bb) = (of("a"), of("b"));
         let split = a / (a + bb).max(f64::EPSILON);
         assert!(
-            (split - 0.5).abs() <= 0.05,
+            (split - 0.5).abs() <= 0.12,
             "device {dev}: a {a:.3}, b {bb:.3} of the time (a {split:.3} of the work); {steps:?}"
         );
     }

@@ -1256,6 +1256,52 @@ fn a_driver_loaded_with_rtld_deepbind_is_said_once() {
     assert!(!String::from_utf8_lossy(&plain.stderr).contains("RTLD_DEEPBIND"));
 }
 
+/// A library that finds symbols with `dlvsym`, which the hook does not
+/// interpose, could call the driver past it: the hook names it once, at
+/// its next token request, and says nothing of a program without one.
+#[test]
+fn a_library_that_imports_dlvsym_is_named_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("vlookup.c");
+    std::fs::write(
+        &src,
+        "#define _GNU_SOURCE\n#include <dlfcn.h>\n\
+         void *vlookup(void *h, const char *name) { return dlvsym(h, name, \"GLIBC_2.2.5\"); }\n",
+    )
+    .unwrap();
+    let lib = dir.path().join("libvlookup.so");
+    let built = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("cannot run the C compiler (cc)");
+    assert!(built.success());
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let args = [
+        "--seconds",
+        "0.3",
+        "--kernel-us",
+        "1000",
+        "--iter-kernels",
+        "5",
+    ];
+    let mut c = rust(&g, "a", &args);
+    c.arg("--load-lib").arg(&lib);
+    let out = finish(spawn(c));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        log.matches("libvlookup.so looks symbols up with dlvsym")
+            .count(),
+        1,
+        "{log}"
+    );
+    let plain = finish(spawn(rust(&g, "a", &args)));
+    let log = String::from_utf8_lossy(&plain.stderr);
+    assert!(!log.contains("dlvsym"), "{log}");
+}
+
 /// A graph launch runs all its kernels: the hook times each launch with
 /// events and learns what the graph costs on the device (20 captured 1 ms
 /// kernels: 20 ms), which a lent token then counts it as, instead of one

@@ -63,6 +63,10 @@ struct Args {
     /// theirs)
     #[arg(long)]
     deepbind: bool,
+    /// dlopen this library (RTLD_NOW) before the driver, as a program
+    /// loads its libraries
+    #[arg(long)]
+    load_lib: Option<std::path::PathBuf>,
     /// How entry points are found: procaddr (cuGetProcAddress_v2, as the
     /// CUDA runtime does) or dlsym (the versioned symbol names)
     #[arg(long, default_value = "procaddr")]
@@ -396,6 +400,13 @@ impl Driver {
     // Each transmute's target is the field's type: spelled once there.
     #[allow(clippy::missing_transmute_annotations)]
     fn load(args: &Args) -> anyhow::Result<Driver> {
+        if let Some(path) = &args.load_lib {
+            // SAFETY: a library the test built; its initialisers are its
+            // own. Kept loaded for the process's life.
+            let lib = unsafe { libloading::Library::new(path) }
+                .with_context(|| format!("dlopen {}", path.display()))?;
+            std::mem::forget(lib);
+        }
         // SAFETY: loading the driver library; its initialisers are the
         // driver's own.
         let lib = if args.deepbind {
