@@ -153,7 +153,7 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use gemini_protocol::GroupStatus;
 
@@ -195,11 +195,14 @@ mod tests {
         assert!(row("wide").trim_end().ends_with(" all"), "{text}");
     }
 
-    /// The driver's limits are listed per group, GPU and cgroup, with the
-    /// driver's count; without them, the status says the hook caps.
-    #[test]
-    fn the_drivers_limits_are_listed() {
-        let mut report = StatusReport {
+    /// A report of one group, `job` (`MemoryLimit` 1 GiB), whose cgroup
+    /// `/slurm/job_7` the driver limits to 1 GiB on GPU `device`, with
+    /// 256 MiB counted there; `devices` as given.
+    pub(crate) fn driver_limited_job(
+        device: u32,
+        devices: Vec<gemini_protocol::DeviceStatus>,
+    ) -> StatusReport {
+        StatusReport {
             server: "test".into(),
             config_path: "/etc/gemini/resource.conf".into(),
             config_error: None,
@@ -210,21 +213,28 @@ mod tests {
                 min_util: 0.0,
                 max_util: 1.0,
                 memory_limit: 1 << 30,
-                clients: 0,
+                clients: 1,
                 devices: None,
                 driver_memory: vec![gemini_protocol::DriverMemory {
-                    device: 1,
+                    device,
                     cgroup: "/slurm/job_7".into(),
                     limit: 1 << 30,
                     used: 256 << 20,
                 }],
             }],
-            devices: vec![],
+            devices,
             clients: vec![],
             reservations: vec![],
             queue: vec![],
             driver_limits: true,
-        };
+        }
+    }
+
+    /// The driver's limits are listed per group, GPU and cgroup, with the
+    /// driver's count; without them, the status says the hook caps.
+    #[test]
+    fn the_drivers_limits_are_listed() {
+        let mut report = driver_limited_job(1, vec![]);
         let text = render(&report);
         let row = text
             .lines()

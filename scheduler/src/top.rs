@@ -344,28 +344,10 @@ mod tests {
     /// for each of its cgroups, with the driver's count.
     #[test]
     fn the_drivers_limits_show_under_their_group() {
-        use gemini_protocol::{DeviceStatus, DriverMemory, GroupDeviceStatus, GroupStatus};
-        let report = StatusReport {
-            server: "test".into(),
-            config_path: "/etc/gemini/resource.conf".into(),
-            config_error: None,
-            window_us: 10_000_000,
-            uptime_us: 1,
-            groups: vec![GroupStatus {
-                name: "job".into(),
-                min_util: 0.0,
-                max_util: 1.0,
-                memory_limit: 1 << 30,
-                clients: 1,
-                devices: None,
-                driver_memory: vec![DriverMemory {
-                    device: 0,
-                    cgroup: "/slurm/job_7".into(),
-                    limit: 1 << 30,
-                    used: 256 << 20,
-                }],
-            }],
-            devices: vec![DeviceStatus {
+        use gemini_protocol::{DeviceStatus, GroupDeviceStatus};
+        let report = crate::status::tests::driver_limited_job(
+            0,
+            vec![DeviceStatus {
                 device: 0,
                 busy: 0.5,
                 holder: None,
@@ -378,11 +360,7 @@ mod tests {
                     waiting: 0,
                 }],
             }],
-            clients: vec![],
-            reservations: vec![],
-            queue: vec![],
-            driver_limits: true,
-        };
+        );
         let lines: Vec<String> = view(&report, &History::default(), None)
             .iter()
             .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())

@@ -560,15 +560,17 @@ impl Sim {
         let _g = lock(&self.mem_lock);
         let _f = FileLock::new(&self.file);
         self.used_locked(dev);
-        self.shared
-            .slots
-            .iter()
-            .filter_map(|s| {
-                let p = s.pid.load(Ordering::Relaxed);
-                let m = s.mem[dev].load(Ordering::Relaxed);
-                (p != 0 && m > 0).then_some((p, m))
-            })
-            .collect()
+        self.holding_locked(dev).collect()
+    }
+
+    /// (pid, bytes) of each process slot holding memory on `dev` (with the
+    /// state locked and `used_locked` just called).
+    fn holding_locked(&self, dev: usize) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.shared.slots.iter().filter_map(move |s| {
+            let p = s.pid.load(Ordering::Relaxed);
+            let m = s.mem[dev].load(Ordering::Relaxed);
+            (p != 0 && m > 0).then_some((p, m))
+        })
     }
 
     /// Gives `bytes` of `dev`'s memory back.
@@ -692,14 +694,7 @@ impl Sim {
 
     /// What the living processes in `cgroup` or below hold on `dev`.
     fn cgroup_used_locked(&self, dev: usize, cgroup: &str) -> u64 {
-        self.shared
-            .slots
-            .iter()
-            .filter_map(|s| {
-                let p = s.pid.load(Ordering::Relaxed);
-                let m = s.mem[dev].load(Ordering::Relaxed);
-                (p != 0 && m > 0).then_some((p, m))
-            })
+        self.holding_locked(dev)
             .filter(|&(p, _)| cgroups_of(p).iter().any(|c| within(c, cgroup)))
             .map(|(_, m)| m)
             .fold(0u64, u64::saturating_add)

@@ -534,6 +534,30 @@ unsafe fn name_space(p: *const std::ffi::c_char) -> Result<String, NvmlReturn> {
     Ok(s.to_string())
 }
 
+/// What both limit calls check first: the device, a driver that has the
+/// calls, a struct (`is_null` says whether it is missing), and its cgroup
+/// (read by `name`, called only for a struct that is there).
+///
+/// # Safety
+/// `name` must return null or a NUL-terminated string.
+unsafe fn limits_call(
+    handle: *mut c_void,
+    is_null: bool,
+    name: impl FnOnce() -> *const std::ffi::c_char,
+) -> Result<(&'static crate::device::Sim, usize, String), NvmlReturn> {
+    let dev = device_of(handle)?;
+    let s = sim().map_err(|_| NVML_ERROR_UNINITIALIZED)?;
+    if !s.has_memory_limits() {
+        return Err(NVML_ERROR_FUNCTION_NOT_FOUND);
+    }
+    if is_null {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: the caller's promise on `name`.
+    let cgroup = unsafe { name_space(name()) }?;
+    Ok((s, dev, cgroup))
+}
+
 /// `nvmlDeviceSetMemoryLimits_v1` (R615): sets the soft and hard limit of
 /// the device's memory for the processes of a cgroup (both 0: removes
 /// them). A soft limit above the hard one is refused. Drivers before
@@ -548,26 +572,14 @@ pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
     handle: *mut c_void,
     limits: *const NvmlMemoryLimits,
 ) -> NvmlReturn {
-    let dev = match device_of(handle) {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let Ok(s) = sim() else {
-        return NVML_ERROR_UNINITIALIZED;
-    };
-    if !s.has_memory_limits() {
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
-    }
-    if limits.is_null() {
-        return NVML_ERROR_INVALID_ARGUMENT;
-    }
-    // SAFETY: non-null, readable (the caller's promise).
+    // SAFETY: the caller's promise on `limits`.
+    let (s, dev, cgroup) =
+        match unsafe { limits_call(handle, limits.is_null(), || (*limits).name_space) } {
+            Ok(x) => x,
+            Err(e) => return e,
+        };
+    // SAFETY: non-null (checked), readable (the caller's promise).
     let l = unsafe { &*limits };
-    // SAFETY: the caller's promise on `name_space`.
-    let cgroup = match unsafe { name_space(l.name_space) } {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
     if l.hard_limit != 0 && l.soft_limit > l.hard_limit {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -587,26 +599,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
     handle: *mut c_void,
     info: *mut NvmlMemoryLimitsInfo,
 ) -> NvmlReturn {
-    let dev = match device_of(handle) {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let Ok(s) = sim() else {
-        return NVML_ERROR_UNINITIALIZED;
-    };
-    if !s.has_memory_limits() {
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
-    }
-    if info.is_null() {
-        return NVML_ERROR_INVALID_ARGUMENT;
-    }
-    // SAFETY: non-null, writable (the caller's promise).
+    // SAFETY: the caller's promise on `info`.
+    let (s, dev, cgroup) =
+        match unsafe { limits_call(handle, info.is_null(), || (*info).name_space) } {
+            Ok(x) => x,
+            Err(e) => return e,
+        };
+    // SAFETY: non-null (checked), writable (the caller's promise).
     let out = unsafe { &mut *info };
-    // SAFETY: the caller's promise on `name_space`.
-    let cgroup = match unsafe { name_space(out.name_space) } {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
     let set = s
         .memory_limits(dev)
         .into_iter()

@@ -1146,6 +1146,22 @@ fn learned_per_launch(log: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Asserts that a hook's debug `log` has at least `tokens` grants that
+/// carry a learned device time per launch, and that 90 % of them learned
+/// 1 ms kernels as 0.9-1.1 ms.
+fn learned_1ms(log: &str, tokens: usize) {
+    let learned = learned_per_launch(log);
+    assert!(learned.len() >= tokens, "few tokens:\n{log}");
+    let close = learned
+        .iter()
+        .filter(|&&us| (900..=1100).contains(&us))
+        .count();
+    assert!(
+        close * 10 >= learned.len() * 9,
+        "1 ms kernels learned as {learned:?} us per launch"
+    );
+}
+
 /// An event's completion proves only the work before its record done. A
 /// watchdog polling an old event every 100 µs (NCCL's, PyTorch's caching
 /// allocator's) must not teach the gate that the kernels queued since take
@@ -1172,17 +1188,7 @@ fn polling_an_old_event_teaches_nothing_about_kernel_time() {
     );
     a.env("GEMINI_LOG", "debug");
     let out = finish(spawn(a));
-    let log = String::from_utf8_lossy(&out.stderr);
-    let learned = learned_per_launch(&log);
-    assert!(learned.len() >= 5, "few tokens:\n{log}");
-    let close = learned
-        .iter()
-        .filter(|&&us| (900..=1100).contains(&us))
-        .count();
-    assert!(
-        close * 10 >= learned.len() * 9,
-        "1 ms kernels learned as {learned:?} us per launch"
-    );
+    learned_1ms(&String::from_utf8_lossy(&out.stderr), 5);
 }
 
 /// CUDA 13 programs find `cuCtxSynchronize` at 13000, which a 13.x driver
@@ -1216,17 +1222,7 @@ fn a_cuda_13_context_synchronisation_waits_for_the_context_it_names() {
     a.env("FAKECUDA_DRIVER_VERSION", "13050")
         .env("GEMINI_LOG", "debug");
     let out = finish(spawn(a));
-    let log = String::from_utf8_lossy(&out.stderr);
-    let learned = learned_per_launch(&log);
-    assert!(learned.len() >= 3, "few tokens:\n{log}");
-    let close = learned
-        .iter()
-        .filter(|&&us| (900..=1100).contains(&us))
-        .count();
-    assert!(
-        close * 10 >= learned.len() * 9,
-        "1 ms kernels learned as {learned:?} us per launch"
-    );
+    learned_1ms(&String::from_utf8_lossy(&out.stderr), 3);
 }
 
 /// A library that loads the driver with `RTLD_DEEPBIND` binds its own
