@@ -63,8 +63,12 @@ AARCH64_ENV = CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gc
 test-aarch64: setup
 	@if [ "$$(id -u)" = 0 ] && ! { command -v qemu-aarch64-static && command -v aarch64-linux-gnu-g++; } >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static >/dev/null; } || exit 1; fi
-	@rustup target list --installed 2>/dev/null | grep -qx $(AARCH64) || rustup target add $(AARCH64)
-	$(AARCH64_ENV) $(CARGO) build --target $(AARCH64) -p gemini-hook -p fakecuda -p gemini-workload
+	@if [ ! -d "$$(rustc --print sysroot)/lib/rustlib/$(AARCH64)" ] && command -v rustup >/dev/null 2>&1; then \
+	  rustup target add $(AARCH64) || exit 1; fi
+	@if [ -d "$$(rustc --print sysroot)/lib/rustlib/$(AARCH64)" ] && command -v aarch64-linux-gnu-g++ >/dev/null 2>&1; then \
+	  echo "$(AARCH64_ENV) $(CARGO) build --target $(AARCH64) -p gemini-hook -p fakecuda -p gemini-workload"; \
+	  $(AARCH64_ENV) $(CARGO) build --target $(AARCH64) -p gemini-hook -p fakecuda -p gemini-workload || exit 1; \
+	else echo "test-aarch64: no aarch64 build: it needs the Rust target $(AARCH64) (rustup target add $(AARCH64)) and aarch64-linux-gnu-g++ (Debian: apt-get install g++-aarch64-linux-gnu); the tests skip"; fi
 	$(CARGO) build --workspace --all-targets
 	GEMINI_AARCH64_DIR=$(TARGET_DIR)/$(AARCH64)/debug $(CARGO) test -p gemini-tests --test it -- aarch64:: --ignored --nocapture
 
