@@ -547,6 +547,55 @@ pub fn allreduce_rank(comm: usize, rank: u32, seconds: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// `gem-workload` arguments for a training loop with `loss.item()`: a step
+/// of 20 kernels of 1 ms, then a blocking copy back to the host.
+pub const BLOCKING_COPY_STEP: &[&str] = &[
+    "--iter-kernels",
+    "20",
+    "--kernel-us",
+    "1000",
+    "--wait",
+    "copy",
+];
+
+/// `gem-workload` arguments for a training step (as [`TRAINING_STEP`])
+/// followed by 10 ms of CPU work (data loading between steps).
+pub const GAPPED_STEP: &[&str] = &[
+    "--iter-kernels",
+    "20",
+    "--kernel-us",
+    "1000",
+    "--wait",
+    "ctx",
+    "--gap-ms",
+    "10",
+];
+
+/// `gem-workload` arguments for long kernels: 5 of 20 ms, then
+/// `cuCtxSynchronize` for them.
+pub const LONG_KERNELS_STEP: &[&str] = &[
+    "--iter-kernels",
+    "5",
+    "--kernel-us",
+    "20000",
+    "--wait",
+    "ctx",
+];
+
+/// `gem-workload` arguments for two launching threads on streams of their
+/// own, each waiting on an event it recorded after 10 kernels of 1 ms.
+pub const TWO_THREADS_EVENTS: &[&str] = &[
+    "--threads",
+    "2",
+    "--own-streams",
+    "--iter-kernels",
+    "10",
+    "--kernel-us",
+    "1000",
+    "--wait",
+    "event",
+];
+
 /// `gem-workload` arguments for latency-bound inference: one 1 ms kernel,
 /// then `cuStreamSynchronize` for it.
 pub const SYNC_EVERY_KERNEL: &[&str] = &[

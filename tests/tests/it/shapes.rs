@@ -8,7 +8,8 @@
 
 use gemini_tests::cpu::{MAX_STEAL, measured, serial, unstarved};
 use gemini_tests::{
-    Gemini, SYNC_EVERY_KERNEL, Scenario, SimEnv, TRAINING_STEP, field, now_ns, reports,
+    BLOCKING_COPY_STEP, GAPPED_STEP, Gemini, LONG_KERNELS_STEP, SYNC_EVERY_KERNEL, Scenario,
+    SimEnv, TRAINING_STEP, TWO_THREADS_EVENTS, field, now_ns, reports,
 };
 use std::process::Stdio;
 
@@ -85,17 +86,7 @@ fn a_sync_after_every_kernel_is_not_idle() {
 /// event it recorded.
 #[test]
 fn threads_waiting_on_events_of_their_own_streams_are_not_idle() {
-    min_util_holds(&[
-        "--threads",
-        "2",
-        "--own-streams",
-        "--iter-kernels",
-        "10",
-        "--kernel-us",
-        "1000",
-        "--wait",
-        "event",
-    ]);
+    min_util_holds(TWO_THREADS_EVENTS);
 }
 
 /// Runs a training-step process in group `lo` (MinUtil 0.3) and one in
@@ -224,56 +215,11 @@ fn max_util_holds_for_every_shape() {
     const CAP: f64 = 0.4;
     let shapes: [(&str, &[&str]); 6] = [
         ("(a) a training step", TRAINING_STEP),
-        (
-            "(b) a blocking copy back",
-            &[
-                "--iter-kernels",
-                "20",
-                "--kernel-us",
-                "1000",
-                "--wait",
-                "copy",
-            ],
-        ),
+        ("(b) a blocking copy back", BLOCKING_COPY_STEP),
         ("(c) a sync after every kernel", SYNC_EVERY_KERNEL),
-        (
-            "(d) 10 ms of CPU work after every step",
-            &[
-                "--iter-kernels",
-                "20",
-                "--kernel-us",
-                "1000",
-                "--wait",
-                "ctx",
-                "--gap-ms",
-                "10",
-            ],
-        ),
-        (
-            "(e) 20 ms kernels",
-            &[
-                "--iter-kernels",
-                "5",
-                "--kernel-us",
-                "20000",
-                "--wait",
-                "ctx",
-            ],
-        ),
-        (
-            "(f) two threads on their own streams",
-            &[
-                "--threads",
-                "2",
-                "--own-streams",
-                "--iter-kernels",
-                "10",
-                "--kernel-us",
-                "1000",
-                "--wait",
-                "event",
-            ],
-        ),
+        ("(d) 10 ms of CPU work after every step", GAPPED_STEP),
+        ("(e) 20 ms kernels", LONG_KERNELS_STEP),
+        ("(f) two threads on their own streams", TWO_THREADS_EVENTS),
     ];
     let _serial = serial();
     let conf: String = (0..shapes.len())

@@ -147,17 +147,7 @@ fn fast_path(t: &mut Table) {
         "≥ 97 %",
     );
 
-    let mut c = Client::connect(&g.ipc()).expect("connect");
-    let hello = Request::Hello {
-        role: Role::Client,
-        group: "bench".into(),
-        pid: std::process::id(),
-        held: vec![],
-    };
-    assert!(matches!(
-        c.request(&hello, Duration::from_secs(2)),
-        Ok(Reply::Welcome { .. })
-    ));
+    let mut c = client_of(&g, "bench");
     let mut rtt = Vec::new();
     for i in 0..3000 {
         let start = Instant::now();
@@ -192,25 +182,40 @@ fn fast_path(t: &mut Table) {
         format!("{:.0} µs", percentile(&mut rtt, 0.99)),
         "≤ 200 µs",
     );
-    let (mut zmq_rtt, mut unix_rtt) = (zmq_floor(), unix_floor());
-    t.row(
-        "the floor on this machine: a ZeroMQ DEALER/ROUTER echo over ipc:// (no scheduler), median / p99",
-        format!(
-            "{:.0} / {:.0} µs",
-            percentile(&mut zmq_rtt, 0.5),
-            percentile(&mut zmq_rtt, 0.99)
+    for (what, mut rtt) in [
+        (
+            "a ZeroMQ DEALER/ROUTER echo over ipc:// (no scheduler)",
+            zmq_floor(),
         ),
-        "",
-    );
-    t.row(
-        "the floor on this machine: a Unix socket pair echo between two threads, median / p99",
-        format!(
-            "{:.0} / {:.0} µs",
-            percentile(&mut unix_rtt, 0.5),
-            percentile(&mut unix_rtt, 0.99)
-        ),
-        "",
-    );
+        ("a Unix socket pair echo between two threads", unix_floor()),
+    ] {
+        t.row(
+            format!("the floor on this machine: {what}, median / p99"),
+            format!(
+                "{:.0} / {:.0} µs",
+                percentile(&mut rtt, 0.5),
+                percentile(&mut rtt, 0.99)
+            ),
+            "",
+        );
+    }
+}
+
+/// A client of the scheduler of `g` that said hello as a process of
+/// `group` (this one's pid).
+fn client_of(g: &Gemini, group: &str) -> Client {
+    let mut c = Client::connect(&g.ipc()).expect("connect");
+    let hello = Request::Hello {
+        role: Role::Client,
+        group: group.into(),
+        pid: std::process::id(),
+        held: vec![],
+    };
+    assert!(matches!(
+        c.request(&hello, Duration::from_secs(5)),
+        Ok(Reply::Welcome { .. })
+    ));
+    c
 }
 
 /// Round trips (µs) of a 16-byte message to a ZeroMQ ROUTER that echoes it
@@ -504,14 +509,7 @@ pub const SHAPES: &[(&str, &[&str])] = &[
     ),
     (
         "(b) 20×1 ms, blocking cuMemcpyDtoH",
-        &[
-            "--iter-kernels",
-            "20",
-            "--kernel-us",
-            "1000",
-            "--wait",
-            "copy",
-        ],
+        gemini_tests::BLOCKING_COPY_STEP,
     ),
     (
         "(c) sync after every 1 ms kernel",
@@ -543,16 +541,7 @@ pub const SHAPES: &[(&str, &[&str])] = &[
     ),
     (
         "(d) 20×1 ms, sync, 10 ms CPU gap",
-        &[
-            "--iter-kernels",
-            "20",
-            "--kernel-us",
-            "1000",
-            "--wait",
-            "ctx",
-            "--gap-ms",
-            "10",
-        ],
+        gemini_tests::GAPPED_STEP,
     ),
     (
         "(d) 20×1 ms, sync, 50 ms CPU gap",
@@ -578,17 +567,7 @@ pub const SHAPES: &[(&str, &[&str])] = &[
             "ctx",
         ],
     ),
-    (
-        "(e) 5×20 ms, sync",
-        &[
-            "--iter-kernels",
-            "5",
-            "--kernel-us",
-            "20000",
-            "--wait",
-            "ctx",
-        ],
-    ),
+    ("(e) 5×20 ms, sync", gemini_tests::LONG_KERNELS_STEP),
     (
         "(f) 2 threads, own streams, 10×1 ms, cuStreamSynchronize",
         &[
@@ -1033,17 +1012,7 @@ fn scheduler_rss(t: &mut Table) {
     let before = rss_kib(pid);
     let mut clients = Vec::new();
     for i in 0..256u32 {
-        let mut c = Client::connect(&g.ipc()).unwrap();
-        let hello = Request::Hello {
-            role: Role::Client,
-            group: "a".into(),
-            pid: std::process::id(),
-            held: vec![],
-        };
-        assert!(matches!(
-            c.request(&hello, Duration::from_secs(5)),
-            Ok(Reply::Welcome { .. })
-        ));
+        let mut c = client_of(&g, "a");
         let dev = i % 8;
         c.request(
             &Request::ReserveMemory {
