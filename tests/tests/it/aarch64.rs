@@ -10,9 +10,10 @@
 //! which only the hook's own `dlsym` can answer. (Before, it was built for
 //! x86-64 only, and an aarch64 program ran ungated and uncapped.)
 
+use gemini_tests::cpu::CpuTimes;
 use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -111,6 +112,17 @@ impl Arm {
     }
 }
 
+/// Runs `c` (standard error captured), which must succeed.
+fn succeeded(c: &mut Command) -> Output {
+    let out = c.stderr(Stdio::piped()).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{c:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The CUDA runtime's start-up lookups (13.5.37) from an aarch64 program:
 /// through the hook's `dlsym` it gets the hook's `cuGetProcAddress_v2`,
 /// which answers with the hook's wrappers where it gates or charges, and
@@ -122,27 +134,12 @@ fn an_aarch64_runtimes_lookups_reach_the_hook() {
     let Some(arm) = Arm::new(&g) else { return };
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/cudart-lookups/13.5.37.tsv");
     let run = |group: Option<&str>| {
-        let out = arm
-            .command(&g, "gem-procaddr", group)
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        String::from_utf8(succeeded(arm.command(&g, "gem-procaddr", group).arg(&file)).stdout)
+            .unwrap()
     };
     let (plain, hooked) = (run(None), run(Some("a")));
     assert!(plain.lines().count() > 400, "{plain}");
-    let mut ours = 0;
-    for (a, b) in plain.lines().zip(hooked.lines()) {
-        let (a, b): (Vec<&str>, Vec<&str>) = (a.split('\t').collect(), b.split('\t').collect());
-        assert_eq!(a[..6], b[..6], "the hook changed the answer");
-        ours += usize::from(b[6] == "hook");
-    }
-    assert!(ours >= 40, "only {ours} answers were the hook's:\n{hooked}");
+    crate::procaddr::same_answers("13.5.37 on aarch64", &plain, &hooked);
     for name in [
         "cuLaunchKernel\t",
         "cuMemAlloc\t",
@@ -167,43 +164,36 @@ fn an_aarch64_program_is_gated_and_capped() {
         "[a]\nMaxUtil=0.3\nMemoryLimit=256MiB\n",
     );
     let Some(arm) = Arm::new(&g) else { return };
+    let cpu = CpuTimes::now();
     let t0 = now_ns();
-    let out = arm
-        .command(&g, "gem-workload", Some("a"))
-        .args([
-            "--seconds",
-            "4",
-            "--kernel-us",
-            "1000",
-            "--iter-kernels",
-            "10",
-        ])
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeded(arm.command(&g, "gem-workload", Some("a")).args([
+        "--seconds",
+        "4",
+        "--kernel-us",
+        "1000",
+        "--iter-kernels",
+        "10",
+    ]));
     let pid = field(&reports(&out.stdout)[0], "pid") as u32;
     let share = g.sim.busy(0, t0 + 2 * SEC, t0 + 4 * SEC).share(pid);
+    // Over the cap fails always (a starved program only gets less); under
+    // it, only where the host left the CPU (qemu is slow enough).
     assert!(
-        share > 0.05 && share <= 0.35,
+        share <= 0.35,
         "MaxUtil 0.3 on aarch64: the workload took {share:.3} of the device"
     );
-    let out = arm
-        .command(&g, "gem-memwork", Some("a"))
-        .args(["context", "--chunk", "64MiB"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    if cpu.counts("the aarch64 workload's share under MaxUtil 0.3") {
+        assert!(
+            share > 0.05,
+            "MaxUtil 0.3 on aarch64: the workload took only {share:.3} of the device"
+        );
+    }
+    let out = succeeded(
+        arm.command(&g, "gem-memwork", Some("a"))
+            .args(["context", "--chunk", "64MiB"])
+            .stdin(Stdio::null()),
     );
+    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("memwork allocated=268435456 error=2"),
         "MemoryLimit 256 MiB on aarch64: {text}"

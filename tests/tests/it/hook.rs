@@ -1096,18 +1096,7 @@ fn long_kernels_get_their_capped_share_from_the_start() {
 fn a_lent_token_is_renewed_before_its_work_drains() {
     let _serial = serial();
     let g = Gemini::start(SimEnv::default(), "[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n");
-    let args = [
-        "--iter-kernels",
-        "20",
-        "--kernel-us",
-        "1000",
-        "--wait",
-        "ctx",
-        "--gap-ms",
-        "10",
-        "--seconds",
-        "2",
-    ];
+    let args = [gemini_tests::GAPPED_STEP, &["--seconds", "2"]].concat();
     let hi = spawn(rust(&g, "hi", &args));
     let mut lo = rust(&g, "lo", &args);
     lo.env("GEMINI_LOG", "debug");
@@ -1218,11 +1207,22 @@ fn a_cuda_13_context_synchronisation_waits_for_the_context_it_names() {
     let mut plain = g.sim.workload();
     plain.args(args).env("FAKECUDA_DRIVER_VERSION", "13050");
     finish(spawn(plain));
+    let cpu = CpuTimes::now();
     let mut a = rust(&g, "a", &args);
     a.env("FAKECUDA_DRIVER_VERSION", "13050")
         .env("GEMINI_LOG", "debug");
     let out = finish(spawn(a));
-    learned_1ms(&String::from_utf8_lossy(&out.stderr), 3);
+    let log = String::from_utf8_lossy(&out.stderr);
+    // What was learned is timed: held to 1 ms only where the host left
+    // the CPU; that something was learned, always.
+    if cpu.counts("the kernel time learned from cuCtxSynchronize_v2") {
+        learned_1ms(&log, 3);
+    } else {
+        assert!(
+            !learned_per_launch(&log).is_empty(),
+            "nothing learned:\n{log}"
+        );
+    }
 }
 
 /// A library that loads the driver with `RTLD_DEEPBIND` binds its own

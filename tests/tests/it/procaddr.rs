@@ -80,19 +80,34 @@ fn the_cuda_runtimes_lookups_get_the_drivers_answers_through_the_hook() {
             .count();
         assert_eq!(plain.lines().count(), requests, "{runtime}");
         assert_eq!(hooked.lines().count(), requests, "{runtime}");
-        let mut ours = 0;
-        for (a, b) in plain.lines().zip(hooked.lines()) {
-            let (a, b): (Vec<&str>, Vec<&str>) = (a.split('\t').collect(), b.split('\t').collect());
-            // symbol, version, flags, result, status, found.
-            assert_eq!(a[..6], b[..6], "{runtime}: the hook changed the answer");
-            assert_ne!(a[6], "hook", "{runtime}: {a:?} without the hook");
+        for b in same_answers(runtime, &plain, &hooked) {
             if HOOKED.contains(&b[0]) && b[5] == "true" {
                 assert_eq!(b[6], "hook", "{runtime}: {b:?} is not the hook's wrapper");
             }
-            ours += usize::from(b[6] == "hook");
         }
-        assert!(ours >= 40, "{runtime}: only {ours} answers were the hook's");
     }
+}
+
+/// `gem-procaddr`'s lines without the hook (`plain`) and with it
+/// (`hooked`), for `runtime`: checks that the hook changed no answer
+/// (symbol, version, flags, result, status, found), that nothing is the
+/// hook's without it, and that at least 40 answers are the hook's
+/// wrappers with it; returns the hooked lines' fields.
+pub(crate) fn same_answers<'a>(runtime: &str, plain: &str, hooked: &'a str) -> Vec<Vec<&'a str>> {
+    let mut ours = 0;
+    let mut lines = Vec::new();
+    for (a, b) in plain.lines().zip(hooked.lines()) {
+        let (a, b): (Vec<&str>, Vec<&str>) = (a.split('\t').collect(), b.split('\t').collect());
+        assert_eq!(a[..6], b[..6], "{runtime}: the hook changed the answer");
+        assert_ne!(a[6], "hook", "{runtime}: {a:?} without the hook");
+        ours += usize::from(b[6] == "hook");
+        lines.push(b);
+    }
+    assert!(
+        ours >= 40,
+        "{runtime}: only {ours} answers were the hook's:\n{hooked}"
+    );
+    lines
 }
 
 /// With a driver that serves its versioned entry points only through
