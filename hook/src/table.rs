@@ -179,7 +179,17 @@ fn waits(call: impl FnOnce() -> CUresult) -> CUresult {
 /// `blocks`: the call blocks until the work is done; `covers`: what it
 /// proves done.
 fn synced(blocks: bool, covers: Covers, call: impl FnOnce() -> CUresult) -> CUresult {
-    let mut waiting = gate::waiting(blocks, covers);
+    synced_on(blocks, covers, None, call)
+}
+
+/// [`synced`] for the work of context `ctx` (`None`: the current one).
+fn synced_on(
+    blocks: bool,
+    covers: Covers,
+    ctx: Option<Ptr>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let mut waiting = gate::waiting_on(blocks, covers, ctx);
     let r = call();
     if r == CUDA_SUCCESS {
         waiting.finished();
@@ -204,11 +214,7 @@ fn trims(covers: Covers, call: impl FnOnce() -> CUresult) -> CUresult {
 /// [`trims`] for `cuCtxSynchronize_v2(ctx)`: the work of every stream of
 /// `ctx` (null: the current context), on its device.
 fn trims_ctx(ctx: Ptr, call: impl FnOnce() -> CUresult) -> CUresult {
-    let mut waiting = gate::waiting_on(true, Covers::Context, Some(ctx));
-    let r = call();
-    if r == CUDA_SUCCESS {
-        waiting.finished();
-    }
+    let r = synced_on(true, Covers::Context, Some(ctx), call);
     memory::settle_pools();
     r
 }
