@@ -7,7 +7,7 @@
 //! nothing.
 
 use gemini_tests::cpu::{MAX_STEAL, measured, serial};
-use gemini_tests::{Gemini, SimEnv, now_ns};
+use gemini_tests::{Gemini, SimEnv};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,7 +72,6 @@ fn cuda_python_is_gated_capped_and_sees_its_limit() {
         c.arg(repo().join("tests/python/cuda_python_client.py"))
             .args(["3", "512"]);
         let mut c = g.hooked(c, "py");
-        let t0 = now_ns();
         let out = c.output().unwrap();
         assert!(
             out.status.success(),
@@ -80,6 +79,9 @@ fn cuda_python_is_gated_capped_and_sees_its_limit() {
             String::from_utf8_lossy(&out.stderr)
         );
         let v = values(&out.stdout);
+        // The loop's last two of its 3 s (under load, importing and
+        // compiling can take seconds before it).
+        let t0: u64 = v["loop_start_ns"].parse().unwrap();
         let pid_share = g.sim.busy(0, t0 + SEC, t0 + 3 * SEC).device_share();
         (v, pid_share)
     };
@@ -140,7 +142,6 @@ fn numba_cuda_kernels_are_gated_capped_and_their_memory_counts() {
             .arg(repo().join("tests/python/numba_client.py"))
             .args(["5", "64", "512"]);
         let mut c = g.hooked(c, "nb");
-        let t0 = now_ns();
         let out = c.output().unwrap();
         assert!(
             out.status.success(),
@@ -148,7 +149,10 @@ fn numba_cuda_kernels_are_gated_capped_and_their_memory_counts() {
             String::from_utf8_lossy(&out.stderr)
         );
         let v = values(&out.stdout);
-        let share = g.sim.busy(0, t0 + 2 * SEC, t0 + 5 * SEC).device_share();
+        // The loop's last four of its 5 s (under load, importing numba and
+        // compiling can take seconds before it).
+        let t0: u64 = v["loop_start_ns"].parse().unwrap();
+        let share = g.sim.busy(0, t0 + SEC, t0 + 5 * SEC).device_share();
         (v, share)
     };
     let ((v, share), counts) = measured("numba-cuda under MaxUtil 0.3", MAX_STEAL, 2, run);
