@@ -10,11 +10,18 @@
 //!   in points of the device's time, first: when the device cannot give
 //!   every group its minimum, the groups fall short by about as many
 //!   points each, which is how the guarantee is stated), then the least
-//!   used.
+//!   used. A capped group at its cap counts as having used what it used
+//!   plus how far its cap is below the level the others are entitled to
+//!   (water filling between the groups using the device): it is not ahead
+//!   of a group that wants more and is owed it, so it spends its credit
+//!   while that group is away instead of while it waits.
 //! - `MaxUtil` is a rate: a group earns device time at `MaxUtil` per second
-//!   (credit capped at one `max_quota`) and waits, even on an idle device,
-//!   while its credit is negative. Over any window it gets at most
-//!   `MaxUtil` of the time plus one quota.
+//!   (credit capped at three `min_quota`) and waits, even on an idle device,
+//!   while its credit is negative. Its tokens are cut so they take the
+//!   credit at most two `min_quota` into debt, and another group's token ends
+//!   when a capped group ranked before it may run again, so it does not
+//!   lose the time it earns while it waits. Over any window it gets at
+//!   most `MaxUtil` of the time plus five `min_quota`.
 //! - Otherwise work-conserving: a lone client runs back to back.
 //! - Token length adapts to the client's predicted burst within
 //!   `[min_quota, max_quota]`; a token not returned within its quota plus
@@ -24,8 +31,9 @@
 //! - Memory is reserved per group and device across processes and refused
 //!   beyond `MemoryLimit`.
 //! - The holder is served only when no eligible client waits.
-//! - While a group owed time (active within the window, below its
-//!   `MinUtil`) is between bursts, other groups get `min_quota` tokens at
+//! - While a group owed time (active within the window and not paused,
+//!   ranked before the waiter chosen: below its `MinUtil`, or further
+//!   below its fair share) is between bursts, other groups get `min_quota` tokens at
 //!   most, ending about when it usually comes back, marked lent: their
 //!   clients keep the work they queue within the token, so the owed group
 //!   waits at most one short token when it comes back, and gets the device
@@ -49,7 +57,7 @@ use gemini_protocol::{
     ClientId, ClientStatus, DeviceId, DeviceStatus, ErrorKind, ErrorReply, GroupDeviceStatus,
     GroupStatus, HeldMemory, Reply, Request, Role, StatusReport,
 };
-use group_use::{GroupUse, note_throttled};
+use group_use::{GroupUse, groups_using, note_throttled};
 use std::collections::BTreeMap;
 use usage::Usage;
 
@@ -127,22 +135,28 @@ pub const OWED_ABSENCE: Micros = 200_000;
 /// MaxUtil]`, chosen so the device is fully used (or every group is at its
 /// ceiling) — water filling.
 pub fn entitlements(groups: &[(f64, f64)]) -> Vec<f64> {
-    let at = |l: f64| {
-        groups
-            .iter()
-            .map(|&(lo, hi)| l.clamp(lo, hi.max(lo)))
-            .collect::<Vec<_>>()
-    };
+    let l = water_level(groups);
+    groups
+        .iter()
+        .map(|&(lo, hi)| l.clamp(lo, hi.max(lo)))
+        .collect()
+}
+
+/// The common level of [`entitlements`]: what a group gets where neither
+/// of its bounds binds (the lowest such level; 1 where every group is at
+/// its ceiling).
+pub fn water_level(groups: &[(f64, f64)]) -> f64 {
+    let sum = |l: f64| -> f64 { groups.iter().map(|&(lo, hi)| l.clamp(lo, hi.max(lo))).sum() };
     let (mut lo, mut hi) = (0.0, 1.0);
-    for _ in 0..60 {
+    for _ in 0..40 {
         let mid = (lo + hi) / 2.0;
-        if at(mid).iter().sum::<f64>() < 1.0 {
+        if sum(mid) < 1.0 {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    at(hi)
+    hi
 }
 
 /// Timing parameters, from `gemini.toml`.
@@ -166,6 +180,27 @@ pub struct Params {
 }
 
 impl Params {
+    /// The most device time a capped group may save for later (µs): its
+    /// `MaxUtil` credit is capped here. With the overdraft its tokens are
+    /// allowed ([`Params::overdraft`]), this bounds how far above its cap a
+    /// group can go over a window `W`: by `(saved + overdraft) / W`, 0.8
+    /// points over 6 s with the defaults (it was 2 points with a credit
+    /// of `max_quota`). A group waiting behind another's token loses
+    /// nothing by it: that token ends when the waiting group may run again
+    /// (see `schedule`). Less (10 ms) and a process that needs the tokens
+    /// of two devices at once (a multi-device launch) gets 0.32 instead
+    /// of its 0.4: it holds one device's token while it waits for the
+    /// other's, and each device's turns drift apart.
+    pub fn saved_credit(&self) -> Micros {
+        3 * self.min_quota
+    }
+
+    /// How far into debt (µs) a capped group's token may take its credit:
+    /// its quota is cut to what its credit and this allow.
+    pub fn overdraft(&self) -> Micros {
+        2 * self.min_quota
+    }
+
     /// From validated settings.
     pub fn from_settings(s: &gemini_config::Settings) -> Params {
         let us = |d: std::time::Duration| d.as_micros().min(u64::MAX as u128) as u64;
@@ -470,7 +505,7 @@ impl Policy {
                     let used = now.saturating_sub(*granted_at).min(*quota);
                     let g = dev.groups.entry(c.group.clone()).or_default();
                     g.usage.add(*granted_at, granted_at + used);
-                    g.charge(*granted_at, now, used, max_util, self.params.max_quota);
+                    g.charge(*granted_at, now, used, max_util, self.params.saved_credit());
                     dev.busy.add(*granted_at, granted_at + used);
                 }
             }

@@ -48,6 +48,14 @@ impl Usage {
         }
     }
 
+    /// Whether anything recorded ends within `[now - window, now]`
+    /// (without trimming).
+    pub fn recent(&self, now: Micros, window: Micros) -> bool {
+        self.records
+            .back()
+            .is_some_and(|&(_, e)| e > now.saturating_sub(window))
+    }
+
     /// True when nothing is recorded within the window (after trimming).
     pub fn is_empty(&mut self, now: Micros, window: Micros) -> bool {
         self.used(now, window) == 0
