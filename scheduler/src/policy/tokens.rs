@@ -214,8 +214,13 @@ impl Policy {
                 (key.clone(), l.min_util, l.max_util)
             })
             .collect();
-        let bounds: Vec<(f64, f64)> = using.iter().map(|u| (u.1, u.2)).collect();
-        let level = water_level(&bounds);
+        // (Only capped groups need it: none, and no water filling.)
+        let level = if using.iter().any(|u| u.2 < 1.0) {
+            let bounds: Vec<(f64, f64)> = using.iter().map(|u| (u.1, u.2)).collect();
+            water_level(&bounds)
+        } else {
+            1.0
+        };
         // A group's rank: (class, key). Class 0: real group below MinUtil
         // (key: share - MinUtil); 1: other real group (key: share, plus
         // how far its MaxUtil is below the level); 2: holder (key: share).
