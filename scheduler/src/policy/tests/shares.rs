@@ -409,3 +409,32 @@ fn a_capped_group_uses_the_gaps_of_an_uncapped_one() {
     assert!((c - 0.4).abs() <= 0.02, "capped got {c:.3}");
     assert!(u >= 0.58, "uncapped got {u:.3} (capped {c:.3})");
 }
+
+#[test]
+fn a_group_that_waits_after_every_step_gets_as_much_as_one_that_never_waits() {
+    // No bounds: equal shares. One program waits for its work after every
+    // 20 ms step and asks again at once; the other queues as deep as it
+    // may (its hook predicts long bursts). The first used to come back to
+    // find the other holding a 100 ms token each time, and got 1/6; the
+    // other's tokens are now lent while it is between steps.
+    for gap in [0, 2 * MS] {
+        let mut sim = Sim::new("[step]\n[deep]\n");
+        sim.add(
+            "step",
+            Demand::Bursty {
+                burst: 20 * MS,
+                gap,
+            },
+        );
+        sim.add("deep", Demand::Greedy);
+        sim.run_until(20 * SEC);
+        let step = sim.group_share("step", 5 * SEC, 20 * SEC);
+        let deep = sim.group_share("deep", 5 * SEC, 20 * SEC);
+        let asks = 20.0 / (20 * MS + gap) as f64 * MS as f64;
+        let want = asks.min(0.5);
+        assert!(
+            (step - want).abs() <= 0.02 && step + deep >= 0.97,
+            "gap {gap} us: step {step:.3} (owed {want:.3}), deep {deep:.3}"
+        );
+    }
+}
