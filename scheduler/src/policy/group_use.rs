@@ -132,23 +132,20 @@ pub(super) fn note_throttled(
     }
 }
 
-/// The groups of `resource.conf` using `dev`: waiting for its token, or
-/// active on it within the window and not paused (away for longer than
-/// [`OWED_ABSENCE`]).
-pub(super) fn groups_using<'a>(
-    dev: &'a Device,
-    clients: &BTreeMap<ClientId, Client>,
+/// The groups of `resource.conf` using `dev`: waiting for its token
+/// (`waiting`), or active on it within the window and not paused (away for
+/// longer than [`OWED_ABSENCE`]).
+pub(super) fn groups_using(
+    dev: &Device,
+    waiting: impl Fn(&GroupKey) -> bool,
     now: Micros,
     window: Micros,
-) -> Vec<&'a GroupKey> {
+) -> Vec<&GroupKey> {
     dev.groups
         .iter()
         .filter(|(key, g)| {
             key.name().is_some()
-                && (dev
-                    .waiters
-                    .iter()
-                    .any(|w| clients.get(&w.client).is_some_and(|c| &c.group == *key))
+                && (waiting(key)
                     || (g.usage.recent(now, window)
                         && g.away_since
                             .is_none_or(|s| now.saturating_sub(s) <= OWED_ABSENCE)))

@@ -207,7 +207,7 @@ impl Policy {
         };
         // The level groups are entitled to where no bound binds: water
         // filling between the groups using the device.
-        let using: Vec<(GroupKey, f64, f64)> = groups_using(dev, clients, now, params.window)
+        let using: Vec<(GroupKey, f64, f64)> = groups_using(dev, waiting, now, params.window)
             .into_iter()
             .map(|key| {
                 let l = limits(config, retired, key);
@@ -238,9 +238,9 @@ impl Policy {
                 (1, share + at_cap_behind(share, max_util, level))
             }
         };
-        // Rank the waiters: (class, key, since). Capped groups that have
-        // not saved their credit are not chosen; `due`: the earliest time
-        // one of them ranked before the chosen waiter will have.
+        // Rank the waiters: (class, key, since). Capped groups in debt are
+        // not chosen; `due`: the earliest time one of them ranked before
+        // the chosen waiter is out of it.
         let mut ranked: Vec<(Rank, usize, Micros)> = Vec::new();
         for (i, w) in dev.waiters.iter().enumerate() {
             let Some(c) = clients.get(&w.client) else {
@@ -291,12 +291,10 @@ impl Policy {
                 let Limits {
                     min_util, max_util, ..
                 } = limits(config, retired, k);
+                // Not waiting, so active within the window (`using`).
                 let Some(g) = dev.groups.get_mut(k) else {
                     continue;
                 };
-                if g.usage.is_empty(now, params.window) {
-                    continue;
-                }
                 let (c, kk) = rank_of(k, g, min_util, max_util);
                 if !(c == 0 || (class == 1 && c == 1 && kk < key)) {
                     continue;
