@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release test test-slurm test-prometheus test-aarch64 demo bench chart test-gpu fuzz soak install uninstall lint fmt clean
+.PHONY: all setup build release test test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -88,6 +88,11 @@ test-gpu:
 	@if ! nvidia-smi -L >/dev/null 2>&1; then echo "no NVIDIA GPU found, skipped"; exit 0; fi; \
 	if command -v $(CARGO) >/dev/null 2>&1; then $(CARGO) build --workspace --release || exit 1; fi; \
 	GEMINI_BIN_DIR=$(RELEASE_DIR) python3 tests/gpu/gpu_suite.py docs/gpu-results.md
+
+# A relocatable tarball of the release build for machines without Rust
+# (README.md, "Installing from the tarball"): target/dist/gemini-VERSION-ARCH-linux.tar.gz.
+dist: release
+	scripts/dist.sh $(RELEASE_DIR) $(TARGET_DIR)/dist
 
 # Coverage-guided fuzzing (cargo fuzz, libFuzzer) of the protocol decoder
 # and the two config parsers, from the committed corpus in fuzz/corpus.

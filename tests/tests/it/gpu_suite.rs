@@ -35,3 +35,21 @@ fn gpu_suite_skips_cleanly_without_a_gpu() {
         "wrote results without a GPU"
     );
 }
+
+/// The suite's own logic, with fake rows: rows are independent, a failure
+/// that also happens without gemini is the row's own, the report carries
+/// both runs, and only gemini's failures count.
+#[test]
+fn gpu_suite_judges_rows_against_their_runs_without_gemini() {
+    let logic = Path::new(env!("CARGO_MANIFEST_DIR")).join("gpu/test_suite_logic.py");
+    let out = Command::new("python3")
+        .arg(&logic)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
