@@ -170,9 +170,11 @@ class Gemini:
     def run(self, group, mode, params=None, hooked=True, extra=None, timeout=120):
         return collect(self.spawn(group, mode, params, hooked, extra), timeout)
 
-    def timed(self, jobs, secs, timeout=120):
+    def timed(self, jobs, secs, timeout=120, probe=None):
         """Starts every (group, mode, params, hooked) job, waits until each
-        has warmed up (READY), then gives all the same window of secs."""
+        has warmed up (READY), then gives all the same window of secs.
+        probe(start, end), if given, runs beside them; its answer is put
+        in the first job's result as "probe"."""
         procs = [self.spawn(g, m, dict(p, sync=True), h) for g, m, p, h in jobs]
         deadline = time.time() + timeout
         try:
@@ -184,7 +186,15 @@ class Gemini:
             for p in procs:
                 p.stdin.write(json.dumps({"start": start, "end": start + secs}) + "\n")
                 p.stdin.flush()
-            return [collect(p, max(1, deadline + secs - time.time())) for p in procs]
+            box = {}
+            t = probe and threading.Thread(target=lambda: box.update(v=probe(start, start + secs)))
+            if t:
+                t.start()
+            rs = [collect(p, max(1, deadline + secs - time.time())) for p in procs]
+            if t:
+                t.join()
+                rs[0]["probe"] = box.get("v")
+            return rs
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -370,10 +380,15 @@ def timed_rows(g, nvml):
     rows = []
     solo = {}
 
+    # NVML's busy fraction over a window (its first second left out: the
+    # driver's figure covers the last sample period): a second measure of a
+    # lone process's GPU time.
+    busy = (lambda start, end: nvml.mean_util(end - start - 1.2, wait_until=start + 1)) if nvml else None
+
     def solo_rate(key, mode, params):
         # The un-hooked rate of a workload alone, measured once per row.
         if key not in solo:
-            solo[key] = g.timed([("solo", mode, params, False)], 5)[0]
+            solo[key] = g.timed([("solo", mode, params, False)], 5, probe=busy)[0]
         return solo[key]
 
     def run_shares(hooked, h):
@@ -395,10 +410,11 @@ def timed_rows(g, nvml):
             s = solo_rate(key, mode, params)
             if not hooked:
                 return {"r": s, "solo": s}  # without gemini nothing caps it: the solo run
-            return {"r": g.timed([("half", mode, params, True)], 8)[0], "solo": s}
+            return {"r": g.timed([("half", mode, params, True)], 8, probe=busy)[0], "solo": s}
 
         def judge_cap(h, p):
-            txt = lambda r: f"GPU time {r['r']['gpu_share']:.3f}; throughput {r['r']['rate'] / r['solo']['rate']:.3f}"  # noqa: E731
+            nv = lambda r: "" if r["r"].get("probe") is None else f" (NVML busy {r['r']['probe']:.3f})"  # noqa: E731
+            txt = lambda r: f"GPU time {r['r']['gpu_share']:.3f}{nv(r)}; throughput {r['r']['rate'] / r['solo']['rate']:.3f}"  # noqa: E731
             gs = h["r"]["gpu_share"]
             return Result(txt(h), p and txt(p), "GPU time 0.50, at most 0.53 (throughput beside it)", 0.47 <= gs <= 0.53, None)
         rows.append((f"MaxUtil 0.5, lone: {label}", (run_cap, judge_cap)))
@@ -462,7 +478,9 @@ class Nvml:
         self.h = ctypes.c_void_p()
         self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.h))
 
-    def mean_util(self, secs):
+    def mean_util(self, secs, wait_until=None):
+        while wait_until and time.time() < wait_until:
+            time.sleep(0.05)
         xs, t0 = [], time.time()
         while time.time() - t0 < secs:
             time.sleep(0.2)

@@ -115,26 +115,33 @@ def mode_alloc(p):
         done({"ok": False, "error": str(e).splitlines()[0][:200]})
 
 
-def timed_kernels(torch, step, marker, p):
-    """Runs `step` (one kernel or one graph replay) from start to end.
-    GPU time is the sum of CUDA-event intervals around each step; each
-    step is preceded by a one-element kernel (`marker`), so a launch that
-    waits for the hook's token waits before the start event, not inside
-    the interval."""
+def timed_kernels(torch, step, p):
+    """Runs `step` (one kernel or one graph replay) in the timed window.
+    GPU time is the sum over steps of end(i) - max(end(i-1), launched(i)):
+    end from a CUDA event after each step, mapped to the host clock through
+    a reference event, launched(i) the host time the launch returned. An
+    event before each step would also count the time a launch waited for
+    the hook's token while the GPU had reached the event."""
     end = window(p)
-    n, gpu, t0 = 0, 0.0, time.time()
+    ref = torch.cuda.Event(enable_timing=True)
+    ref.record()
+    torch.cuda.synchronize()
+    t_ref = time.perf_counter()
+    n, gpu, t0, prev = 0, 0.0, time.time(), t_ref
     batch = p.get("batch", 8)
     while time.time() < end:
-        evs = []
+        marks = []
         for _ in range(batch):
-            marker()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
             step()
-            b.record()
-            evs.append((a, b))
+            launched = time.perf_counter()
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            marks.append((launched, e))
         torch.cuda.synchronize()
-        gpu += sum(a.elapsed_time(b) for a, b in evs) / 1e3
+        for launched, e in marks:
+            t_end = t_ref + ref.elapsed_time(e) / 1e3
+            gpu += max(0.0, t_end - max(prev, launched))
+            prev = t_end
         n += batch
     wall = time.time() - t0
     return {"steps": n, "rate": n / wall, "gpu_s": gpu, "wall_s": wall, "gpu_share": gpu / wall}
@@ -145,7 +152,6 @@ def mode_matmul(p):
     n = p.get("n", 4096)
     x = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     y = x @ x
-    m = torch.zeros(1, device=dev)
     step = lambda: torch.matmul(x, x, out=y)  # noqa: E731
     if p.get("graph"):
         g = torch.cuda.CUDAGraph()
@@ -164,7 +170,7 @@ def mode_matmul(p):
     torch.cuda.synchronize()
     out = {"first_iter_s": time.time() - t_first}
     if p.get("sync"):
-        out.update(timed_kernels(torch, step, lambda: m.add_(1), p))
+        out.update(timed_kernels(torch, step, p))
     done(out)
 
 
@@ -188,8 +194,7 @@ def mode_triton(p):
     step = lambda: spin[grid](x, n, 400, BLOCK=1024)  # noqa: E731
     step()
     torch.cuda.synchronize()
-    m = torch.zeros(1, device=dev)
-    done(timed_kernels(torch, step, lambda: m.add_(1), p))
+    done(timed_kernels(torch, step, p))
 
 
 def transformer(torch, dev):
