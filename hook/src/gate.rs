@@ -612,9 +612,6 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
         used_us,
         burst_us,
     };
-    // A library loaded since the last request may find the driver in a
-    // way the hook cannot answer: say so (once).
-    crate::bypass::check();
     if !st.settings.token_delay.is_zero() {
         std::thread::sleep(st.settings.token_delay);
     }

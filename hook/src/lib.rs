@@ -30,13 +30,13 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-mod bypass;
 mod capture;
 mod clock;
 mod conn;
 mod covers;
 mod cuda;
 mod driver;
+mod elf;
 mod gate;
 mod gpus;
 mod graphmem;
@@ -70,40 +70,86 @@ unsafe extern "C" fn gemhook_dlsym_filter(
         return std::ptr::null_mut();
     }
     // SAFETY: dlsym's contract: a NUL-terminated name.
-    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if name.starts_with(b"cu") {
-        return table::lookup(name).unwrap_or(std::ptr::null_mut());
-    }
-    if name.starts_with(b"nvmlDeviceGet") {
-        return nvml::lookup(name).unwrap_or(std::ptr::null_mut());
-    }
-    std::ptr::null_mut()
+    hooked(unsafe { CStr::from_ptr(symbol) }.to_bytes()).unwrap_or(std::ptr::null_mut())
 }
 
-/// Exports a function `$name` of two pointer-sized arguments that asks
-/// `$filter` with the same arguments and either returns its non-null
+/// Our function for a hooked driver or NVML name.
+fn hooked(name: &[u8]) -> Option<*mut c_void> {
+    if name.starts_with(b"cu") {
+        table::lookup(name)
+    } else if name.starts_with(b"nvmlDeviceGet") {
+        nvml::lookup(name)
+    } else {
+        None
+    }
+}
+
+/// The decision half of our `dlvsym`: our function for a hooked name that
+/// glibc's `dlvsym` finds too, else null to let glibc answer. The driver's
+/// and NVML's exports are unversioned, and glibc's `dlvsym` does not match
+/// an unversioned symbol of an object that has version tables (as
+/// `libcuda.so.1` has): a program asking `dlvsym` for a `cu*` name of the
+/// driver gets null, with the hook as without it. Where it would get a
+/// function (a versioned export of a driver shim), it gets ours, gated, as
+/// `dlsym` gives. Every other name (the CUDA runtime asks for glibc's
+/// `pthread_getaffinity_np`, `eventfd`, `accept4`...) goes to glibc
+/// untouched. Same rules as [`gemhook_dlsym_filter`]: no allocation, no
+/// lock.
+///
+/// # Safety
+/// `symbol` and `version` are null or NUL-terminated strings, as for
+/// `dlvsym`.
+unsafe extern "C" fn gemhook_dlvsym_filter(
+    handle: *mut c_void,
+    symbol: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    real::real_dlvsym_addr();
+    if symbol.is_null() || version.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: dlvsym's contract: a NUL-terminated name.
+    let Some(ours) = hooked(unsafe { CStr::from_ptr(symbol) }.to_bytes()) else {
+        return std::ptr::null_mut();
+    };
+    // Would glibc find it? RTLD_NEXT from here would mean "after the
+    // hook", not after the caller: look in the global scope instead.
+    let scope = if handle == libc::RTLD_NEXT {
+        libc::RTLD_DEFAULT
+    } else {
+        handle
+    };
+    if real::real_dlvsym(scope, symbol, version).is_null() {
+        return std::ptr::null_mut();
+    }
+    ours
+}
+
+/// Exports a function `$name` of up to three pointer-sized arguments that
+/// asks `$filter` with the same arguments and either returns its non-null
 /// answer or tail-jumps to the address in `$real` with the caller's
-/// arguments and return address untouched. glibc's `dlsym` and `dlopen`
-/// look at their caller's return address (`RTLD_NEXT` is resolved
+/// arguments and return address untouched. glibc's `dlsym`, `dlvsym` and
+/// `dlopen` look at their caller's return address (`RTLD_NEXT` is resolved
 /// relative to it, and `dlopen` finds the caller's namespace and
 /// `$ORIGIN` by it), so they cannot be wrapped by an ordinary function
 /// that calls the real one: every other library's `dlsym(RTLD_NEXT, …)`
 /// would then resolve relative to the hook. `$filter` must have made
-/// `$real` non-zero before it returns null.
+/// `$real` non-zero before it returns null. All three argument registers
+/// are kept across the filter, whatever the function's arity.
 macro_rules! trampoline {
-    ($(#[$doc:meta])* $name:ident, $filter:path, $real:path) => {
+    ($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),+), $filter:path, $real:path) => {
         $(#[$doc])*
         #[cfg(all(target_arch = "x86_64", not(test)))]
         #[unsafe(naked)]
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(a: *mut c_void, b: *const c_char) -> *mut c_void {
+        pub unsafe extern "C" fn $name($($arg: $ty),+) -> *mut c_void {
             core::arch::naked_asm!(
-                // On entry rsp is 8 mod 16; two pushes and 8 bytes realign it.
+                // On entry rsp is 8 mod 16; three pushes realign it.
                 "push rdi",
                 "push rsi",
-                "sub rsp, 8",
+                "push rdx",
                 "call {filter}",
-                "add rsp, 8",
+                "pop rdx",
                 "pop rsi",
                 "pop rdi",
                 "test rax, rax",
@@ -120,17 +166,19 @@ macro_rules! trampoline {
         #[cfg(all(target_arch = "aarch64", not(test)))]
         #[unsafe(naked)]
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(a: *mut c_void, b: *const c_char) -> *mut c_void {
+        pub unsafe extern "C" fn $name($($arg: $ty),+) -> *mut c_void {
             core::arch::naked_asm!(
-                // A frame record, and the two arguments kept across the
+                // A frame record, and the three arguments kept across the
                 // call (sp stays 16-byte aligned).
-                "stp x29, x30, [sp, #-32]!",
+                "stp x29, x30, [sp, #-48]!",
                 "mov x29, sp",
                 "stp x0, x1, [sp, #16]",
+                "str x2, [sp, #32]",
                 "bl {filter}",
                 "mov x16, x0",
                 "ldp x0, x1, [sp, #16]",
-                "ldp x29, x30, [sp], #32",
+                "ldr x2, [sp, #32]",
+                "ldp x29, x30, [sp], #48",
                 "cbz x16, 2f",
                 "mov x0, x16",
                 "ret",
@@ -152,9 +200,21 @@ trampoline!(
     ///
     /// # Safety
     /// As glibc's `dlsym`: a valid handle and a NUL-terminated name.
-    dlsym,
+    dlsym(handle: *mut c_void, symbol: *const c_char),
     gemhook_dlsym_filter,
     real::GEMHOOK_REAL_DLSYM
+);
+
+trampoline!(
+    /// Our `dlvsym`: the hook's function for a hooked name that glibc
+    /// finds too (see [`gemhook_dlvsym_filter`]), else glibc's answer.
+    ///
+    /// # Safety
+    /// As glibc's `dlvsym`: a valid handle and NUL-terminated name and
+    /// version.
+    dlvsym(handle: *mut c_void, symbol: *const c_char, version: *const c_char),
+    gemhook_dlvsym_filter,
+    real::GEMHOOK_REAL_DLVSYM
 );
 
 trampoline!(
@@ -164,7 +224,7 @@ trampoline!(
     /// # Safety
     /// As glibc's `dlopen`: a NUL-terminated file name (or null) and
     /// flags.
-    dlopen,
+    dlopen(file: *mut c_void, mode: *const c_char),
     gemhook_dlopen_note,
     real::GEMHOOK_REAL_DLOPEN
 );
@@ -215,6 +275,26 @@ mod tests {
             assert!(gemhook_dlsym_filter(std::ptr::null_mut(), std::ptr::null()).is_null());
         }
         assert_ne!(real::real_dlsym_addr(), 0, "glibc's dlsym found");
+    }
+
+    #[test]
+    fn dlvsym_filter_lets_glibc_answer_what_glibc_would_not_find_for_a_driver_name() {
+        let v = |handle, name: &std::ffi::CStr, version: &std::ffi::CStr| {
+            // SAFETY: NUL-terminated names.
+            unsafe { gemhook_dlvsym_filter(handle, name.as_ptr(), version.as_ptr()) }
+        };
+        // glibc's own names go to glibc.
+        assert!(v(libc::RTLD_DEFAULT, c"dlsym", c"GLIBC_2.34").is_null());
+        // A hooked name that glibc's dlvsym does not find (no libcuda
+        // here, and none would match unversioned): glibc answers, null.
+        assert!(v(libc::RTLD_DEFAULT, c"cuLaunchKernel", c"GLIBC_2.2.5").is_null());
+        assert!(v(libc::RTLD_NEXT, c"cuLaunchKernel", c"GLIBC_2.2.5").is_null());
+        // SAFETY: null strings are refused before they are read.
+        assert!(
+            unsafe { gemhook_dlvsym_filter(libc::RTLD_DEFAULT, std::ptr::null(), c"X".as_ptr()) }
+                .is_null()
+        );
+        assert_ne!(real::real_dlvsym_addr(), 0, "glibc's dlvsym found");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use crate::real;
 use std::ffi::{CStr, c_void};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// `nvmlReturn_t`.
 pub type NvmlReturn = u32;
@@ -134,7 +134,11 @@ pub fn gpu_of_uuid(uuid: &[u8; 16]) -> Option<String> {
 /// included; `Some(None)` where NVML does not list `pid` (a process
 /// holding nothing, or one in a PID namespace NVML does not see); `None`
 /// without NVML.
+/// `None` too where NVML lists `pid` without its memory
+/// (`NVML_VALUE_NOT_AVAILABLE`).
 pub fn process_memory(uuid: &str, pid: u32) -> Option<Option<u64>> {
+    /// `NVML_VALUE_NOT_AVAILABLE` for an unsigned long long.
+    const VALUE_NOT_AVAILABLE: u64 = u64::MAX;
     static V3: AtomicUsize = AtomicUsize::new(0);
     static V2: AtomicUsize = AtomicUsize::new(0);
     static V1: AtomicUsize = AtomicUsize::new(0);
@@ -164,16 +168,26 @@ pub fn process_memory(uuid: &str, pid: u32) -> Option<Option<u64>> {
         if r != 0 {
             return None;
         }
-        return Some(
-            buf.chunks_exact(size)
-                .take(count as usize)
-                .find(|e| e[0..4] == pid.to_ne_bytes())
-                .map(|e| {
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(&e[8..16]);
-                    u64::from_ne_bytes(b)
-                }),
-        );
+        let used = buf
+            .chunks_exact(size)
+            .take(count as usize)
+            .find(|e| e[0..4] == pid.to_ne_bytes())
+            .map(|e| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&e[8..16]);
+                u64::from_ne_bytes(b)
+            });
+        if used == Some(VALUE_NOT_AVAILABLE) {
+            static TOLD: AtomicBool = AtomicBool::new(false);
+            if !TOLD.swap(true, Ordering::Relaxed) {
+                crate::log::error!(
+                    "NVML lists this process but not its GPU memory (NVML_VALUE_NOT_AVAILABLE, as in some containers, vGPU and MIG set-ups): \
+                     the memory the driver keeps for it (contexts, modules) is measured from the device's used memory, or estimated"
+                );
+            }
+            return None;
+        }
+        return Some(used);
     }
     None
 }

@@ -1,35 +1,58 @@
 //! Finding the real driver functions without going through our own
-//! exports: the real `dlsym` (glibc's, found with `dlvsym`), and the
-//! driver's handle (`libcuda.so.1`, already loaded by the program — also
-//! when it was `dlopen`ed with `RTLD_LOCAL`, which `RTLD_NEXT` cannot see).
+//! exports: glibc's `dlsym` and `dlvsym` (found in libc's symbol table, see
+//! [`crate::elf`]), and the driver's handle (`libcuda.so.1`, already loaded
+//! by the program — also when it was `dlopen`ed with `RTLD_LOCAL`, which
+//! `RTLD_NEXT` cannot see).
 
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// glibc's `dlsym`; read by the naked `dlsym` export to tail-jump to it.
 pub static GEMHOOK_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+/// glibc's `dlvsym`; read by the naked `dlvsym` export to tail-jump to it.
+pub static GEMHOOK_REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
 
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
 
-/// Resolves glibc's `dlsym` once. Allocates nothing, takes no lock (Rust's
-/// std calls `dlsym` itself, possibly from inside an allocator or a lock).
-pub fn real_dlsym_addr() -> usize {
-    let cur = GEMHOOK_REAL_DLSYM.load(Ordering::Acquire);
+/// Resolves glibc's function `name` into `slot` once. Allocates nothing,
+/// takes no lock (Rust's std calls `dlsym` itself, possibly from inside an
+/// allocator or a lock).
+fn libc_once(slot: &AtomicUsize, name: &CStr) -> usize {
+    let cur = slot.load(Ordering::Acquire);
     if cur != 0 {
         return cur;
     }
-    let mut f: *mut c_void = std::ptr::null_mut();
-    // The default version, then the first one of x86_64 and of aarch64.
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
-        // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated names; dlvsym is
-        // not interposed by this library.
-        f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
-        if !f.is_null() {
-            break;
-        }
+    let f = crate::elf::libc_function(name);
+    slot.store(f, Ordering::Release);
+    f
+}
+
+/// glibc's `dlsym`, resolved once.
+pub fn real_dlsym_addr() -> usize {
+    libc_once(&GEMHOOK_REAL_DLSYM, c"dlsym")
+}
+
+/// glibc's `dlvsym`, resolved once.
+pub fn real_dlvsym_addr() -> usize {
+    libc_once(&GEMHOOK_REAL_DLVSYM, c"dlvsym")
+}
+
+/// Calls glibc's `dlvsym` (the caller's position, for `RTLD_NEXT`, is the
+/// hook's).
+pub(crate) fn real_dlvsym(
+    handle: *mut c_void,
+    name: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    let addr = real_dlvsym_addr();
+    if addr == 0 {
+        return std::ptr::null_mut();
     }
-    GEMHOOK_REAL_DLSYM.store(f as usize, Ordering::Release);
-    f as usize
+    // SAFETY: `addr` is glibc's dlvsym, whose C signature DlvsymFn is.
+    let f: DlvsymFn = unsafe { std::mem::transmute::<usize, DlvsymFn>(addr) };
+    // SAFETY: the caller's handle and NUL-terminated strings, as dlvsym's.
+    unsafe { f(handle, name, version) }
 }
 
 /// glibc's `dlopen`; read by the naked `dlopen` export to tail-jump to it.

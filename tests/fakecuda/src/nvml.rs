@@ -428,10 +428,15 @@ unsafe fn running_processes(
     if infos.is_null() || room < procs.len() {
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
+    // NVML_VALUE_NOT_AVAILABLE where NVML cannot read a process's memory
+    // (Windows' WDDM always; some containers, vGPU and MIG set-ups):
+    // FAKECUDA_NVML_PROCESS_MEMORY=unavailable.
+    let unavailable =
+        std::env::var("FAKECUDA_NVML_PROCESS_MEMORY").is_ok_and(|v| v == "unavailable");
     for (i, (pid, bytes)) in procs.into_iter().enumerate() {
         let info = NvmlProcessInfo {
             pid,
-            used_gpu_memory: bytes,
+            used_gpu_memory: if unavailable { u64::MAX } else { bytes },
             gpu_instance_id: NOT_AVAILABLE,
             compute_instance_id: NOT_AVAILABLE,
         };

@@ -238,6 +238,42 @@ fn a_context_its_heap_and_its_modules_count_against_the_group() {
     w.end();
 }
 
+/// Where NVML lists the process but not its memory
+/// (`NVML_VALUE_NOT_AVAILABLE`: some containers, vGPU and MIG set-ups), the
+/// driver's own memory is measured from the device's used memory: the
+/// same charges as with NVML. Before, the hook read the marker as a
+/// footprint of 2^64 - 1 bytes and refused every program its first
+/// context.
+#[test]
+fn a_process_whose_memory_nvml_cannot_read_is_charged_from_the_device() {
+    let g = Gemini::start(
+        SimEnv::default().driver_memory("300MiB"),
+        "[a]\nMemoryLimit=1GiB\n",
+    );
+    let args = [
+        "context", "--heap", "72MiB", "--module", "4MiB", "--chunk", "16MiB",
+    ];
+    // A process NVML sees teaches the scheduler what a context takes.
+    Memwork::start(&g, "a", &args).said();
+    let mut w = Memwork::start_with(
+        &g,
+        "a",
+        &args,
+        &[("FAKECUDA_NVML_PROCESS_MEMORY", "unavailable")],
+    );
+    w.at("allocated");
+    assert_eq!(w.num("context"), 0, "the context is made");
+    let own = 368 * MIB;
+    assert_eq!(
+        w.num("allocated"),
+        (1024 * MIB - own) / (16 * MIB) * (16 * MIB)
+    );
+    let held = g.sim.group_memory("a");
+    assert!(held.peak[0] <= 1 << 30, "peak {} MiB", held.peak[0] / MIB);
+    assert_eq!(charged(&g, "a", 0), held.now[0]);
+    w.end();
+}
+
 /// A context the group has no room for is refused before the driver
 /// makes it (its cost learned from the process's first context is not
 /// known yet: it is made, measured and taken back).
