@@ -144,6 +144,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 }
 
 /// The group as the scheduler sees it.
+#[derive(Clone)]
 struct GroupNow {
     /// Its processes' ids.
     pids: Vec<u32>,
@@ -151,9 +152,29 @@ struct GroupNow {
     shares: Vec<(u32, f64)>,
 }
 
-/// The process's group as the scheduler sees it (`None`: no answer, or
-/// the process is in no group).
+/// How long an answer of the scheduler serves NVML queries: a monitor
+/// polling NVML in a job (nvitop, a dashboard) costs the single-threaded
+/// scheduler at most one status report per this.
+const GROUP_VIEW_NS: u64 = 100_000_000;
+
+/// The process's group as the scheduler saw it at most
+/// [`GROUP_VIEW_NS`] ago (`None`: no answer, or the process is in no
+/// group).
 fn group_status() -> Option<GroupNow> {
+    static VIEW: std::sync::Mutex<Option<(u64, GroupNow)>> = std::sync::Mutex::new(None);
+    let now = crate::clock::now_ns();
+    if let Some((at, view)) = &*crate::state::lock(&VIEW)
+        && now.saturating_sub(*at) < GROUP_VIEW_NS
+    {
+        return Some(view.clone());
+    }
+    let view = ask_group_status()?;
+    *crate::state::lock(&VIEW) = Some((now, view.clone()));
+    Some(view)
+}
+
+/// The process's group as the scheduler sees it now.
+fn ask_group_status() -> Option<GroupNow> {
     let st = crate::state::get();
     if st.refused.load(std::sync::atomic::Ordering::Acquire) != 0 {
         return None;

@@ -536,6 +536,25 @@ fn nvml_in_a_job_shows_its_group() {
     mate.end();
 }
 
+/// A monitor polling NVML in a job (nvitop, a dashboard) asks the
+/// scheduler for the group's view at most once per 100 ms: 2000 polls of
+/// the utilisation cost a handful of status reports, not 2000 round trips
+/// through the single-threaded scheduler that every hand-over waits on.
+#[test]
+fn a_monitor_polling_nvml_asks_the_scheduler_at_most_every_100_ms() {
+    let g = Gemini::start_with(SimEnv::default(), "[a]\n", &["--log-level", "debug"]);
+    let mut w = Memwork::start(&g, "a", &["nvml", "--polls", "2000"]);
+    w.at("listed");
+    let polled_ms = w.num("polled_ms");
+    w.end();
+    let asked = g.log().lines().filter(|l| l.ends_with(": Status")).count() as u64;
+    // The listing's own questions, then at most one per 100 ms of polling.
+    assert!(
+        asked <= 3 + polled_ms / 100,
+        "{asked} status reports for 2000 polls in {polled_ms} ms"
+    );
+}
+
 /// After a primary context's last release, a reset, or `cuCtxDestroy`
 /// (PyTorch's and the CUDA runtime's teardown at exit), the hook never
 /// uses that context again: no synchronisation of it at a token's end,

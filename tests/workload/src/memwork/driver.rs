@@ -4,7 +4,7 @@
 
 use crate::*;
 
-pub(crate) fn nvml(cuda: &Cuda, bytes: u64) -> anyhow::Result<()> {
+pub(crate) fn nvml(cuda: &Cuda, bytes: u64, polls: u32) -> anyhow::Result<()> {
     start(cuda, 0)?;
     let mut p = 0u64;
     check(
@@ -64,6 +64,13 @@ pub(crate) fn nvml(cuda: &Cuda, bytes: u64) -> anyhow::Result<()> {
             bail!("nvmlDeviceGetUtilizationRates failed");
         }
         println!("memwork pid={} util={}", std::process::id(), u[0]);
+        let t = std::time::Instant::now();
+        for _ in 0..polls {
+            if util(dev, &mut u) != 0 {
+                bail!("nvmlDeviceGetUtilizationRates failed");
+            }
+        }
+        println!("memwork polled_ms={}", t.elapsed().as_millis());
     }
     step("listed");
     Ok(())

@@ -104,6 +104,10 @@ enum What {
     Nvml {
         #[arg(long, value_parser = size, default_value = "64MiB")]
         bytes: u64,
+        /// Then asks its utilisation this many times more, as a monitor
+        /// polling NVML does, and says how long that took (`polled_ms`)
+        #[arg(long, default_value = "0")]
+        polls: u32,
     },
     /// The driver's memory limit of a cgroup on GPU `--device` (NVML,
     /// R615): sets it if `--set SOFT:HARD` is given (as the NVIDIA
@@ -316,7 +320,7 @@ fn main() -> anyhow::Result<()> {
         What::Host { host: h, device } => host(&cuda, h, device),
         What::StreamDevice { bytes } => stream_device(&cuda, bytes),
         What::Graph { bytes, version } => graph(&cuda, bytes, version),
-        What::Nvml { bytes } => nvml(&cuda, bytes),
+        What::Nvml { bytes, polls } => nvml(&cuda, bytes, polls),
         What::Limits {
             cgroup,
             device,
