@@ -639,6 +639,9 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
                 unsafe { driver::ctx_get_current(&mut ctx) };
             }
             g.ctx.store(ctx as usize, Ordering::Relaxed);
+            // A context the hook did not see made (a green context's, say)
+            // is waited for at token ends from now on too.
+            contexts::context_made(ctx, dev as i32);
             let quota = quota_us * 1000;
             // Stop launching early by the work usually still queued at the
             // end, so the queue drains about when the token ends.

@@ -123,6 +123,36 @@ pub fn around(
     around_if(dev, || true, estimate, call, undo)
 }
 
+/// Runs `call`, which makes `bytes` of memory the driver keeps for the
+/// process on ordinal `dev`, with them reserved first (refused:
+/// `CUDA_ERROR_OUT_OF_MEMORY` before the driver takes anything) and kept;
+/// given back if it fails. No lock is held across `call`.
+fn charged_at(dev: Option<u32>, bytes: u64, call: impl FnOnce() -> CUresult) -> (CUresult, u64) {
+    let Some(dev) = dev else { return (call(), 0) };
+    let st = state::get();
+    if st.refused.load(Ordering::Acquire) != 0 {
+        return (call(), 0);
+    }
+    let device = st.physical(dev);
+    if !grow(device, bytes) {
+        return (CUDA_ERROR_OUT_OF_MEMORY, 0);
+    }
+    let r = call();
+    if r != CUDA_SUCCESS {
+        gone(device, bytes);
+        return (r, 0);
+    }
+    (r, bytes)
+}
+
+/// Adds `bytes` to the group's charge for the driver's own memory on
+/// physical `device` (false, unchanged, where the scheduler refuses).
+fn grow(device: u32, bytes: u64) -> bool {
+    let st = state::get();
+    let _one = lock(&st.measuring);
+    charge(device, held_on(device).saturating_add(bytes))
+}
+
 /// [`around`], where `new` says (asked once no other such call runs)
 /// whether `call` will make anything: a primary context another thread
 /// was retaining at the same moment is not made twice.
@@ -425,12 +455,23 @@ pub fn code_loaded(
             unsafe { *out }
         }
     };
-    let (r, took) = around(dev, image_bytes(image), call, || {
+    let undo = || {
         let m = read();
         if !m.is_null() {
             unload(m);
         }
-    });
+    };
+    let size = image_bytes(image);
+    // An image whose header gives its size (a cubin, a fatbinary: what
+    // compilers, Triton and the runtime's lazy loading hand the driver)
+    // is charged that size, with no measurement: loads of many threads
+    // run side by side, paying no NVML enumeration. Text (PTX), whose
+    // code size only the driver's compiler knows, is measured.
+    let (r, took) = if size > 0 {
+        charged_at(dev, size, call)
+    } else {
+        around(dev, 0, call, undo)
+    };
     if r == CUDA_SUCCESS
         && took > 0
         && let Some(d) = dev

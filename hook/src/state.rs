@@ -240,15 +240,13 @@ pub struct State {
     pub graph_needs: Mutex<HashMap<usize, (u32, u64)>>,
     pub graph_held: Mutex<HashMap<u32, (u32, u64)>>,
     pub graph_mem_seen: AtomicBool,
-    /// Contexts the process made: (context, ordinal).
+    /// Contexts the process has (made, retained, or seen current at a
+    /// token): (context, ordinal).
     pub contexts: Mutex<Vec<(usize, u32)>>,
-    /// Contexts that went (destroyed, or primary ones released for the
-    /// last time or reset), until made again (a primary context's handle
-    /// comes back).
-    pub gone_contexts: Mutex<HashSet<usize>>,
-    /// Held while the hook synchronises one of them on any thread; a call
-    /// that may make a context go waits for it (see `gate::context_may_go`).
-    pub syncing: Mutex<()>,
+    /// One lock per context, held while the hook synchronises it or the
+    /// program makes it go (see `gate::context_may_go`); dropped with the
+    /// context.
+    pub syncing: Mutex<HashMap<usize, std::sync::Arc<Mutex<()>>>>,
     /// What this process holds reserved through the scheduler, by
     /// physical device: every reservation, whatever it is for (said again
     /// to a restarted scheduler).
@@ -353,8 +351,7 @@ pub fn get() -> &'static State {
         graph_held: Mutex::new(HashMap::new()),
         graph_mem_seen: AtomicBool::new(false),
         contexts: Mutex::new(Vec::new()),
-        gone_contexts: Mutex::new(HashSet::new()),
-        syncing: Mutex::new(()),
+        syncing: Mutex::new(HashMap::new()),
         reserved: Mutex::new(HashMap::new()),
         driver_held: Mutex::new(HashMap::new()),
         measuring: Mutex::new(()),

@@ -499,11 +499,11 @@ hooks! {
     cuCtxCreate_v3 ["cuCtxCreate", 11040, false, Context] (pctx: *mut Ptr, params: Ptr, n: i32, flags: u32, dev: i32) => |call| on_success(held::context(dev, false, call, || ptr_read(pctx)), || gate::context_made(ptr_read(pctx), dev));
     cuCtxCreate_v4 ["cuCtxCreate", 12050, false, Context] (pctx: *mut Ptr, params: Ptr, flags: u32, dev: i32) => |call| on_success(held::context(dev, false, call, || ptr_read(pctx)), || gate::context_made(ptr_read(pctx), dev));
     cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain", 7000, false, Context] (pctx: *mut Ptr, dev: i32) => |call| on_success(held::context(dev, true, call, || ptr_read(pctx)), || gate::context_made(ptr_read(pctx), dev));
-    cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease", 7000, false, Context] (dev: i32) => |call| gate::context_may_go(|| held::primary_gone(dev, false, call, context_gone));
-    cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease", 11000, false, Context] (dev: i32) => |call| gate::context_may_go(|| held::primary_gone(dev, false, call, context_gone));
-    cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, false, Context] (dev: i32) => |call| gate::context_may_go(|| held::primary_gone(dev, true, call, context_gone));
-    cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, false, Context] (dev: i32) => |call| gate::context_may_go(|| held::primary_gone(dev, true, call, context_gone));
-    cuCtxDestroy_v2 ["cuCtxDestroy", 4000, false, Context] (ctx: Ptr) => |call| gate::context_may_go(|| on_success(held::context_destroyed(ctx, call), || context_gone(ctx)));
+    cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease", 7000, false, Context] (dev: i32) => |call| gate::context_may_go(std::ptr::null_mut(), dev, || held::primary_gone(dev, false, call, context_gone));
+    cuDevicePrimaryCtxRelease_v2 ["cuDevicePrimaryCtxRelease", 11000, false, Context] (dev: i32) => |call| gate::context_may_go(std::ptr::null_mut(), dev, || held::primary_gone(dev, false, call, context_gone));
+    cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, false, Context] (dev: i32) => |call| gate::context_may_go(std::ptr::null_mut(), dev, || held::primary_gone(dev, true, call, context_gone));
+    cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, false, Context] (dev: i32) => |call| gate::context_may_go(std::ptr::null_mut(), dev, || held::primary_gone(dev, true, call, context_gone));
+    cuCtxDestroy_v2 ["cuCtxDestroy", 4000, false, Context] (ctx: Ptr) => |call| gate::context_may_go(ctx, -1, || on_success(held::context_destroyed(ctx, call), || context_gone(ctx)));
     cuCtxSetLimit ["cuCtxSetLimit", 3010, false, Context] (limit: i32, value: usize) => |call| held::set_limit(limit, value, call);
 
     // Code: the driver keeps device memory for each module and library

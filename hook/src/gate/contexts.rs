@@ -1,31 +1,58 @@
 //! The process's contexts: a token's end waits for the work of every
 //! context the process has on the device, and forgets those that went.
+//!
+//! Each context has a lock of its own, held while the hook synchronises
+//! it and while the program makes it go (`cuCtxDestroy`, a primary
+//! context's release or reset): a synchronisation never uses a context
+//! that went, and waiting for one GPU's work (an NCCL collective waiting
+//! for its peer) holds up neither the other GPUs' token ends nor the
+//! program's calls on other contexts.
 
 use super::*;
+use std::sync::{Arc, Mutex};
+
+/// The lock of context `ctx`, made on first use.
+fn ctx_lock(st: &State, ctx: usize) -> Arc<Mutex<()>> {
+    lock(&st.syncing).entry(ctx).or_default().clone()
+}
+
+/// Whether `ctx` is a context the process has (made, retained, or seen
+/// current at a token; not one that went).
+fn alive(st: &State, ctx: usize) -> bool {
+    lock(&st.contexts).iter().any(|&(c, _)| c == ctx)
+}
 
 /// Waits for the work of the context `ctx` (from any thread: the context
 /// is pushed and popped around the synchronisation).
 fn synchronize(ctx: *mut c_void) {
-    // A context the program destroys, releases or resets meanwhile would
-    // be used after it went: those calls wait (`context_may_go`).
     let Some(st) = state::current() else { return };
-    let _syncing = lock(&st.syncing);
-    // Read before the lock, it may have gone since.
-    if lock(&st.gone_contexts).contains(&(ctx as usize)) {
+    if ctx.is_null() {
+        // SAFETY: the calling thread's own context, if any.
+        unsafe { driver::ctx_synchronize() };
         return;
     }
-    // SAFETY: `ctx` was current in a thread of this process when the token
-    // was taken, and is one the process still has (a context that went is
-    // dropped under the same lock); pushing it on this thread and popping
-    // it again leaves no trace. A null context falls back to the calling
-    // thread's own.
+    let one = ctx_lock(st, ctx as usize);
+    let _syncing = lock(&one);
+    // `ctx` was read before the lock: it may have gone since (its call
+    // held this lock, and dropped it from the list).
+    if !alive(st, ctx as usize) {
+        let mut locks = lock(&st.syncing);
+        if locks
+            .get(&(ctx as usize))
+            .is_some_and(|l| Arc::ptr_eq(l, &one))
+        {
+            locks.remove(&(ctx as usize));
+        }
+        return;
+    }
+    // SAFETY: `ctx` is one the process still has: a context that goes
+    // goes under this lock. Pushing it on this thread and popping it again
+    // leaves no trace.
     unsafe {
-        if !ctx.is_null() && driver::ctx_push(ctx) == 0 {
+        if driver::ctx_push(ctx) == 0 {
             driver::ctx_synchronize();
             let mut popped = std::ptr::null_mut();
             driver::ctx_pop(&mut popped);
-        } else {
-            driver::ctx_synchronize();
         }
     }
 }
@@ -47,37 +74,52 @@ pub(crate) fn synchronize_device(dev: usize, ctx: *mut c_void) {
     }
 }
 
-/// A context of ordinal `dev` was created (or a primary one retained):
-/// a token's end waits for its work too.
+/// A context of ordinal `dev` was created (or a primary one retained, or
+/// one was seen current at a token): a token's end waits for its work
+/// too.
 pub fn context_made(ctx: *mut c_void, dev: i32) {
     if ctx.is_null() || dev < 0 {
         return;
     }
-    let st = state::get();
-    lock(&st.gone_contexts).remove(&(ctx as usize));
-    let mut contexts = lock(&st.contexts);
+    let mut contexts = lock(&state::get().contexts);
     if !contexts.iter().any(|&(c, _)| c == ctx as usize) {
         contexts.push((ctx as usize, dev as u32));
     }
 }
 
-/// Runs `call`, which may make a context go (`cuCtxDestroy`, a primary
-/// context's release or reset), while the hook synchronises none: a
-/// synchronisation of that context on another thread would use it after
-/// it went. What the call lets go is dropped ([`context_gone`]) before
-/// this returns.
-pub fn context_may_go(call: impl FnOnce() -> CUresult) -> CUresult {
-    let _syncing = lock(&state::get().syncing);
+/// Runs `call`, which may make `ctx` go (`cuCtxDestroy`), or, with `ctx`
+/// null, the primary context of ordinal `dev` (its release or reset),
+/// while the hook synchronises none of the contexts it may take: a
+/// synchronisation on another thread would use them after they went.
+/// What the call lets go is dropped ([`context_gone`]) before this
+/// returns. Other contexts' synchronisations go on meanwhile.
+pub fn context_may_go(ctx: *mut c_void, dev: i32, call: impl FnOnce() -> CUresult) -> CUresult {
+    let st = state::get();
+    let mut which: Vec<usize> = if ctx.is_null() {
+        lock(&st.contexts)
+            .iter()
+            .filter(|&&(_, d)| i64::from(d) == i64::from(dev))
+            .map(|&(c, _)| c)
+            .collect()
+    } else {
+        vec![ctx as usize]
+    };
+    // Always in the same order: two such calls never wait on each other
+    // crosswise (a synchronisation holds one lock at a time).
+    which.sort_unstable();
+    let locks: Vec<Arc<Mutex<()>>> = which.iter().map(|&c| ctx_lock(st, c)).collect();
+    let _held: Vec<_> = locks.iter().map(|l| lock(l)).collect();
     call()
 }
 
 /// A context went (destroyed, or a primary one released for the last
 /// time or reset): no token's end waits for its work any more (the
-/// driver fails every call on it).
+/// driver fails every call on it). Called under its lock
+/// ([`context_may_go`]).
 pub fn context_gone(ctx: *mut c_void) {
     if let Some(st) = state::current() {
-        lock(&st.gone_contexts).insert(ctx as usize);
         lock(&st.contexts).retain(|&(c, _)| c != ctx as usize);
+        lock(&st.syncing).remove(&(ctx as usize));
         for g in &st.gates {
             let _ = g
                 .ctx

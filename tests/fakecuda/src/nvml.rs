@@ -417,6 +417,14 @@ unsafe fn running_processes(
     if count.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
+    // A slow NVML (the real one enumerates processes in milliseconds):
+    // FAKECUDA_NVML_DELAY_MS.
+    if let Some(ms) = std::env::var("FAKECUDA_NVML_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     let procs = s.processes(dev);
     // SAFETY: non-null in/out count from the caller.
     let room = unsafe { *count } as usize;

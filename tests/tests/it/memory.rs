@@ -555,6 +555,50 @@ fn a_monitor_polling_nvml_asks_the_scheduler_at_most_every_100_ms() {
     );
 }
 
+/// Cubins loaded by 8 threads at once (Triton, `torch.compile`, the
+/// runtime's lazy loading) are charged their images' sizes, side by side:
+/// with an NVML that takes 100 ms to list processes, 32 loads take far
+/// less than the 6.4 s they took when each held one process-wide lock
+/// across the load and two NVML enumerations.
+#[test]
+fn modules_load_side_by_side_charged_their_images() {
+    let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=1GiB\n");
+    let mut w = Memwork::start_with(
+        &g,
+        "a",
+        &["loads", "--threads", "8", "--count", "4", "--image", "1MiB"],
+        &[("FAKECUDA_NVML_DELAY_MS", "100")],
+    );
+    w.at("loaded");
+    let ms = w.num("loads_ms");
+    assert!(ms < 3000, "32 loads took {ms} ms");
+    assert_eq!(charged(&g, "a", 0), 32 * MIB, "each image's size");
+    w.end();
+}
+
+/// A token's end that waits for one GPU's work holds only that GPU's
+/// contexts: a program destroying its context of GPU 1 meanwhile goes on
+/// at once. (Before, one process-wide lock was held across every
+/// synchronisation: the destruction waited the 3 s of GPU 0's kernel, as
+/// did the other GPUs' token ends, the way NCCL's ranks wait for a peer.)
+#[test]
+fn a_context_goes_at_once_while_another_gpus_work_is_waited_for() {
+    let g = Gemini::start(SimEnv::new(2, "8GiB"), "[a]\n");
+    let mut w = Memwork::start_with(
+        &g,
+        "a",
+        &["sync-beside", "--kernel-ms", "3000"],
+        &[("GEMINI_IDLE_MS", "20")],
+    );
+    w.at("done");
+    let ms = w.num("destroy_ms");
+    assert!(
+        ms < 1000,
+        "cuCtxDestroy took {ms} ms beside a 3 s wait on GPU 0"
+    );
+    w.end();
+}
+
 /// After a primary context's last release, a reset, or `cuCtxDestroy`
 /// (PyTorch's and the CUDA runtime's teardown at exit), the hook never
 /// uses that context again: no synchronisation of it at a token's end,

@@ -304,6 +304,100 @@ pub(crate) fn contexts(cuda: &Cuda) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// See `What::Loads`.
+pub(crate) fn loads(cuda: &Cuda, threads: u32, count: u32, image: u64) -> anyhow::Result<()> {
+    let ctx = start(cuda, 0)? as usize;
+    // An ELF64 header whose section headers end at `image` bytes.
+    let mut elf = vec![0u8; image as usize];
+    elf[..4].copy_from_slice(b"\x7fELF");
+    elf[4] = 2;
+    let (entsize, num) = (64u16, 1u16);
+    elf[0x28..0x30].copy_from_slice(&(image - u64::from(entsize)).to_le_bytes());
+    elf[0x3a..0x3c].copy_from_slice(&entsize.to_le_bytes());
+    elf[0x3c..0x3e].copy_from_slice(&num.to_le_bytes());
+    let t = std::time::Instant::now();
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let elf = &elf;
+                s.spawn(move || -> anyhow::Result<()> {
+                    check(
+                        "cuCtxSetCurrent",
+                        call!(cuda, "cuCtxSetCurrent", fn(Ptr), ctx as Ptr),
+                    )?;
+                    for _ in 0..count {
+                        let mut m: Ptr = std::ptr::null_mut();
+                        check(
+                            "cuModuleLoadData",
+                            call!(
+                                cuda,
+                                "cuModuleLoadData",
+                                fn(*mut Ptr, *const u8),
+                                &mut m,
+                                elf.as_ptr()
+                            ),
+                        )?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a loading thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    println!("memwork loads_ms={}", t.elapsed().as_millis());
+    step("loaded");
+    Ok(())
+}
+
+/// See `What::SyncBeside`.
+pub(crate) fn sync_beside(cuda: &Cuda, kernel_ms: u64) -> anyhow::Result<()> {
+    start(cuda, 0)?;
+    let name = std::ffi::CString::new(format!("fixed_{}us", kernel_ms * 1000))?;
+    let f = kernel(cuda, &name)?;
+    let null: Ptr = std::ptr::null_mut();
+    check(
+        "cuLaunchKernel",
+        call!(
+            cuda,
+            "cuLaunchKernel",
+            fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            null,
+            std::ptr::null_mut(),
+            std::ptr::null_mut()
+        ),
+    )?;
+    // The program goes idle: the watcher ends the token and waits for
+    // GPU 0's kernel.
+    std::thread::sleep(Duration::from_millis(300));
+    let at = cuda.at("cuCtxCreate", 11030)?;
+    // SAFETY: cuCtxCreate_v2's signature.
+    let create: unsafe extern "C" fn(*mut Ptr, u32, i32) -> CUresult =
+        unsafe { std::mem::transmute(at) };
+    let mut ctx: Ptr = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    check("cuCtxCreate", unsafe { create(&mut ctx, 0, 1) })?;
+    work(cuda)?;
+    let t = std::time::Instant::now();
+    check("cuCtxDestroy", call!(cuda, "cuCtxDestroy", fn(Ptr), ctx))?;
+    println!("memwork destroy_ms={}", t.elapsed().as_millis());
+    start(cuda, 0)?;
+    check("cuCtxSynchronize", call!(cuda, "cuCtxSynchronize", fn()))?;
+    step("done");
+    Ok(())
+}
+
 pub(crate) fn capture_race(cuda: &Cuda, iterations: u64) -> anyhow::Result<()> {
     start(cuda, 0)?;
     let f = kernel(cuda, c"fixed_200us")?;

@@ -129,6 +129,24 @@ enum What {
     /// one retained again and reset, and in one made and destroyed, with
     /// a pause after each (PyTorch's and the runtime's teardown).
     Contexts,
+    /// A `--kernel-ms` kernel on GPU 0, left to the hook's idle watcher
+    /// to wait for, while a context of GPU 1 is made, used and destroyed:
+    /// says how long the destruction took (`destroy_ms`)
+    /// `--threads` threads each load `--count` cubins (ELF images of
+    /// `--image` bytes, by their headers) in the primary context of GPU 0
+    /// at once: says how long that took (`loads_ms`)
+    Loads {
+        #[arg(long, default_value = "8")]
+        threads: u32,
+        #[arg(long, default_value = "4")]
+        count: u32,
+        #[arg(long, value_parser = size, default_value = "64KiB")]
+        image: u64,
+    },
+    SyncBeside {
+        #[arg(long, default_value = "3000")]
+        kernel_ms: u64,
+    },
     /// `--iterations` times: a kernel, a wait, a pause of 0 to 10 ms (the
     /// hook's idle watcher settles the token meanwhile), then a global
     /// capture of a kernel; counts the captures the driver invalidated.
@@ -327,6 +345,12 @@ fn main() -> anyhow::Result<()> {
             set,
         } => limits(&cgroup, device, set.as_deref()),
         What::Contexts => contexts(&cuda),
+        What::SyncBeside { kernel_ms } => sync_beside(&cuda, kernel_ms),
+        What::Loads {
+            threads,
+            count,
+            image,
+        } => loads(&cuda, threads, count, image),
         What::KernelNoContext { device } => kernel_no_context(&cuda, device),
         What::CaptureRace { iterations } => capture_race(&cuda, iterations),
         What::Stress {
