@@ -108,24 +108,36 @@ pub fn measured<T: std::fmt::Debug>(
     tries: u32,
     measure: impl FnMut() -> T,
 ) -> (T, bool) {
+    // Straight to the process's stderr, past the test harness's capture:
+    // a measurement not taken must show in the log of a passing run.
+    measured_saying(what, max_steal, tries, measure, |line| {
+        let _ = writeln!(std::io::stderr(), "{line}");
+    })
+}
+
+/// [`measured`], saying what it says through `say`.
+fn measured_saying<T: std::fmt::Debug>(
+    what: &str,
+    max_steal: f64,
+    tries: u32,
+    measure: impl FnMut() -> T,
+    mut say: impl FnMut(&str),
+) -> (T, bool) {
     let (result, steal) = least_starved(max_steal, tries, measure, |attempt, steal, result| {
-        eprintln!(
+        say(&format!(
             "{what}: the host took {:.0} % of the CPU time (more than {:.0} %): \
              measurement {attempt} of {tries} ({result:.3?}) is void",
             steal * 100.0,
             max_steal * 100.0
-        );
+        ));
     });
     if steal <= max_steal {
         return (result, true);
     }
-    // Straight to the process's stderr, past the test harness's capture:
-    // a measurement not taken must show in the log of a passing run.
-    let _ = writeln!(
-        std::io::stderr(),
+    say(&format!(
         "{what}: NOT MEASURED: the host took more than {:.0} % of the CPU time in every attempt",
         max_steal * 100.0
-    );
+    ));
     (result, false)
 }
 
@@ -187,19 +199,23 @@ mod tests {
             runs
         });
         assert_eq!((got, runs), (Some(1), 1));
-        // Any steal is too much (even none): every run is void.
+        // Any steal is too much (even none): every run is void, and that is
+        // said (here to the test, not to the log of `make test`, where a
+        // "NOT MEASURED" line would read as a failure).
         let mut runs = 0;
-        let got = unstarved("test", -1.0, 3, || {
-            runs += 1;
-            runs
-        });
-        assert_eq!((got, runs), (None, 3));
-        // A result comes back, marked as not counting.
-        let mut runs = 0;
-        let (got, counts) = measured("test", -1.0, 2, || {
-            runs += 1;
-            runs
-        });
-        assert!(!counts && (1..=2).contains(&got) && runs == 2);
+        let mut said = Vec::new();
+        let (got, counts) = measured_saying(
+            "test",
+            -1.0,
+            3,
+            || {
+                runs += 1;
+                runs
+            },
+            |l| said.push(l.to_string()),
+        );
+        assert!(!counts && (1..=3).contains(&got) && runs == 3);
+        assert_eq!(said.len(), 4, "{said:?}");
+        assert!(said[3].starts_with("test: NOT MEASURED"), "{said:?}");
     }
 }
