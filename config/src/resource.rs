@@ -4,7 +4,7 @@
 //! [train]
 //! MinUtil=0.3      # guaranteed share of device time, 0..1 (default 0)
 //! MaxUtil=0.8      # ceiling, 0..1 (default 1)
-//! MemoryLimit=8GiB # per device, all processes of the group (default 1GiB)
+//! MemoryLimit=8GiB # per device, all processes of the group (default: unlimited)
 //! Devices=0,2      # only these GPUs, numbered as nvidia-smi does (default all)
 //! ```
 //!
@@ -43,8 +43,11 @@ pub const KNOWN_KEYS: [&str; 7] = [
     CGROUPS,
     DEVICES,
 ];
-/// `MemoryLimit` when the key is absent.
-pub const DEFAULT_MEMORY_LIMIT: u64 = 1 << 30;
+/// `MemoryLimit` when the key is absent: unlimited, so the group may use
+/// the GPU's whole memory, which is what a user who sets nothing expects
+/// (a fixed default was a trap: 1 GiB left a PyTorch job on a 141 GiB
+/// H200 half a gigabyte beside its 518 MiB context).
+pub const DEFAULT_MEMORY_LIMIT: u64 = u64::MAX;
 /// Tolerance for the sum of `MinUtil` (decimal fractions do not add up
 /// exactly in binary floating point).
 const SUM_EPSILON: f64 = 1e-9;

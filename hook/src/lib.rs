@@ -5,7 +5,8 @@
 //! Layers, each using only those below it (no module cycles):
 //!
 //! 1. [`cuda`] (`CUresult` and every result code), [`clock`], [`log`],
-//!    [`real`] (the real `dlsym`, libcuda and libnvidia-ml);
+//!    [`elf`] (glibc's own `dlsym` and `dlvsym`, from libc's symbol
+//!    table), [`real`] (the real `dlsym`, libcuda and libnvidia-ml);
 //! 2. [`driver`] and [`nvml_lib`]: the real functions the hook calls for
 //!    itself;
 //! 3. [`state`]: settings from the environment and all per-process data

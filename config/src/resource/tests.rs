@@ -242,7 +242,7 @@ fn diff_lists_added_removed_and_modified() {
         d,
         [
             "[a] MinUtil: 0.1 -> 0.2",
-            "[a] MemoryLimit: 1.0 GiB -> 2.0 GiB",
+            "[a] MemoryLimit: unlimited -> 2.0 GiB",
             "[c] added",
             "[b] removed"
         ]

@@ -92,7 +92,7 @@ fn memory_is_capped_per_group_across_processes() {
 
 #[test]
 fn memory_release_never_underflows_or_frees_others() {
-    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=1GiB\n"));
     hello(&mut p, 1, "a");
     hello(&mut p, 2, "a");
     ask(
