@@ -291,10 +291,9 @@ mod tests {
         assert!(v(libc::RTLD_DEFAULT, c"cuLaunchKernel", c"GLIBC_2.2.5").is_null());
         assert!(v(libc::RTLD_NEXT, c"cuLaunchKernel", c"GLIBC_2.2.5").is_null());
         // SAFETY: null strings are refused before they are read.
-        assert!(
-            unsafe { gemhook_dlvsym_filter(libc::RTLD_DEFAULT, std::ptr::null(), c"X".as_ptr()) }
-                .is_null()
-        );
+        let none =
+            unsafe { gemhook_dlvsym_filter(libc::RTLD_DEFAULT, std::ptr::null(), c"X".as_ptr()) };
+        assert!(none.is_null());
         assert_ne!(real::real_dlvsym_addr(), 0, "glibc's dlvsym found");
     }
 
