@@ -134,9 +134,11 @@ unsafe extern "C" fn gemhook_dlvsym_filter(
 /// relative to it, and `dlopen` finds the caller's namespace and
 /// `$ORIGIN` by it), so they cannot be wrapped by an ordinary function
 /// that calls the real one: every other library's `dlsym(RTLD_NEXT, …)`
-/// would then resolve relative to the hook. `$filter` must have made
-/// `$real` non-zero before it returns null. All three argument registers
-/// are kept across the filter, whatever the function's arity.
+/// would then resolve relative to the hook. `$filter` resolves `$real`
+/// before it returns null; where glibc's function could not be found
+/// (`$real` still zero), null is returned rather than a jump to address
+/// zero. All three argument registers are kept across the filter,
+/// whatever the function's arity.
 macro_rules! trampoline {
     ($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),+), $filter:path, $real:path) => {
         $(#[$doc])*
@@ -155,7 +157,11 @@ macro_rules! trampoline {
                 "pop rdi",
                 "test rax, rax",
                 "jnz 2f",
-                "jmp qword ptr [rip + {real}]",
+                // glibc's function, or null where it was not found.
+                "mov rax, qword ptr [rip + {real}]",
+                "test rax, rax",
+                "jz 2f",
+                "jmp rax",
                 "2:",
                 "ret",
                 filter = sym $filter,
@@ -184,10 +190,15 @@ macro_rules! trampoline {
                 "mov x0, x16",
                 "ret",
                 "2:",
-                // x30 is the caller's again: the real function sees it.
+                // x30 is the caller's again: the real function sees it
+                // (or null is returned where it was not found).
                 "adrp x16, {real}",
                 "ldr x16, [x16, :lo12:{real}]",
+                "cbz x16, 3f",
                 "br x16",
+                "3:",
+                "mov x0, xzr",
+                "ret",
                 filter = sym $filter,
                 real = sym $real,
             )
