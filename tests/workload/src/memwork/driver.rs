@@ -197,31 +197,37 @@ fn kernel(cuda: &Cuda, name: &std::ffi::CStr) -> anyhow::Result<Ptr> {
     Ok(f)
 }
 
+/// Launches `f` once (one block of one thread, no parameters) onto
+/// `stream`.
+fn launch(cuda: &Cuda, f: Ptr, stream: Ptr) -> anyhow::Result<()> {
+    check(
+        "cuLaunchKernel",
+        call!(
+            cuda,
+            "cuLaunchKernel",
+            fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            stream,
+            std::ptr::null_mut(),
+            std::ptr::null_mut()
+        ),
+    )
+}
+
 /// In the current context: a module, 20 launches of a 1 ms kernel, a
 /// graph of it launched 5 times, then a synchronisation.
 pub(crate) fn work(cuda: &Cuda) -> anyhow::Result<()> {
     let f = kernel(cuda, c"fixed_1000us")?;
     let null: Ptr = std::ptr::null_mut();
     for _ in 0..20 {
-        check(
-            "cuLaunchKernel",
-            call!(
-                cuda,
-                "cuLaunchKernel",
-                fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
-                f,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                null,
-                std::ptr::null_mut(),
-                std::ptr::null_mut()
-            ),
-        )?;
+        launch(cuda, f, null)?;
     }
     let mut g: Ptr = std::ptr::null_mut();
     check(
@@ -359,25 +365,7 @@ pub(crate) fn sync_beside(cuda: &Cuda, kernel_ms: u64) -> anyhow::Result<()> {
     let name = std::ffi::CString::new(format!("fixed_{}us", kernel_ms * 1000))?;
     let f = kernel(cuda, &name)?;
     let null: Ptr = std::ptr::null_mut();
-    check(
-        "cuLaunchKernel",
-        call!(
-            cuda,
-            "cuLaunchKernel",
-            fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
-            f,
-            1,
-            1,
-            1,
-            1,
-            1,
-            1,
-            0,
-            null,
-            std::ptr::null_mut(),
-            std::ptr::null_mut()
-        ),
-    )?;
+    launch(cuda, f, null)?;
     // The program goes idle: the watcher ends the token and waits for
     // GPU 0's kernel.
     std::thread::sleep(Duration::from_millis(300));
