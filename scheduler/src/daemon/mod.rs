@@ -335,6 +335,15 @@ impl Daemon {
             self.refresh_metrics();
         }
         info!("gem-schd stopping");
+        // What each group was charged, for the record (and for the tests'
+        // check that no kernel ran outside its group's tokens).
+        let now = self.now();
+        for c in self.policy.counters(now) {
+            info!(
+                "charged: group {:?} device {} {} us",
+                c.group, c.device, c.used_us
+            );
+        }
         // Tell the holder to let go of everything, and give the message
         // time to leave before the socket closes.
         let actions = self.policy.shutdown();

@@ -25,6 +25,8 @@ pub(super) struct GroupUse {
     pub(super) throttled_since: Option<Micros>,
     /// Tokens revoked.
     pub(super) revocations: u64,
+    /// Device time charged to the group since the scheduler started (µs).
+    pub(super) used_total: Micros,
 }
 
 impl GroupUse {
@@ -62,6 +64,7 @@ impl GroupUse {
         max_util: f64,
         cap: Micros,
     ) {
+        self.used_total = self.used_total.saturating_add(used);
         let at_grant = self.credit_now(granted_at.max(self.credit_at), max_util, cap);
         let earned = (now.saturating_sub(granted_at.max(self.credit_at)) as f64 * max_util) as i64;
         self.credit = at_grant

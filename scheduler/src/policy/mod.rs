@@ -325,6 +325,8 @@ pub struct GroupCounters {
     /// Tokens of the group revoked: not given back within their length
     /// and the grace.
     pub revocations: u64,
+    /// Device time charged to the group since the scheduler started (µs).
+    pub used_us: Micros,
 }
 
 #[derive(Debug, Default)]

@@ -15,6 +15,7 @@ impl Policy {
                     device,
                     throttled_us: g.throttled + open,
                     revocations: g.revocations,
+                    used_us: g.used_total,
                 });
             }
         }

@@ -1722,3 +1722,24 @@ fn a_wait_before_a_cpu_gap_announces_its_end_and_one_before_more_work_does_not()
         assert_eq!(without, 0, "no gap: no announcement");
     }
 }
+
+/// The accounts behind the harness's check that no kernel runs outside its
+/// group's tokens (issue 35): a group that trains for a second under the
+/// hook is read back with the device time its kernels ran and what the
+/// scheduler charged it (said as it stops), and they agree.
+#[test]
+fn a_group_s_device_time_and_its_charge_are_read_back_and_agree() {
+    let mut g = Gemini::start(SimEnv::default(), "[a]\n");
+    let mut args = vec!["--seconds", "1"];
+    args.extend_from_slice(gemini_tests::TRAINING_STEP);
+    finish(spawn(rust(&g, "a", &args)));
+    assert_eq!(g.device_accounts(), None, "not while the scheduler runs");
+    assert!(g.stop_scheduler(), "gem-schd stops on SIGTERM");
+    let accounts = g.device_accounts().expect("one scheduler run, stopped");
+    let a = accounts
+        .iter()
+        .find(|a| a.group == "a" && a.device == 0)
+        .expect("group a's account");
+    assert!(a.ran_ns > 100_000_000 && a.charged_ns > 100_000_000, "{a:?}");
+    assert_eq!(g.escapes(), Some(vec![]), "{a:?}");
+}
