@@ -90,7 +90,7 @@ test-gpu:
 	GEMINI_BIN_DIR=$(RELEASE_DIR) python3 tests/gpu/gpu_suite.py docs/gpu-results.md
 
 # A relocatable tarball of the release build for machines without Rust
-# (README.md, "Installing from the tarball"): target/dist/gemini-VERSION-ARCH-linux.tar.gz.
+# (README.md, "From the release tarball"): target/dist/gemini-VERSION-ARCH-linux.tar.gz.
 dist: release
 	scripts/dist.sh $(RELEASE_DIR) $(TARGET_DIR)/dist
 
@@ -131,6 +131,8 @@ install:
 	ln -sf libgemhook.so $(DESTDIR)$(PREFIX)/lib/libgemhook.so.1
 	for u in $(UNITS); do sed 's|@PREFIX@|$(PREFIX)|g' dist/$$u.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$u.service; done
 	install -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/gemini/README.md
+	install -d $(DESTDIR)$(PREFIX)/share/doc/gemini/docs
+	install -m 644 docs/*.md docs/*.svg $(DESTDIR)$(PREFIX)/share/doc/gemini/docs/
 	test -e $(DESTDIR)/etc/gemini/resource.conf || install -m 644 examples/resource.conf $(DESTDIR)/etc/gemini/resource.conf
 
 # Removes what `make install` put in place, but not /etc/gemini (the

@@ -7,7 +7,7 @@
 #   lib/        libgemhook.so (+ .so.1), the LD_PRELOAD hook
 #   lib/gemini/ the shared libraries the binaries need beyond glibc and
 #               libstdc++ (glib, pcre2), found through an $ORIGIN rpath
-#   share/gemini/  example resource.conf, systemd units, docs, the GPU suite
+#   share/gemini/  README, example resource.conf, systemd units, docs/, the GPU suite
 #   test-gpu    runs the GPU suite with these binaries
 #
 #   scripts/dist.sh RELEASE_DIR OUT_DIR
@@ -52,8 +52,8 @@ for l in "$stage"/lib/gemini/*; do [ -e "$l" ] && patchelf --set-rpath '$ORIGIN'
 
 cp dist/*.service "$stage/share/gemini/systemd/"
 cp examples/resource.conf "$stage/share/gemini/"
-cp README.md "$stage/share/gemini/docs/"
-cp docs/*.md "$stage/share/gemini/docs/"
+cp README.md "$stage/share/gemini/"
+cp docs/*.md docs/*.svg "$stage/share/gemini/docs/"
 cp tests/gpu/*.py "$stage/share/gemini/gpu/"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 cat >"$stage/test-gpu" <<SH

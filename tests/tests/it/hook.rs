@@ -1002,7 +1002,7 @@ fn bad_environment_values_are_reported() {
 /// hook bounds the work queued under a token by the time a launch takes,
 /// so the cap holds while the program runs and its work ends with it.
 /// (Two threads launching kernels of very different lengths are bounded
-/// by one estimate for both: see README, "Known limits".)
+/// by one estimate for both: see docs/how-it-works.md, "Known limits".)
 #[test]
 fn a_program_that_never_waits_is_held_to_its_cap() {
     let _serial = serial();
