@@ -17,7 +17,7 @@
 
 use crate::capture;
 use crate::driver;
-use crate::state::{self, Gate, lock};
+use crate::state::{self, Gate, Record, lock};
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
@@ -136,17 +136,6 @@ fn blocking(key: usize) -> bool {
     r == crate::cuda::CUDA_SUCCESS && flags & CU_STREAM_NON_BLOCKING == 0
 }
 
-/// Where an event was last recorded.
-#[derive(Debug, Clone, Copy)]
-pub struct Record {
-    /// Ordinal of the device whose gate counted the launches.
-    pub device: usize,
-    /// The stream (see [`stream_key`]).
-    pub stream: usize,
-    /// Launches admitted under that gate when it was recorded.
-    pub launches: u64,
-}
-
 /// `cuEventRecord[WithFlags]` of `event` onto `stream` by `call`: what the
 /// event's completion will prove done. A record into a capture makes a
 /// graph node and proves nothing now.
@@ -162,7 +151,7 @@ pub fn record(
     };
     // Asked of the driver before the lock: it is held only to update.
     let record = (r == crate::cuda::CUDA_SUCCESS && !capture::captured(stream, per_thread))
-        .then(crate::gate::current_device)
+        .then(state::current_device)
         .flatten()
         .map(|device| Record {
             device,

@@ -41,7 +41,7 @@ use crate::covers::{self, Covers};
 use crate::cuda::{CUDA_ERROR_NOT_PERMITTED, CUDA_SUCCESS};
 use crate::driver::{self, CUresult};
 use crate::log::debug;
-use crate::state::{self, Gate, MAX_GATES, State, lock};
+use crate::state::{self, Gate, MAX_GATES, State, current_device, lock};
 use crate::syncer;
 
 mod contexts;
@@ -56,19 +56,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 pub use waits::{waiting, waiting_on};
 use watcher::{STALL_NS, start_watcher};
-
-/// Device ordinal of the calling thread's current context. A process
-/// that sees one device needs no driver call to know it.
-#[inline]
-pub(crate) fn current_device() -> Option<usize> {
-    if state::current().is_some_and(|s| s.single_device) {
-        return Some(0);
-    }
-    let mut dev: i32 = -1;
-    // SAFETY: out-pointer to a local.
-    let r = unsafe { driver::ctx_get_device(&mut dev) };
-    (r == CUDA_SUCCESS && dev >= 0 && (dev as usize) < MAX_GATES).then_some(dev as usize)
-}
 
 /// Whether the calling thread has a current context.
 fn has_context() -> bool {
@@ -462,7 +449,13 @@ fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
     // to now (or to when the process went quiet) without waiting for its
     // work.
     let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
-    let synced = syncer::sync_within(dev, g, ctx, sync_bound(g, granted_at, t0));
+    let synced = syncer::sync_within(
+        dev,
+        g,
+        ctx,
+        sync_bound(g, granted_at, t0),
+        synchronize_device,
+    );
     let capturing = synced != Some(true);
     match synced {
         Some(true) => {}

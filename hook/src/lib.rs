@@ -2,28 +2,31 @@
 //! it intercepts the CUDA driver API so that a program's group gets the
 //! share of GPU time and the memory that `gem-schd` allows it.
 //!
-//! Layers, each using only those below it (no module cycles):
+//! Layers, each module using only those of lower layers (no cycles; the
+//! test `layers::every_module_uses_only_lower_layers` reads this list):
 //!
-//! 1. [`cuda`] (`CUresult` and every result code), [`clock`], [`log`],
-//!    [`elf`] (glibc's own `dlsym` and `dlvsym`, from libc's symbol
-//!    table), [`real`] (the real `dlsym`, libcuda and libnvidia-ml);
-//! 2. [`driver`] and [`nvml_lib`]: the real functions the hook calls for
+//! 1. [`cuda`] (`CUresult` and every result code), [`clock`], [`elf`]
+//!    (glibc's own `dlsym` and `dlvsym`, from libc's symbol table);
+//! 2. [`log`], [`real`] (the real `dlsym`, libcuda and libnvidia-ml);
+//! 3. [`driver`] and [`nvml_lib`]: the real functions the hook calls for
 //!    itself;
-//! 3. [`state`]: settings from the environment and all per-process data
-//!    (the gates, memory, captures, contexts), fork;
-//! 4. [`conn`] (the scheduler connection: a `gemini_client::Client`,
+//! 4. [`state`]: settings from the environment and all per-process data
+//!    (the gates, memory, captures, contexts, the synchronisation
+//!    threads' slots, event records), fork;
+//! 5. [`conn`] (the scheduler connection: a `gemini_client::Client`,
 //!    shared by threads, re-registering after a scheduler restart),
-//!    [`capture`] (stream captures open);
-//! 5. [`gpus`]: the scheduler's index of each ordinal, asked once;
+//!    [`capture`] (stream captures open), [`gpus`] (the scheduler's index
+//!    of each ordinal, asked once);
 //! 6. [`memory`] (allocations reserved against the group's
 //!    `MemoryLimit`, the group's view of memory queries), [`graphs`]
-//!    (graph launches timed with events);
-//!    then [`held`] (the memory the driver keeps for the process itself:
-//!    contexts, their limits, modules), which uses [`memory`];
-//! 7. [`gate`] (token-gated launches; fast path: an atomic compare),
-//!    [`graphmem`] (graph memory nodes), [`nvml`] (NVML's memory queries
-//!    in the group's view);
-//! 8. [`table`]: the one table of hooked entry points, which drives the
+//!    (graph launches timed with events), [`covers`] (what a completed
+//!    event or synchronisation proves done), [`syncer`] (waiting for a
+//!    device's work within a bound, on a thread of its own);
+//! 7. [`held`] (the memory the driver keeps for the process itself:
+//!    contexts, their limits, modules), [`graphmem`] (graph memory
+//!    nodes), [`nvml`] (NVML's queries in the group's view);
+//! 8. [`gate`] (token-gated launches; fast path: an atomic compare);
+//! 9. [`table`]: the one table of hooked entry points, which drives the
 //!    exported symbols, our `dlsym` and our `cuGetProcAddress[_v2]`.
 //!
 //! Environment: `GEMINI_GROUP_NAME` (unless a group's `Cgroups` places the process), `GEMINI_IPC_DIR`,
@@ -267,6 +270,9 @@ unsafe extern "C" fn gemhook_dlopen_note(file: *mut c_void, mode: *const c_char)
     }
     std::ptr::null_mut()
 }
+
+#[cfg(test)]
+mod layers;
 
 #[cfg(test)]
 mod tests {

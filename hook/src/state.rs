@@ -192,7 +192,7 @@ pub struct Gate {
     /// Held by whoever is acquiring or releasing the token.
     pub(crate) slow: Mutex<()>,
     /// Waits for the work launched under the token (see `syncer`).
-    pub(crate) syncer: crate::syncer::Syncer,
+    pub(crate) syncer: Syncer,
 }
 
 /// Per-process state.
@@ -266,7 +266,7 @@ pub struct State {
     /// limits, modules and libraries: (physical device, bytes charged).
     pub driver_objects: Mutex<HashMap<DriverObject, (u32, u64)>>,
     /// Where each event was last recorded (see `covers`).
-    pub events: Mutex<HashMap<usize, crate::covers::Record>>,
+    pub events: Mutex<HashMap<usize, Record>>,
 }
 
 /// What the driver keeps for one object: a context, a limit of one, a
@@ -376,4 +376,50 @@ pub fn get() -> &'static State {
             }
         }
     }
+}
+
+/// One device's synchronisation thread and what it was asked (run by
+/// [`crate::syncer`]).
+#[derive(Debug, Default)]
+pub struct Syncer {
+    pub(crate) slot: Mutex<SyncSlot>,
+    pub(crate) cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct SyncSlot {
+    /// Synchronisations asked for, and done.
+    pub(crate) asked: u64,
+    pub(crate) done: u64,
+    /// The context of the last one asked (see `gate::synchronize_device`).
+    pub(crate) ctx: usize,
+    /// Whether the last one done ran (not while a capture was open).
+    pub(crate) ran: bool,
+    /// The thread runs.
+    pub(crate) started: bool,
+}
+
+/// Where an event was last recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct Record {
+    /// Ordinal of the device whose gate counted the launches.
+    pub device: usize,
+    /// The stream (see `covers::stream_key`).
+    pub stream: usize,
+    /// Launches admitted under that gate when it was recorded.
+    pub launches: u64,
+}
+
+/// Device ordinal of the calling thread's current context. A process
+/// that sees one device needs no driver call to know it.
+#[inline]
+pub(crate) fn current_device() -> Option<usize> {
+    if current().is_some_and(|s| s.single_device) {
+        return Some(0);
+    }
+    let mut dev: i32 = -1;
+    // SAFETY: out-pointer to a local.
+    let r = unsafe { crate::driver::ctx_get_device(&mut dev) };
+    (r == crate::cuda::CUDA_SUCCESS && dev >= 0 && (dev as usize) < MAX_GATES)
+        .then_some(dev as usize)
 }

@@ -15,28 +15,12 @@
 
 use crate::state::{Gate, lock};
 use std::ffi::c_void;
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// One device's synchronisation thread and what it was asked.
-#[derive(Debug, Default)]
-pub struct Syncer {
-    slot: Mutex<Slot>,
-    cv: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct Slot {
-    /// Synchronisations asked for, and done.
-    asked: u64,
-    done: u64,
-    /// The context of the last one asked (see `gate::synchronize_device`).
-    ctx: usize,
-    /// Whether the last one done ran (not while a capture was open).
-    ran: bool,
-    /// The thread runs.
-    started: bool,
-}
+/// What waits for a device's work: `gate`'s synchronisation of every
+/// context the process has on ordinal `dev`, handed down so that this
+/// layer needs nothing above it.
+pub type SyncFn = fn(usize, *mut c_void);
 
 /// Waits for the process's work on ordinal `dev` (in `ctx` and its other
 /// contexts there) for at most `bound`. `Some(ran)` once done (`ran`:
@@ -47,16 +31,15 @@ pub fn sync_within(
     g: &'static Gate,
     ctx: *mut c_void,
     bound: Duration,
+    sync: SyncFn,
 ) -> Option<bool> {
     let s = &g.syncer;
     let deadline = Instant::now() + bound;
     let mut slot = lock(&s.slot);
-    if !slot.started && !start(dev, g) {
+    if !slot.started && !start(dev, g, sync) {
         // No thread: wait here, without a bound.
         drop(slot);
-        return Some(crate::capture::unless_capturing(|| {
-            crate::gate::synchronize_device(dev, ctx)
-        }));
+        return Some(crate::capture::unless_capturing(|| sync(dev, ctx)));
     }
     slot.started = true;
     let mut mine = None;
@@ -83,14 +66,14 @@ pub fn sync_within(
 }
 
 /// Starts `g`'s synchronisation thread.
-fn start(dev: usize, g: &'static Gate) -> bool {
+fn start(dev: usize, g: &'static Gate, sync: SyncFn) -> bool {
     std::thread::Builder::new()
         .name(format!("gemini-sync-{dev}"))
-        .spawn(move || run(dev, g))
+        .spawn(move || run(dev, g, sync))
         .is_ok()
 }
 
-fn run(dev: usize, g: &'static Gate) {
+fn run(dev: usize, g: &'static Gate, sync: SyncFn) {
     let s = &g.syncer;
     loop {
         let (n, ctx) = {
@@ -100,9 +83,7 @@ fn run(dev: usize, g: &'static Gate) {
             }
             (slot.asked, slot.ctx)
         };
-        let ran = crate::capture::unless_capturing(|| {
-            crate::gate::synchronize_device(dev, ctx as *mut c_void)
-        });
+        let ran = crate::capture::unless_capturing(|| sync(dev, ctx as *mut c_void));
         let mut slot = lock(&s.slot);
         slot.done = n;
         slot.ran = ran;

@@ -1740,6 +1740,9 @@ fn a_group_s_device_time_and_its_charge_are_read_back_and_agree() {
         .iter()
         .find(|a| a.group == "a" && a.device == 0)
         .expect("group a's account");
-    assert!(a.ran_ns > 100_000_000 && a.charged_ns > 100_000_000, "{a:?}");
+    assert!(
+        a.ran_ns > 100_000_000 && a.charged_ns > 100_000_000,
+        "{a:?}"
+    );
     assert_eq!(g.escapes(), Some(vec![]), "{a:?}");
 }
