@@ -1,0 +1,260 @@
+//! The hook and the scheduler: restarts, lost requests, refused or unknown groups, time-outs, bad settings.
+
+use super::*;
+
+#[test]
+fn scheduler_restart_leaves_workloads_running_and_capped() {
+    let _serial = serial();
+    let mut g = Gemini::start(
+        SimEnv::default(),
+        "[capped]\nMaxUtil=0.4\nMemoryLimit=1GiB\n",
+    );
+    let cpu = CpuTimes::now();
+    let t0 = now_ns();
+    let w = spawn(rust(
+        &g,
+        "capped",
+        &["--seconds", "8", "--kernel-us", "500", "--mem", "256MiB"],
+    ));
+    let c = spawn(c_prog(&g, "capped", &["-s", "8", "-k", "500"]));
+    std::thread::sleep(Duration::from_secs(2));
+    g.kill_scheduler();
+    std::thread::sleep(Duration::from_millis(500));
+    g.start_scheduler();
+    // The Rust workload re-registers its memory with the new scheduler.
+    g.wait_status(5.0, "memory re-registered", |s| {
+        s.devices
+            .first()
+            .is_some_and(|d| d.groups.iter().any(|x| x.memory_used == 256 << 20))
+    });
+    let (ow, oc) = (finish(w), finish(c));
+    let busy = g.sim.busy(0, t0 + 4 * SEC, t0 + 8 * SEC);
+    let total = busy.share(pid_of(&ow)) + busy.share(pid_of(&oc));
+    let counts = cpu.counts("group after the restart");
+    assert_capped("group after the restart", total, 0.40, 0.04, counts);
+}
+
+/// A scheduler that dies before reading what a client wrote loses it: the
+/// token request and the ping that checks on it. The client asks again
+/// (pings each second while unanswered) and finds the new scheduler; it
+/// used to wait for the lost ping's answer for ever.
+#[test]
+fn a_request_lost_with_a_killed_scheduler_is_asked_again() {
+    let _serial = serial();
+    let mut g = Gemini::start(SimEnv::default(), "[a]\nMaxUtil=0.5\n");
+    let mut w = spawn(rust(&g, "a", &["--seconds", "10", "--kernel-us", "500"]));
+    g.wait_status(10.0, "the client registered", |s| {
+        s.clients.iter().any(|c| c.pid == w.id())
+    });
+    let pid = g.scheduler_pid().expect("the scheduler runs") as i32;
+    // SAFETY: signals a child process of this test.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // The client's next request, and its ping a second later, wait unread.
+    std::thread::sleep(Duration::from_millis(2500));
+    g.kill_scheduler();
+    g.start_scheduler();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let mut back = false;
+    while Instant::now() < deadline && !back {
+        back = g
+            .try_status()
+            .is_some_and(|s| s.clients.iter().any(|c| c.pid == w.id()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if !back {
+        let _ = w.kill();
+        let out = w.wait_with_output().unwrap();
+        panic!(
+            "the client never came back to the new scheduler: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    finish(w);
+}
+
+#[test]
+fn unknown_or_missing_group_fails_cleanly_with_one_line() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let out = rust(&g, "nosuch", &["--seconds", "0.2"]).output().unwrap();
+    assert!(!out.status.success());
+    let lines = stderr_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("unknown group") && lines[0].contains(&g.conf().display().to_string()),
+        "{}",
+        lines[0]
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CUresult 800"));
+
+    let mut c = rust(&g, "a", &["--seconds", "0.2"]);
+    c.env_remove("GEMINI_GROUP_NAME");
+    let out = c.output().unwrap();
+    assert!(!out.status.success());
+    let lines = stderr_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("GEMINI_GROUP_NAME is not set"),
+        "{}",
+        lines[0]
+    );
+
+    let out = c_prog(&g, "nosuch", &["-s", "0.2"]).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(stderr_lines(&out).len(), 1);
+}
+
+#[test]
+fn absent_scheduler_is_reported_and_connect_timeout_gives_up() {
+    let mut g = Gemini::start(SimEnv::default(), "[a]\n");
+    g.kill_scheduler();
+    let mut c = rust(&g, "a", &["--seconds", "0.2"]);
+    c.env("GEMINI_CONNECT_TIMEOUT", "1s");
+    let start = Instant::now();
+    let out = c.output().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(!out.status.success());
+    let lines = stderr_lines(&out);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("no scheduler answers") && l.contains("gem-schd")),
+        "{lines:?}"
+    );
+    assert!(lines.iter().any(|l| l.contains("gave up")), "{lines:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CUresult 3"));
+}
+
+/// GEMINI_CONNECT_TIMEOUT bounds a scheduler's silence mid-run too: a
+/// program whose scheduler dies while it runs gives up after the timeout
+/// with one line and CUDA_ERROR_NOT_INITIALIZED (it used to wait forever).
+#[test]
+fn connect_timeout_gives_up_when_the_scheduler_dies_mid_run() {
+    let mut g = Gemini::start(SimEnv::default(), "[a]\nMaxUtil=0.5\n");
+    let mut c = rust(&g, "a", &["--seconds", "30", "--kernel-us", "500"]);
+    c.env("GEMINI_CONNECT_TIMEOUT", "2s");
+    let w = spawn(c);
+    std::thread::sleep(Duration::from_millis(800));
+    g.kill_scheduler();
+    let start = Instant::now();
+    let out = w.wait_with_output().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "still waiting after {:?}",
+        start.elapsed()
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("GEMINI_CONNECT_TIMEOUT") && err.contains("CUresult 3"),
+        "{err}"
+    );
+}
+
+/// A user the kernel refuses the scheduler's socket (not in its
+/// ipc_group) is told so, and a hooked program gives up with
+/// CUDA_ERROR_NOT_PERMITTED instead of waiting forever for "no
+/// scheduler". Runs as `nobody` through setpriv, so only as root.
+#[test]
+fn a_user_refused_the_socket_is_told_and_the_program_gives_up() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("SKIPPED: needs root and setpriv to run as another user");
+        return;
+    }
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    // The simulator's files are open to everyone; the IPC directory (0700,
+    // the daemon's) is not.
+    let _ = Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(g.sim.path())
+        .status();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(g.ipc(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let as_nobody = |c: Command| {
+        let prog = c.get_program().to_owned();
+        let args: Vec<_> = c.get_args().map(|a| a.to_owned()).collect();
+        let envs: Vec<_> = c
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+            .collect();
+        let mut n = Command::new("/usr/bin/setpriv");
+        n.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(prog)
+            .args(args)
+            .envs(envs);
+        n
+    };
+    let mut c = as_nobody(rust(&g, "a", &["--seconds", "1"]));
+    c.env("GEMINI_CONNECT_TIMEOUT", "30s");
+    let start = Instant::now();
+    let out = c.output().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "waited {:?}",
+        start.elapsed()
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("permission denied on")
+            && err.contains("ipc_group")
+            && err.contains("CUresult 800"),
+        "{err}"
+    );
+    let mut status = Command::new(gemini_tests::bin("gem-schd"));
+    status.arg("status").arg("--ipc-dir").arg(g.ipc());
+    let out = as_nobody(status).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("permission denied on") && !err.contains("is gem-schd running"),
+        "{err}"
+    );
+}
+
+#[test]
+fn program_started_before_the_scheduler_waits_for_it() {
+    let mut g = Gemini::start(SimEnv::default(), "[a]\nMaxUtil=0.5\n");
+    g.kill_scheduler();
+    let w = spawn(rust(&g, "a", &["--seconds", "2", "--kernel-us", "500"]));
+    std::thread::sleep(Duration::from_millis(1500));
+    g.start_scheduler();
+    let out = finish(w);
+    let r = &reports(&out.stdout)[0];
+    assert!(field(r, "kernels") > 100, "{r:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no scheduler answers"));
+}
+
+/// Environment values that do not parse are said, once each, instead of
+/// being silently dropped (`GEMINI_IDLE_MS=banana` used to mean 5 ms and
+/// `GEMINI_CONNECT_TIMEOUT=1sec` no limit, without a word; `1sec` is a
+/// duration now), and the program still runs with the defaults.
+#[test]
+fn bad_environment_values_are_reported() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    for (idle, timeout) in [("banana", "1 fortnight"), ("-5", "banana")] {
+        let mut c = rust(&g, "a", &["--seconds", "0.1"]);
+        c.env("GEMINI_IDLE_MS", idle)
+            .env("GEMINI_CONNECT_TIMEOUT", timeout);
+        let out = finish(spawn(c));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let idle_lines = err
+            .lines()
+            .filter(|l| l.contains(&format!("GEMINI_IDLE_MS={idle:?}: expected a duration")))
+            .count();
+        let timeout_lines = err
+            .lines()
+            .filter(|l| {
+                l.contains(&format!(
+                    "GEMINI_CONNECT_TIMEOUT={timeout:?}: expected a duration"
+                ))
+            })
+            .count();
+        assert_eq!((idle_lines, timeout_lines), (1, 1), "{err}");
+        assert!(field(&reports(&out.stdout)[0], "kernels") > 0);
+    }
+}
