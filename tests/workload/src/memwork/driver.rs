@@ -198,27 +198,29 @@ fn kernel(cuda: &Cuda, name: &std::ffi::CStr) -> anyhow::Result<Ptr> {
 }
 
 /// Launches `f` once (one block of one thread, no parameters) onto
-/// `stream`.
-fn launch(cuda: &Cuda, f: Ptr, stream: Ptr) -> anyhow::Result<()> {
-    check(
+/// `stream`: the driver's answer.
+fn launch_raw(cuda: &Cuda, f: Ptr, stream: Ptr) -> anyhow::Result<CUresult> {
+    Ok(call!(
+        cuda,
         "cuLaunchKernel",
-        call!(
-            cuda,
-            "cuLaunchKernel",
-            fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
-            f,
-            1,
-            1,
-            1,
-            1,
-            1,
-            1,
-            0,
-            stream,
-            std::ptr::null_mut(),
-            std::ptr::null_mut()
-        ),
-    )
+        fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
+        f,
+        1,
+        1,
+        1,
+        1,
+        1,
+        1,
+        0,
+        stream,
+        std::ptr::null_mut(),
+        std::ptr::null_mut()
+    ))
+}
+
+/// [`launch_raw`], which must succeed.
+fn launch(cuda: &Cuda, f: Ptr, stream: Ptr) -> anyhow::Result<()> {
+    check("cuLaunchKernel", launch_raw(cuda, f, stream)?)
 }
 
 /// In the current context: a module, 20 launches of a 1 ms kernel, a
@@ -390,24 +392,7 @@ pub(crate) fn capture_race(cuda: &Cuda, iterations: u64) -> anyhow::Result<()> {
     start(cuda, 0)?;
     let f = kernel(cuda, c"fixed_200us")?;
     let s = new_stream(cuda)?;
-    let launch = || -> anyhow::Result<CUresult> {
-        Ok(call!(
-            cuda,
-            "cuLaunchKernel",
-            fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
-            f,
-            1,
-            1,
-            1,
-            1,
-            1,
-            1,
-            0,
-            s,
-            std::ptr::null_mut(),
-            std::ptr::null_mut()
-        ))
-    };
+    let launch = || launch_raw(cuda, f, s);
     let mut rng = Rng(0x51_7cc1_b727_220a ^ u64::from(std::process::id()));
     let (mut invalidated, mut failed) = (0u64, 0u64);
     for _ in 0..iterations {
@@ -479,22 +464,7 @@ pub(crate) fn kernel_no_context(cuda: &Cuda, device: i32) -> anyhow::Result<()> 
     )?;
     let mut first_error = 0;
     for _ in 0..20 {
-        let r = call!(
-            cuda,
-            "cuLaunchKernel",
-            fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
-            kernel,
-            1,
-            1,
-            1,
-            1,
-            1,
-            1,
-            0,
-            s,
-            std::ptr::null_mut(),
-            std::ptr::null_mut()
-        );
+        let r = launch_raw(cuda, kernel, s)?;
         if r != 0 && first_error == 0 {
             first_error = r;
         }
