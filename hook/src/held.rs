@@ -128,12 +128,9 @@ pub fn around(
 /// `CUDA_ERROR_OUT_OF_MEMORY` before the driver takes anything) and kept;
 /// given back if it fails. No lock is held across `call`.
 fn charged_at(dev: Option<u32>, bytes: u64, call: impl FnOnce() -> CUresult) -> (CUresult, u64) {
-    let Some(dev) = dev else { return (call(), 0) };
-    let st = state::get();
-    if st.refused.load(Ordering::Acquire) != 0 {
+    let Some((_, device)) = chargeable(dev) else {
         return (call(), 0);
-    }
-    let device = st.physical(dev);
+    };
     if !grow(device, bytes) {
         return (CUDA_ERROR_OUT_OF_MEMORY, 0);
     }
@@ -143,6 +140,15 @@ fn charged_at(dev: Option<u32>, bytes: u64, call: impl FnOnce() -> CUresult) -> 
         return (r, 0);
     }
     (r, bytes)
+}
+
+/// The ordinal `dev` and its physical device, where what the driver keeps
+/// there is charged: a device is known and the scheduler has not refused
+/// the process.
+fn chargeable(dev: Option<u32>) -> Option<(u32, u32)> {
+    let dev = dev?;
+    let st = state::get();
+    (st.refused.load(Ordering::Acquire) == 0).then(|| (dev, st.physical(dev)))
 }
 
 /// Adds `bytes` to the group's charge for the driver's own memory on
@@ -163,12 +169,10 @@ fn around_if(
     call: impl FnOnce() -> CUresult,
     undo: impl FnOnce(),
 ) -> (CUresult, u64) {
-    let Some(dev) = dev else { return (call(), 0) };
-    let st = state::get();
-    if st.refused.load(Ordering::Acquire) != 0 {
+    let Some((dev, device)) = chargeable(dev) else {
         return (call(), 0);
-    }
-    let device = st.physical(dev);
+    };
+    let st = state::get();
     let _one = lock(&st.measuring);
     if !new() {
         return (call(), 0);
