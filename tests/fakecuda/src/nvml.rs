@@ -417,13 +417,14 @@ unsafe fn running_processes(
     if count.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    // A slow NVML (the real one enumerates processes in milliseconds):
-    // FAKECUDA_NVML_DELAY_MS.
-    if let Some(ms) = std::env::var("FAKECUDA_NVML_DELAY_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    // Each enumeration (milliseconds on a real NVML) is counted, one byte
+    // each in `nvml-enumerations`, for tests of who pays for them.
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(s.dir.join("nvml-enumerations"))
     {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
+        let _ = std::io::Write::write_all(&mut f, b".");
     }
     let procs = s.processes(dev);
     // SAFETY: non-null in/out count from the caller.

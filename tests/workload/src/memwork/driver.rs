@@ -323,6 +323,7 @@ pub(crate) fn loads(cuda: &Cuda, threads: u32, count: u32, image: u64) -> anyhow
     elf[0x28..0x30].copy_from_slice(&(image - u64::from(entsize)).to_le_bytes());
     elf[0x3a..0x3c].copy_from_slice(&entsize.to_le_bytes());
     elf[0x3c..0x3e].copy_from_slice(&num.to_le_bytes());
+    step("ready");
     let t = std::time::Instant::now();
     std::thread::scope(|s| -> anyhow::Result<()> {
         let handles: Vec<_> = (0..threads)

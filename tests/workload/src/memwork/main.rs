@@ -134,7 +134,7 @@ enum What {
     /// says how long the destruction took (`destroy_ms`)
     /// `--threads` threads each load `--count` cubins (ELF images of
     /// `--image` bytes, by their headers) in the primary context of GPU 0
-    /// at once: says how long that took (`loads_ms`)
+    /// at once (after step `ready`): says how long that took (`loads_ms`)
     Loads {
         #[arg(long, default_value = "8")]
         threads: u32,
