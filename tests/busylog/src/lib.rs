@@ -6,7 +6,9 @@
 //!
 //! A record is 24 bytes, little endian: start u64, end u64, pid u32,
 //! kind u32. Records are appended with one `write` on an `O_APPEND` file,
-//! so concurrent processes never interleave inside a record.
+//! so concurrent processes never interleave inside a record. A kernel is
+//! recorded when it is queued; a record of kind [`Kind::Gone`] later cuts
+//! the work of a process that died before it ran.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -29,6 +31,11 @@ pub enum Kind {
     Graph = 1,
     /// A cooperative kernel launch.
     Cooperative = 2,
+    /// Not work: the process `pid` was found dead at `start`, and the
+    /// work it had queued from then on never ran (the driver drops a
+    /// dead process's work). Readers ([`read`], [`read_tail`]) cut its
+    /// earlier records there and leave this one out.
+    Gone = 3,
 }
 
 /// One busy interval.
@@ -102,14 +109,50 @@ pub fn append(dir: &Path, device: u32, rec: &Record) -> std::io::Result<()> {
     f.write_all(&rec.to_bytes())
 }
 
-/// The whole records in `bytes`.
+/// The whole records in `bytes`, each process's work cut where a
+/// [`Kind::Gone`] record after it says the process died.
 fn decode_all(bytes: &[u8]) -> Vec<Record> {
-    bytes
+    let records: Vec<Record> = bytes
         .chunks_exact(RECORD)
         .map(|c| {
             let mut a = [0u8; RECORD];
             a.copy_from_slice(c);
             Record::from_bytes(&a)
+        })
+        .collect();
+    cut_at_death(records)
+}
+
+/// Applies the [`Kind::Gone`] records: a dead process's records before
+/// one end at its time (those that would start later go), and the `Gone`
+/// records go. Records after it (a new process of the same pid) stay.
+fn cut_at_death(records: Vec<Record>) -> Vec<Record> {
+    let gone = Kind::Gone as u32;
+    // Per pid, its deaths in log order: (index, time).
+    let mut deaths: BTreeMap<u32, Vec<(usize, u64)>> = BTreeMap::new();
+    for (i, r) in records.iter().enumerate().filter(|(_, r)| r.kind == gone) {
+        deaths.entry(r.pid).or_default().push((i, r.start));
+    }
+    if deaths.is_empty() {
+        return records;
+    }
+    records
+        .into_iter()
+        .enumerate()
+        .filter(|(_, r)| r.kind != gone)
+        .filter_map(|(i, mut r)| {
+            let death = deaths
+                .get(&r.pid)
+                .and_then(|d| d.iter().find(|&&(at, _)| at > i))
+                .map(|&(_, t)| t);
+            match death {
+                Some(t) if r.start >= t => None,
+                Some(t) => {
+                    r.end = r.end.min(t);
+                    Some(r)
+                }
+                None => Some(r),
+            }
         })
         .collect()
 }
@@ -243,6 +286,34 @@ mod tests {
         assert_eq!(got[0], a);
         assert!(read(&dir, 4).unwrap().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_dead_process_s_queued_work_is_cut_where_it_was_found_dead() {
+        let r = |start, end, pid, kind: Kind| Record {
+            start,
+            end,
+            pid,
+            kind: kind as u32,
+        };
+        let got = cut_at_death(vec![
+            r(0, 10, 1, Kind::Kernel),
+            r(10, 20, 2, Kind::Kernel),
+            r(20, 30, 1, Kind::Graph),
+            r(30, 40, 1, Kind::Kernel),
+            r(25, 25, 1, Kind::Gone),
+            // A later process that got pid 1 again.
+            r(50, 60, 1, Kind::Kernel),
+        ]);
+        assert_eq!(
+            got,
+            vec![
+                r(0, 10, 1, Kind::Kernel),
+                r(10, 20, 2, Kind::Kernel),
+                r(20, 25, 1, Kind::Graph),
+                r(50, 60, 1, Kind::Kernel),
+            ]
+        );
     }
 
     #[test]

@@ -63,7 +63,7 @@
 //! later ones use what the file says.
 
 use crate::types::*;
-use fakecuda_log::{Record, append, now_ns};
+use fakecuda_log::{Kind, Record, append, now_ns};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -72,7 +72,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 pub const MAX_DEVICES: usize = 16;
 const MAX_PROCS: usize = 1024;
-const MAGIC: u64 = 0x4641_4b45_4355_4402; // "FAKECUD" v2
+const MAGIC: u64 = 0x4641_4b45_4355_4403; // "FAKECUD" v3
 
 #[repr(C)]
 struct Slot {
@@ -81,6 +81,8 @@ struct Slot {
     /// `fakecuda_log::groups::tag_hash` of the process's `FAKECUDA_TAG`.
     tag: AtomicU64,
     mem: [AtomicU64; MAX_DEVICES],
+    /// Per device, the end of the process's last queued work (ns).
+    booked: [AtomicU64; MAX_DEVICES],
 }
 
 #[repr(C)]
@@ -441,17 +443,22 @@ impl Sim {
                 sleep_until(first);
             }
         }
-        let busy = &self.shared.busy_until[dev];
-        let (start, end) = loop {
-            let cur = busy.load(Ordering::Acquire);
-            let start = now_ns().max(cur).max(tail.load(Ordering::Acquire));
-            let end = start + dur_ns;
-            if busy
-                .compare_exchange(cur, end, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                break (start, end);
+        let (start, end) = {
+            let _g = lock(&self.mem_lock);
+            let _f = FileLock::new(&self.file);
+            let busy = &self.shared.busy_until[dev];
+            let now = now_ns();
+            let mut cur = busy.load(Ordering::Acquire);
+            if cur > now {
+                cur = self.drop_dead_work(dev, now);
             }
+            let start = now.max(cur).max(tail.load(Ordering::Acquire));
+            let end = start + dur_ns;
+            busy.store(end, Ordering::Release);
+            if let Some(slot) = self.my_slot() {
+                slot.booked[dev].fetch_max(end, Ordering::AcqRel);
+            }
+            (start, end)
         };
         tail.fetch_max(end, Ordering::AcqRel);
         self.last_end[dev].fetch_max(end, Ordering::AcqRel);
@@ -471,6 +478,46 @@ impl Sim {
         end
     }
 
+    /// Drops the work that dead processes queued on `dev` (the real driver
+    /// tears a dead process's contexts down, and its queued work never
+    /// runs): each gets a [`Kind::Gone`] record at `now` in the busy log.
+    /// Returns when the work of the living ends. Called under the locks.
+    fn drop_dead_work(&self, dev: usize, now: u64) -> u64 {
+        let mut live = now;
+        for s in &self.shared.slots {
+            let booked = s.booked[dev].load(Ordering::Acquire);
+            if booked <= now {
+                continue;
+            }
+            let p = s.pid.load(Ordering::Relaxed);
+            if p == self.pid || (p != 0 && pid_alive(p)) {
+                live = live.max(booked);
+            } else {
+                self.forget_work(s, p, now);
+            }
+        }
+        live
+    }
+
+    /// Process `pid` of `slot` is dead (0: its slot was freed): the work
+    /// it had queued from `now` on never runs. Called under the locks.
+    fn forget_work(&self, slot: &Slot, pid: u32, now: u64) {
+        for (dev, b) in slot.booked.iter().enumerate() {
+            if b.swap(0, Ordering::AcqRel) > now && pid != 0 {
+                let _ = append(
+                    &self.dir,
+                    dev as u32,
+                    &Record {
+                        start: now,
+                        end: now,
+                        pid,
+                        kind: Kind::Gone as u32,
+                    },
+                );
+            }
+        }
+    }
+
     fn my_slot(&self) -> Option<&Slot> {
         let slots = &self.shared.slots;
         if let Some(s) = slots
@@ -483,6 +530,7 @@ impl Sim {
             let p = s.pid.load(Ordering::Relaxed);
             p == 0 || !pid_alive(p)
         })?;
+        self.forget_work(free, free.pid.load(Ordering::Relaxed), now_ns());
         for m in &free.mem {
             m.store(0, Ordering::Relaxed);
         }
@@ -501,6 +549,7 @@ impl Sim {
                 continue;
             }
             if p != self.pid && !pid_alive(p) {
+                self.forget_work(s, p, now_ns());
                 s.pid.store(0, Ordering::Relaxed);
                 continue;
             }

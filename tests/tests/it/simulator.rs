@@ -127,6 +127,69 @@ fn allocation_beyond_device_memory_fails_and_mem_info_stays_consistent() {
     assert_eq!(field(r, "free"), 1 << 30);
 }
 
+/// As the real driver tears a dead process's contexts down, the work it
+/// had queued never runs: a process killed with 50 s of 100 ms kernels
+/// queued (it never waits) leaves the device to the next process at
+/// once, and the busy log cuts its work where the simulator found it
+/// dead (before, the queue ran on for 50 s after it, and was logged as
+/// its work).
+#[test]
+fn a_killed_process_s_queued_work_never_runs() {
+    let sim = SimEnv::new(1, "1GiB");
+    let mut c = sim.workload();
+    c.args(["--seconds", "30", "--kernel-us", "100000"])
+        .env("FAKECUDA_QUEUE_DEPTH", "500")
+        .stdout(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let dead = child.id();
+    // Until its queue is long.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sim
+        .busy(0, 0, u64::MAX)
+        .per_pid
+        .get(&dead)
+        .copied()
+        .unwrap_or(0)
+        < 20 * SEC
+    {
+        assert!(std::time::Instant::now() < deadline, "it never queued 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut next = sim.workload();
+    next.args([
+        "--seconds",
+        "0.001",
+        "--iter-kernels",
+        "1",
+        "--kernel-us",
+        "1000",
+    ]);
+    let out = run(next);
+    let after = pids(&[&out])[0];
+    let recs = fakecuda_log::read(&sim.sim_dir(), 0).unwrap();
+    let first_after = recs
+        .iter()
+        .filter(|r| r.pid == after)
+        .map(|r| r.start)
+        .min()
+        .expect("the next process's kernel is logged");
+    let dead_end = recs
+        .iter()
+        .filter(|r| r.pid == dead)
+        .map(|r| r.end)
+        .max()
+        .expect("the killed process's kernels are logged");
+    assert!(
+        dead_end <= first_after,
+        "the killed process's work ends {} ms after the next one's starts",
+        (dead_end - first_after) / 1_000_000
+    );
+    let ran = sim.busy(0, 0, u64::MAX).per_pid[&dead];
+    assert!(ran < 20 * SEC, "its queue ran {} s", ran / SEC);
+}
+
 #[test]
 fn memory_of_several_processes_adds_up_and_dies_with_them() {
     let sim = SimEnv::new(1, "1GiB");
