@@ -56,6 +56,10 @@ fn main() -> std::io::Result<()> {
             bytes: 1 << 30,
         },
         Request::HolderPoll { wait_us: 100_000 },
+        Request::LateUsage {
+            device: 1,
+            used_us: 2_500,
+        },
         Request::Reserve {
             group: "a".into(),
             gpus: GpuRequest::Ids(vec![0, 2]),

@@ -158,6 +158,10 @@ mod tests {
                 bytes: 1 << 30,
             },
             Request::HolderPoll { wait_us: 100_000 },
+            Request::LateUsage {
+                device: 1,
+                used_us: 2_500,
+            },
             Request::Reserve {
                 group: "train".into(),
                 gpus: crate::GpuRequest::Count(2),

@@ -180,6 +180,19 @@ pub enum Request {
         /// Bytes the context took.
         bytes: u64,
     },
+    /// Work the client launched under a token it has already reported
+    /// (its end did not wait for that work: the work outlasted the bound
+    /// a token's end waits, or waited for another process) ran on for
+    /// `used_us` after that report, up to now (or to when the client was
+    /// granted the device again, whose token covers the rest). Charged to
+    /// the client's group as device time it used, not counted again for
+    /// the holder of the token it ran in. Reply: [`Reply::Done`].
+    LateUsage {
+        /// The device.
+        device: DeviceId,
+        /// Device time used past the last report, in microseconds.
+        used_us: u64,
+    },
 }
 
 /// Scheduler → client.

@@ -293,6 +293,9 @@ struct Client {
     memory: BTreeMap<DeviceId, u64>,
     /// Per device, the last grant not yet charged: (granted_at, quota).
     uncharged: BTreeMap<DeviceId, (Micros, Micros)>,
+    /// Per device, the end of the device time last charged to it: a late
+    /// report ([`Request::LateUsage`]) is charged from there on, not twice.
+    charged_until: BTreeMap<DeviceId, Micros>,
 }
 
 #[derive(Debug, Clone)]
@@ -501,15 +504,20 @@ impl Policy {
             dev.waiters.retain(|w| w.client != client);
             if dev.token.as_ref().is_some_and(|t| t.client == client) {
                 dev.token = None;
-                // It cannot report any more: charge the time it held the
-                // token, up to its quota.
-                if let Some((granted_at, quota)) = c.uncharged.get(device) {
-                    let used = now.saturating_sub(*granted_at).min(*quota);
-                    let g = dev.groups.entry(c.group.clone()).or_default();
-                    g.usage.add(*granted_at, granted_at + used);
-                    g.charge(*granted_at, now, used, max_util, self.params.saved_credit());
-                    dev.busy.add(*granted_at, granted_at + used);
-                }
+            }
+            // It cannot report any more: charge the time from its last
+            // grant to its end (the driver drops a dead process's work),
+            // as long as a token may be held (its quota and the grace),
+            // whether or not the token was revoked meanwhile. A process
+            // that exits after its last wait is charged that wait's work.
+            if let Some(&(granted_at, quota)) = c.uncharged.get(device) {
+                let used = now
+                    .saturating_sub(granted_at)
+                    .min(quota.saturating_add(self.params.grace));
+                let g = dev.groups.entry(c.group.clone()).or_default();
+                g.usage.add(granted_at, granted_at + used);
+                g.charge(granted_at, now, used, max_util, self.params.saved_credit());
+                dev.busy.add(granted_at, granted_at + used);
             }
         }
         // A process that exits while its group waits for nothing leaves the

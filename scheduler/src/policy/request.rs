@@ -163,6 +163,17 @@ impl Policy {
                 self.note_away(client, device, now);
                 reply(Reply::Done);
             }
+            Request::LateUsage { device, used_us } => {
+                if role == Role::Control {
+                    reply(error(
+                        ErrorKind::Unexpected,
+                        "a control connection has no device time to report",
+                    ));
+                    return;
+                }
+                self.late(client, device, used_us, now);
+                reply(Reply::Done);
+            }
             Request::Quieting { device, done_in_us } => {
                 self.quieting(client, device, done_in_us, now);
                 reply(Reply::Done);
@@ -305,6 +316,7 @@ impl Policy {
                 pid,
                 memory,
                 uncharged: BTreeMap::new(),
+                charged_until: BTreeMap::new(),
             },
         );
         Reply::Welcome {

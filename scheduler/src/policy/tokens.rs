@@ -56,12 +56,16 @@ impl Policy {
         // Work reported before that began before this grant and ran past it
         // (a lent token's overrun, reported late; a renewed lent token's
         // last work, reported ahead) held the device: the time this client
-        // waited behind it, or ran after it, is charged once.
+        // waited behind it, or ran after it, is charged once. So is
+        // another client's late work that began as this token was granted.
         let start = match dev.last_report {
-            Some((_, s, e)) if s < granted_at => e.clamp(granted_at, end),
+            Some((who, s, e)) if s < granted_at || (s == granted_at && who != client) => {
+                e.clamp(granted_at, end)
+            }
             _ => granted_at,
         };
         dev.last_report = Some((client, start, end));
+        c.charged_until.insert(device, end);
         let used = end - start;
         let g = match dev.groups.get_mut(&c.group) {
             Some(g) => g,
@@ -69,6 +73,53 @@ impl Policy {
         };
         g.usage.add(start, end);
         g.charge(granted_at, now, used, max_util, cap);
+        dev.busy.add(start, end);
+    }
+
+    /// Charges work of `client` that ran on `device` for `used` µs up to
+    /// `now` after its last report ([`Request::LateUsage`]): from the end
+    /// of what it was last charged there (never twice), to now or to the
+    /// grant of the token it holds now (which charges the rest). The token
+    /// that work ran in is charged to its holder from the work's end on
+    /// (as a lent token's overrun reported late is): on the device, the
+    /// holder's kernels queued behind it. Ignored where the client was
+    /// never charged on the device.
+    pub(super) fn late(&mut self, client: ClientId, device: DeviceId, used: Micros, now: Micros) {
+        let Policy {
+            clients,
+            devices,
+            config,
+            retired,
+            params,
+            ..
+        } = self;
+        let Some(c) = clients.get_mut(&client) else {
+            return;
+        };
+        let Some(&until) = c.charged_until.get(&device) else {
+            return;
+        };
+        let start = now.saturating_sub(used).max(until);
+        let end = c
+            .uncharged
+            .get(&device)
+            .map_or(now, |&(granted_at, _)| granted_at.min(now));
+        if end <= start {
+            return;
+        }
+        c.charged_until.insert(device, end);
+        let max_util = limits(config, retired, &c.group).max_util;
+        let cap = params.saved_credit();
+        let dev = devices.entry(device).or_default();
+        if dev.last_report.is_none_or(|(_, _, e)| e < end) {
+            dev.last_report = Some((client, start, end));
+        }
+        let g = match dev.groups.get_mut(&c.group) {
+            Some(g) => g,
+            None => dev.groups.entry(c.group.clone()).or_default(),
+        };
+        g.usage.add(start, end);
+        g.charge(start, now, end - start, max_util, cap);
         dev.busy.add(start, end);
     }
 

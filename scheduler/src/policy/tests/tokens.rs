@@ -416,3 +416,96 @@ fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
         .unwrap();
     assert!((hi.share - 21.0 / 22.0).abs() < 1e-9, "{hi:?}");
 }
+
+/// A token's end did not wait for its work (it outlasted the bound, or
+/// waited for another process): the work that ran on after the report
+/// is charged to its group when the client reports it late, once, and
+/// not to the group whose token it ran in.
+#[test]
+fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[hi]\nMinUtil=0.5\n[lo]\nMinUtil=0.5\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    control(&mut p, 3);
+    // Before any report there is nothing to be late about: ignored.
+    assert_eq!(
+        ask(
+            &mut p,
+            1,
+            Request::LateUsage {
+                device: 0,
+                used_us: 50 * MS
+            }
+        ),
+        Reply::Done
+    );
+    assert!(p.counters(0).is_empty(), "nothing charged");
+    send(&mut p, 1, acquire(0), 0);
+    assert!(send(&mut p, 2, acquire(0), 0).is_empty());
+    // hi reports 10 ms and gives the token back, its work still running;
+    // lo gets the device at once.
+    let r = send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 10 * MS,
+        },
+        10 * MS,
+    );
+    let r: Vec<_> = r.into_iter().filter(|(c, ..)| *c == 2).collect();
+    assert_eq!(token(&r).map(|t| t.0), Some(2));
+    // hi's work ran on 8 ms; it says so at 18 ms. A report claiming more
+    // than the time since its last charge counts from that charge only.
+    send(
+        &mut p,
+        1,
+        Request::LateUsage {
+            device: 0,
+            used_us: 8 * MS,
+        },
+        18 * MS,
+    );
+    send(
+        &mut p,
+        1,
+        Request::LateUsage {
+            device: 0,
+            used_us: 30 * MS,
+        },
+        18 * MS,
+    );
+    // lo held the token from 10 to 30 ms; its kernels queued behind hi's
+    // last work: charged 12 ms, not 20.
+    send(
+        &mut p,
+        2,
+        Request::ReleaseToken {
+            device: 0,
+            used_us: 20 * MS,
+        },
+        30 * MS,
+    );
+    let counters = p.counters(30 * MS);
+    let used = |g: &str| {
+        counters
+            .iter()
+            .find(|x| x.group == g && x.device == 0)
+            .map(|x| x.used_us)
+    };
+    assert_eq!(used("hi"), Some(18 * MS));
+    assert_eq!(used("lo"), Some(12 * MS));
+    // A control connection has no device time.
+    assert_eq!(
+        kind(&ask(
+            &mut p,
+            3,
+            Request::LateUsage {
+                device: 0,
+                used_us: 1
+            }
+        )),
+        Some(ErrorKind::Unexpected)
+    );
+}
