@@ -45,6 +45,7 @@ use crate::state::{self, Gate, MAX_GATES, State, current_device, lock};
 use crate::syncer;
 
 mod contexts;
+mod late;
 mod waits;
 mod watcher;
 
@@ -104,9 +105,9 @@ pub fn admit_graph(
     if capture::captured(stream, per_thread) {
         return Ok(InCall(None));
     }
-    let cost = crate::graphs::cost(exec).unwrap_or(0);
+    let cost = crate::graphs::cost(exec).unwrap_or(UNKNOWN_GRAPH);
     let call = admit_cost(stream, per_thread, cost)?;
-    if let (Some(g), true) = (call.0, cost != 0) {
+    if let (Some(g), true) = (call.0, cost != UNKNOWN_GRAPH) {
         g.graph_launches.fetch_add(1, Ordering::Relaxed);
         g.graph_ns.fetch_add(cost, Ordering::Relaxed);
     }
@@ -285,6 +286,16 @@ impl Gate {
     /// predicted device time (ns), 0 for the usual per launch.
     #[inline]
     fn queue_ahead(&self, now: u64, cost: u64) -> bool {
+        if cost == UNKNOWN_GRAPH {
+            // Onto an empty queue only, and it fills the token.
+            let quota_end = self.quota_end.load(Ordering::Relaxed);
+            return self
+                .queued_end
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |queued| {
+                    (queued <= now).then_some(quota_end.max(now + 1))
+                })
+                .is_ok();
+        }
         let per = self.per_launch(cost);
         if per == 0 {
             let limit = if self.lent.load(Ordering::Relaxed) {
@@ -305,10 +316,16 @@ impl Gate {
 
     /// The predicted device time of a launch (ns; 0: not known): `cost`
     /// if given, else the estimate of the token's kind (see
-    /// `kernel_hi_ns`).
+    /// `kernel_hi_ns`); a graph not timed yet fills the token.
     #[inline]
     fn per_launch(&self, cost: u64) -> u64 {
-        if cost != 0 {
+        if cost == UNKNOWN_GRAPH {
+            let quota = self
+                .quota_end
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.granted_at.load(Ordering::Relaxed));
+            quota.max(1)
+        } else if cost != 0 {
             cost
         } else if self.lent.load(Ordering::Relaxed) {
             self.kernel_ns.load(Ordering::Relaxed)
@@ -348,6 +365,39 @@ impl Gate {
         fold(&self.kernel_ns, sample, lean_low);
         fold(&self.kernel_hi_ns, sample, lean_high);
     }
+
+    /// A token's end waited for its launches up to `now` and they were
+    /// not done: each takes longer than the time since the sample began
+    /// over their number. The estimates rise to that at once. Without it
+    /// a program that never waits, with kernels longer than the wait's
+    /// bound, was never measured: every token admitted the few launches
+    /// of an unknown time on top of a queue that never drained (100 ms
+    /// kernels: 2.5 s queued past its tokens after 4 s).
+    fn learn_kernel_at_least(&self, now: u64) {
+        let start = self.sample_start.load(Ordering::Relaxed);
+        if start == 0 || now <= start {
+            return;
+        }
+        // As `learn_kernel` counts: graph launches of known cost left out.
+        let since = |total: &AtomicU64, at: &AtomicU64| {
+            total
+                .load(Ordering::Relaxed)
+                .saturating_sub(at.load(Ordering::Relaxed))
+        };
+        let graphs = since(&self.graph_launches, &self.sample_graphs);
+        let graph_ns = since(&self.graph_ns, &self.sample_graph_ns);
+        let n = self
+            .launches()
+            .saturating_sub(self.sample_launches.load(Ordering::Relaxed))
+            .saturating_sub(graphs);
+        if n == 0 {
+            return;
+        }
+        let blocked = since(&self.blocked, &self.sample_blocked);
+        let floor = (now - start).saturating_sub(blocked + graph_ns) / n;
+        self.kernel_ns.fetch_max(floor.max(1), Ordering::Relaxed);
+        self.kernel_hi_ns.fetch_max(floor.max(1), Ordering::Relaxed);
+    }
 }
 
 /// Folds `sample` into the estimate in `slot` with `lean` (the first
@@ -369,6 +419,13 @@ fn lean_high(avg: u64, sample: u64) -> u64 {
         avg - (avg - sample) / 8
     }
 }
+
+/// The cost of a launch of a graph not timed yet (see `graphs`): it may
+/// run for many milliseconds (a captured step of hundreds of kernels), so
+/// it is admitted only onto an empty queue, and no more launches under
+/// the same token. Counted as an ordinary launch, 40 launches of a 20 ms
+/// graph queued 800 ms under a 30 ms token, before the first was timed.
+const UNKNOWN_GRAPH: u64 = u64::MAX;
 
 /// Launches admitted per token while the device time per launch is not
 /// known (see `Gate::queue_ahead`). Few: a program of 50 ms kernels
@@ -438,17 +495,21 @@ fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
         return None;
     }
     let t0 = now_ns();
+    let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
     if let Settle::Stalled = why {
         // What the waits learn from now on spans the stall, not launches.
         g.sample_start.store(0, Ordering::Relaxed);
+        // The work goes on without the token: charged late, once done.
+        if let Err(ticket) = syncer::sync_within(dev, g, ctx, Duration::ZERO, synchronize_device) {
+            late::begin(g, t0, ticket);
+        }
         return Some(t0.saturating_sub(granted_at) / 1000);
     }
     // A capture is open: any synchronisation would fail and invalidate
     // the program's capture. Or the work outlasts the bound: it waits for
     // another process (see `syncer`). Either way the token is accounted up
     // to now (or to when the process went quiet) without waiting for its
-    // work.
-    let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
+    // work; work that outlasted the bound is charged late, once done.
     let synced = syncer::sync_within(
         dev,
         g,
@@ -456,18 +517,24 @@ fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
         sync_bound(g, granted_at, t0),
         synchronize_device,
     );
-    let capturing = synced != Some(true);
+    let capturing = synced != Ok(true);
+    let mut pending = None;
     match synced {
-        Some(true) => {}
-        Some(false) => {
+        Ok(true) => {}
+        Ok(false) => {
             debug!("a capture is open: token accounted without waiting for its work ({why:?})")
         }
-        None => {
+        Err(ticket) => {
             debug!(
-                "device {dev}: the work outlasts its prediction: token accounted without waiting for it ({why:?})"
+                "device {dev}: the work outlasts its prediction: token accounted without waiting for it, the rest charged once done ({why:?})"
             );
+            if matches!(why, Settle::RanOut) {
+                // The launches took longer than predicted: at least this.
+                g.learn_kernel_at_least(now_ns());
+            }
             // What the waits learn next spans the wait, not launches.
             g.sample_start.store(0, Ordering::Relaxed);
+            pending = Some(ticket);
         }
     }
     let t1 = now_ns();
@@ -501,6 +568,9 @@ fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
                 Ordering::Relaxed,
             );
         }
+    }
+    if let Some(ticket) = pending {
+        late::begin(g, end, ticket);
     }
     Some(end.saturating_sub(granted_at) / 1000)
 }
@@ -619,8 +689,13 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             g.lent.store(lent, Ordering::Relaxed);
             // The launch that asked goes first, onto an empty queue (or
             // behind the work a renewed lent token left).
+            let first = if cost == UNKNOWN_GRAPH {
+                quota_us * 1000 // a graph not timed yet fills the token
+            } else {
+                g.per_launch(cost)
+            };
             g.queued_end
-                .store(t.max(queue_end) + g.per_launch(cost), Ordering::Relaxed);
+                .store(t.max(queue_end) + first, Ordering::Relaxed);
             g.unknown_launches.store(1, Ordering::Relaxed);
             // A program that never waits is measured over its tokens.
             g.begin_sample(t);
@@ -648,6 +723,15 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
                 g.kernel_ns.load(Ordering::Relaxed) / 1000
             );
             start_watcher(st);
+            // Work still running from an earlier token is covered by
+            // this one from its grant on: what ran before is charged now.
+            if late::close(st, dev, g, t) {
+                // That work has outlasted every prediction: the token
+                // admits nothing more (but the launch that asked) until
+                // a token's end has seen it done. Else each token would
+                // queue its quota on top of a queue that never drains.
+                g.queued_end.store(t + quota, Ordering::Relaxed);
+            }
             Ok(())
         }
         Reply::Error(e) if e.kind == gemini_protocol::ErrorKind::PermissionDenied => {

@@ -189,6 +189,11 @@ pub struct Gate {
     /// a little after their token.
     pub(crate) quiet_end: AtomicU64,
     pub(crate) quiet_bias: AtomicI64,
+    /// Work reported at a token's end without waiting for it (see
+    /// `gate::late`): since when it runs on uncharged (ns; 0: none), and
+    /// the synchronisation (`syncer`) whose end says it is done.
+    pub(crate) late_since: AtomicU64,
+    pub(crate) late_ticket: AtomicU64,
     /// Held by whoever is acquiring or releasing the token.
     pub(crate) slow: Mutex<()>,
     /// Waits for the work launched under the token (see `syncer`).
@@ -395,6 +400,8 @@ pub(crate) struct SyncSlot {
     pub(crate) ctx: usize,
     /// Whether the last one done ran (not while a capture was open).
     pub(crate) ran: bool,
+    /// When the last one was done (ns).
+    pub(crate) done_at: u64,
     /// The thread runs.
     pub(crate) started: bool,
 }

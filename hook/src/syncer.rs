@@ -23,46 +23,51 @@ use std::time::{Duration, Instant};
 pub type SyncFn = fn(usize, *mut c_void);
 
 /// Waits for the process's work on ordinal `dev` (in `ctx` and its other
-/// contexts there) for at most `bound`. `Some(ran)` once done (`ran`:
-/// false where a capture was open, and nothing was synchronised); `None`
-/// if it was not done in time: it goes on without the caller.
+/// contexts there) for at most `bound`. `Ok(ran)` once done (`ran`:
+/// false where a capture was open, and nothing was synchronised);
+/// `Err(ticket)` if it was not done in time: it goes on without the
+/// caller, and [`finished`] with `ticket` says when it is done.
 pub fn sync_within(
     dev: usize,
     g: &'static Gate,
     ctx: *mut c_void,
     bound: Duration,
     sync: SyncFn,
-) -> Option<bool> {
+) -> Result<bool, u64> {
     let s = &g.syncer;
     let deadline = Instant::now() + bound;
     let mut slot = lock(&s.slot);
     if !slot.started && !start(dev, g, sync) {
         // No thread: wait here, without a bound.
         drop(slot);
-        return Some(crate::capture::unless_capturing(|| sync(dev, ctx)));
+        return Ok(crate::capture::unless_capturing(|| sync(dev, ctx)));
     }
     slot.started = true;
-    let mut mine = None;
+    // One still running covers only older work: the thread runs this one
+    // after it (all of the device's contexts are synchronised either way).
+    slot.asked += 1;
+    slot.ctx = ctx as usize;
+    let mine = slot.asked;
+    s.cv.notify_all();
     loop {
-        match mine {
-            Some(n) if slot.done >= n => return Some(slot.ran),
-            // An earlier one still runs: it covers only older work.
-            None if slot.asked == slot.done => {
-                slot.asked += 1;
-                slot.ctx = ctx as usize;
-                mine = Some(slot.asked);
-                s.cv.notify_all();
-            }
-            _ => {}
+        if slot.done >= mine {
+            return Ok(slot.ran);
         }
         let now = Instant::now();
         if now >= deadline {
-            return None;
+            return Err(mine);
         }
         slot =
             s.cv.wait_timeout(slot, deadline - now)
                 .map_or_else(|p| p.into_inner().0, |(g, _)| g);
     }
+}
+
+/// When the synchronisation `ticket` of [`sync_within`] (or a later one)
+/// was done (ns), `None` while it runs.
+pub fn finished(g: &Gate, ticket: u64) -> Option<u64> {
+    let slot = lock(&g.syncer.slot);
+    (slot.done >= ticket).then_some(slot.done_at)
 }
 
 /// Starts `g`'s synchronisation thread.
@@ -87,6 +92,7 @@ fn run(dev: usize, g: &'static Gate, sync: SyncFn) {
         let mut slot = lock(&s.slot);
         slot.done = n;
         slot.ran = ran;
+        slot.done_at = crate::clock::now_ns();
         s.cv.notify_all();
     }
 }

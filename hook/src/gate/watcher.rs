@@ -91,6 +91,7 @@ fn watch(st: &'static State) {
             return; // forked child: this state is not ours any more
         }
         for (dev, g) in st.gates.iter().enumerate() {
+            late::report_done(st, dev, g);
             let now = now_ns();
             let entered = g.entered.load(Ordering::Acquire);
             let busy = entered != g.exited.load(Ordering::Acquire);

@@ -413,3 +413,75 @@ fn a_group_s_device_time_and_its_charge_are_read_back_and_agree() {
     );
     assert_eq!(g.escapes(), Some(vec![]), "{a:?}");
 }
+
+/// The kernels of a group against what it was charged, once its
+/// scheduler has stopped: (ran, charged) in ms on GPU 0.
+fn ran_and_charged(g: &mut Gemini, group: &str) -> (f64, f64) {
+    assert!(g.stop_scheduler(), "gem-schd stops on SIGTERM");
+    let accounts = g.device_accounts().expect("one scheduler run, stopped");
+    let a = accounts
+        .iter()
+        .find(|a| a.group == group && a.device == 0)
+        .expect("the group's account");
+    (a.ran_ns as f64 / 1e6, a.charged_ns as f64 / 1e6)
+}
+
+/// A graph's first launches, before one has been timed, queue no more
+/// than the token they are launched under: one launch onto an empty
+/// queue, and the token is full. Counted as ordinary launches of the
+/// kernels the program ran before (0.5 ms), 40 launches of a 20 ms graph
+/// queued 800 ms under a 30 ms token; the device ran 1024 ms of the
+/// group's work in a 0.3 s program, and 540 ms of it was charged to no
+/// one.
+#[test]
+fn a_graph_not_yet_timed_queues_no_more_than_its_token() {
+    let mut g = Gemini::start(SimEnv::default(), "[a]\n");
+    let out = finish(spawn(rust(
+        &g,
+        "a",
+        &[
+            "--capture",
+            "40",
+            "--capture-pause-ms",
+            "0",
+            "--kernel-us",
+            "500",
+            "--seconds",
+            "0.3",
+        ],
+    )));
+    assert!(field(&reports(&out.stdout)[0], "kernels") >= 40);
+    let (ran, charged) = ran_and_charged(&mut g, "a");
+    assert!(
+        ran <= charged + 20.0,
+        "the group's kernels ran {ran:.1} ms, it was charged {charged:.1} ms"
+    );
+}
+
+/// Kernels longer than a token's end waits for them (250 ms while the
+/// time per launch is not known), in a program that never waits: the
+/// token's end learns that each took at least the time waited over
+/// their number, and the next tokens admit that much. Before, their
+/// time was never learned and every token queued four more 100 ms
+/// kernels on a queue that never drained: the device was the group's
+/// whole under MaxUtil 0.5, and 2.5 s of its kernels ran after its
+/// tokens.
+#[test]
+fn kernels_longer_than_a_token_s_wait_are_measured_and_capped() {
+    let _serial = serial();
+    let mut g = Gemini::start(SimEnv::default(), "[capped]\nMaxUtil=0.5\n");
+    let t0 = now_ns();
+    let out = finish(spawn(rust(
+        &g,
+        "capped",
+        &["--kernel-us", "100000", "--seconds", "3"],
+    )));
+    // Seconds 1 to 3: the first learns what a launch takes.
+    let share = g.sim.busy(0, t0 + SEC, t0 + 3 * SEC).share(pid_of(&out));
+    assert!(share <= 0.62, "{share:.3} of the device under MaxUtil 0.5");
+    let (ran, charged) = ran_and_charged(&mut g, "capped");
+    assert!(
+        ran <= charged * 1.02 + 20.0,
+        "the group's kernels ran {ran:.1} ms, it was charged {charged:.1} ms"
+    );
+}
