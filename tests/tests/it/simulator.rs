@@ -157,6 +157,7 @@ fn a_killed_process_s_queued_work_never_runs() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    let killed_at = now_ns();
     let mut next = sim.workload();
     next.args([
         "--seconds",
@@ -181,6 +182,11 @@ fn a_killed_process_s_queued_work_never_runs() {
         .map(|r| r.end)
         .max()
         .expect("the killed process's kernels are logged");
+    assert!(
+        first_after < killed_at + 5 * SEC,
+        "the next process's kernel waited {} s behind a dead queue",
+        (first_after - killed_at) / SEC
+    );
     assert!(
         dead_end <= first_after,
         "the killed process's work ends {} ms after the next one's starts",

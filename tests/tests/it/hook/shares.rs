@@ -430,9 +430,8 @@ fn ran_and_charged(g: &mut Gemini, group: &str) -> (f64, f64) {
 /// than the token they are launched under: one launch onto an empty
 /// queue, and the token is full. Counted as ordinary launches of the
 /// kernels the program ran before (0.5 ms), 40 launches of a 20 ms graph
-/// queued 800 ms under a 30 ms token; the device ran 1024 ms of the
-/// group's work in a 0.3 s program, and 540 ms of it was charged to no
-/// one.
+/// queued 800 ms under a 30 ms token: the device ran 1124 ms of the
+/// group's work for a 0.3 s program, and it was charged 362 ms.
 #[test]
 fn a_graph_not_yet_timed_queues_no_more_than_its_token() {
     let mut g = Gemini::start(SimEnv::default(), "[a]\n");
@@ -463,9 +462,8 @@ fn a_graph_not_yet_timed_queues_no_more_than_its_token() {
 /// token's end learns that each took at least the time waited over
 /// their number, and the next tokens admit that much. Before, their
 /// time was never learned and every token queued four more 100 ms
-/// kernels on a queue that never drained: the device was the group's
-/// whole under MaxUtil 0.5, and 2.5 s of its kernels ran after its
-/// tokens.
+/// kernels on a queue that never drained: 0.80 of the device under
+/// MaxUtil 0.5, and 2.5 s of its kernels ran after its tokens.
 #[test]
 fn kernels_longer_than_a_token_s_wait_are_measured_and_capped() {
     let _serial = serial();
