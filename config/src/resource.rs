@@ -144,6 +144,50 @@ impl ResourceConfig {
     pub fn group(&self, name: &str) -> Option<&GroupConfig> {
         self.groups.get(name)
     }
+
+    /// Where the `MemoryLimit`s of the groups that may use a GPU add up to
+    /// more than it has, one line per such GPU (`gpus`: each GPU's index
+    /// and memory in bytes). Not an error: groups rarely all use their
+    /// limit at once, but then the later ones get out-of-memory errors
+    /// under their limit, from the driver. Groups without a limit are
+    /// left out (they may take whatever is free); a lone group's limit
+    /// past the GPU is named too.
+    pub fn memory_overcommit(&self, gpus: &[(u32, u64)]) -> Vec<String> {
+        let mut out = Vec::new();
+        for &(index, total) in gpus {
+            let limited: Vec<&GroupConfig> = self
+                .groups
+                .values()
+                .filter(|g| g.uses(index) && g.memory_limit != DEFAULT_MEMORY_LIMIT)
+                .collect();
+            let sum = limited
+                .iter()
+                .fold(0u64, |a, g| a.saturating_add(g.memory_limit));
+            if sum <= total {
+                continue;
+            }
+            if let [g] = limited[..] {
+                out.push(format!(
+                    "warning: GPU {index} has {}, less than the MemoryLimit of [{}] ({})",
+                    format_size(total),
+                    g.name,
+                    format_size(g.memory_limit)
+                ));
+                continue;
+            }
+            let each: Vec<String> = limited
+                .iter()
+                .map(|g| format!("[{}] {}", g.name, format_size(g.memory_limit)))
+                .collect();
+            out.push(format!(
+                "warning: GPU {index} has {}, and the MemoryLimit of the groups that may use it add up to {} ({}): they cannot all have their limit at once",
+                format_size(total),
+                format_size(sum),
+                each.join(", ")
+            ));
+        }
+        out
+    }
 }
 
 /// Where in the file a message points.

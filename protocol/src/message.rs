@@ -481,6 +481,11 @@ pub struct GroupDeviceStatus {
     pub memory_limit: u64,
     /// Clients of the group waiting for this device's token.
     pub waiting: u32,
+    /// Of `memory_used`, about what the processes' own contexts take: the
+    /// group's processes holding memory on the device times the largest
+    /// context a process reported there ([`Request::ContextCost`]).
+    #[serde(default)]
+    pub contexts: u64,
 }
 
 /// One connection.

@@ -186,6 +186,16 @@ fn check(file: &std::path::Path) -> ExitCode {
             for w in &warnings {
                 eprintln!("{w}");
             }
+            let gpus = gemini_scheduler::daemon::nvml_gpus();
+            if gpus.is_empty() {
+                eprintln!(
+                    "note: no GPU found through NVML here: the MemoryLimits were not compared with the GPUs' memory"
+                );
+            }
+            let memory: Vec<(u32, u64)> = gpus.iter().map(|(i, _, m)| (*i, *m)).collect();
+            for line in cfg.memory_overcommit(&memory) {
+                eprintln!("{line}");
+            }
             println!("{}: OK, {} group(s)", file.display(), cfg.groups.len());
             for g in cfg.groups.values() {
                 println!(

@@ -101,14 +101,14 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
         );
         let _ = writeln!(
             s,
-            "  {:<16} {:>8} {:>7} {:>7} {:>24} {:>8}",
-            "GROUP", "SHARE", "MIN", "MAX", "MEMORY USED / LIMIT", "WAITING"
+            "  {:<16} {:>8} {:>7} {:>7} {:>24} {:>10} {:>8}",
+            "GROUP", "SHARE", "MIN", "MAX", "MEMORY USED / LIMIT", "CONTEXTS", "WAITING"
         );
         for g in &d.groups {
             let cfg = r.groups.iter().find(|c| c.name == g.group);
             let _ = writeln!(
                 s,
-                "  {:<16} {:>8} {:>7} {:>7} {:>24} {:>8}",
+                "  {:<16} {:>8} {:>7} {:>7} {:>24} {:>10} {:>8}",
                 g.group,
                 pct(g.share),
                 cfg.map_or("-".into(), |c| pct(c.min_util)),
@@ -118,6 +118,11 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
                     format_size(g.memory_used),
                     format_size(g.memory_limit)
                 ),
+                if g.contexts == 0 {
+                    "-".to_string()
+                } else {
+                    format_size(g.contexts)
+                },
                 g.waiting
             );
         }

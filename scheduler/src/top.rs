@@ -356,6 +356,7 @@ mod tests {
                     group: "job".into(),
                     share: 0.5,
                     memory_used: 256 << 20,
+                    contexts: 0,
                     memory_limit: 1 << 30,
                     waiting: 0,
                 }],

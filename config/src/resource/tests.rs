@@ -441,3 +441,31 @@ fn cgroups_are_absolute_paths_and_match_their_subtrees() {
     let (open, _) = parse("[open]\n").unwrap();
     assert_eq!(open.groups["open"].cgroup_match("/anything"), None);
 }
+
+#[test]
+fn memory_limits_past_a_gpu_s_memory_are_named() {
+    let (cfg, _) = parse(
+        "[a]\nMemoryLimit=10GiB\n[b]\nMemoryLimit=8GiB\n[c]\n[d]\nMemoryLimit=4GiB\nDevices=1\n",
+    )
+    .unwrap();
+    let gib = 1u64 << 30;
+    // GPU 0: a and b (c has no limit, d may not use it): 18 GiB of 16.
+    // GPU 1: a, b and d: 22 GiB of 32, fine.
+    let lines = cfg.memory_overcommit(&[(0, 16 * gib), (1, 32 * gib)]);
+    assert_eq!(
+        lines,
+        vec![
+            "warning: GPU 0 has 16.0 GiB, and the MemoryLimit of the groups that may use it add up to 18.0 GiB ([a] 10.0 GiB, [b] 8.0 GiB): they cannot all have their limit at once"
+                .to_string()
+        ]
+    );
+    // One group alone past the GPU.
+    let (one, _) = parse("[a]\nMemoryLimit=100GiB\n").unwrap();
+    assert_eq!(
+        one.memory_overcommit(&[(0, 16 * gib)]),
+        vec![
+            "warning: GPU 0 has 16.0 GiB, less than the MemoryLimit of [a] (100.0 GiB)".to_string()
+        ]
+    );
+    assert!(one.memory_overcommit(&[(0, 100 * gib)]).is_empty());
+}

@@ -94,6 +94,8 @@ pub struct Daemon {
     asked: HashMap<(ClientId, u32), Instant>,
     /// The machine's GPUs: UUID → index (`Request::Gpus`).
     gpus: HashMap<String, DeviceId>,
+    /// The machine's GPUs' memory, by index (for `MemoryLimit` warnings).
+    gpu_memory: Vec<(DeviceId, u64)>,
     /// The driver's per-cgroup memory limits, where it has them.
     driver_limits: DriverLimits,
     /// A client asked to stop (and was allowed to).
@@ -108,10 +110,10 @@ impl std::fmt::Debug for Daemon {
     }
 }
 
-/// The machine's GPUs by UUID (`GPU-…`) → NVML index, the numbering the
-/// scheduler, `nvidia-smi` and `resource.conf` use. Empty without NVML
-/// (`libnvidia-ml.so.1`): clients then number GPUs themselves.
-fn gpu_uuids() -> HashMap<String, DeviceId> {
+/// The machine's GPUs as NVML lists them, by NVML index (the numbering
+/// the scheduler, `nvidia-smi` and `resource.conf` use): UUID (`GPU-…`)
+/// and memory in bytes. Empty without NVML (`libnvidia-ml.so.1`).
+pub fn nvml_gpus() -> Vec<(DeviceId, String, u64)> {
     let nvml = match nvml_wrapper::Nvml::builder()
         .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
         .init()
@@ -119,13 +121,25 @@ fn gpu_uuids() -> HashMap<String, DeviceId> {
         Ok(n) => n,
         Err(e) => {
             debug!("no NVML ({e}): clients number the GPUs themselves");
-            return HashMap::new();
+            return Vec::new();
         }
     };
     let count = nvml.device_count().unwrap_or(0);
     (0..count)
-        .filter_map(|i| Some((nvml.device_by_index(i).ok()?.uuid().ok()?, i)))
+        .filter_map(|i| {
+            let d = nvml.device_by_index(i).ok()?;
+            let memory = d.memory_info().map_or(0, |m| m.total);
+            Some((i, d.uuid().ok()?, memory))
+        })
         .collect()
+}
+
+/// Says (as warnings) where the groups' `MemoryLimit`s add up to more than
+/// a GPU has (see `ResourceConfig::memory_overcommit`).
+fn warn_overcommit(config: &gemini_config::ResourceConfig, memory: &[(DeviceId, u64)]) {
+    for line in config.memory_overcommit(memory) {
+        warn!("{line}");
+    }
 }
 
 /// Number of NVIDIA GPUs the kernel driver lists (no CUDA library needed).
@@ -205,6 +219,9 @@ impl Daemon {
         );
         let mut driver_limits = DriverLimits::start(ipc_dir);
         driver_limits.apply(&config);
+        let gpus = nvml_gpus();
+        let gpu_memory: Vec<(DeviceId, u64)> = gpus.iter().map(|(i, _, m)| (*i, *m)).collect();
+        warn_overcommit(&config, &gpu_memory);
         Ok(Daemon {
             _ctx: ctx,
             sock,
@@ -233,7 +250,8 @@ impl Daemon {
             metrics,
             last_metrics: Instant::now(),
             asked: HashMap::new(),
-            gpus: gpu_uuids(),
+            gpu_memory,
+            gpus: gpus.into_iter().map(|(i, uuid, _)| (uuid, i)).collect(),
             driver_limits,
             stopping: false,
         })

@@ -69,7 +69,9 @@ impl Policy {
                 if idle && memory_used == 0 && waiting == 0 && holder_group != Some(key) {
                     continue;
                 }
+                let contexts = contexts_of(&self.clients, &self.context_cost, key, id);
                 rows.push(GroupDeviceStatus {
+                    contexts: contexts.min(memory_used),
                     group: key.shown(),
                     // Over the time since the group became active on the
                     // device (at most a window), as the policy measures it
@@ -84,6 +86,7 @@ impl Policy {
             rows.extend(memory_only_rows(
                 &self.memory,
                 |k| limits(&self.config, &self.retired, k).memory_limit,
+                |k| contexts_of(&self.clients, &self.context_cost, k, id),
                 id,
                 |k| dev.groups.contains_key(k),
             ));
@@ -109,6 +112,7 @@ impl Policy {
                     groups: memory_only_rows(
                         &self.memory,
                         |k| self.limits(k).memory_limit,
+                        |k| contexts_of(&self.clients, &self.context_cost, k, id),
                         id,
                         |_| false,
                     ),
@@ -150,6 +154,7 @@ impl Policy {
 fn memory_only_rows(
     memory: &BTreeMap<(GroupKey, DeviceId), u64>,
     limit_of: impl Fn(&GroupKey) -> u64,
+    contexts_of: impl Fn(&GroupKey) -> u64,
     id: DeviceId,
     shown: impl Fn(&GroupKey) -> bool,
 ) -> Vec<GroupDeviceStatus> {
@@ -162,6 +167,24 @@ fn memory_only_rows(
             memory_used: used,
             memory_limit: limit_of(key),
             waiting: 0,
+            contexts: contexts_of(key).min(used),
         })
         .collect()
+}
+
+/// About what the contexts of `key`'s processes take on device `id`: the
+/// processes holding memory there times the largest context reported
+/// there (0 before one is).
+fn contexts_of(
+    clients: &BTreeMap<ClientId, Client>,
+    context_cost: &BTreeMap<DeviceId, u64>,
+    key: &GroupKey,
+    id: DeviceId,
+) -> u64 {
+    let cost = context_cost.get(&id).copied().unwrap_or(0);
+    let processes = clients
+        .values()
+        .filter(|c| &c.group == key && c.memory.get(&id).is_some_and(|&b| b > 0))
+        .count() as u64;
+    processes.saturating_mul(cost)
 }

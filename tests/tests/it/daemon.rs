@@ -616,6 +616,49 @@ fn check_subcommand_validates_files() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// `gem-schd check` compares the groups' memory limits with the GPUs'
+/// memory (through NVML): limits that add up to more than a GPU has are
+/// a warning, not an error; where NVML finds no GPU, it says that they
+/// were not compared.
+#[test]
+fn check_warns_where_memory_limits_add_up_past_a_gpu() {
+    let sim = SimEnv::new(2, "16GiB");
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("resource.conf");
+    fs::write(
+        &conf,
+        "[a]\nMemoryLimit=10GiB\n[b]\nMemoryLimit=8GiB\nDevices=0\n[c]\n",
+    )
+    .unwrap();
+    let out = sim
+        .command(schd_bin())
+        .arg("check")
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "a warning, not an error");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.lines().collect::<Vec<_>>(),
+        vec![
+            "warning: GPU 0 has 16.0 GiB, and the MemoryLimit of the groups that may use it add up to 18.0 GiB ([a] 10.0 GiB, [b] 8.0 GiB): they cannot all have their limit at once"
+        ],
+        "GPU 1 has only [a]'s 10 GiB"
+    );
+    let out = Command::new(schd_bin())
+        .arg("check")
+        .arg(&conf)
+        .env("LD_LIBRARY_PATH", dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("were not compared"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn shutdown_stops_the_daemon_and_removes_the_socket() {
     let mut s = Gemini::daemon("[a]\n");

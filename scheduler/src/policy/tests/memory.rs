@@ -454,3 +454,42 @@ fn context_costs_are_shared_through_the_memory_view() {
         Some(ErrorKind::BadRequest)
     );
 }
+
+/// The status says, per group and device, about how much of the group's
+/// memory its processes' own contexts take: processes holding memory
+/// there times the largest context reported there, never more than the
+/// group holds.
+#[test]
+fn the_status_says_what_the_contexts_of_a_group_take() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=4GiB\n[b]\n"));
+    for (client, group) in [(1, "a"), (2, "a"), (3, "b")] {
+        hello(&mut p, client, group);
+    }
+    let reserve =
+        |p: &mut Policy, client, bytes| ask(p, client, Request::ReserveMemory { device: 0, bytes });
+    reserve(&mut p, 1, 600 << 20);
+    reserve(&mut p, 2, 700 << 20);
+    reserve(&mut p, 3, 100 << 20);
+    let contexts = |p: &mut Policy, group: &str| {
+        p.status(0).devices[0]
+            .groups
+            .iter()
+            .find(|g| g.group == group)
+            .map(|g| g.contexts)
+    };
+    assert_eq!(contexts(&mut p, "a"), Some(0), "no context reported yet");
+    ask(
+        &mut p,
+        1,
+        Request::ContextCost {
+            device: 0,
+            bytes: 500 << 20,
+        },
+    );
+    assert_eq!(contexts(&mut p, "a"), Some(1000 << 20), "two processes");
+    assert_eq!(
+        contexts(&mut p, "b"),
+        Some(100 << 20),
+        "not past what b holds"
+    );
+}
