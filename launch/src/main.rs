@@ -8,10 +8,14 @@
 //! receives signals directly, and its exit status is the command's. The
 //! reservation belongs to that process and ends when it exits or is
 //! killed; there is nothing to renew.
+//!
+//! `gem-launch reserve --gpus N --duration 4h` reserves GPUs without a
+//! program, for the user, until they expire by themselves or
+//! `gem-launch release` gives them back.
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use gemini_client::{Client, ClientError, Session};
 use gemini_protocol::{
     GpuRequest, Reply, Request, Role,
@@ -42,9 +46,13 @@ const EXIT_NOT_FOUND: i32 = 127;
     name = "gem-launch",
     version,
     about = "Run a program under gemini: its group's GPU share and memory cap, optionally on reserved GPUs",
-    after_help = "Exit status: the program's own; 10 hook library not found, 11 no scheduler, 12 unknown group, 13 no GPU free (or not in time), 126/127 command not executable/found, 2 bad usage."
+    after_help = "Exit status: the program's own; 10 hook library not found, 11 no scheduler, 12 unknown group, 13 no GPU free (or not in time), 126/127 command not executable/found, 2 bad usage.",
+    subcommand_negates_reqs = true,
+    args_conflicts_with_subcommands = true
 )]
 struct Args {
+    #[command(subcommand)]
+    sub: Option<Sub>,
     /// Group to run in [default: $GEMINI_GROUP_NAME, else a group named after your user name]
     #[arg(long)]
     group: Option<String>,
@@ -64,10 +72,10 @@ struct Args {
     #[arg(long, value_parser = gemini_protocol::units::parse_duration)]
     timeout: Option<Duration>,
     /// IPC directory of the scheduler [default: ipc_dir in the settings file, else /tmp/gemini/ipc]
-    #[arg(long, env = env::IPC_DIR, value_name = "DIR")]
+    #[arg(long, env = env::IPC_DIR, value_name = "DIR", global = true)]
     ipc_dir: Option<PathBuf>,
     /// gemini.toml whose ipc_dir locates the scheduler [default: /etc/gemini/gemini.toml when it exists]
-    #[arg(long, env = env::SETTINGS, value_name = "FILE")]
+    #[arg(long, env = env::SETTINGS, value_name = "FILE", global = true)]
     settings: Option<PathBuf>,
     /// The hook library [default: libgemhook.so next to this install, or $GEMINI_HOOK]
     #[arg(long, env = gemini_protocol::env::HOOK, value_name = "PATH")]
@@ -75,6 +83,39 @@ struct Args {
     /// The program and its arguments
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Sub {
+    /// Reserve GPUs for a stretch of time, without a program: yours until
+    /// they expire by themselves or `gem-launch release` gives them back;
+    /// `gem-schd status` lists them with your user
+    Reserve {
+        /// Group whose MinUtil the reservation claims [default: as for a launch]
+        #[arg(long)]
+        group: Option<String>,
+        /// How many GPUs
+        #[arg(long, conflicts_with = "gpu_ids", required_unless_present = "gpu_ids")]
+        gpus: Option<u32>,
+        /// Which GPUs, e.g. 0,2
+        #[arg(long, value_delimiter = ',')]
+        gpu_ids: Option<Vec<u32>>,
+        /// How long, from when they are yours: e.g. 30m, 4h, 1d (at most 30 days)
+        #[arg(long, value_parser = gemini_protocol::units::parse_duration)]
+        duration: Duration,
+        /// Fail at once when no GPU is free (default: wait in the queue)
+        #[arg(long)]
+        nonblock: bool,
+        /// Give up waiting after this long, e.g. 30m
+        #[arg(long, value_parser = gemini_protocol::units::parse_duration)]
+        timeout: Option<Duration>,
+    },
+    /// Give back GPUs reserved with `gem-launch reserve` before they expire
+    Release {
+        /// Only the reservations holding these GPUs, e.g. 0,2 [default: all of yours]
+        #[arg(long, value_delimiter = ',')]
+        gpu_ids: Option<Vec<u32>>,
+    },
 }
 
 fn fail(code: i32, msg: impl std::fmt::Display) -> ! {
@@ -121,7 +162,13 @@ fn main() {
     )
     .unwrap_or_else(|e| fail(EXIT_BAD_SETTINGS, e));
 
-    let hook = match args.hook.clone().or_else(find_hook) {
+    if let Some(Sub::Release { gpu_ids }) = &args.sub {
+        release(&ipc, gpu_ids.clone().unwrap_or_default());
+        return;
+    }
+    // Before the scheduler is asked anything: a launch that cannot run
+    // fails first.
+    let hook = args.sub.is_none().then(|| match args.hook.clone().or_else(find_hook) {
         Some(h) if h.exists() => h,
         Some(h) => fail(
             EXIT_NO_HOOK,
@@ -131,8 +178,7 @@ fn main() {
             EXIT_NO_HOOK,
             "libgemhook.so not found next to gem-launch or in /usr/local/lib; pass --hook PATH or set GEMINI_HOOK",
         ),
-    };
-
+    });
     let mut session = Session::new(&ipc, Role::Control, "");
     let status = match registered(&mut session).request(&Request::Status, Duration::from_secs(3)) {
         Ok(Reply::Status(s)) => s,
@@ -143,8 +189,89 @@ fn main() {
         Err(e) => fail(EXIT_NO_SCHEDULER, e),
     };
 
+    if let Some(Sub::Reserve {
+        group,
+        gpus,
+        gpu_ids,
+        duration,
+        nonblock,
+        timeout,
+    }) = &args.sub
+    {
+        let group = choose_group(group.clone(), &status);
+        let gpus = match (gpus, gpu_ids) {
+            (Some(n), _) => GpuRequest::Count(*n),
+            (None, Some(ids)) => GpuRequest::Ids(ids.clone()),
+            (None, None) => fail(2, "say how many GPUs (--gpus N) or which (--gpu-ids 0,2)"),
+        };
+        let duration_us = duration.as_micros().min(u64::MAX as u128) as u64;
+        let ask = Request::ReserveFor {
+            group: group.clone(),
+            gpus,
+            duration_us,
+            wait: !nonblock,
+        };
+        let devices = reserve(&mut session, &group, ask, *timeout);
+        let list: Vec<String> = devices.iter().map(u32::to_string).collect();
+        let until = std::time::SystemTime::now() + *duration;
+        println!(
+            "GPU(s) {} reserved for group {group:?} until {} ({}); `gem-launch release` gives them back earlier",
+            list.join(","),
+            humantime::format_rfc3339_seconds(until),
+            humantime::format_duration(*duration)
+        );
+        println!(
+            "run programs there with: CUDA_VISIBLE_DEVICES={} CUDA_DEVICE_ORDER=PCI_BUS_ID gem-launch --group {group} -- PROGRAM",
+            list.join(",")
+        );
+        return;
+    }
+    let Some(hook) = hook else {
+        return; // a subcommand, done above
+    };
+    let group = choose_group(args.group.clone(), &status);
+    let gpus = match (args.gpus, args.gpu_ids.clone()) {
+        (Some(n), _) => Some(GpuRequest::Count(n)),
+        (None, Some(ids)) => Some(GpuRequest::Ids(ids)),
+        (None, None) => None,
+    };
+    let mut cmd = std::process::Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    if let Some(gpus) = gpus {
+        let ask = Request::Reserve {
+            group: group.clone(),
+            gpus,
+            wait: !args.nonblock,
+        };
+        let devices = reserve(&mut session, &group, ask, args.timeout);
+        let list: Vec<String> = devices.iter().map(u32::to_string).collect();
+        // The indices are the machine's own (nvidia-smi's, the
+        // scheduler's): in PCI bus order, which CUDA follows only when
+        // asked to (its default puts the fastest GPU first).
+        cmd.env("CUDA_VISIBLE_DEVICES", list.join(","))
+            .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    }
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(p) if !p.is_empty() => format!("{} {p}", hook.display()),
+        _ => hook.display().to_string(),
+    };
+    cmd.env("LD_PRELOAD", preload)
+        .env(env::GROUP_NAME, &group)
+        .env(env::IPC_DIR, &ipc);
+    let err = cmd.exec();
+    let code = if err.kind() == std::io::ErrorKind::NotFound {
+        EXIT_NOT_FOUND
+    } else {
+        EXIT_NOT_EXECUTABLE
+    };
+    fail(code, format!("cannot run {}: {err}", args.command[0]));
+}
+
+/// The group: `given`, else `$GEMINI_GROUP_NAME`, else the user's name;
+/// exits where the scheduler does not know it.
+fn choose_group(given: Option<String>, status: &gemini_protocol::StatusReport) -> String {
     let known: Vec<&str> = status.groups.iter().map(|g| g.name.as_str()).collect();
-    let group = match args.group.clone().or_else(|| {
+    match given.or_else(|| {
         std::env::var(env::GROUP_NAME)
             .ok()
             .filter(|g| !g.is_empty())
@@ -170,38 +297,7 @@ fn main() {
                 ),
             ),
         },
-    };
-
-    let gpus = match (args.gpus, args.gpu_ids.clone()) {
-        (Some(n), _) => Some(GpuRequest::Count(n)),
-        (None, Some(ids)) => Some(GpuRequest::Ids(ids)),
-        (None, None) => None,
-    };
-    let mut cmd = std::process::Command::new(&args.command[0]);
-    cmd.args(&args.command[1..]);
-    if let Some(gpus) = gpus {
-        let devices = reserve(&mut session, &group, gpus, !args.nonblock, args.timeout);
-        let list: Vec<String> = devices.iter().map(u32::to_string).collect();
-        // The indices are the machine's own (nvidia-smi's, the
-        // scheduler's): in PCI bus order, which CUDA follows only when
-        // asked to (its default puts the fastest GPU first).
-        cmd.env("CUDA_VISIBLE_DEVICES", list.join(","))
-            .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     }
-    let preload = match std::env::var("LD_PRELOAD") {
-        Ok(p) if !p.is_empty() => format!("{} {p}", hook.display()),
-        _ => hook.display().to_string(),
-    };
-    cmd.env("LD_PRELOAD", preload)
-        .env(env::GROUP_NAME, &group)
-        .env(env::IPC_DIR, &ipc);
-    let err = cmd.exec();
-    let code = if err.kind() == std::io::ErrorKind::NotFound {
-        EXIT_NOT_FOUND
-    } else {
-        EXIT_NOT_EXECUTABLE
-    };
-    fail(code, format!("cannot run {}: {err}", args.command[0]));
 }
 
 /// The session's connection, registered as a control connection; exits
@@ -221,8 +317,7 @@ fn registered(session: &mut Session) -> &mut Client {
 fn reserve(
     session: &mut Session,
     group: &str,
-    gpus: GpuRequest,
-    wait: bool,
+    ask_for: Request,
     timeout: Option<Duration>,
 ) -> Vec<u32> {
     // Registers and asks; again after a scheduler restart, which forgets
@@ -235,11 +330,7 @@ fn reserve(
             _ => 0,
         };
         let seq = client
-            .send(&Request::Reserve {
-                group: group.into(),
-                gpus: gpus.clone(),
-                wait,
-            })
+            .send(&ask_for)
             .unwrap_or_else(|e| fail(EXIT_NO_SCHEDULER, e));
         (seq, uptime)
     };
@@ -307,5 +398,34 @@ fn reserve(
             }
             Err(e) => fail(EXIT_NO_SCHEDULER, e),
         }
+    }
+}
+
+/// Gives back the user's reservations made with `gem-launch reserve`
+/// (those holding `devices`; empty: all).
+fn release(ipc: &Path, devices: Vec<u32>) {
+    let mut session = Session::new(ipc, Role::Control, "");
+    let named = !devices.is_empty();
+    match registered(&mut session).request(
+        &Request::ReleaseReserved { devices },
+        Duration::from_secs(3),
+    ) {
+        Ok(Reply::Released { devices }) if devices.is_empty() => {
+            eprintln!(
+                "gem-launch: no reservation of yours{} (see `gem-schd status`)",
+                if named { " holds those GPUs" } else { "" }
+            );
+            std::process::exit(EXIT_NO_GPU);
+        }
+        Ok(Reply::Released { devices }) => {
+            let list: Vec<String> = devices.iter().map(u32::to_string).collect();
+            println!("GPU(s) {} given back", list.join(","));
+        }
+        Ok(Reply::Error(e)) => fail(EXIT_NO_SCHEDULER, e.message),
+        Ok(other) => fail(
+            EXIT_NO_SCHEDULER,
+            format!("unexpected answer from the scheduler: {other:?}"),
+        ),
+        Err(e) => fail(EXIT_NO_SCHEDULER, e),
     }
 }

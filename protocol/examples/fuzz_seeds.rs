@@ -60,6 +60,15 @@ fn main() -> std::io::Result<()> {
             device: 1,
             used_us: 2_500,
         },
+        Request::ReserveFor {
+            group: "a".into(),
+            gpus: GpuRequest::Count(2),
+            duration_us: 4 * 3_600_000_000,
+            wait: false,
+        },
+        Request::ReleaseReserved {
+            devices: vec![0, 2],
+        },
         Request::Reserve {
             group: "a".into(),
             gpus: GpuRequest::Ids(vec![0, 2]),
@@ -92,6 +101,9 @@ fn main() -> std::io::Result<()> {
             idle_us: 7,
         }])),
         Reply::Reserved { devices: vec![1] },
+        Reply::Released {
+            devices: vec![0, 2],
+        },
     ];
     for (i, r) in replies.iter().enumerate() {
         std::fs::write(

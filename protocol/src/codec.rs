@@ -162,6 +162,15 @@ mod tests {
                 device: 1,
                 used_us: 2_500,
             },
+            Request::ReserveFor {
+                group: "a".into(),
+                gpus: crate::GpuRequest::Count(2),
+                duration_us: 4 * 3_600_000_000,
+                wait: false,
+            },
+            Request::ReleaseReserved {
+                devices: vec![0, 2],
+            },
             Request::Reserve {
                 group: "train".into(),
                 gpus: crate::GpuRequest::Count(2),
@@ -214,6 +223,9 @@ mod tests {
                 idle_us: u64::MAX,
             }])),
             Reply::Holder(crate::HolderOrder::Stop),
+            Reply::Released {
+                devices: vec![0, 2],
+            },
             Reply::Gpus {
                 devices: vec![Some(3), None],
             },

@@ -180,6 +180,29 @@ pub enum Request {
         /// Bytes the context took.
         bytes: u64,
     },
+    /// Reserve GPUs for `duration_us` for the connection's user, without
+    /// a program (`gem-launch reserve --duration`): as [`Request::Reserve`],
+    /// but the reservation outlives the connection and ends when it
+    /// expires or its user (or the daemon's user, or root) releases it.
+    /// Reply: [`Reply::Reserved`], or an error as for `Reserve`.
+    ReserveFor {
+        /// Group whose `MinUtil` the reservation claims.
+        group: String,
+        /// Devices wanted.
+        gpus: GpuRequest,
+        /// How long it holds them once granted, in microseconds.
+        duration_us: u64,
+        /// Wait in the queue when no GPU has room.
+        wait: bool,
+    },
+    /// End the caller's user's reservations made with
+    /// [`Request::ReserveFor`] that hold any of `devices` (empty: all of
+    /// them; the daemon's user and root end anyone's). Reply:
+    /// [`Reply::Released`].
+    ReleaseReserved {
+        /// Devices whose reservations end (empty: every one).
+        devices: Vec<DeviceId>,
+    },
     /// Work the client launched under a token it has already reported
     /// (its end did not wait for that work: the work outlasted the bound
     /// a token's end waits, or waited for another process) ran on for
@@ -256,6 +279,12 @@ pub enum Reply {
         /// The most a context took on the device, as processes reported
         /// it ([`Request::ContextCost`]); 0: none reported yet.
         context: u64,
+    },
+    /// Answer to [`Request::ReleaseReserved`]: the devices given back (by
+    /// every reservation ended), in order; empty where none was ended.
+    Released {
+        /// Devices given back.
+        devices: Vec<DeviceId>,
     },
     /// Answer to [`Request::Gpus`]: the scheduler's index of each UUID, in
     /// the order asked; `None` for one it does not know (no NVML where the
@@ -388,6 +417,19 @@ pub struct ReservationStatus {
     pub devices: Vec<DeviceId>,
     /// How long it has held or waited, in microseconds.
     pub for_us: u64,
+    /// A reservation made without a program (`gem-launch reserve`): its
+    /// user, and how long it has left (for one still waiting, its length).
+    #[serde(default)]
+    pub manual: Option<ManualReservation>,
+}
+
+/// What a reservation made without a program adds to its status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManualReservation {
+    /// The user who made it.
+    pub user: String,
+    /// Microseconds until it expires (held), or its length (waiting).
+    pub left_us: u64,
 }
 
 /// A memory limit: `u64::MAX` (no limit) is `null` in a human-readable

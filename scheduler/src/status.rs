@@ -16,6 +16,62 @@ fn gpus(devices: Option<&[u32]>) -> String {
     }
 }
 
+/// A length for humans, in whole seconds (whole minutes past an hour):
+/// `42s`, `5m 3s`, `2h 55m`.
+fn length(us: u64) -> String {
+    let secs = us / 1_000_000;
+    let secs = if secs >= 3600 { secs / 60 * 60 } else { secs };
+    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+}
+
+/// The wall-clock time `us` from now (negative: ago), UTC.
+fn at(us: i128) -> String {
+    let now = std::time::SystemTime::now();
+    let d = std::time::Duration::from_micros(us.unsigned_abs() as u64);
+    let t = if us < 0 {
+        now.checked_sub(d)
+    } else {
+        now.checked_add(d)
+    };
+    t.map_or_else(
+        || "?".into(),
+        |t| humantime::format_rfc3339_seconds(t).to_string(),
+    )
+}
+
+/// One reservation, held (`holds`) or waiting (`waits`).
+fn reservation(x: &gemini_protocol::ReservationStatus, what: &str) -> String {
+    let gpus = match (&x.gpus, what) {
+        (_, "holds") => format!("GPUs {:?}", x.devices),
+        (gemini_protocol::GpuRequest::Count(n), _) => format!("{n} GPU(s)"),
+        (gemini_protocol::GpuRequest::Ids(ids), _) => format!("GPUs {ids:?}"),
+    };
+    match (&x.manual, what) {
+        (Some(m), "holds") => format!(
+            "user {:<12} {:<16} holds {gpus} since {} ({}), until {} ({} left)  [gem-launch reserve]",
+            m.user,
+            x.group,
+            at(-(x.for_us as i128)),
+            length(x.for_us),
+            at(m.left_us as i128),
+            length(m.left_us)
+        ),
+        (Some(m), _) => format!(
+            "user {:<12} {:<16} waits {gpus} for {}, to hold them {}  [gem-launch reserve]",
+            m.user,
+            x.group,
+            length(x.for_us),
+            length(m.left_us)
+        ),
+        (None, _) => format!(
+            "pid {:<8} {:<16} {what} {gpus} for {:.0}s",
+            x.pid,
+            x.group,
+            x.for_us as f64 / 1e6
+        ),
+    }
+}
+
 /// Renders a report as tables for humans.
 pub fn render(r: &StatusReport) -> String {
     let mut s = String::new();
@@ -99,6 +155,22 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
             holder,
             d.waiting
         );
+        for x in r
+            .reservations
+            .iter()
+            .filter(|x| x.devices.contains(&d.device))
+        {
+            let who = match &x.manual {
+                Some(m) => format!(
+                    "user {} until {} ({} left)",
+                    m.user,
+                    at(m.left_us as i128),
+                    length(m.left_us)
+                ),
+                None => format!("pid {} for {}", x.pid, length(x.for_us)),
+            };
+            let _ = writeln!(s, "  reserved for group {}: {who}", x.group);
+        }
         let _ = writeln!(
             s,
             "  {:<16} {:>8} {:>7} {:>7} {:>24} {:>10} {:>8}",
@@ -131,18 +203,7 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
         let _ = writeln!(s, "\nRESERVATIONS (gem-launch)");
         for (what, list) in [("holds", &r.reservations), ("waits", &r.queue)] {
             for x in list.iter() {
-                let gpus = match (&x.gpus, what) {
-                    (_, "holds") => format!("GPUs {:?}", x.devices),
-                    (gemini_protocol::GpuRequest::Count(n), _) => format!("{n} GPU(s)"),
-                    (gemini_protocol::GpuRequest::Ids(ids), _) => format!("GPUs {ids:?}"),
-                };
-                let _ = writeln!(
-                    s,
-                    "  pid {:<8} {:<16} {what} {gpus} for {:.0}s",
-                    x.pid,
-                    x.group,
-                    x.for_us as f64 / 1e6
-                );
+                let _ = writeln!(s, "  {}", reservation(x, what));
             }
         }
     }
@@ -233,6 +294,48 @@ pub(crate) mod tests {
             queue: vec![],
             driver_limits: true,
         }
+    }
+
+    /// A reservation made without a program is listed with its user, since
+    /// when and until when, under its GPU and with the reservations.
+    #[test]
+    fn a_reservation_without_a_program_names_its_user_and_end() {
+        let mut report = driver_limited_job(0, vec![]);
+        report.devices = vec![gemini_protocol::DeviceStatus {
+            device: 1,
+            busy: 0.0,
+            holder: None,
+            waiting: 0,
+            groups: vec![],
+        }];
+        report.reservations = vec![gemini_protocol::ReservationStatus {
+            client: 3,
+            pid: 0,
+            group: "job".into(),
+            gpus: gemini_protocol::GpuRequest::Count(1),
+            devices: vec![1],
+            for_us: 65 * 60_000_000,
+            manual: Some(gemini_protocol::ManualReservation {
+                user: "alice".into(),
+                left_us: 175 * 60_000_000 + 30_000_000,
+            }),
+        }];
+        let text = render(&report);
+        assert!(
+            text.contains("reserved for group job: user alice until ")
+                && text.contains("(2h 55m left)"),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .find(|l| l.contains("[gem-launch reserve]"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(
+            row.contains("user alice")
+                && row.contains("holds GPUs [1] since ")
+                && row.contains("(1h 5m), until "),
+            "{row}"
+        );
     }
 
     /// The driver's limits are listed per group, GPU and cgroup, with the

@@ -75,7 +75,7 @@ pub struct Daemon {
     last_watch_check: Instant,
     /// The reservations as last written to the state file (`None`: not
     /// written yet).
-    saved_reservations: Option<Vec<(ClientId, String, Vec<u32>)>>,
+    saved_reservations: Option<saved::SavedState>,
     reload_due: Option<Instant>,
     /// resource.conf itself had content at the last good load (groups may
     /// come from its drop-in files alone).

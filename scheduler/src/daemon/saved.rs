@@ -5,13 +5,39 @@ use super::*;
 
 /// A GPU reservation as the state file keeps it across restarts: the
 /// process that holds it, identified by its pid and its start time (a pid
-/// reused by another process is not the holder).
+/// reused by another process is not the holder); or, for one made
+/// without a program, its user and when it expires.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(super) struct SavedReservation {
     pub(super) pid: u32,
     pub(super) start_time: u64,
     pub(super) group: String,
     pub(super) devices: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) manual: Option<SavedManual>,
+}
+
+/// A reservation made without a program (`gem-launch reserve`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(super) struct SavedManual {
+    pub(super) uid: u32,
+    pub(super) user: String,
+    /// When it expires, in seconds since the Unix epoch.
+    pub(super) until_unix: u64,
+}
+
+/// What the state file was last written from: the run reservations and
+/// those made without a program.
+pub(super) type SavedState = (
+    Vec<(ClientId, String, Vec<u32>)>,
+    Vec<(String, Vec<u32>, u32, String, u64)>,
+);
+
+/// Seconds since the Unix epoch now.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The state file of the reservations, beside the socket.
@@ -49,6 +75,31 @@ impl Daemon {
             Err(_) => return,
         };
         for r in saved {
+            if let Some(m) = r.manual {
+                let now = self.now();
+                let left = m.until_unix.saturating_sub(unix_now()) * 1_000_000;
+                match self.policy.restore_manual(
+                    &r.group,
+                    r.devices.clone(),
+                    m.uid,
+                    m.user.clone(),
+                    now + left,
+                    now,
+                ) {
+                    Ok(()) => info!(
+                        "reservation of GPU(s) {:?} by user {} (group {:?}) restored, {} s left",
+                        r.devices,
+                        m.user,
+                        r.group,
+                        left / 1_000_000
+                    ),
+                    Err(why) => info!(
+                        "reservation of GPU(s) {:?} by user {} (group {:?}) not restored: {why}",
+                        r.devices, m.user, r.group
+                    ),
+                }
+                continue;
+            }
             if process_start_time(r.pid) != Some(r.start_time) {
                 info!(
                     "reservation of GPU(s) {:?} by pid {} not restored: the process has ended",
@@ -144,11 +195,15 @@ impl Daemon {
     /// Writes the reservations to the state file when they changed
     /// (written aside, then renamed: never half a file).
     pub(super) fn save_reservations(&mut self) {
-        let held = self.policy.held_reservations();
-        if self.saved_reservations.as_ref() == Some(&held) {
+        let state: SavedState = (
+            self.policy.held_reservations(),
+            self.policy.manual_reservations(),
+        );
+        if self.saved_reservations.as_ref() == Some(&state) {
             return;
         }
-        let now: Vec<SavedReservation> = held
+        let (held, manual) = &state;
+        let mut now: Vec<SavedReservation> = held
             .iter()
             .filter_map(|(client, group, devices)| {
                 let pid = self.conn(*client).and_then(|c| c.pid)?;
@@ -157,9 +212,27 @@ impl Daemon {
                     start_time: process_start_time(pid)?,
                     group: group.clone(),
                     devices: devices.clone(),
+                    manual: None,
                 })
             })
             .collect();
+        let clock = self.now();
+        let unix = unix_now();
+        now.extend(
+            manual
+                .iter()
+                .map(|(group, devices, uid, user, until)| SavedReservation {
+                    pid: 0,
+                    start_time: 0,
+                    group: group.clone(),
+                    devices: devices.clone(),
+                    manual: Some(SavedManual {
+                        uid: *uid,
+                        user: user.clone(),
+                        until_unix: unix + until.saturating_sub(clock).div_ceil(1_000_000),
+                    }),
+                }),
+        );
         let path = reservations_path(&self.ipc_dir);
         let tmp = path.with_extension("json.tmp");
         let written = serde_json::to_vec_pretty(&now)
@@ -167,7 +240,7 @@ impl Daemon {
             .and_then(|bytes| std::fs::write(&tmp, bytes))
             .and_then(|()| std::fs::rename(&tmp, &path));
         match written {
-            Ok(()) => self.saved_reservations = Some(held),
+            Ok(()) => self.saved_reservations = Some(state),
             Err(e) => warn!("cannot write {}: {e}", path.display()),
         }
     }

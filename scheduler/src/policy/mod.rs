@@ -482,6 +482,7 @@ impl Policy {
             Event::Reconfigure(cfg) => self.reconfigure(cfg),
             Event::Tick => {}
         }
+        self.expire_reservations(now, &mut out);
         match only {
             Some(d) => self.schedule(d, now, &mut out),
             None => self.schedule_all(now, &mut out),

@@ -1,6 +1,7 @@
 //! Requests: hello and the admission of a client, and dispatch of the
 //! rest to the token, memory, holder and reservation handlers.
 
+use super::reserve::MAX_MANUAL_RESERVATION;
 use super::*;
 
 impl Policy {
@@ -47,7 +48,7 @@ impl Policy {
                 }
                 return;
             }
-            Request::Reserve { ref group, .. } => {
+            Request::Reserve { ref group, .. } | Request::ReserveFor { ref group, .. } => {
                 if let Some(r) = self.refuse_access(client, Role::Control, group) {
                     out.push(answer(r));
                     return;
@@ -202,7 +203,33 @@ impl Policy {
                 self.need_memory(client, seq, device, bytes, now, out);
             }
             Request::Reserve { group, gpus, wait } => {
-                self.reserve_gpus(client, seq, group, gpus, wait, now, out);
+                self.reserve_gpus(client, seq, group, gpus, wait, None, now, out);
+            }
+            Request::ReserveFor {
+                group,
+                gpus,
+                duration_us,
+                wait,
+            } => {
+                if duration_us == 0 || duration_us > MAX_MANUAL_RESERVATION {
+                    reply(error(
+                        ErrorKind::BadRequest,
+                        format!(
+                            "a reservation lasts more than 0 and at most {} days",
+                            MAX_MANUAL_RESERVATION / 86_400_000_000
+                        ),
+                    ));
+                    return;
+                }
+                self.reserve_gpus(client, seq, group, gpus, wait, Some(duration_us), now, out);
+            }
+            Request::ReleaseReserved { devices } => {
+                let r = self.release_reserved(client, &devices, now, out);
+                out.push(Action::Reply {
+                    client,
+                    seq,
+                    reply: r,
+                });
             }
             Request::HolderPoll { wait_us } => {
                 if role != Role::Holder {

@@ -7,9 +7,19 @@
 //! while its claims add up to at most 1. Among devices with room, the least
 //! recently released are chosen first. Waiting launches are served strictly
 //! first come, first served. A reservation ends when its process ends.
+//!
+//! A reservation made without a program (`gem-launch reserve --duration`,
+//! [`Request::ReserveFor`](gemini_protocol::Request::ReserveFor)) belongs
+//! to its user, not to the connection: it ends when it expires, or when
+//! its user (or the daemon's user, or root) releases it.
 
 use super::{Action, Micros, Policy, error};
-use gemini_protocol::{ClientId, DeviceId, ErrorKind, GpuRequest, Reply, ReservationStatus};
+use gemini_protocol::{
+    ClientId, DeviceId, ErrorKind, GpuRequest, ManualReservation, Reply, ReservationStatus,
+};
+
+/// The longest reservation without a program: 30 days.
+pub(super) const MAX_MANUAL_RESERVATION: Micros = 30 * 86_400_000_000;
 
 /// A reservation held.
 #[derive(Debug, Clone)]
@@ -20,6 +30,8 @@ pub struct Reservation {
     devices: Vec<DeviceId>,
     claim: f64,
     since: Micros,
+    /// Made without a program: whose, and until when.
+    manual: Option<Manual>,
 }
 
 /// A launch waiting for devices.
@@ -31,6 +43,18 @@ pub struct Waiting {
     gpus: GpuRequest,
     claim: f64,
     since: Micros,
+    manual: Option<Manual>,
+}
+
+/// Whose a reservation without a program is, and how long it lasts.
+#[derive(Debug, Clone)]
+struct Manual {
+    uid: u32,
+    user: String,
+    /// Its length, from when it is granted.
+    duration: Micros,
+    /// When it expires (once granted).
+    until: Micros,
 }
 
 const EPSILON: f64 = 1e-9;
@@ -75,9 +99,21 @@ impl Policy {
         group: String,
         gpus: GpuRequest,
         wait: bool,
+        duration: Option<Micros>,
         now: Micros,
         out: &mut Vec<Action>,
     ) {
+        let manual = duration.map(|duration| {
+            let peer = self.peer(client);
+            Manual {
+                // A peer the transport could not name: only the daemon's
+                // user or root may release it early.
+                uid: peer.map_or(u32::MAX, |p| p.uid),
+                user: peer.map_or_else(|| "(unknown)".into(), |p| p.user.clone()),
+                duration,
+                until: 0,
+            }
+        });
         let mut answer = |reply| out.push(Action::Reply { client, seq, reply });
         let Some(cfg) = self.config.groups.get(&group) else {
             let known: Vec<&str> = self.config.groups.keys().map(String::as_str).collect();
@@ -144,8 +180,12 @@ impl Policy {
         if let Some(msg) = bad {
             return answer(error(ErrorKind::BadRequest, msg));
         }
-        if self.reservations.iter().any(|r| r.client == client)
-            || self.queue.iter().any(|w| w.client == client)
+        if self.queue.iter().any(|w| w.client == client)
+            || (manual.is_none()
+                && self
+                    .reservations
+                    .iter()
+                    .any(|r| r.client == client && r.manual.is_none()))
         {
             return answer(error(
                 ErrorKind::Unexpected,
@@ -163,6 +203,7 @@ impl Policy {
                 devices: devices.clone(),
                 claim,
                 since: now,
+                manual: manual.map(|m| m.granted(now)),
             });
             return answer(Reply::Reserved { devices });
         }
@@ -174,6 +215,7 @@ impl Policy {
                 gpus,
                 claim,
                 since: now,
+                manual,
             });
             return;
         }
@@ -207,7 +249,8 @@ impl Policy {
     ) {
         let mut ended = false;
         self.reservations.retain(|r| {
-            if r.client != client {
+            // One made without a program outlives its connection.
+            if r.client != client || r.manual.is_some() {
                 return true;
             }
             for &d in &r.devices {
@@ -245,8 +288,71 @@ impl Policy {
                 devices,
                 claim: w.claim,
                 since: now,
+                manual: w.manual.map(|m| m.granted(now)),
             });
         }
+    }
+
+    /// Ends the reservations without a program that expired by `now`.
+    pub(super) fn expire_reservations(&mut self, now: Micros, out: &mut Vec<Action>) {
+        let before = self.reservations.len();
+        let released_at = &mut self.released_at;
+        self.reservations.retain(|r| match &r.manual {
+            Some(m) if m.until <= now => {
+                for &d in &r.devices {
+                    released_at.insert(d, now);
+                }
+                false
+            }
+            _ => true,
+        });
+        if self.reservations.len() != before {
+            self.serve_queue(now, out);
+        }
+    }
+
+    /// When the next reservation without a program expires.
+    pub(super) fn next_expiry(&self) -> Option<Micros> {
+        self.reservations
+            .iter()
+            .filter_map(|r| r.manual.as_ref().map(|m| m.until))
+            .min()
+    }
+
+    /// Ends the reservations without a program of `client`'s user (any
+    /// user's for the daemon's user and root) that hold any of `devices`
+    /// (empty: all).
+    pub(super) fn release_reserved(
+        &mut self,
+        client: ClientId,
+        devices: &[DeviceId],
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) -> Reply {
+        let peer = self.peer(client);
+        let anyone = peer.is_none_or(|p| p.uid == 0 || p.uid == self.params.admin_uid);
+        let uid = peer.map(|p| p.uid);
+        let mut freed: Vec<DeviceId> = Vec::new();
+        let released_at = &mut self.released_at;
+        self.reservations.retain(|r| {
+            let Some(m) = &r.manual else { return true };
+            let mine = anyone || Some(m.uid) == uid;
+            let named = devices.is_empty() || r.devices.iter().any(|d| devices.contains(d));
+            if !(mine && named) {
+                return true;
+            }
+            for &d in &r.devices {
+                released_at.insert(d, now);
+                freed.push(d);
+            }
+            false
+        });
+        if !freed.is_empty() {
+            self.serve_queue(now, out);
+        }
+        freed.sort_unstable();
+        freed.dedup();
+        Reply::Released { devices: freed }
     }
 
     /// The reservations held, as `(client, group, devices)`, in the order
@@ -254,8 +360,70 @@ impl Policy {
     pub fn held_reservations(&self) -> Vec<(ClientId, String, Vec<DeviceId>)> {
         self.reservations
             .iter()
+            .filter(|r| r.manual.is_none())
             .map(|r| (r.client, r.group.clone(), r.devices.clone()))
             .collect()
+    }
+
+    /// The reservations made without a program, as `(group, devices, uid,
+    /// user, until)` (for the daemon's state file).
+    pub fn manual_reservations(&self) -> Vec<(String, Vec<DeviceId>, u32, String, Micros)> {
+        self.reservations
+            .iter()
+            .filter_map(|r| {
+                let m = r.manual.as_ref()?;
+                Some((
+                    r.group.clone(),
+                    r.devices.clone(),
+                    m.uid,
+                    m.user.clone(),
+                    m.until,
+                ))
+            })
+            .collect()
+    }
+
+    /// Takes back a reservation made without a program that a previous
+    /// daemon held, until `until` (this scheduler's clock), if it has not
+    /// expired, its group exists and its devices have room (as they had).
+    pub fn restore_manual(
+        &mut self,
+        group: &str,
+        devices: Vec<DeviceId>,
+        uid: u32,
+        user: String,
+        until: Micros,
+        now: Micros,
+    ) -> Result<(), String> {
+        let Some(cfg) = self.config.groups.get(group) else {
+            return Err(format!("group {group:?} is no longer defined"));
+        };
+        if until <= now {
+            return Err("it has expired".into());
+        }
+        let claim = if cfg.min_util > 0.0 {
+            cfg.min_util
+        } else {
+            1.0
+        };
+        if let Some(&d) = devices.iter().find(|&&d| !self.has_room(d, claim)) {
+            return Err(format!("GPU {d} has no room for it"));
+        }
+        self.reservations.push(Reservation {
+            client: 0,
+            group: group.into(),
+            gpus: GpuRequest::Ids(devices.clone()),
+            devices,
+            claim,
+            since: now,
+            manual: Some(Manual {
+                uid,
+                user,
+                duration: until - now,
+                until,
+            }),
+        });
+        Ok(())
     }
 
     /// Reservations and queue for `gem-schd status`.
@@ -274,6 +442,10 @@ impl Policy {
                 gpus: r.gpus.clone(),
                 devices: r.devices.clone(),
                 for_us: now.saturating_sub(r.since),
+                manual: r.manual.as_ref().map(|m| ManualReservation {
+                    user: m.user.clone(),
+                    left_us: m.until.saturating_sub(now),
+                }),
             })
             .collect();
         let queue = self
@@ -286,8 +458,20 @@ impl Policy {
                 gpus: w.gpus.clone(),
                 devices: Vec::new(),
                 for_us: now.saturating_sub(w.since),
+                manual: w.manual.as_ref().map(|m| ManualReservation {
+                    user: m.user.clone(),
+                    left_us: m.duration,
+                }),
             })
             .collect();
         (held, queue)
+    }
+}
+
+impl Manual {
+    /// The reservation, granted at `now`.
+    fn granted(mut self, now: Micros) -> Manual {
+        self.until = now.saturating_add(self.duration);
+        self
     }
 }

@@ -458,6 +458,9 @@ impl Policy {
                 }
             }
         }
+        if let Some(t) = self.next_expiry() {
+            consider(t.max(now));
+        }
         match (next, self.holder_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

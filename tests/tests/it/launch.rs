@@ -475,3 +475,131 @@ fn a_bad_settings_file_is_named_by_every_tool() {
         );
     }
 }
+
+/// `gem-launch` with a subcommand (`reserve`, `release`) and no program.
+fn subcommand(g: &Gemini, args: &[&str]) -> std::process::Output {
+    g.sim
+        .command(bin("gem-launch"))
+        .env("GEMINI_IPC_DIR", g.ipc())
+        .env_remove("GEMINI_GROUP_NAME")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// canhazgpu's `reserve --gpus 2 --duration 4h`, then `release`: GPUs
+/// reserved without a program stay the user's after `gem-launch` exits
+/// and across a restart of the scheduler,
+/// are listed in `gem-schd status` with the user and when they expire,
+/// keep other launches off them (which wait in the queue), and end by
+/// themselves when they expire or early with `gem-launch release`.
+#[test]
+fn gpus_reserved_without_a_program_expire_or_are_released() {
+    let mut g = machine("[a]\n");
+    let out = subcommand(
+        &g,
+        &["reserve", "--group", "a", "--gpus", "1", "--duration", "4h"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("GPU(s) 0 reserved for group \"a\" until ") && said.contains("(4h)"),
+        "{said}"
+    );
+    // gem-launch has exited; the reservation stays, with its user.
+    let st = g.status();
+    assert_eq!(st.reservations.len(), 1);
+    let m = st.reservations[0]
+        .manual
+        .clone()
+        .expect("made without a program");
+    assert!(m.left_us > 3 * 3600 * 1_000_000, "{m:?}");
+    let text = Command::new(bin("gem-schd"))
+        .args(["status", "--ipc-dir"])
+        .arg(g.ipc())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("reserved for group a: user {} until ", m.user)),
+        "{text}"
+    );
+    // A scheduler killed and started again keeps it, with its user and end.
+    g.kill_scheduler();
+    g.start_scheduler();
+    let st = g.status();
+    assert_eq!(st.reservations.len(), 1, "{st:?}");
+    let again = st.reservations[0]
+        .manual
+        .clone()
+        .expect("still without a program");
+    assert_eq!(again.user, m.user);
+    assert!(
+        again.left_us <= m.left_us && again.left_us + 10_000_000 > m.left_us,
+        "{again:?} after {m:?}"
+    );
+    // A one-second reservation of GPU 1: a launch asking for both waits
+    // until it expires (and for GPU 0, released below).
+    let out = subcommand(
+        &g,
+        &[
+            "reserve",
+            "--group",
+            "a",
+            "--gpu-ids",
+            "1",
+            "--duration",
+            "1s",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = show_gpus("0");
+    let waiting = launch(&g, &["--group", "a", "--gpus", "2"], &args(&p))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    g.wait_status(5.0, "the launch waits", |s| s.queue.len() == 1);
+    g.wait_status(5.0, "the 1 s reservation expired", |s| {
+        s.reservations.iter().all(|r| !r.devices.contains(&1))
+    });
+    // Released early by its user: the waiting launch gets both GPUs.
+    let out = subcommand(&g, &["release"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "GPU(s) 0 given back"
+    );
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(gpus_of(&out.stdout).split(',').count(), 2);
+    // Nothing left to release: said, exit 13.
+    let out = subcommand(&g, &["release", "--gpu-ids", "0"]);
+    assert_eq!(out.status.code(), Some(13));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no reservation of yours"));
+    // A length out of range is refused with the scheduler's reason.
+    let out = subcommand(
+        &g,
+        &[
+            "reserve",
+            "--gpus",
+            "1",
+            "--group",
+            "a",
+            "--duration",
+            "40d",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(13));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most 30 days"));
+}

@@ -179,3 +179,114 @@ fn time_held_back_by_max_util_is_counted() {
         "{t:?} (eligible at {at})"
     );
 }
+
+/// A peer named by the kernel, for `Event::Connected`.
+fn peer_of(uid: u32, user: &str) -> crate::policy::Peer {
+    crate::policy::Peer {
+        uid,
+        pid: 1,
+        user: user.into(),
+        groups: Vec::new(),
+        cgroups: Vec::new(),
+    }
+}
+
+fn reserve_for(
+    p: &mut Policy,
+    client: ClientId,
+    uid: u32,
+    gpus: GpuRequest,
+    duration_us: Micros,
+    now: Micros,
+) -> Vec<(ClientId, u32, Reply)> {
+    p.handle(
+        Event::Connected {
+            client,
+            peer: peer_of(uid, &format!("user{uid}")),
+        },
+        now,
+    );
+    control(p, client);
+    replies(p.handle(
+        Event::Request {
+            client,
+            seq: 1,
+            req: Request::ReserveFor {
+                group: "a".into(),
+                gpus,
+                duration_us,
+                wait: true,
+            },
+        },
+        now,
+    ))
+}
+
+/// `gem-launch reserve --duration`: GPUs held for a user without a
+/// program, past the connection that asked, listed with the user and the
+/// time left, until they expire by themselves (and the queue moves on)
+/// or their user releases them early; another user may not.
+#[test]
+fn a_reservation_without_a_program_expires_or_is_released_by_its_user() {
+    const H: Micros = 3_600_000_000;
+    let mut p = two_gpus("[a]\n");
+    assert_eq!(
+        reserve_for(&mut p, 1, 1000, GpuRequest::Count(1), 4 * H, 0),
+        vec![(1, 1, Reply::Reserved { devices: vec![0] })]
+    );
+    // The connection that asked goes; the reservation stays.
+    p.handle(Event::Disconnected { client: 1 }, 10);
+    let st = p.status(H);
+    assert_eq!(st.reservations.len(), 1);
+    let m = st.reservations[0]
+        .manual
+        .clone()
+        .expect("made without a program");
+    assert_eq!((m.user.as_str(), m.left_us), ("user1000", 3 * H));
+    assert_eq!(p.next_deadline(H), Some(4 * H), "its expiry is a deadline");
+    // A second one takes GPU 1; a third waits for one to end.
+    reserve_for(&mut p, 2, 1000, GpuRequest::Count(1), 8 * H, H);
+    assert!(reserve_for(&mut p, 3, 2000, GpuRequest::Count(1), 2 * H, H).is_empty());
+    // Another user may not release them.
+    let release = |p: &mut Policy, client, devices: Vec<DeviceId>, now| {
+        replies(p.handle(
+            Event::Request {
+                client,
+                seq: 2,
+                req: Request::ReleaseReserved { devices },
+            },
+            now,
+        ))
+    };
+    assert_eq!(
+        release(&mut p, 3, vec![], 2 * H),
+        vec![(3, 2, Reply::Released { devices: vec![] })]
+    );
+    // The first expires at 4 h: the waiting one gets GPU 0 then.
+    assert!(replies(p.handle(Event::Tick, 4 * H - 1)).is_empty());
+    assert_eq!(
+        replies(p.handle(Event::Tick, 4 * H)),
+        vec![(3, 1, Reply::Reserved { devices: vec![0] })]
+    );
+    // Its user releases GPU 1 early (connected again, as another client).
+    p.handle(
+        Event::Connected {
+            client: 4,
+            peer: peer_of(1000, "user1000"),
+        },
+        5 * H,
+    );
+    control(&mut p, 4);
+    assert_eq!(
+        release(&mut p, 4, vec![1], 5 * H),
+        vec![(4, 2, Reply::Released { devices: vec![1] })]
+    );
+    let st = p.status(5 * H);
+    assert_eq!(st.reservations.len(), 1, "user2000's on GPU 0 is left");
+    assert_eq!(st.reservations[0].devices, vec![0]);
+    // Lengths out of range are refused.
+    for bad in [0, 31 * 24 * H] {
+        let r = reserve_for(&mut p, 5, 1000, GpuRequest::Count(1), bad, 5 * H);
+        assert_eq!(kind(&r[0].2), Some(ErrorKind::BadRequest), "{bad}");
+    }
+}
