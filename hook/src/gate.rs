@@ -46,12 +46,15 @@ use crate::syncer;
 
 mod contexts;
 mod late;
+mod learn;
+mod settle;
 mod waits;
 mod watcher;
 
 pub(crate) use contexts::synchronize_device;
 pub use contexts::{context_gone, context_made, context_may_go};
 use gemini_protocol::{Reply, Request};
+use settle::{Settle, settle, settle_ahead};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -224,40 +227,6 @@ fn admit_at(
 }
 
 impl Gate {
-    /// A launch came after a wait: learn how long the process was quiet.
-    #[cold]
-    fn learn_gap(&self, now: u64, st: &State) {
-        let exit = self.wait_exit.swap(0, Ordering::Relaxed);
-        if exit == 0 {
-            return;
-        }
-        let cap = 4 * st.settings.idle.as_nanos() as u64;
-        let gap = now.saturating_sub(exit).min(cap);
-        let avg = self.gap_avg.load(Ordering::Relaxed);
-        self.gap_avg.store(lean_low(avg, gap), Ordering::Relaxed);
-        self.begin_sample(now);
-    }
-
-    /// Starts a sample of the device time per launch at `now`, unless one
-    /// is under way.
-    fn begin_sample(&self, now: u64) {
-        if self.sample_start.load(Ordering::Relaxed) == 0 {
-            self.sample_launches
-                .store(self.launches(), Ordering::Relaxed);
-            self.sample_blocked
-                .store(self.blocked.load(Ordering::Relaxed), Ordering::Relaxed);
-            self.sample_graphs.store(
-                self.graph_launches.load(Ordering::Relaxed),
-                Ordering::Relaxed,
-            );
-            self.sample_graph_ns
-                .store(self.graph_ns.load(Ordering::Relaxed), Ordering::Relaxed);
-            self.sample_stream
-                .store(covers::NO_STREAM, Ordering::Relaxed);
-            self.sample_start.store(now, Ordering::Relaxed);
-        }
-    }
-
     /// Whether the process usually stays quiet after its waits long enough
     /// to give the token back as a wait returns: `EARLY_RELEASE_NS` or
     /// more (or the idle threshold, if shorter), so that another group
@@ -333,91 +302,6 @@ impl Gate {
             self.kernel_hi_ns.load(Ordering::Relaxed)
         }
     }
-
-    /// A wait returned with the work launched before it done and no other
-    /// call in flight: learn the device time per launch from the launches
-    /// since the sample began (the time blocked for a token left out).
-    fn learn_kernel(&self, now: u64) {
-        let start = self.sample_start.swap(0, Ordering::Relaxed);
-        if start == 0 || now <= start {
-            return;
-        }
-        // Graph launches of known cost are left out, with their time.
-        let since = |total: &AtomicU64, at: &AtomicU64| {
-            total
-                .load(Ordering::Relaxed)
-                .saturating_sub(at.load(Ordering::Relaxed))
-        };
-        let graphs = since(&self.graph_launches, &self.sample_graphs);
-        let graph_ns = since(&self.graph_ns, &self.sample_graph_ns);
-        let n = self
-            .launches()
-            .saturating_sub(self.sample_launches.load(Ordering::Relaxed))
-            .saturating_sub(graphs);
-        if n == 0 {
-            return;
-        }
-        let blocked = since(&self.blocked, &self.sample_blocked);
-        let sample = (now - start).saturating_sub(blocked + graph_ns) / n;
-        // A lent token's bound leans short (too long an estimate leaves the
-        // device idle); a token not lent leans long (too short one lets a
-        // longer kernel queue past the token and past MaxUtil).
-        fold(&self.kernel_ns, sample, lean_low);
-        fold(&self.kernel_hi_ns, sample, lean_high);
-    }
-
-    /// A token's end waited for its launches up to `now` and they were
-    /// not done: each takes longer than the time since the sample began
-    /// over their number. The estimates rise to that at once. Without it
-    /// a program that never waits, with kernels longer than the wait's
-    /// bound, was never measured: every token admitted the few launches
-    /// of an unknown time on top of a queue that never drained (100 ms
-    /// kernels: 2.5 s queued past its tokens after 4 s).
-    fn learn_kernel_at_least(&self, now: u64) {
-        let start = self.sample_start.load(Ordering::Relaxed);
-        if start == 0 || now <= start {
-            return;
-        }
-        // As `learn_kernel` counts: graph launches of known cost left out.
-        let since = |total: &AtomicU64, at: &AtomicU64| {
-            total
-                .load(Ordering::Relaxed)
-                .saturating_sub(at.load(Ordering::Relaxed))
-        };
-        let graphs = since(&self.graph_launches, &self.sample_graphs);
-        let graph_ns = since(&self.graph_ns, &self.sample_graph_ns);
-        let n = self
-            .launches()
-            .saturating_sub(self.sample_launches.load(Ordering::Relaxed))
-            .saturating_sub(graphs);
-        if n == 0 {
-            return;
-        }
-        let blocked = since(&self.blocked, &self.sample_blocked);
-        let floor = (now - start).saturating_sub(blocked + graph_ns) / n;
-        self.kernel_ns.fetch_max(floor.max(1), Ordering::Relaxed);
-        self.kernel_hi_ns.fetch_max(floor.max(1), Ordering::Relaxed);
-    }
-}
-
-/// Folds `sample` into the estimate in `slot` with `lean` (the first
-/// sample is taken as it is; never 0, which means "not known").
-fn fold(slot: &AtomicU64, sample: u64, lean: fn(u64, u64) -> u64) {
-    let avg = slot.load(Ordering::Relaxed);
-    let est = if avg == 0 { sample } else { lean(avg, sample) };
-    slot.store(est.max(1), Ordering::Relaxed);
-}
-
-/// A smoothed estimate that follows a longer `sample` by half and a
-/// shorter one by an eighth: longer kernels soon count in full, and one
-/// sample stretched by a stall of the process (its CPU taken) does not
-/// shrink the next tokens' queues at once.
-fn lean_high(avg: u64, sample: u64) -> u64 {
-    if sample >= avg {
-        avg + (sample - avg) / 2
-    } else {
-        avg - (avg - sample) / 8
-    }
 }
 
 /// The cost of a launch of a graph not timed yet (see `graphs`): it may
@@ -433,193 +317,11 @@ const UNKNOWN_GRAPH: u64 = u64::MAX;
 /// MaxUtil of 0.3 then made it pay back for 2.7 s.
 const UNKNOWN_LAUNCHES: u64 = 4;
 
-/// A smoothed estimate that follows a shorter `sample` at once and a
-/// longer one by an eighth: one outlier (a thread descheduled, a slow
-/// wake-up) barely moves it, a lasting change soon does.
-fn lean_low(avg: u64, sample: u64) -> u64 {
-    if sample <= avg {
-        sample
-    } else {
-        avg + (sample - avg) / 8
-    }
-}
-
 /// Quiet time after waits from which a process gives its token back as a
 /// wait returns. A gap this long is worth lending (a release and a grant
 /// take a few round trips of tens of µs); a shorter one is not, and the
 /// process keeps the token through it.
 const EARLY_RELEASE_NS: u64 = 500_000;
-
-/// How long a token's end waits for its work (see `syncer`): until the
-/// work's predicted end (which leans long), and a quota more; while the
-/// device time per launch is not known, `UNKNOWN_SYNC_NS`.
-fn sync_bound(g: &Gate, granted_at: u64, now: u64) -> Duration {
-    if g.kernel_hi_ns.load(Ordering::Relaxed) == 0 {
-        return Duration::from_nanos(UNKNOWN_SYNC_NS);
-    }
-    let left = g.queued_end.load(Ordering::Relaxed).saturating_sub(now);
-    let quota = g
-        .quota_end
-        .load(Ordering::Relaxed)
-        .saturating_sub(granted_at);
-    Duration::from_nanos(left + quota.max(STALL_NS))
-}
-
-/// [`sync_bound`] while the device time per launch is not known: the few
-/// launches admitted then (`UNKNOWN_LAUNCHES`) are measured by it, and
-/// the scheduler revokes a token a second past its end.
-const UNKNOWN_SYNC_NS: u64 = 250_000_000;
-
-/// Why a token's accounting ends.
-#[derive(Debug, Clone, Copy)]
-enum Settle {
-    /// It ran out and a launch wants a new one.
-    RanOut,
-    /// The process has not used the device since `quiet_since` (ns).
-    Idle { quiet_since: u64 },
-    /// The process only waits, for work that should have ended an idle
-    /// threshold ago: work that waits for another process (an NCCL
-    /// collective for its peer rank, `cuStreamWaitValue32`, a host
-    /// function). Waiting for it would hold the device, and the peer may
-    /// need this very device (or another job's peer, which needs ours).
-    Stalled,
-}
-
-/// Ends the accounting of `g`'s token (the caller holds `g.slow`): waits
-/// for the work launched under it and returns the device time it took in
-/// µs, overuse included; `None` if no token was held. The one place that
-/// turns a token into a usage report, for the slow path and the watcher.
-fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
-    let granted_at = g.granted_at.swap(0, Ordering::AcqRel);
-    if granted_at == 0 {
-        return None;
-    }
-    let t0 = now_ns();
-    let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
-    if let Settle::Stalled = why {
-        // What the waits learn from now on spans the stall, not launches.
-        g.sample_start.store(0, Ordering::Relaxed);
-        // The work goes on without the token: charged late, once done.
-        if let Err(ticket) = syncer::sync_within(dev, g, ctx, Duration::ZERO, synchronize_device) {
-            late::begin(g, t0, ticket);
-        }
-        return Some(t0.saturating_sub(granted_at) / 1000);
-    }
-    // A capture is open: any synchronisation would fail and invalidate
-    // the program's capture. Or the work outlasts the bound: it waits for
-    // another process (see `syncer`). Either way the token is accounted up
-    // to now (or to when the process went quiet) without waiting for its
-    // work; work that outlasted the bound is charged late, once done.
-    let synced = syncer::sync_within(
-        dev,
-        g,
-        ctx,
-        sync_bound(g, granted_at, t0),
-        synchronize_device,
-    );
-    let capturing = synced != Ok(true);
-    let mut pending = None;
-    match synced {
-        Ok(true) => {}
-        Ok(false) => {
-            debug!("a capture is open: token accounted without waiting for its work ({why:?})")
-        }
-        Err(ticket) => {
-            debug!(
-                "device {dev}: the work outlasts its prediction: token accounted without waiting for it, the rest charged once done ({why:?})"
-            );
-            if matches!(why, Settle::RanOut) {
-                // The launches took longer than predicted: at least this.
-                g.learn_kernel_at_least(now_ns());
-            }
-            // What the waits learn next spans the wait, not launches.
-            g.sample_start.store(0, Ordering::Relaxed);
-            pending = Some(ticket);
-        }
-    }
-    let t1 = now_ns();
-    if !capturing && matches!(why, Settle::RanOut) {
-        // Every launch of the sample has run: learn from it.
-        g.learn_kernel(t1);
-    }
-    let end = match why {
-        // If the work was still running, it ended now; else it ended
-        // (about) when the process went quiet.
-        Settle::Idle { quiet_since } if capturing || t1.saturating_sub(t0) <= 100_000 => {
-            quiet_since.clamp(granted_at, t1)
-        }
-        _ => t1,
-    };
-    let quota_end = g.quota_end.load(Ordering::Relaxed);
-    if matches!(why, Settle::RanOut) || end > quota_end {
-        // Work still queued when the token ran out: launching stops this
-        // much earlier next time.
-        let over = end.saturating_sub(quota_end);
-        let avg = g.overuse.load(Ordering::Relaxed);
-        g.overuse.store((avg + over) / 2, Ordering::Relaxed);
-    }
-    if let Settle::Idle { .. } = why {
-        let burst_start = g.burst_start.swap(0, Ordering::Relaxed);
-        if burst_start != 0 {
-            let len = end.saturating_sub(burst_start) / 1000;
-            let avg = g.burst_avg.load(Ordering::Relaxed);
-            g.burst_avg.store(
-                if avg == 0 { len } else { (avg + len) / 2 },
-                Ordering::Relaxed,
-            );
-        }
-    }
-    if let Some(ticket) = pending {
-        late::begin(g, end, ticket);
-    }
-    Some(end.saturating_sub(granted_at) / 1000)
-}
-
-/// How long before a renewed lent token's queue is predicted to drain its
-/// renewal is asked for: a token round trip (116 µs median, 216 µs p99 in
-/// `make bench`) and the wake-up.
-const RENEW_LEAD_NS: u64 = 300_000;
-
-/// Ends the accounting of a lent token (the caller holds `g.slow`)
-/// without waiting for its work: returns the device time charged for it
-/// (µs, to the end of its quota, within which the token's bound keeps the
-/// queue) and the predicted end of the queue (ns); `None` for a token not lent, no
-/// token, or while the device time per launch is not known. Lent tokens
-/// are short (they end when the group they are lent from is back) and
-/// renewed often while it is late: waiting for the queue to drain before
-/// asking again idled the device for the round trip and the wake-up at
-/// every renewal (0.4-0.9 ms per 1 ms token, measured). Asked while the
-/// last launches still run, the next token comes before they end; the
-/// scheduler counts the time of work reported ahead once.
-fn settle_ahead(g: &Gate, now: u64) -> Option<(u64, u64)> {
-    if !g.lent.load(Ordering::Relaxed) || g.kernel_ns.load(Ordering::Relaxed) == 0 {
-        return None;
-    }
-    if g.granted_at.load(Ordering::Acquire) == 0 {
-        return None;
-    }
-    // Asked for when the queue is about to drain, not as soon as it is
-    // full: a token granted with most of the work still queued would only
-    // admit more behind it, past the time it is lent for.
-    let wake = g
-        .queued_end
-        .load(Ordering::Relaxed)
-        .saturating_sub(RENEW_LEAD_NS);
-    if wake > now {
-        std::thread::sleep(Duration::from_nanos(wake - now));
-    }
-    let now = now_ns();
-    let granted_at = g.granted_at.swap(0, Ordering::AcqRel);
-    if granted_at == 0 {
-        return None;
-    }
-    // Charged to its end (or past it, where a longer kernel began on an
-    // empty queue): the token was this process's until then, and the
-    // estimate of the queue leans short.
-    let queued = g.queued_end.load(Ordering::Relaxed).max(now);
-    let end = queued.max(g.quota_end.load(Ordering::Relaxed));
-    Some((end.saturating_sub(granted_at) / 1000, queued))
-}
 
 #[cold]
 fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUresult> {

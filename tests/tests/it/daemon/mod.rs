@@ -1,0 +1,562 @@
+//! The real `gem-schd` binary: each test gets a fresh machine
+//! ([`Gemini`]) with its own `resource.conf` and IPC directory, and talks
+//! to the daemon with the protocol client.
+
+use gemini_protocol::{
+    ErrorKind, PROTOCOL_VERSION, Reply, Request, Role, StatusReport, encode_request,
+};
+use gemini_scheduler::client::Client;
+use gemini_tests::{Gemini, SimEnv, bin};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod access;
+mod config;
+
+const T: Duration = Duration::from_secs(3);
+
+/// `gem-schd`, for its command-line tests.
+fn schd_bin() -> PathBuf {
+    bin("gem-schd")
+}
+
+fn hello(c: &mut Client, group: &str) -> Reply {
+    let req = Request::Hello {
+        role: Role::Client,
+        group: group.into(),
+        pid: std::process::id(),
+        held: vec![],
+    };
+    c.request(&req, T).unwrap()
+}
+
+fn error_kind(r: &Reply) -> Option<ErrorKind> {
+    match r {
+        Reply::Error(e) => Some(e.kind),
+        _ => None,
+    }
+}
+
+/// Replaces a file the way editors do: write a temporary, rename it over.
+fn save_like_an_editor(path: &Path, text: &str) {
+    let tmp = path.with_extension("conf.swp");
+    fs::write(&tmp, text).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+fn group_min(s: &StatusReport, name: &str) -> Option<f64> {
+    s.groups.iter().find(|g| g.name == name).map(|g| g.min_util)
+}
+
+#[test]
+fn status_lists_configured_groups_and_ipc_dir_is_private() {
+    let s = Gemini::daemon(
+        "[train]\nMinUtil=0.7\nMemoryLimit=8GiB\n[notebook]\nMinUtil=0.3\nMaxUtil=0.5\n",
+    );
+    let st = s.status();
+    let names: Vec<&str> = st.groups.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(names, ["notebook", "train"]);
+    assert_eq!(st.groups[1].memory_limit, 8 << 30);
+    assert_eq!(st.groups[0].max_util, 0.5);
+    let mode = fs::metadata(s.ipc()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "IPC dir mode {mode:o}");
+}
+
+#[test]
+fn status_cli_prints_table_and_json() {
+    let s = Gemini::daemon("[train]\nMinUtil=0.5\n");
+    let out = Command::new(schd_bin())
+        .arg("status")
+        .arg("--ipc-dir")
+        .arg(s.ipc())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("train") && text.contains("50.0%"), "{text}");
+    let out = Command::new(schd_bin())
+        .args(["status", "--json"])
+        .env("GEMINI_IPC_DIR", s.ipc())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["groups"][0]["name"], "train");
+}
+
+/// `status --json --watch` prints plain JSON documents (no screen-clear
+/// escapes), keeps watching across a scheduler restart, and ends quietly
+/// with exit 0 when its reader goes away (`| head`: it used to panic on
+/// the broken pipe).
+#[test]
+fn status_watch_survives_a_restart_and_a_closed_pipe() {
+    use std::io::Read as _;
+    let mut s = Gemini::daemon("[a]\n");
+    let mut watch = Command::new(schd_bin())
+        .args(["status", "--json", "--watch", "0.1", "--ipc-dir"])
+        .arg(s.ipc())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = watch.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut read_until = |what: &str, buf: &mut Vec<u8>| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut chunk = [0u8; 4096];
+        while !String::from_utf8_lossy(buf).contains(what) {
+            assert!(
+                Instant::now() < deadline,
+                "no {what:?} in {}",
+                String::from_utf8_lossy(buf)
+            );
+            let n = stdout.read(&mut chunk).unwrap();
+            assert!(
+                n > 0,
+                "status --watch ended: {}",
+                String::from_utf8_lossy(buf)
+            );
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    read_until("\"groups\"", &mut seen);
+    // The scheduler stops and a new one starts on the same directory.
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(s.scheduler_pid().unwrap() as i32, libc::SIGTERM) };
+    s.wait_scheduler();
+    read_until("waiting for the scheduler", &mut seen);
+    fs::write(s.conf(), "[b]\n").unwrap();
+    let mut again = Command::new(schd_bin())
+        .arg("--config")
+        .arg(s.conf())
+        .arg("--ipc-dir")
+        .arg(s.ipc())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    read_until("\"b\"", &mut seen);
+    let text = String::from_utf8_lossy(&seen);
+    assert!(!text.contains('\x1b'), "escapes in JSON output: {text:?}");
+    // The reader goes away.
+    drop(stdout);
+    let status = watch.wait().unwrap();
+    let mut err = String::new();
+    watch
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    let _ = again.kill();
+    let _ = again.wait();
+}
+
+#[test]
+fn status_without_a_daemon_fails_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(schd_bin())
+        .arg("status")
+        .arg("--ipc-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is gem-schd running?"), "{err}");
+}
+
+#[test]
+fn tokens_and_memory_through_the_daemon() {
+    let s = Gemini::daemon("[a]\nMemoryLimit=1GiB\n[b]\n");
+    let mut a = s.client();
+    let mut b = s.client();
+    assert!(matches!(hello(&mut a, "a"), Reply::Welcome { .. }));
+    assert!(matches!(hello(&mut b, "b"), Reply::Welcome { .. }));
+    let acquire = Request::AcquireToken {
+        device: 0,
+        used_us: 0,
+        burst_us: 20_000,
+    };
+    assert_eq!(
+        a.request(&acquire, T).unwrap(),
+        Reply::Token {
+            device: 0,
+            quota_us: 20_000,
+            lent: false
+        }
+    );
+    // b waits while a holds the token...
+    let seq = b.send(&acquire).unwrap();
+    assert!(
+        b.recv(Duration::from_millis(5)).is_err(),
+        "b got a token while a held it"
+    );
+    // ...and gets it when a gives it back.
+    assert_eq!(
+        a.request(
+            &Request::ReleaseToken {
+                device: 0,
+                used_us: 5_000
+            },
+            T
+        )
+        .unwrap(),
+        Reply::Done
+    );
+    let (s2, r) = b.recv(T).unwrap();
+    assert_eq!(
+        (s2, r),
+        (
+            seq,
+            Reply::Token {
+                device: 0,
+                quota_us: 20_000,
+                lent: false
+            }
+        )
+    );
+    let r = a
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 30,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(
+        r,
+        Reply::Memory {
+            device: 0,
+            used: 1 << 30,
+            limit: 1 << 30
+        }
+    );
+    let r = a
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(error_kind(&r), Some(ErrorKind::OutOfMemory));
+    let st = s.status();
+    assert_eq!(
+        st.devices[0]
+            .groups
+            .iter()
+            .find(|g| g.group == "a")
+            .unwrap()
+            .memory_used,
+        1 << 30
+    );
+    assert_eq!(st.clients.len(), 2);
+}
+
+#[test]
+fn garbage_and_foreign_versions_get_error_replies_and_the_daemon_lives() {
+    let mut s = Gemini::daemon("[a]\n");
+    let mut c = s.client();
+    // A frame of our version whose body is garbage.
+    let mut bad_body = b"GM".to_vec();
+    bad_body.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    bad_body.extend_from_slice(&[0xff; 5]);
+    for junk in [
+        &b""[..],
+        b"x",
+        b"GET / HTTP/1.1\r\n\r\n",
+        &[0xff; 300],
+        &bad_body,
+    ] {
+        c.send_raw(junk).unwrap();
+        let (_, r) = c.recv(T).unwrap();
+        assert_eq!(error_kind(&r), Some(ErrorKind::Malformed), "{junk:?}");
+    }
+    let mut frame = encode_request(5, &Request::Status);
+    frame[2..4].copy_from_slice(&(PROTOCOL_VERSION + 7).to_le_bytes());
+    c.send_raw(&frame).unwrap();
+    let (_, r) = c.recv(T).unwrap();
+    assert_eq!(error_kind(&r), Some(ErrorKind::ProtocolMismatch));
+    // A frame larger than the limit is dropped by libzmq (the connection
+    // is closed); the daemon carries on.
+    let mut big = s.client();
+    big.send_raw(&vec![0u8; 2 << 20]).unwrap();
+    // Requests that make no sense in the client's state.
+    let r = c
+        .request(
+            &Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 0,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(error_kind(&r), Some(ErrorKind::NotRegistered));
+    hello(&mut c, "a");
+    assert_eq!(
+        error_kind(&hello(&mut c, "a")),
+        Some(ErrorKind::AlreadyRegistered)
+    );
+    let r = c
+        .request(
+            &Request::ReserveMemory {
+                device: u32::MAX,
+                bytes: 1,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(error_kind(&r), Some(ErrorKind::BadRequest));
+    // A REQ socket (delimiter frame) is answered too.
+    let ctx = zmq::Context::new();
+    let req = ctx.socket(zmq::REQ).unwrap();
+    req.connect(&gemini_protocol::scheduler_endpoint(&s.ipc()).unwrap())
+        .unwrap();
+    req.send(encode_request(1, &Request::Status), 0).unwrap();
+    assert_eq!(req.poll(zmq::POLLIN, 3000).unwrap(), 1);
+    let (_, r) = gemini_protocol::decode_reply(&req.recv_bytes(0).unwrap()).unwrap();
+    assert!(matches!(r, Reply::Status(_)));
+    assert!(s.alive());
+    assert!(matches!(
+        s.client().request(&Request::Status, T).unwrap(),
+        Reply::Status(_)
+    ));
+}
+
+#[test]
+fn dead_client_releases_token_and_memory() {
+    let s = Gemini::daemon("[a]\nMemoryLimit=1GiB\n");
+    // A child process (this test binary, in helper mode) joins, reserves
+    // 1 GiB and takes the token, then is killed.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "daemon::helper_client_process",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("GEM_TEST_HELPER_IPC", s.ipc())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    s.wait_status(5.0, "helper registered", |st| {
+        st.devices.first().is_some_and(|d| {
+            d.holder.is_some() && d.groups.iter().any(|g| g.memory_used == 1 << 30)
+        })
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    s.wait_status(5.0, "release", |st| {
+        st.clients.is_empty()
+            && st.devices[0].holder.is_none()
+            && st.devices[0].groups[0].memory_used == 0
+    });
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "released after {:?}",
+        killed.elapsed()
+    );
+    let mut c = s.client();
+    hello(&mut c, "a");
+    let r = c
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 30,
+            },
+            T,
+        )
+        .unwrap();
+    assert!(matches!(r, Reply::Memory { .. }), "{r:?}");
+}
+
+/// Not a test: the client process of `dead_client_releases_token_and_memory`.
+#[test]
+#[ignore = "helper process, run by another test"]
+fn helper_client_process() {
+    let Some(ipc) = std::env::var_os("GEM_TEST_HELPER_IPC") else {
+        return;
+    };
+    let mut c = Client::connect(Path::new(&ipc)).unwrap();
+    assert!(matches!(hello(&mut c, "a"), Reply::Welcome { .. }));
+    let r = c
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 1 << 30,
+            },
+            T,
+        )
+        .unwrap();
+    assert!(matches!(r, Reply::Memory { .. }));
+    let r = c
+        .request(
+            &Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 100_000,
+            },
+            T,
+        )
+        .unwrap();
+    assert!(matches!(r, Reply::Token { .. }));
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn second_daemon_on_the_same_dir_is_refused() {
+    let s = Gemini::daemon("[a]\n");
+    let out = Command::new(schd_bin())
+        .arg("--config")
+        .arg(s.conf())
+        .arg("--ipc-dir")
+        .arg(s.ipc())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already running"));
+    assert!(matches!(
+        s.client().request(&Request::Status, T).unwrap(),
+        Reply::Status(_)
+    ));
+}
+
+#[test]
+fn shutdown_stops_the_daemon_and_removes_the_socket() {
+    let mut s = Gemini::daemon("[a]\n");
+    let out = Command::new(schd_bin())
+        .arg("shutdown")
+        .arg("--ipc-dir")
+        .arg(s.ipc())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = s.wait_scheduler();
+    assert!(status.success());
+    assert!(!s.ipc().join("scheduler.sock").exists());
+}
+
+#[test]
+fn sigterm_stops_the_daemon_cleanly() {
+    let mut s = Gemini::daemon("[a]\n");
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(s.scheduler_pid().unwrap() as i32, libc::SIGTERM) };
+    let status = s.wait_scheduler();
+    assert!(status.success(), "{status:?}");
+    assert!(!s.ipc().join("scheduler.sock").exists());
+}
+
+#[test]
+fn settings_file_and_flags_are_applied() {
+    let sim = SimEnv::default();
+    fs::write(sim.path().join("resource.conf"), "[a]\n").unwrap();
+    fs::write(
+        sim.path().join("gemini.toml"),
+        "window = \"20s\"\nmax_quota = \"50ms\"\n",
+    )
+    .unwrap();
+    let settings = sim.path().join("gemini.toml").display().to_string();
+    let s = Gemini::start_prepared(sim, &["--settings", &settings, "--window", "30s"]);
+    assert_eq!(s.status().window_us, 30_000_000);
+    let mut c = s.client();
+    hello(&mut c, "a");
+    let r = c
+        .request(
+            &Request::AcquireToken {
+                device: 0,
+                used_us: 0,
+                burst_us: 10_000_000,
+            },
+            T,
+        )
+        .unwrap();
+    assert_eq!(
+        r,
+        Reply::Token {
+            device: 0,
+            quota_us: 50_000,
+            lent: false
+        }
+    );
+}
+
+#[test]
+fn removed_ipc_dir_is_recreated_and_clients_keep_working() {
+    let s = Gemini::daemon("[a]\n");
+    let mut old = s.client();
+    assert!(matches!(hello(&mut old, "a"), Reply::Welcome { .. }));
+    fs::remove_dir_all(s.ipc()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !s.ipc().join("scheduler.sock").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "socket not recreated; log:\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        fs::metadata(s.ipc()).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    // A new client connects through the new socket...
+    let st = s.status();
+    assert_eq!(st.clients.len(), 1);
+    // ...and the old connection still works.
+    let r = old.request(&Request::MemoryInfo { device: 0 }, T).unwrap();
+    assert!(matches!(r, Reply::MemoryView { .. }), "{r:?}");
+    assert!(s.log().contains("disappeared; creating it again"));
+}
+
+/// `Quieting` through the daemon: the waiting client's token comes at the
+/// announced end (less `HANDOVER_LEAD`), without the holder's report.
+#[test]
+fn a_quieting_holder_passes_the_token_on_at_the_announced_end() {
+    let s = Gemini::daemon("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n");
+    let mut hi = s.client();
+    let mut lo = s.client();
+    assert!(matches!(hello(&mut hi, "hi"), Reply::Welcome { .. }));
+    assert!(matches!(hello(&mut lo, "lo"), Reply::Welcome { .. }));
+    let acquire = Request::AcquireToken {
+        device: 0,
+        used_us: 0,
+        burst_us: 100_000,
+    };
+    assert!(matches!(
+        hi.request(&acquire, T).unwrap(),
+        Reply::Token { .. }
+    ));
+    let seq = lo.send(&acquire).unwrap();
+    let t0 = Instant::now();
+    assert_eq!(
+        hi.request(
+            &Request::Quieting {
+                device: 0,
+                done_in_us: 50_000
+            },
+            T
+        )
+        .unwrap(),
+        Reply::Done
+    );
+    let (s2, r) = lo.recv(T).unwrap();
+    let waited = t0.elapsed();
+    assert_eq!(s2, seq);
+    assert!(matches!(r, Reply::Token { .. }), "{r:?}");
+    assert!(
+        waited >= Duration::from_millis(45) && waited < Duration::from_millis(90),
+        "lo waited {waited:?} for a holder quieting in 50 ms (its token was 100 ms)"
+    );
+}
