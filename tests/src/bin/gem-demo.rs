@@ -12,8 +12,6 @@ use gemini_scheduler::policy::entitlements;
 use gemini_tests::{Gemini, SimEnv, TRAINING_STEP, bin, field, now_ns, reports};
 use std::process::{Command, Stdio};
 
-const SEC: u64 = 1_000_000_000;
-
 fn workload(g: &Gemini, group: &str, seconds: &str) -> std::process::Child {
     workload_with(g, group, seconds, &[])
 }
@@ -59,10 +57,26 @@ struct Args {
     /// and `notebook`
     #[arg(default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/resource.conf"))]
     config: String,
+    /// How long the two-group steps run (the one alone runs 0.4 of it);
+    /// each is measured from a fifth of the way in
+    #[arg(long, default_value_t = 10.0, value_parser = at_least_two)]
+    seconds: f64,
+}
+
+fn at_least_two(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (2.0..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected seconds between 2 and 3600, got {s:?}")),
+    }
 }
 
 fn main() {
-    let conf_path = <Args as clap::Parser>::parse().config;
+    let args = <Args as clap::Parser>::parse();
+    let conf_path = args.config;
+    let secs = args.seconds;
+    let long = format!("{secs}");
+    let short = format!("{}", secs * 0.4);
+    let ns = |s: f64| (s * 1e9) as u64;
     let fail = |msg: String| -> ! {
         eprintln!("gem-demo: {msg}");
         std::process::exit(1)
@@ -94,24 +108,30 @@ fn main() {
     };
 
     println!(
-        "\n1. train and notebook both busy for 10 s (each: gem-workload under LD_PRELOAD=libgemhook.so)"
+        "\n1. train and notebook both busy for {secs} s (each: gem-workload under LD_PRELOAD=libgemhook.so)"
     );
     let t0 = now_ns();
-    let (a, b) = (workload(&g, "train", "10"), workload(&g, "notebook", "10"));
+    let (a, b) = (
+        workload(&g, "train", &long),
+        workload(&g, "notebook", &long),
+    );
     let (oa, ob) = (finish(a, "train"), finish(b, "notebook"));
-    let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + 10 * SEC);
-    println!("   shares of device time over seconds 2-10, from the simulator's busy log:");
+    let busy = g.sim.busy(0, t0 + ns(secs / 5.0), t0 + ns(secs));
+    println!(
+        "   shares of device time over seconds {}-{secs}, from the simulator's busy log:",
+        secs / 5.0
+    );
     header();
     let want = entitlements(&[limits("train"), limits("notebook")]);
     row("train", busy.share(pid(&oa)), want[0]);
     row("notebook", busy.share(pid(&ob)), want[1]);
 
     println!(
-        "\n2. notebook alone for 4 s: held to its MaxUtil even though the GPU is otherwise idle"
+        "\n2. notebook alone for {short} s: held to its MaxUtil even though the GPU is otherwise idle"
     );
     let t0 = now_ns();
-    let ob = finish(workload(&g, "notebook", "4"), "notebook");
-    let busy = g.sim.busy(0, t0 + SEC, t0 + 4 * SEC);
+    let ob = finish(workload(&g, "notebook", &short), "notebook");
+    let busy = g.sim.busy(0, t0 + ns(secs / 10.0), t0 + ns(secs * 0.4));
     header();
     row(
         "notebook",
@@ -124,11 +144,11 @@ fn main() {
     );
     let t0 = now_ns();
     let (a, b) = (
-        workload_with(&g, "train", "10", TRAINING_STEP),
-        workload_with(&g, "notebook", "10", TRAINING_STEP),
+        workload_with(&g, "train", &long, TRAINING_STEP),
+        workload_with(&g, "notebook", &long, TRAINING_STEP),
     );
     let (oa, ob) = (finish(a, "train"), finish(b, "notebook"));
-    let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + 10 * SEC);
+    let busy = g.sim.busy(0, t0 + ns(secs / 5.0), t0 + ns(secs));
     println!("   waiting for its own work is not idle: each keeps its token through the wait");
     header();
     row("train", busy.share(pid(&oa)), want[0]);
