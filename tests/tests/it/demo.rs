@@ -52,7 +52,9 @@ fn the_demo_has_help_and_clear_errors() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && text.contains("Usage: gem-demo [CONFIG]"),
+        out.status.success()
+            && text.contains("Usage: gem-demo [OPTIONS] [CONFIG]")
+            && text.contains("--seconds <SECONDS>"),
         "{text}"
     );
     let out = Command::new(bin("gem-demo"))
