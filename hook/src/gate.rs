@@ -285,16 +285,11 @@ impl Gate {
 
     /// The predicted device time of a launch (ns; 0: not known): `cost`
     /// if given, else the estimate of the token's kind (see
-    /// `kernel_hi_ns`); a graph not timed yet fills the token.
+    /// `kernel_hi_ns`). Not for a graph not timed yet (`UNKNOWN_GRAPH`),
+    /// which its callers count as filling the token.
     #[inline]
     fn per_launch(&self, cost: u64) -> u64 {
-        if cost == UNKNOWN_GRAPH {
-            let quota = self
-                .quota_end
-                .load(Ordering::Relaxed)
-                .saturating_sub(self.granted_at.load(Ordering::Relaxed));
-            quota.max(1)
-        } else if cost != 0 {
+        if cost != 0 {
             cost
         } else if self.lent.load(Ordering::Relaxed) {
             self.kernel_ns.load(Ordering::Relaxed)
