@@ -39,15 +39,14 @@ impl Gate {
         }
     }
 
-    /// A wait returned with the work launched before it done and no other
-    /// call in flight: learn the device time per launch from the launches
-    /// since the sample began (the time blocked for a token left out).
-    pub(super) fn learn_kernel(&self, now: u64) {
-        let start = self.sample_start.swap(0, Ordering::Relaxed);
+    /// The device time per launch over the sample that began at `start`,
+    /// up to `now` (`None`: no sample, or no launch in it). Graph launches
+    /// of known cost are left out, with their time, and so is the time
+    /// blocked for a token.
+    fn per_launch_since(&self, start: u64, now: u64) -> Option<u64> {
         if start == 0 || now <= start {
-            return;
+            return None;
         }
-        // Graph launches of known cost are left out, with their time.
         let since = |total: &AtomicU64, at: &AtomicU64| {
             total
                 .load(Ordering::Relaxed)
@@ -60,10 +59,20 @@ impl Gate {
             .saturating_sub(self.sample_launches.load(Ordering::Relaxed))
             .saturating_sub(graphs);
         if n == 0 {
-            return;
+            return None;
         }
         let blocked = since(&self.blocked, &self.sample_blocked);
-        let sample = (now - start).saturating_sub(blocked + graph_ns) / n;
+        Some((now - start).saturating_sub(blocked + graph_ns) / n)
+    }
+
+    /// A wait returned with the work launched before it done and no other
+    /// call in flight: learn the device time per launch from the launches
+    /// since the sample began (the time blocked for a token left out).
+    pub(super) fn learn_kernel(&self, now: u64) {
+        let start = self.sample_start.swap(0, Ordering::Relaxed);
+        let Some(sample) = self.per_launch_since(start, now) else {
+            return;
+        };
         // A lent token's bound leans short (too long an estimate leaves the
         // device idle); a token not lent leans long (too short one lets a
         // longer kernel queue past the token and past MaxUtil).
@@ -80,26 +89,9 @@ impl Gate {
     /// kernels: 2.5 s queued past its tokens after 4 s).
     pub(super) fn learn_kernel_at_least(&self, now: u64) {
         let start = self.sample_start.load(Ordering::Relaxed);
-        if start == 0 || now <= start {
+        let Some(floor) = self.per_launch_since(start, now) else {
             return;
-        }
-        // As `learn_kernel` counts: graph launches of known cost left out.
-        let since = |total: &AtomicU64, at: &AtomicU64| {
-            total
-                .load(Ordering::Relaxed)
-                .saturating_sub(at.load(Ordering::Relaxed))
         };
-        let graphs = since(&self.graph_launches, &self.sample_graphs);
-        let graph_ns = since(&self.graph_ns, &self.sample_graph_ns);
-        let n = self
-            .launches()
-            .saturating_sub(self.sample_launches.load(Ordering::Relaxed))
-            .saturating_sub(graphs);
-        if n == 0 {
-            return;
-        }
-        let blocked = since(&self.blocked, &self.sample_blocked);
-        let floor = (now - start).saturating_sub(blocked + graph_ns) / n;
         self.kernel_ns.fetch_max(floor.max(1), Ordering::Relaxed);
         self.kernel_hi_ns.fetch_max(floor.max(1), Ordering::Relaxed);
     }
