@@ -344,6 +344,31 @@ struct Device {
     last_report: Option<(ClientId, Micros, Micros)>,
 }
 
+impl Device {
+    /// Charges `group` the device time `(start, end)` of a token granted
+    /// at `granted_at`: its usage over the window, its `MaxUtil` credit,
+    /// and the device's busy time.
+    fn charge(
+        &mut self,
+        group: &GroupKey,
+        granted_at: Micros,
+        (start, end): (Micros, Micros),
+        now: Micros,
+        max_util: f64,
+        cap: Micros,
+    ) {
+        // Hot path (every token): the group's name cloned only the first
+        // time it uses the device.
+        let g = match self.groups.get_mut(group) {
+            Some(g) => g,
+            None => self.groups.entry(group.clone()).or_default(),
+        };
+        g.usage.add(start, end);
+        g.charge(granted_at, now, end - start, max_util, cap);
+        self.busy.add(start, end);
+    }
+}
+
 /// The scheduler's whole state.
 #[derive(Debug)]
 pub struct Policy {
@@ -515,10 +540,15 @@ impl Policy {
                 let used = now
                     .saturating_sub(granted_at)
                     .min(quota.saturating_add(self.params.grace));
-                let g = dev.groups.entry(c.group.clone()).or_default();
-                g.usage.add(granted_at, granted_at + used);
-                g.charge(granted_at, now, used, max_util, self.params.saved_credit());
-                dev.busy.add(granted_at, granted_at + used);
+                let span = (granted_at, granted_at + used);
+                dev.charge(
+                    &c.group,
+                    granted_at,
+                    span,
+                    now,
+                    max_util,
+                    self.params.saved_credit(),
+                );
             }
         }
         // A process that exits while its group waits for nothing leaves the

@@ -66,14 +66,7 @@ impl Policy {
         };
         dev.last_report = Some((client, start, end));
         c.charged_until.insert(device, end);
-        let used = end - start;
-        let g = match dev.groups.get_mut(&c.group) {
-            Some(g) => g,
-            None => dev.groups.entry(c.group.clone()).or_default(),
-        };
-        g.usage.add(start, end);
-        g.charge(granted_at, now, used, max_util, cap);
-        dev.busy.add(start, end);
+        dev.charge(&c.group, granted_at, (start, end), now, max_util, cap);
     }
 
     /// Charges work of `client` that ran on `device` for `used` µs up to
@@ -114,13 +107,7 @@ impl Policy {
         if dev.last_report.is_none_or(|(_, _, e)| e < end) {
             dev.last_report = Some((client, start, end));
         }
-        let g = match dev.groups.get_mut(&c.group) {
-            Some(g) => g,
-            None => dev.groups.entry(c.group.clone()).or_default(),
-        };
-        g.usage.add(start, end);
-        g.charge(start, now, end - start, max_util, cap);
-        dev.busy.add(start, end);
+        dev.charge(&c.group, start, (start, end), now, max_util, cap);
     }
 
     /// `client` gave the token of `device` back: its group is away from
