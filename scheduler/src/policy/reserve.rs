@@ -247,18 +247,10 @@ impl Policy {
         now: Micros,
         out: &mut Vec<Action>,
     ) {
-        let mut ended = false;
-        self.reservations.retain(|r| {
-            // One made without a program outlives its connection.
-            if r.client != client || r.manual.is_some() {
-                return true;
-            }
-            for &d in &r.devices {
-                self.released_at.insert(d, now);
-            }
-            ended = true;
-            false
-        });
+        // One made without a program outlives its connection.
+        let ended = !self
+            .end_where(now, |r| r.client == client && r.manual.is_none())
+            .is_empty();
         let before = self.queue.len();
         self.queue.retain(|w| w.client != client);
         if ended || self.queue.len() != before {
@@ -295,20 +287,30 @@ impl Policy {
 
     /// Ends the reservations without a program that expired by `now`.
     pub(super) fn expire_reservations(&mut self, now: Micros, out: &mut Vec<Action>) {
-        let before = self.reservations.len();
-        let released_at = &mut self.released_at;
-        self.reservations.retain(|r| match &r.manual {
-            Some(m) if m.until <= now => {
-                for &d in &r.devices {
-                    released_at.insert(d, now);
-                }
-                false
-            }
-            _ => true,
-        });
-        if self.reservations.len() != before {
+        let expired = |r: &Reservation| r.manual.as_ref().is_some_and(|m| m.until <= now);
+        if !self.end_where(now, expired).is_empty() {
             self.serve_queue(now, out);
         }
+    }
+
+    /// Ends the reservations `ends` picks, their devices released at
+    /// `now`; returns those devices, in order, each once.
+    fn end_where(&mut self, now: Micros, ends: impl Fn(&Reservation) -> bool) -> Vec<DeviceId> {
+        let mut freed = Vec::new();
+        let released_at = &mut self.released_at;
+        self.reservations.retain(|r| {
+            if !ends(r) {
+                return true;
+            }
+            for &d in &r.devices {
+                released_at.insert(d, now);
+                freed.push(d);
+            }
+            false
+        });
+        freed.sort_unstable();
+        freed.dedup();
+        freed
     }
 
     /// When the next reservation without a program expires.
@@ -332,26 +334,15 @@ impl Policy {
         let peer = self.peer(client);
         let anyone = peer.is_none_or(|p| p.uid == 0 || p.uid == self.params.admin_uid);
         let uid = peer.map(|p| p.uid);
-        let mut freed: Vec<DeviceId> = Vec::new();
-        let released_at = &mut self.released_at;
-        self.reservations.retain(|r| {
-            let Some(m) = &r.manual else { return true };
-            let mine = anyone || Some(m.uid) == uid;
-            let named = devices.is_empty() || r.devices.iter().any(|d| devices.contains(d));
-            if !(mine && named) {
-                return true;
-            }
-            for &d in &r.devices {
-                released_at.insert(d, now);
-                freed.push(d);
-            }
-            false
+        let freed = self.end_where(now, |r| {
+            r.manual.as_ref().is_some_and(|m| {
+                (anyone || Some(m.uid) == uid)
+                    && (devices.is_empty() || r.devices.iter().any(|d| devices.contains(d)))
+            })
         });
         if !freed.is_empty() {
             self.serve_queue(now, out);
         }
-        freed.sort_unstable();
-        freed.dedup();
         Reply::Released { devices: freed }
     }
 
