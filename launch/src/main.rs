@@ -199,11 +199,8 @@ fn main() {
     }) = &args.sub
     {
         let group = choose_group(group.clone(), &status);
-        let gpus = match (gpus, gpu_ids) {
-            (Some(n), _) => GpuRequest::Count(*n),
-            (None, Some(ids)) => GpuRequest::Ids(ids.clone()),
-            (None, None) => fail(2, "say how many GPUs (--gpus N) or which (--gpu-ids 0,2)"),
-        };
+        let gpus = gpu_request(*gpus, gpu_ids.clone())
+            .unwrap_or_else(|| fail(2, "say how many GPUs (--gpus N) or which (--gpu-ids 0,2)"));
         let duration_us = duration.as_micros().min(u64::MAX as u128) as u64;
         let ask = Request::ReserveFor {
             group: group.clone(),
@@ -230,11 +227,7 @@ fn main() {
         return; // a subcommand, done above
     };
     let group = choose_group(args.group.clone(), &status);
-    let gpus = match (args.gpus, args.gpu_ids.clone()) {
-        (Some(n), _) => Some(GpuRequest::Count(n)),
-        (None, Some(ids)) => Some(GpuRequest::Ids(ids)),
-        (None, None) => None,
-    };
+    let gpus = gpu_request(args.gpus, args.gpu_ids.clone());
     let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     if let Some(gpus) = gpus {
@@ -265,6 +258,14 @@ fn main() {
         EXIT_NOT_EXECUTABLE
     };
     fail(code, format!("cannot run {}: {err}", args.command[0]));
+}
+
+/// The GPUs `--gpus N` or `--gpu-ids …` ask for, if either is given.
+fn gpu_request(count: Option<u32>, ids: Option<Vec<u32>>) -> Option<GpuRequest> {
+    match (count, ids) {
+        (Some(n), _) => Some(GpuRequest::Count(n)),
+        (None, ids) => ids.map(GpuRequest::Ids),
+    }
 }
 
 /// The group: `given`, else `$GEMINI_GROUP_NAME`, else the user's name;
