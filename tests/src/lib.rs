@@ -95,6 +95,10 @@ pub struct SimEnv {
     /// The CUDA version the driver reports (`FAKECUDA_DRIVER_VERSION`;
     /// `None`: the simulator's default, 12.8). See [`SimEnv::r615`].
     pub driver_version: Option<i32>,
+    /// Time slice of the devices in µs (`FAKECUDA_TIMESLICE_US`; 0: each
+    /// device runs all work in launch order). See [`SimEnv::time_sliced`];
+    /// `GEM_TEST_TIMESLICE_US` sets it for every test.
+    pub timeslice_us: u32,
 }
 
 impl Default for SimEnv {
@@ -121,6 +125,10 @@ impl SimEnv {
             module_mem: "0".into(),
             procaddr_only: false,
             driver_version: None,
+            timeslice_us: std::env::var("GEM_TEST_TIMESLICE_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         }
     }
 
@@ -171,7 +179,17 @@ impl SimEnv {
         if let Some(v) = self.driver_version {
             c.env("FAKECUDA_DRIVER_VERSION", v.to_string());
         }
+        if self.timeslice_us > 0 {
+            c.env("FAKECUDA_TIMESLICE_US", self.timeslice_us.to_string());
+        }
         c
+    }
+
+    /// Devices that time-slice the work of different processes in 2 ms
+    /// slices, as a real GPU does (an H200 measured about 2 ms).
+    pub fn time_sliced(mut self) -> SimEnv {
+        self.timeslice_us = 2000;
+        self
     }
 
     /// The machine with an R615 driver (CUDA 13.5), which has per-cgroup

@@ -8,7 +8,9 @@
 //! kind u32. Records are appended with one `write` on an `O_APPEND` file,
 //! so concurrent processes never interleave inside a record. A kernel is
 //! recorded when it is queued; a record of kind [`Kind::Gone`] later cuts
-//! the work of a process that died before it ran.
+//! the work of a process that died before it ran. On a time-sliced
+//! device (`FAKECUDA_TIMESLICE_US`) a kernel is recorded once it ran, one
+//! record per uninterrupted piece of it.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -36,6 +38,10 @@ pub enum Kind {
     /// dead process's work). Readers ([`read`], [`read_tail`]) cut its
     /// earlier records there and leave this one out.
     Gone = 3,
+    /// A collective kernel (NCCL's), spinning until its peer ranks start
+    /// or running its own time: only on time-sliced devices, where it
+    /// takes its slices as any kernel does.
+    Collective = 4,
 }
 
 /// One busy interval.
@@ -107,6 +113,16 @@ pub fn append(dir: &Path, device: u32, rec: &Record) -> std::io::Result<()> {
         .append(true)
         .open(log_path(dir, device))?;
     f.write_all(&rec.to_bytes())
+}
+
+/// Appends `recs` in one write (records of one device, in time order).
+pub fn append_many(dir: &Path, device: u32, recs: &[Record]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path(dir, device))?;
+    let bytes: Vec<u8> = recs.iter().flat_map(|r| r.to_bytes()).collect();
+    f.write_all(&bytes)
 }
 
 /// The whole records in `bytes`, each process's work cut where a

@@ -191,7 +191,7 @@ driver_api! {
         current_device()?;
         with_proc(|p| p.captures.unsafe_call())?;
         collective::wait_device(current_device()?);
-        sleep_until(current_ctx_end(s, current_device()?));
+        s.wait(current_ctx_end(s, current_device()?));
         trim_pools(s);
         Ok(())
     }
@@ -207,7 +207,7 @@ driver_api! {
         let dev = ctx_device(ctx)?;
         with_proc(|p| p.captures.unsafe_call())?;
         collective::wait_device(dev);
-        sleep_until(ctx_end(s, dev, ctx));
+        s.wait(ctx_end(s, dev, ctx));
         trim_pools(s);
         Ok(())
     }
@@ -282,16 +282,16 @@ driver_api! {
         put(mode, old)
     }
     fn cuEventQuery(e: CUevent) {
-        initialised()?;
+        let s = initialised()?;
         match event_time(e)? {
-            Some(t) if t > now_ns() => Err(CUDA_ERROR_NOT_READY),
+            Some(t) if !s.is_done(t) => Err(CUDA_ERROR_NOT_READY),
             _ => Ok(()),
         }
     }
     fn cuEventSynchronize(e: CUevent) {
         let s = initialised()?;
         if let Some(t) = event_time(e)? {
-            sleep_until(t);
+            s.wait(t);
         }
         trim_pools(s);
         Ok(())

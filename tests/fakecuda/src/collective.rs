@@ -14,6 +14,11 @@
 //! start (its stream's earlier work done); a rank's collective ends at
 //! the latest start of all ranks plus its duration.
 //!
+//! On time-sliced devices (`FAKECUDA_TIMESLICE_US`) the kernel instead
+//! spins on its device, taking its slices, from when it is first
+//! scheduled until every rank's has been; then it runs its duration (see
+//! `device::slicing`).
+//!
 //! Simplifications: the driver returns from a launch (or an event record)
 //! onto a stream whose collective is still waiting only once it has
 //! completed (the real one queues it); a wait for the stream, its context
@@ -74,6 +79,18 @@ pub(crate) fn launch(s: &Sim, h: CUstream, ptsz: bool, params: *mut *mut c_void)
         *n += 1;
         *n
     };
+    if let Some(ts) = &s.slicer {
+        // On a time-sliced device, the kernel spins there until its peers
+        // have started (see `device::slicing`).
+        let gate = s.gate_for(dev, tail.load(Ordering::Acquire));
+        let end = ts
+            .enqueue_collective(dev, dur_ns, gate, s.queue_depth, comm, seq, ranks, rank)
+            .map_err(|_| CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)?;
+        tail.fetch_max(end, Ordering::AcqRel);
+        s.last_end[dev].fetch_max(end, Ordering::AcqRel);
+        work::note_ctx_end(h, end);
+        return Ok(());
+    }
     let start = now_ns().max(tail.load(Ordering::Acquire));
     let own = arrival(s, comm, seq, rank);
     let dir = own.parent().map(PathBuf::from).unwrap_or_default();

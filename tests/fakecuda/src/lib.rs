@@ -49,7 +49,7 @@ pub mod pool;
 pub mod procaddr;
 pub mod types;
 
-use device::{MAX_DEVICES, Sim, sim, sleep_until};
+use device::{MAX_DEVICES, Sim, sim};
 use fakecuda_log::{Kind, now_ns};
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -192,6 +192,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     if util.is_null() || dev >= s.total_devices() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
+    s.advance();
     let Ok(recs) = read_tail(&s.dir, dev as u32, 8192) else {
         return NVML_ERROR_UNKNOWN;
     };

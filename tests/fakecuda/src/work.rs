@@ -116,7 +116,7 @@ pub(crate) fn issue(s: &Sim, h: CUstream, ptsz: bool, ns: u64, kind: Option<Kind
         collective::wait_stream(&tail);
     }
     if let (false, Some(kind)) = (captured, kind) {
-        let end = s.run(dev, ns, &tail, kind as u32);
+        let end = s.run(dev, ns, &tail, kind as u32)?;
         note_ctx_end(h, end);
     }
     Ok(())
@@ -251,7 +251,7 @@ pub(crate) fn sync_stream(h: CUstream, ptsz: bool) -> R {
     let (_, tail) = stream(s, h, ptsz)?;
     check_wait(h, ptsz)?;
     collective::wait_stream(&tail);
-    sleep_until(tail.load(Ordering::Acquire));
+    s.wait(tail.load(Ordering::Acquire));
     trim_pools(s);
     Ok(())
 }
@@ -260,7 +260,7 @@ pub(crate) fn query_stream(h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
     let (_, tail) = stream(s, h, ptsz)?;
     check_wait(h, ptsz)?;
-    if collective::pending_on(&tail) || tail.load(Ordering::Acquire) > now_ns() {
+    if collective::pending_on(&tail) || !s.is_done(tail.load(Ordering::Acquire)) {
         Err(CUDA_ERROR_NOT_READY)
     } else {
         Ok(())
@@ -272,32 +272,34 @@ pub(crate) fn query_stream(h: CUstream, ptsz: bool) -> R {
 pub(crate) fn record_event(e: CUevent, h: CUstream, ptsz: bool) -> R {
     let s = initialised()?;
     event_alive(e as usize)?;
-    let (_, tail) = stream(s, h, ptsz)?;
+    let (dev, tail) = stream(s, h, ptsz)?;
     if !capture::any_open() {
         collective::wait_stream(&tail);
     }
-    let t = tail.load(Ordering::Acquire).max(now_ns());
-    with_proc(|p| {
-        let legacy = is_legacy(h, ptsz);
-        let capture = match p.captures.of(h as usize) {
-            _ if legacy => {
-                p.captures.legacy_work()?;
-                None
-            }
-            Some(c) if c.invalidated => return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
-            Some(c) => Some(c.id),
-            None => None,
-        };
-        match p.objects.get_mut(&(e as usize)) {
-            Some(Obj::Event { time, captured }) => {
-                *captured = capture;
-                if capture.is_none() {
-                    *time = Some(t);
-                }
-                Ok(())
-            }
-            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    let capture = with_proc(|p| {
+        if is_legacy(h, ptsz) {
+            p.captures.legacy_work()?;
+            return Ok(None);
         }
+        match p.captures.of(h as usize) {
+            Some(c) if c.invalidated => Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+            Some(c) => Ok(Some(c.id)),
+            None => Ok(None),
+        }
+    })?;
+    let t = match capture {
+        None => Some(s.marker(dev, tail.load(Ordering::Acquire))?),
+        Some(_) => None,
+    };
+    with_proc(|p| match p.objects.get_mut(&(e as usize)) {
+        Some(Obj::Event { time, captured }) => {
+            *captured = capture;
+            if t.is_some() {
+                *time = t;
+            }
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
     })
 }
 
@@ -324,6 +326,13 @@ pub(crate) fn wait_event(h: CUstream, e: CUevent, ptsz: bool) -> R {
         }
     })?;
     if !joined && let Some(t) = event_time(e)? {
+        // On a time-sliced device, work of another device is waited for
+        // by a marker in this device's queue.
+        let dev = stream(s, h, ptsz)?.0;
+        let t = match device::slicing::decode(t) {
+            Some((d, _)) if d != dev => s.marker(dev, t)?,
+            _ => t,
+        };
         tail.fetch_max(t, Ordering::AcqRel);
     }
     Ok(())
@@ -343,13 +352,13 @@ pub(crate) fn event_time(e: CUevent) -> Result<Option<u64>, CUresult> {
 }
 
 pub(crate) fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> R {
-    initialised()?;
+    let s = initialised()?;
     let (Some(a), Some(b)) = (event_time(start)?, event_time(end)?) else {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     };
-    if a.max(b) > now_ns() {
+    let (Some(a), Some(b)) = (s.time_of(a), s.time_of(b)) else {
         return Err(CUDA_ERROR_NOT_READY);
-    }
+    };
     put(ms, (b as f64 - a as f64) as f32 / 1e6)
 }
 
@@ -373,7 +382,7 @@ pub(crate) fn sync_copy_on(ptds: bool) -> R {
     } else {
         current_ctx_end(s, dev)
     };
-    sleep_until(until);
+    s.wait(until);
     trim_pools(s);
     Ok(())
 }

@@ -59,10 +59,16 @@
 //!   cgroup's processes leave of it as free. Limits of 0 remove it. The
 //!   soft limit is kept and reported; nothing enforces it.
 //!
+//! - `FAKECUDA_TIMESLICE_US`: the devices time-slice the work of
+//!   different processes in slices of this many microseconds, as a real
+//!   GPU does (see [`slicing`]); unset or 0, each device runs every
+//!   process's work in launch order.
+//!
 //! The first process to create the state file fixes devices and memory;
 //! later ones use what the file says.
 
 mod memory;
+pub mod slicing;
 
 use crate::types::*;
 use fakecuda_log::{Kind, Record, append, now_ns};
@@ -131,6 +137,8 @@ pub struct Sim {
     /// Legacy default stream tail, per device.
     pub legacy_tail: Vec<std::sync::Arc<AtomicU64>>,
     mem_lock: Mutex<()>,
+    /// The time-sliced devices (`FAKECUDA_TIMESLICE_US`).
+    pub slicer: Option<slicing::Slicer>,
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -306,7 +314,13 @@ impl Sim {
             (0..count).collect()
         };
         let groups = fakecuda_log::groups::Groups::open(&dir).ok();
+        let slice_us: u64 = env_or("FAKECUDA_TIMESLICE_US", "0").parse().unwrap_or(0);
+        let slicer = match slice_us {
+            0 => None,
+            us => Some(slicing::Slicer::open(&dir, us * 1000, count)?),
+        };
         Ok(Sim {
+            slicer,
             shared,
             file,
             dir,
@@ -395,8 +409,24 @@ impl Sim {
 
     /// Runs `dur_ns` of work on `dev` after what `tail` already holds;
     /// blocks while this process has `queue_depth` kernels queued there.
-    /// Returns the end of the work.
-    pub fn run(&self, dev: usize, dur_ns: u64, tail: &AtomicU64, kind: u32) -> u64 {
+    /// Returns the end of the work: a time, or on time-sliced devices a
+    /// pending value (see [`slicing`]).
+    pub fn run(
+        &self,
+        dev: usize,
+        dur_ns: u64,
+        tail: &AtomicU64,
+        kind: u32,
+    ) -> Result<u64, CUresult> {
+        if let Some(ts) = &self.slicer {
+            let gate = self.gate_for(dev, tail.load(Ordering::Acquire));
+            let end = ts
+                .enqueue(dev, dur_ns, gate, Some(kind), self.queue_depth)
+                .map_err(|_| CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)?;
+            tail.fetch_max(end, Ordering::AcqRel);
+            self.last_end[dev].fetch_max(end, Ordering::AcqRel);
+            return Ok(end);
+        }
         {
             let mut q = lock(&self.pending[dev]);
             loop {
@@ -443,7 +473,63 @@ impl Sim {
                 },
             );
         }
-        end
+        Ok(end)
+    }
+
+    /// What work queued on `dev` after `tail` must wait for beyond the
+    /// order of the process's own queue there: a later time, or work on
+    /// another device.
+    pub fn gate_for(&self, dev: usize, tail: u64) -> u64 {
+        match slicing::decode(tail) {
+            Some((d, _)) if d == dev => 0,
+            Some(_) => tail,
+            None if tail > now_ns() => tail,
+            None => 0,
+        }
+    }
+
+    /// A point on `dev` after the process's work there and `tail` (an
+    /// event recorded on a time-sliced device): its pending value.
+    pub fn marker(&self, dev: usize, tail: u64) -> Result<u64, CUresult> {
+        match &self.slicer {
+            Some(ts) => ts
+                .enqueue(dev, 0, self.gate_for(dev, tail), None, self.queue_depth)
+                .map_err(|_| CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES),
+            None => Ok(tail.max(now_ns())),
+        }
+    }
+
+    /// Waits until the work that ends at `when` (a time or a pending
+    /// value) is done.
+    pub fn wait(&self, when: u64) {
+        match &self.slicer {
+            Some(ts) => ts.wait(when),
+            None => sleep_until(when),
+        }
+    }
+
+    /// Whether the work that ends at `when` is done.
+    pub fn is_done(&self, when: u64) -> bool {
+        match &self.slicer {
+            Some(ts) => ts.is_done(when),
+            None => when <= now_ns(),
+        }
+    }
+
+    /// When the work that ends at `when` ended; `None` while it runs.
+    pub fn time_of(&self, when: u64) -> Option<u64> {
+        match &self.slicer {
+            Some(ts) => ts.time_of(when),
+            None => (when <= now_ns()).then_some(when),
+        }
+    }
+
+    /// Brings the busy logs up to now (time-sliced devices are played
+    /// only when a process looks).
+    pub fn advance(&self) {
+        if let Some(ts) = &self.slicer {
+            ts.advance();
+        }
     }
 
     /// Drops the work that dead processes queued on `dev` (the real driver

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 mod api;
 mod devices;
+mod slicing;
 
 const SEC: u64 = 1_000_000_000;
 
@@ -138,7 +139,10 @@ fn allocation_beyond_device_memory_fails_and_mem_info_stays_consistent() {
 /// its work).
 #[test]
 fn a_killed_process_s_queued_work_never_runs() {
-    let sim = SimEnv::new(1, "1GiB");
+    // Launch order: the queue is logged as it is queued (see `slicing`
+    // for the time-sliced device).
+    let mut sim = SimEnv::new(1, "1GiB");
+    sim.timeslice_us = 0;
     let mut c = sim.workload();
     c.args(["--seconds", "30", "--kernel-us", "100000"])
         .env("FAKECUDA_QUEUE_DEPTH", "500")
