@@ -26,6 +26,7 @@
 mod chart;
 mod daemons;
 mod fast;
+mod latency;
 mod overhead;
 mod shapes;
 
@@ -374,8 +375,8 @@ pub const SHAPES: &[(&str, &[&str])] = &[
 ];
 
 /// The parts of the bench, in the order they run.
-const PARTS: [&str; 9] = [
-    "fast", "shares", "nccl", "overhead", "shapes", "holder", "policy", "rss", "rtt",
+const PARTS: [&str; 10] = [
+    "fast", "shares", "nccl", "latency", "overhead", "shapes", "holder", "policy", "rss", "rtt",
 ];
 
 /// Parts run only when `--only` names them (they take long).
@@ -431,10 +432,11 @@ fn main() {
         );
     }
     type Part = (&'static str, fn(&mut Table));
-    let parts: [Part; 9] = [
+    let parts: [Part; 10] = [
         ("fast", fast_path),
         ("shares", share_accuracy),
         ("nccl", nccl_jobs),
+        ("latency", latency::latency),
         ("overhead", overhead),
         ("shapes", shape_matrix),
         ("holder", holder),

@@ -1,0 +1,175 @@
+//! `--only latency`: an inference-like loop beside a training-like job, on
+//! a time-sliced simulated GPU (issue 36's scenario, scaled to the
+//! simulator): how much slower the latency-bound loop's steps get, with
+//! and without gemini, and how long a group owed time waits for the
+//! device behind another training job.
+
+use super::{Table, percentile, workload};
+use gemini_tests::{Gemini, SimEnv, field, reports};
+use std::process::{Child, Stdio};
+
+/// A decode-like step: 8 kernels of 100 µs (0.8 ms of device time), a
+/// wait for them, then 5 ms of sleep.
+const DECODE: &[&str] = &[
+    "--iter-kernels",
+    "8",
+    "--kernel-us",
+    "100",
+    "--wait",
+    "stream",
+    "--gap-ms",
+    "5",
+];
+
+/// A training-like step: 20 kernels of 1 ms, then a blocking copy
+/// (`loss.item()`).
+const TRAIN: &[&str] = &[
+    "--iter-kernels",
+    "20",
+    "--kernel-us",
+    "1000",
+    "--wait",
+    "copy",
+];
+
+const SECONDS: &str = "6";
+/// Steps before this (ns after the first) are the warm-up, left out.
+const WARM_NS: u64 = 1_000_000_000;
+
+/// Step times (ms) from a `--demand-file`, the warm-up left out.
+fn step_ms(path: &std::path::Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let steps: Vec<(u64, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace().map(|v| v.parse::<u64>().ok());
+            Some((w.next()??, w.next()??))
+        })
+        .collect();
+    let first = steps.first().map_or(0, |s| s.0);
+    steps
+        .iter()
+        .filter(|s| s.0 >= first + WARM_NS)
+        .map(|&(a, b)| (b - a) as f64 / 1e6)
+        .collect()
+}
+
+struct Run {
+    /// p50, p99, max of the decode steps (ms).
+    decode: Option<(f64, f64, f64)>,
+    /// Training steps per second.
+    train: Option<f64>,
+}
+
+fn spawn(g: &Gemini, hooked: bool, group: &str, args: &[&str], demand: &std::path::Path) -> Child {
+    let mut c = workload(g, hooked, group);
+    c.args(args)
+        .args(["--seconds", SECONDS, "--demand-file"])
+        .arg(demand)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    c.spawn().expect("spawn gem-workload")
+}
+
+/// Runs a decode loop (`decode`: its group, or none) beside a training
+/// job (`train`: its group, or none), hooked or not.
+fn run(conf: &str, hooked: bool, decode: Option<&str>, train: Option<&str>) -> Run {
+    let g = Gemini::start_with(
+        SimEnv::new(1, "16GiB").time_sliced(),
+        conf,
+        &["--log-level", "warn"],
+    );
+    let dir = g.sim.path().to_path_buf();
+    let (dd, td) = (dir.join("decode-steps"), dir.join("train-steps"));
+    let t = train.map(|grp| spawn(&g, hooked, grp, TRAIN, &td));
+    let d = decode.map(|grp| spawn(&g, hooked, grp, DECODE, &dd));
+    let wait = |c: Child| {
+        let out = c.wait_with_output().expect("gem-workload");
+        assert!(out.status.success(), "gem-workload failed");
+        out
+    };
+    let decode = d.map(wait).map(|_| {
+        let mut v = step_ms(&dd);
+        (
+            percentile(&mut v, 0.5),
+            percentile(&mut v, 0.99),
+            percentile(&mut v, 1.0),
+        )
+    });
+    let train = t.map(wait).map(|out| {
+        let r = &reports(&out.stdout)[0];
+        field(r, "kernels") as f64 / 20.0 / r["seconds"].parse::<f64>().unwrap_or(1.0)
+    });
+    Run { decode, train }
+}
+
+pub fn latency(t: &mut Table) {
+    let conf = "[decode]\nMinUtil=0.3\n[train]\nMinUtil=0.7\n";
+    let alone = run(conf, false, Some("decode"), None)
+        .decode
+        .expect("decode ran");
+    let fmt = |(p50, p99, max): (f64, f64, f64)| {
+        format!(
+            "p50 {p50:.2} ms ({:.2}×), p99 {p99:.2} ms ({:.2}×), max {max:.2} ms",
+            p50 / alone.0,
+            p99 / alone.1
+        )
+    };
+    t.row(
+        "latency: decode step (8×100 µs, then 5 ms sleep) alone, no hook, time-sliced GPU",
+        fmt(alone),
+        "the reference",
+    );
+    let hooked = run(conf, true, Some("decode"), None);
+    t.row(
+        "latency: decode alone under the hook (its group alone)",
+        fmt(hooked.decode.expect("decode ran")),
+        "p50 ≤ 1.05×",
+    );
+    let bare = run(conf, false, Some("decode"), Some("train"));
+    t.row(
+        "latency: decode beside training (20×1 ms, blocking copy), no gemini (time-slicing)",
+        format!(
+            "{}; training {:.1} steps/s",
+            fmt(bare.decode.expect("decode ran")),
+            bare.train.unwrap_or(0.0)
+        ),
+        "H200: 2.6× p50, 2.8× p99",
+    );
+    let gem = run(conf, true, Some("decode"), Some("train"));
+    t.row(
+        "latency: decode beside training, gemini (MinUtil 0.3 / 0.7)",
+        format!(
+            "{}; training {:.1} steps/s",
+            fmt(gem.decode.expect("decode ran")),
+            gem.train.unwrap_or(0.0)
+        ),
+        "p99 ≤ 1.25× (issue 36's latency class, not built yet)",
+    );
+    // Two training jobs: how long the 0.3 group's steps take.
+    let conf2 = "[low]\nMinUtil=0.3\n[high]\nMinUtil=0.7\n";
+    let g = Gemini::start_with(
+        SimEnv::new(1, "16GiB").time_sliced(),
+        conf2,
+        &["--log-level", "warn"],
+    );
+    let dir = g.sim.path().to_path_buf();
+    let (ld, hd) = (dir.join("low-steps"), dir.join("high-steps"));
+    let high = spawn(&g, true, "high", TRAIN, &hd);
+    let low = spawn(&g, true, "low", TRAIN, &ld);
+    for c in [high, low] {
+        let out = c.wait_with_output().expect("gem-workload");
+        assert!(out.status.success(), "gem-workload failed");
+    }
+    let mut v = step_ms(&ld);
+    t.row(
+        "latency: two trainers at MinUtil 0.3 / 0.7, the 0.3 group's step (20 ms of work)",
+        format!(
+            "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            percentile(&mut v, 0.5),
+            percentile(&mut v, 0.99),
+            percentile(&mut v, 1.0)
+        ),
+        "no wait over 200 ms (H200: p99 1006 ms)",
+    );
+}
