@@ -258,7 +258,7 @@ fn nccl_jobs_on(t: &mut Table, sliced: bool) {
         "GPUs in launch order"
     };
     t.row(
-        &format!(
+        format!(
             "two 2-GPU NCCL jobs on the same 2 {devices} (MinUtil 0.5/0.5, allreduce per step)"
         ),
         format!(
