@@ -171,7 +171,10 @@ fn numba_cuda_kernels_are_gated_capped_and_their_memory_counts() {
         v["alloc_error"], "2",
         "512 MiB over a 256 MiB limit: CUDA_ERROR_OUT_OF_MEMORY"
     );
-    assert!(v["launches"].parse::<u64>().unwrap() > 100, "{v:?}");
+    // The loop ran and launched through the hook. How many it launches
+    // depends on the CPU it gets: 78 in 5 s under make test's load on 2
+    // cores (session 18), over 1000 alone.
+    assert!(v["launches"].parse::<u64>().unwrap() >= 20, "{v:?}");
     let peak = g.sim.group_memory("nb").peak[0];
     assert!(
         (64 << 20..=limit).contains(&peak),
