@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release test test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist fuzz soak install uninstall lint fmt clean
+.PHONY: all setup build release test test-timesliced test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -30,6 +30,13 @@ release: setup
 test: setup
 	$(CARGO) build --workspace --all-targets
 	$(CARGO) test --workspace
+
+# The integration tests on simulated GPUs that time-slice processes, as
+# real ones do (docs/testing.md, "Time-sliced devices"): slower, and not
+# yet part of make test.
+test-timesliced: setup
+	$(CARGO) build --workspace --all-targets
+	GEM_TEST_TIMESLICE_US=2000 $(CARGO) test -p gemini-tests --test it
 
 # gemini under a real Slurm on localhost (docs/slurm.md): installs
 # Debian's slurmd, slurmctld, slurm-client and munge (as root), then runs
