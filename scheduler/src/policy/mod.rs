@@ -31,6 +31,9 @@
 //! - Memory is reserved per group and device across processes and refused
 //!   beyond `MemoryLimit`.
 //! - The holder is served only when no eligible client waits.
+//! - A job spanning devices (a group whose processes use several) takes
+//!   them in turns decided on the first of them, so that its ranks run
+//!   in the same windows (see `gang`).
 //! - While a group owed time (active within the window and not paused,
 //!   ranked before the waiter chosen: below its `MinUtil`, or further
 //!   below its fair share) is between bursts, other groups get `min_quota` tokens at
@@ -41,6 +44,7 @@
 //!   whenever it comes).
 
 mod access;
+mod gang;
 mod group_use;
 mod holder;
 mod memory;
@@ -51,6 +55,7 @@ mod tokens;
 mod usage;
 
 pub use access::Peer;
+pub use gang::GANG_RECENT;
 
 use gemini_config::{GroupConfig, ResourceConfig};
 use gemini_protocol::{
@@ -399,6 +404,8 @@ pub struct Policy {
     released_at: BTreeMap<DeviceId, Micros>,
     /// Connections' verified peers.
     peers: BTreeMap<ClientId, Peer>,
+    /// Open turns of jobs spanning devices, by their leader device.
+    turns: BTreeMap<DeviceId, gang::Turn>,
 }
 
 /// A group's limits: from the file in force, or its last settings if it
@@ -468,6 +475,7 @@ impl Policy {
             queue: Default::default(),
             released_at: BTreeMap::new(),
             peers: BTreeMap::new(),
+            turns: BTreeMap::new(),
         }
     }
 
@@ -511,6 +519,11 @@ impl Policy {
         match only {
             Some(d) => self.schedule(d, now, &mut out),
             None => self.schedule_all(now, &mut out),
+        }
+        // A turn of a job spanning devices opened or ended: its other
+        // devices' waiters may go now.
+        if only.is_some() && !self.turns.is_empty() {
+            self.schedule_all(now, &mut out);
         }
         self.holder_tick(now, &mut out);
         out

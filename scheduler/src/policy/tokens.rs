@@ -208,6 +208,10 @@ impl Policy {
 
     /// Revokes an expired token and grants a free one.
     pub(super) fn schedule(&mut self, device: DeviceId, now: Micros, out: &mut Vec<Action>) {
+        let view = match self.devices.get(&device) {
+            Some(d) if !d.waiters.is_empty() => self.turn_view(device, now),
+            _ => gang::TurnView::default(),
+        };
         let params = self.params;
         let Policy {
             devices,
@@ -284,6 +288,10 @@ impl Policy {
             let Some(c) = clients.get(&w.client) else {
                 continue;
             };
+            // A job spanning devices waits for its turn.
+            if view.blocked.contains(&c.group) {
+                continue;
+            }
             let Limits {
                 min_util, max_util, ..
             } = limits(config, retired, &c.group);
@@ -298,9 +306,26 @@ impl Policy {
             ranked.push(((class, key, w.since, w.client), i, at));
         }
         let before = |a: &Rank, b: &Rank| a.partial_cmp(b) == Some(std::cmp::Ordering::Less);
+        // The job whose turn it is goes first, unless another group is
+        // below its MinUtil: turns align a job's ranks, they do not take
+        // a guarantee away.
+        let of_turn = |i: usize| {
+            view.owner.as_ref().is_some_and(|(g, _)| {
+                clients
+                    .get(&dev.waiters[i].client)
+                    .is_some_and(|c| &c.group == g)
+            })
+        };
+        let owed_first = ranked
+            .iter()
+            .any(|((class, ..), i, at)| *at == now && !of_turn(*i) && *class == 0);
+        let turn_waits = !owed_first && ranked.iter().any(|(_, i, at)| *at == now && of_turn(*i));
         let mut best: Option<(Rank, usize)> = None;
         for (rank, i, at) in &ranked {
-            if *at == now && best.as_ref().is_none_or(|(b, _)| before(rank, b)) {
+            if *at == now
+                && (!turn_waits || of_turn(*i))
+                && best.as_ref().is_none_or(|(b, _)| before(rank, b))
+            {
                 best = Some((*rank, *i));
             }
         }
@@ -347,6 +372,12 @@ impl Policy {
                 back = back.into_iter().chain(at).min();
             }
         }
+        // Another group in a job's turn: a short lent token, so that the
+        // job's rank that comes waits at most that.
+        if view.owner.is_some() && !turn_waits && !owed_first {
+            lent = true;
+            back = Some(now);
+        }
         let w = dev.waiters.remove(i);
         let Some(c) = clients.get_mut(&w.client) else {
             return;
@@ -371,6 +402,15 @@ impl Policy {
                     .clamp(LENT_MIN_QUOTA.min(short), short)
             });
             quota = quota.min(to_return);
+        }
+        // In its job's turn, a token ends with the turn (after it, the
+        // shortest, to finish the step).
+        if turn_waits && let Some((_, until)) = &view.owner {
+            quota = if now < *until {
+                quota.min(until.saturating_sub(now).max(floor))
+            } else {
+                quota.min(LENT_MIN_QUOTA)
+            };
         }
         // A capped group ranked before this one waits for its credit: the
         // token ends when that group may run, so it does not wait longer,
@@ -418,6 +458,8 @@ impl Policy {
                 lent,
             },
         });
+        let group = c.group.clone();
+        self.note_turn_grant(&view, &group, quota, now);
     }
 
     /// The earliest time at which [`Event::Tick`] may change something: a
@@ -447,6 +489,9 @@ impl Policy {
         }
         if let Some(t) = self.next_expiry() {
             consider(t.max(now));
+        }
+        if let Some(t) = self.next_turn_end(now) {
+            consider(t);
         }
         match (next, self.holder_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
