@@ -59,8 +59,9 @@ pub(super) struct TurnView {
     pub blocked: BTreeSet<GroupKey>,
     /// The job whose turn it is here, and when the turn ends.
     pub owner: Option<(GroupKey, Micros)>,
-    /// Jobs with no turn open: a grant here opens one.
-    pub leads: BTreeSet<GroupKey>,
+    /// Jobs with no turn open, and their devices: a grant here opens one
+    /// on them.
+    pub leads: BTreeMap<GroupKey, BTreeSet<DeviceId>>,
 }
 
 impl Policy {
@@ -145,7 +146,7 @@ impl Policy {
                 // (its rank on the first device may be waiting in a
                 // collective for this one, asking for nothing).
                 None => {
-                    view.leads.insert(group.clone());
+                    view.leads.insert(group.clone(), devices.clone());
                 }
             }
         }
@@ -161,10 +162,7 @@ impl Policy {
         quota: Micros,
         now: Micros,
     ) {
-        if !view.leads.contains(group) {
-            return;
-        }
-        let Some(devices) = self.recent_devices(now).remove(group) else {
+        let Some(devices) = view.leads.get(group) else {
             return;
         };
         let Some(&leader) = devices.first() else {
@@ -174,7 +172,7 @@ impl Policy {
             leader,
             Turn {
                 group: group.clone(),
-                devices,
+                devices: devices.clone(),
                 until: now + quota,
             },
         );
