@@ -190,6 +190,53 @@ pub fn sleep_until(t: u64) {
     }
 }
 
+/// Opens (or creates) `path`, a file of `size` bytes every process of the
+/// simulator maps, and maps it for good (never unmapped). `init` runs on
+/// the mapping under the file lock, told whether the file was made anew
+/// (it was missing, or of another layout: an older simulator's), so that
+/// one process fills a fresh state in before any other reads it.
+fn map_shared(
+    path: &std::path::Path,
+    size: usize,
+    init: impl FnOnce(*mut libc::c_void, bool),
+) -> Result<(std::fs::File, *mut libc::c_void), String> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let guard = FileLock::new(&file);
+    let fresh = file.metadata().map_err(|e| e.to_string())?.len() != size as u64;
+    if fresh {
+        file.set_len(0).map_err(|e| e.to_string())?;
+        file.set_len(size as u64).map_err(|e| e.to_string())?;
+    }
+    // SAFETY: mapping `size` bytes of a file that long, shared and
+    // writable; the caller never unmaps it.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(format!(
+            "mmap {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    init(ptr, fresh);
+    drop(guard);
+    Ok((file, ptr))
+}
+
 struct FileLock<'a>(&'a std::fs::File);
 
 impl<'a> FileLock<'a> {
@@ -213,58 +260,29 @@ impl Sim {
         let uid = unsafe { libc::getuid() };
         let dir = PathBuf::from(env_or("FAKECUDA_DIR", &format!("/tmp/fakecuda-{uid}")));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let path = dir.join("state");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let size = std::mem::size_of::<Shared>();
-        let guard = FileLock::new(&file);
-        // A file of another layout (an older simulator's) is made anew.
-        let fresh = file.metadata().map_err(|e| e.to_string())?.len() != size as u64;
-        if fresh {
-            file.set_len(0).map_err(|e| e.to_string())?;
-            file.set_len(size as u64).map_err(|e| e.to_string())?;
-        }
-        // SAFETY: mapping `size` bytes of a file of at least that size,
-        // shared and writable; the mapping lives for the rest of the
-        // process (never unmapped), so the 'static reference is valid.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(format!(
-                "mmap {}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            ));
-        }
-        // SAFETY: the mapping is page-aligned, large enough, and every
-        // field of `Shared` is an atomic or padding, valid for any bytes.
-        let shared: &'static Shared = unsafe { &*(ptr as *const Shared) };
-        if fresh || shared.magic.load(Ordering::Acquire) != MAGIC {
-            let devices: u32 = env_or("FAKECUDA_DEVICES", "1")
-                .parse()
-                .unwrap_or(1)
-                .clamp(1, MAX_DEVICES as u32);
-            let mem = parse_size::parse_size(env_or("FAKECUDA_MEM", "16GiB")).unwrap_or(16 << 30);
-            shared.devices.store(devices, Ordering::Relaxed);
-            for m in &shared.mem_total {
-                m.store(mem, Ordering::Relaxed);
+        let init = |ptr: *mut libc::c_void, fresh: bool| {
+            // SAFETY: the mapping is page-aligned, large enough, and every
+            // field of `Shared` is an atomic or padding, valid for any
+            // bytes.
+            let shared: &Shared = unsafe { &*(ptr as *const Shared) };
+            if fresh || shared.magic.load(Ordering::Acquire) != MAGIC {
+                let devices: u32 = env_or("FAKECUDA_DEVICES", "1")
+                    .parse()
+                    .unwrap_or(1)
+                    .clamp(1, MAX_DEVICES as u32);
+                let mem =
+                    parse_size::parse_size(env_or("FAKECUDA_MEM", "16GiB")).unwrap_or(16 << 30);
+                shared.devices.store(devices, Ordering::Relaxed);
+                for m in &shared.mem_total {
+                    m.store(mem, Ordering::Relaxed);
+                }
+                shared.magic.store(MAGIC, Ordering::Release);
             }
-            shared.magic.store(MAGIC, Ordering::Release);
-        }
-        drop(guard);
+        };
+        let (file, ptr) = map_shared(&dir.join("state"), std::mem::size_of::<Shared>(), init)?;
+        // SAFETY: as in `init`; the mapping lives for the rest of the
+        // process (never unmapped), so the 'static reference is valid.
+        let shared: &'static Shared = unsafe { &*(ptr as *const Shared) };
         let n = MAX_DEVICES;
         let count = shared.devices.load(Ordering::Relaxed) as usize;
         let allowed: Vec<usize> = match std::env::var("FAKECUDA_CGROUP_DEVICES") {

@@ -32,10 +32,9 @@
 //! compares above every time. [`super::Sim::wait`], [`super::Sim::is_done`]
 //! and [`super::Sim::time_of`] resolve both kinds of value.
 
-use super::{FileLock, MAX_DEVICES, pid_alive, sleep_until};
+use super::{FileLock, MAX_DEVICES, map_shared, pid_alive, sleep_until};
 use fakecuda_log::{Kind, Record, append_many, now_ns};
 use std::collections::VecDeque;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -474,50 +473,21 @@ pub struct Full;
 impl Slicer {
     /// Opens (or creates) the shared state in `dir`.
     pub fn open(dir: &Path, slice_ns: u64, ndev: usize) -> Result<Slicer, String> {
-        let path = dir.join("slices");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
         let size = std::mem::size_of::<Shared>();
-        let guard = FileLock::new(&file);
-        let fresh = file.metadata().map_err(|e| e.to_string())?.len() != size as u64;
-        if fresh {
-            file.set_len(0).map_err(|e| e.to_string())?;
-            file.set_len(size as u64).map_err(|e| e.to_string())?;
-        }
-        // SAFETY: mapping `size` bytes of a file that long, shared and
-        // writable, never unmapped.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(format!(
-                "mmap {}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            ));
-        }
-        let shared = ptr.cast::<Shared>();
-        // SAFETY: under the file lock, nobody else touches the mapping;
-        // every field is plain integers, valid for any bytes (zero too).
-        unsafe {
-            if (*shared).magic != MAGIC {
-                std::ptr::write_bytes(ptr.cast::<u8>(), 0, size);
-                (*shared).magic = MAGIC;
+        let init = |ptr: *mut libc::c_void, _fresh: bool| {
+            // SAFETY: under the file lock, nobody else touches the
+            // mapping; every field is plain integers, valid for any bytes
+            // (zero too). A fresh file is zeros, without the magic.
+            unsafe {
+                let shared = ptr.cast::<Shared>();
+                if (*shared).magic != MAGIC {
+                    std::ptr::write_bytes(ptr.cast::<u8>(), 0, size);
+                    (*shared).magic = MAGIC;
+                }
             }
-        }
-        drop(guard);
+        };
+        let (file, ptr) = map_shared(&dir.join("slices"), size, init)?;
+        let shared = ptr.cast::<Shared>();
         Ok(Slicer {
             shared,
             file,
