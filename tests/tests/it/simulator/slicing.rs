@@ -192,11 +192,11 @@ fn a_collective_spins_on_the_device_until_its_peer_starts() {
     };
     let mut other = sim.workload();
     other
-        .args(["--seconds", "1", "--kernel-us", "1000"])
+        // Busy past the peer's start, however slowly the ranks start.
+        .args(["--seconds", "3", "--kernel-us", "1000"])
         .stdout(Stdio::piped());
     let other = other.spawn().unwrap();
     let r0 = rank(0).spawn().unwrap();
-    let t0 = now_ns();
     std::thread::sleep(Duration::from_millis(400));
     let r1 = rank(1).spawn().unwrap();
     let (o0, o1, oo) = (
@@ -216,7 +216,11 @@ fn a_collective_spins_on_the_device_until_its_peer_starts() {
         "rank 0's collective spun {} ms on its device in the 400 ms its peer was away",
         total(&spun) / MS
     );
-    let window = gemini_tests::busy(&recs, t0 + 100 * MS, t0 + 300 * MS);
+    // While it spun: from its first piece to its last (the device's
+    // clock, not the test's).
+    let from = spun.iter().map(|r| r.start).min().unwrap_or(0);
+    let to = spun.iter().map(|r| r.end).max().unwrap_or(0);
+    let window = gemini_tests::busy(&recs, from, to);
     let share = window.share(po);
     assert!(
         (0.3..=0.7).contains(&share),
