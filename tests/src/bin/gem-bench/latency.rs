@@ -71,32 +71,41 @@ fn spawn(g: &Gemini, hooked: bool, group: &str, args: &[&str], demand: &std::pat
     c.spawn().expect("spawn gem-workload")
 }
 
-/// Runs a decode loop (`decode`: its group, or none) beside a training
-/// job (`train`: its group, or none), hooked or not.
-fn run(conf: &str, hooked: bool, decode: Option<&str>, train: Option<&str>) -> Run {
-    let g = Gemini::start_with(
+/// One time-sliced GPU under `gem-schd` with `conf`.
+fn machine(conf: &str) -> Gemini {
+    Gemini::start_with(
         SimEnv::new(1, "16GiB").time_sliced(),
         conf,
         &["--log-level", "warn"],
-    );
+    )
+}
+
+fn finish(c: Child) -> std::process::Output {
+    let out = c.wait_with_output().expect("gem-workload");
+    assert!(out.status.success(), "gem-workload failed");
+    out
+}
+
+/// p50, p99 and max of the steps in a `--demand-file` (ms).
+fn spread(path: &std::path::Path) -> (f64, f64, f64) {
+    let mut v = step_ms(path);
+    (
+        percentile(&mut v, 0.5),
+        percentile(&mut v, 0.99),
+        percentile(&mut v, 1.0),
+    )
+}
+
+/// Runs a decode loop (`decode`: its group, or none) beside a training
+/// job (`train`: its group, or none), hooked or not.
+fn run(conf: &str, hooked: bool, decode: Option<&str>, train: Option<&str>) -> Run {
+    let g = machine(conf);
     let dir = g.sim.path().to_path_buf();
     let (dd, td) = (dir.join("decode-steps"), dir.join("train-steps"));
     let t = train.map(|grp| spawn(&g, hooked, grp, TRAIN, &td));
     let d = decode.map(|grp| spawn(&g, hooked, grp, DECODE, &dd));
-    let wait = |c: Child| {
-        let out = c.wait_with_output().expect("gem-workload");
-        assert!(out.status.success(), "gem-workload failed");
-        out
-    };
-    let decode = d.map(wait).map(|_| {
-        let mut v = step_ms(&dd);
-        (
-            percentile(&mut v, 0.5),
-            percentile(&mut v, 0.99),
-            percentile(&mut v, 1.0),
-        )
-    });
-    let train = t.map(wait).map(|out| {
+    let decode = d.map(finish).map(|_| spread(&dd));
+    let train = t.map(finish).map(|out| {
         let r = &reports(&out.stdout)[0];
         field(r, "kernels") as f64 / 20.0 / r["seconds"].parse::<f64>().unwrap_or(1.0)
     });
@@ -126,50 +135,36 @@ pub fn latency(t: &mut Table) {
         fmt(hooked.decode.expect("decode ran")),
         "p50 ≤ 1.05×",
     );
-    let bare = run(conf, false, Some("decode"), Some("train"));
+    let beside = |r: Run| {
+        format!(
+            "{}; training {:.1} steps/s",
+            fmt(r.decode.expect("decode ran")),
+            r.train.unwrap_or(0.0)
+        )
+    };
     t.row(
         "latency: decode beside training (20×1 ms, blocking copy), no gemini (time-slicing)",
-        format!(
-            "{}; training {:.1} steps/s",
-            fmt(bare.decode.expect("decode ran")),
-            bare.train.unwrap_or(0.0)
-        ),
+        beside(run(conf, false, Some("decode"), Some("train"))),
         "H200: 2.6× p50, 2.8× p99",
     );
-    let gem = run(conf, true, Some("decode"), Some("train"));
     t.row(
         "latency: decode beside training, gemini (MinUtil 0.3 / 0.7)",
-        format!(
-            "{}; training {:.1} steps/s",
-            fmt(gem.decode.expect("decode ran")),
-            gem.train.unwrap_or(0.0)
-        ),
+        beside(run(conf, true, Some("decode"), Some("train"))),
         "p99 ≤ 1.25× (issue 36's latency class, not built yet)",
     );
     // Two training jobs: how long the 0.3 group's steps take.
-    let conf2 = "[low]\nMinUtil=0.3\n[high]\nMinUtil=0.7\n";
-    let g = Gemini::start_with(
-        SimEnv::new(1, "16GiB").time_sliced(),
-        conf2,
-        &["--log-level", "warn"],
-    );
+    let g = machine("[low]\nMinUtil=0.3\n[high]\nMinUtil=0.7\n");
     let dir = g.sim.path().to_path_buf();
     let (ld, hd) = (dir.join("low-steps"), dir.join("high-steps"));
     let high = spawn(&g, true, "high", TRAIN, &hd);
     let low = spawn(&g, true, "low", TRAIN, &ld);
     for c in [high, low] {
-        let out = c.wait_with_output().expect("gem-workload");
-        assert!(out.status.success(), "gem-workload failed");
+        finish(c);
     }
-    let mut v = step_ms(&ld);
+    let (p50, p99, max) = spread(&ld);
     t.row(
         "latency: two trainers at MinUtil 0.3 / 0.7, the 0.3 group's step (20 ms of work)",
-        format!(
-            "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-            percentile(&mut v, 0.5),
-            percentile(&mut v, 0.99),
-            percentile(&mut v, 1.0)
-        ),
+        format!("p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms"),
         "no wait over 200 ms (H200: p99 1006 ms)",
     );
 }
