@@ -186,6 +186,14 @@ impl World {
         self.qs.iter().position(|q| q.idx == idx)
     }
 
+    /// Where in `qs` the queue `dev` runs is (none: idle, or its queue has
+    /// nothing pending).
+    fn running_pos(&self, dev: usize) -> Option<usize> {
+        (self.devs[dev].running as usize)
+            .checked_sub(1)
+            .and_then(|i| self.pos_of_idx(i))
+    }
+
     fn spinning(&self, it: &Item) -> bool {
         it.coll != 0 && {
             let c = &self.colls[it.coll as usize - 1];
@@ -302,9 +310,7 @@ impl World {
                 .filter(|&p| self.qs[p].dev == dev && self.runnable(p))
                 .collect();
             cands.sort_by_key(|&p| self.qs[p].idx);
-            let cur = (d.running as usize)
-                .checked_sub(1)
-                .and_then(|i| self.pos_of_idx(i));
+            let cur = self.running_pos(dev);
             let cur_runs = cur.is_some_and(|p| cands.contains(&p));
             let others = cands.iter().any(|&p| Some(p) != cur);
             let slice_over = self.clock >= d.slice_end;
@@ -338,9 +344,7 @@ impl World {
                     None => Dev::default(),
                 };
             }
-            if let Some(p) = (self.devs[dev].running as usize)
-                .checked_sub(1)
-                .and_then(|i| self.pos_of_idx(i))
+            if let Some(p) = self.running_pos(dev)
                 && let Some(&h) = self.qs[p].items.front()
                 && h.coll != 0
                 && !self.arrived(&h)
@@ -358,10 +362,7 @@ impl World {
         let mut next = until;
         for dev in 0..self.ndev {
             let d = &self.devs[dev];
-            let Some(p) = (d.running as usize)
-                .checked_sub(1)
-                .and_then(|i| self.pos_of_idx(i))
-            else {
+            let Some(p) = self.running_pos(dev) else {
                 continue;
             };
             if let Some(h) = self.qs[p].items.front()
@@ -424,10 +425,7 @@ impl World {
             let next = self.next_event(until);
             let dt = next - self.clock;
             for dev in 0..self.ndev {
-                let Some(p) = (self.devs[dev].running as usize)
-                    .checked_sub(1)
-                    .and_then(|i| self.pos_of_idx(i))
-                else {
+                let Some(p) = self.running_pos(dev) else {
                     continue;
                 };
                 let spinning = self.qs[p].items.front().is_some_and(|h| self.spinning(h));
