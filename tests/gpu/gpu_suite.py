@@ -396,10 +396,15 @@ def timed_rows(g, nvml):
         a, b = g.timed([("a", "matmul", {"n": 4096}, hooked), ("b", "matmul", {"n": 4096}, hooked)], 8)
         return {"a": a, "b": b, "solo": s}
 
+    # Judged on each group's share of the device's time. Beside it, the
+    # same figure over the GPU time the workload keeps busy alone, so that a
+    # miss can be told apart from the workload's own gaps between batches.
     def judge_shares(h, p):
-        txt = lambda r: f"GPU time {r['a']['gpu_share']:.3f} / {r['b']['gpu_share']:.3f}; throughput {r['a']['rate'] / r['solo']['rate']:.3f} / {r['b']['rate'] / r['solo']['rate']:.3f}"  # noqa: E731
+        rel = lambda r, k: r[k]["gpu_share"] / r["solo"]["gpu_share"]  # noqa: E731
+        txt = lambda r: (f"GPU time {r['a']['gpu_share']:.3f} / {r['b']['gpu_share']:.3f} of the device, {rel(r, 'a'):.3f} / {rel(r, 'b'):.3f} of what it keeps busy alone "  # noqa: E731
+                         f"({r['solo']['gpu_share']:.3f}); throughput {r['a']['rate'] / r['solo']['rate']:.3f} / {r['b']['rate'] / r['solo']['rate']:.3f}")
         ok = abs(h["a"]["gpu_share"] - 0.3) <= 0.03 and abs(h["b"]["gpu_share"] - 0.7) <= 0.03
-        return Result(txt(h), p and txt(p), "GPU time 0.30 / 0.70 ± 0.03", ok, None)
+        return Result(txt(h), p and txt(p), "GPU time 0.30 / 0.70 ± 0.03 of the device", ok, None)
     rows.append(("two groups MinUtil 0.3 / 0.7, 4096² bf16 matmuls", (run_shares, judge_shares)))
 
     for label, mode, params in (("8192² bf16 matmuls", "matmul", {"n": 8192}), ("a Triton kernel", "triton", {}),
