@@ -96,7 +96,11 @@ pub struct Engine {
 /// scheduler that is gone has nothing to give back to).
 fn release_token(sched: &mut Sched, device: u32, used_us: u64) {
     let _ = sched.call(
-        &Request::ReleaseToken { device, used_us },
+        &Request::ReleaseToken {
+            device,
+            used_us,
+            in_flight: false,
+        },
         Duration::from_secs(2),
         &[],
     );

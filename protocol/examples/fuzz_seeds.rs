@@ -29,6 +29,7 @@ fn main() -> std::io::Result<()> {
         Request::ReleaseToken {
             device: 1,
             used_us: 5,
+            in_flight: false,
         },
         Request::Quieting {
             device: 1,

@@ -131,6 +131,7 @@ mod tests {
             Request::ReleaseToken {
                 device: 3,
                 used_us: u64::MAX,
+                in_flight: false,
             },
             Request::Quieting {
                 device: 1,

@@ -77,6 +77,12 @@ pub enum Request {
         device: DeviceId,
         /// Device time used under the token, in microseconds.
         used_us: u64,
+        /// Work launched under the token still runs (it waits for another
+        /// process: an NCCL collective for its peer rank). It is charged
+        /// with [`Request::LateUsage`] once done; until then the client's
+        /// group is mid-step on the device, and a job spanning devices
+        /// keeps its turn so that the peer can catch up.
+        in_flight: bool,
     },
     /// The client holds the token of `device`, has begun waiting for its
     /// work, predicted to end in `done_in_us`, and expects to go quiet

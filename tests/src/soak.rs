@@ -298,6 +298,7 @@ pub fn load(duration: Duration, clients: usize) -> LoadReport {
                     &Request::ReleaseToken {
                         device,
                         used_us: used,
+                        in_flight: false,
                     },
                     t,
                 );

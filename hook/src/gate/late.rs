@@ -19,6 +19,12 @@ pub(super) fn begin(g: &Gate, since: u64, ticket: u64) {
     g.late_since.store(since.max(1), Ordering::Release);
 }
 
+/// Whether work of `g`'s last token still runs uncharged (it is reported
+/// as in flight when the token is given back).
+pub(super) fn running(g: &Gate) -> bool {
+    g.late_since.load(Ordering::Acquire) != 0
+}
+
 /// The watcher's check: reports the late work of `g` once done.
 pub(super) fn report_done(st: &State, dev: usize, g: &Gate) {
     if g.late_since.load(Ordering::Acquire) == 0 {
@@ -49,10 +55,9 @@ fn report(st: &State, dev: usize, g: &Gate, end: u64) {
     if since == 0 {
         return;
     }
+    // Sent even for 0 µs: the scheduler learns that the work given back
+    // in flight is done.
     let used_us = end.saturating_sub(since) / 1000;
-    if used_us == 0 {
-        return;
-    }
     debug!("device {dev}: work past its token's report ran {used_us} us more: charged");
     let device = st.physical(dev as u32);
     let _ = st.call(&Request::LateUsage { device, used_us }, device);

@@ -48,11 +48,24 @@ fn give_back_stalled(st: &State, dev: usize, g: &'static Gate) {
     let Some(used_us) = settle(dev, g, Settle::Stalled) else {
         return;
     };
+    let in_flight = late::running(g);
     debug!(
-        "device {dev}: waiting for work that waits on another process: token given back after {used_us} us"
+        "device {dev}: waiting for work that waits on another process: token given back after {used_us} us{}",
+        if in_flight {
+            ", the work in flight"
+        } else {
+            ""
+        }
     );
     let device = st.physical(dev as u32);
-    let _ = st.call(&Request::ReleaseToken { device, used_us }, device);
+    let _ = st.call(
+        &Request::ReleaseToken {
+            device,
+            used_us,
+            in_flight,
+        },
+        device,
+    );
 }
 
 pub(super) fn start_watcher(st: &'static State) {
@@ -133,7 +146,15 @@ fn watch(st: &'static State) {
                 "device {dev}: idle{}, token given back after {used_us} us",
                 if predicted { " after its wait" } else { "" }
             );
-            let _ = st.call(&Request::ReleaseToken { device, used_us }, device);
+            let in_flight = late::running(g);
+            let _ = st.call(
+                &Request::ReleaseToken {
+                    device,
+                    used_us,
+                    in_flight,
+                },
+                device,
+            );
         }
     }
 }

@@ -18,30 +18,40 @@
 //!   while the job's rank there is not asking (a group below its
 //!   `MinUtil` goes first, turn or not);
 //! - at the turn's end the job's ranks finish the step they are in: for
-//!   up to [`DRAIN`] more, while one of its ranks still holds a token,
-//!   its other ranks get short ones (a collective in flight waits for
-//!   them). Once none of them holds a token, or after that, the turn is
-//!   over and the waiters are ranked again.
+//!   [`DRAIN`] more they get short tokens, ahead of other jobs. Past the
+//!   drain they begin no new step: a rank is served only to catch up
+//!   with a peer that may wait for it (one that gave its token back with
+//!   its work in flight, `ReleaseToken { in_flight }`, or holds a token
+//!   past its quota). The turn is over once none of its ranks holds a
+//!   token or has work in flight, or [`DRAIN_MAX`] after its end; the
+//!   waiters are then ranked again.
 //!
-//! Turns change hands between steps where the ranks' tokens end
-//! together, which is what the drain is for; the scheduler does not know
-//! where a job's steps are, so a turn can still end with one rank's
-//! collective launched and its peer's not (it then spins through the
-//! next turn).
+//! So a turn changes hands between steps: a collective launched by one
+//! rank is met by its peer before the next job's ranks run, instead of
+//! spinning through the next turn (before the in-flight report, 12 % of
+//! the device time went to such collectives and the jobs kept 71-74 % of
+//! their steps; `gem-bench --only nccl`).
 
 use super::*;
-use std::collections::BTreeSet;
 
 /// A job spanning devices: see the module doc.
 pub const GANG_RECENT: Micros = 100_000;
 
-/// How long after its end a turn goes on while its ranks still hold
-/// tokens (finishing their step; a rank behind the others gets a short
-/// token meanwhile, so that their collectives meet). Measured with
-/// `gem-bench --only nccl`, two runs each: 5 ms kept 53-59 % of the
-/// un-hooked steps on time-sliced GPUs, 20 ms 71-74 %, 50 ms 72-75 %
-/// but a work split 11-22 pp off in launch order (20 ms: 7 pp).
+/// How long after its end a turn's ranks still begin steps (short
+/// tokens, so that they end together). Measured with `gem-bench --only
+/// nccl` before the in-flight report, two runs each: 5 ms kept 53-59 % of
+/// the un-hooked steps on time-sliced GPUs, 20 ms 71-74 %, 50 ms 72-75 %
+/// but a work split 11-22 pp off in launch order (20 ms: 7 pp). With the
+/// in-flight report (6 s runs of the same scenario, kernels per rank):
+/// 2 ms 9570, 10 ms 11170-11705, 20 ms 11690, 40 ms 11205-11325.
 pub(super) const DRAIN: Micros = 20_000;
+
+/// How long after its end a turn goes on at most while one of its ranks
+/// gave its token back with work still running (a collective waiting for
+/// a peer rank, which gets short tokens to launch its own): a rank whose
+/// peer never comes (it died, or waits on something else) does not hold
+/// the other jobs off for longer.
+pub(super) const DRAIN_MAX: Micros = 100_000;
 
 /// A job's turn on its devices.
 #[derive(Debug, Clone)]
@@ -66,7 +76,8 @@ pub(super) struct TurnView {
 
 impl Policy {
     /// The devices each group of real clients used within
-    /// [`GANG_RECENT`], holds a token of, or waits for.
+    /// [`GANG_RECENT`], holds a token of, runs work on in flight, or waits
+    /// for.
     fn recent_devices(&self, now: Micros) -> BTreeMap<GroupKey, BTreeSet<DeviceId>> {
         let since = now.saturating_sub(GANG_RECENT);
         let mut used: BTreeMap<GroupKey, BTreeSet<DeviceId>> = BTreeMap::new();
@@ -79,7 +90,8 @@ impl Policy {
                 .iter()
                 .filter(|&(_, &t)| t >= since)
                 .map(|(d, _)| *d)
-                .chain(c.uncharged.keys().copied());
+                .chain(c.uncharged.keys().copied())
+                .chain(c.in_flight.iter().copied());
             match used.get_mut(&c.group) {
                 Some(s) => s.extend(recent),
                 None => {
@@ -106,6 +118,28 @@ impl Policy {
             .any(|c| &c.group == group && c.uncharged.keys().any(|d| devices.contains(d)))
     }
 
+    /// Whether a client of `group` gave a token of one of `devices` back
+    /// with its work still running (a collective waiting for its peer).
+    fn in_flight_any(&self, group: &GroupKey, devices: &BTreeSet<DeviceId>) -> bool {
+        self.clients
+            .values()
+            .any(|c| &c.group == group && c.in_flight.iter().any(|d| devices.contains(d)))
+    }
+
+    /// Whether a client of `group` on one of `devices` may be waiting for
+    /// a peer rank: it gave its token back with work in flight, or holds
+    /// one past its quota (its last work outlasts it: a collective waiting
+    /// for its peer, until the hook finds it stalled and says so).
+    fn waits_for_peer(&self, group: &GroupKey, devices: &BTreeSet<DeviceId>, now: Micros) -> bool {
+        self.clients.values().any(|c| {
+            &c.group == group
+                && (c.in_flight.iter().any(|d| devices.contains(d))
+                    || c.uncharged
+                        .iter()
+                        .any(|(d, &(at, quota))| devices.contains(d) && at + quota <= now))
+        })
+    }
+
     /// Ends the turns that are over (their ranks hold no token past the
     /// turn's end, or the group no longer spans devices), and says what
     /// the open ones mean for `device`'s next grant.
@@ -115,9 +149,18 @@ impl Policy {
             .turns
             .iter()
             .filter(|(_, t)| {
-                used.get(&t.group).is_none_or(|d| d.len() < 2)
-                    || (now >= t.until
-                        && (now >= t.until + DRAIN || !self.holds_any(&t.group, &t.devices)))
+                if used.get(&t.group).is_none_or(|d| d.len() < 2) {
+                    return true;
+                }
+                if now < t.until {
+                    return false;
+                }
+                // Its ranks finish the step they are in: a token in hand
+                // runs out, a rank's collective that waits for its peer
+                // (which needs a token to launch its own) is met.
+                now >= t.until + DRAIN_MAX
+                    || !(self.holds_any(&t.group, &t.devices)
+                        || self.in_flight_any(&t.group, &t.devices))
             })
             .map(|(&l, _)| l)
             .collect();
@@ -138,6 +181,14 @@ impl Policy {
             match self.turns.get(&leader) {
                 Some(t) if &t.group == group => {
                     view.owner = Some((group.clone(), t.until));
+                    // Past the drain, its ranks begin no new step: one is
+                    // served only to catch up with a peer whose work waits
+                    // for it (a collective in flight).
+                    let mut others = t.devices.clone();
+                    others.remove(&device);
+                    if now >= t.until + DRAIN && !self.waits_for_peer(group, &others, now) {
+                        view.blocked.insert(group.clone());
+                    }
                 }
                 Some(_) => {
                     view.blocked.insert(group.clone());
@@ -178,11 +229,12 @@ impl Policy {
         );
     }
 
-    /// The earliest end of an open turn still to come.
+    /// The earliest change of an open turn still to come: its end, the
+    /// end of its drain, its hard end.
     pub(super) fn next_turn_end(&self, now: Micros) -> Option<Micros> {
         self.turns
             .values()
-            .map(|t| t.until)
+            .flat_map(|t| [t.until, t.until + DRAIN, t.until + DRAIN_MAX])
             .filter(|&u| u > now)
             .min()
     }

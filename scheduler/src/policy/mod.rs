@@ -63,7 +63,7 @@ use gemini_protocol::{
     GroupStatus, HeldMemory, Reply, Request, Role, StatusReport,
 };
 use group_use::{GroupUse, groups_using, note_throttled};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use usage::Usage;
 
 /// Time in microseconds since the policy was created.
@@ -301,6 +301,9 @@ struct Client {
     /// Per device, the end of the device time last charged to it: a late
     /// report ([`Request::LateUsage`]) is charged from there on, not twice.
     charged_until: BTreeMap<DeviceId, Micros>,
+    /// Devices where work of a token it gave back still runs (it said
+    /// `in_flight`), until its [`Request::LateUsage`] or next report.
+    in_flight: BTreeSet<DeviceId>,
 }
 
 #[derive(Debug, Clone)]

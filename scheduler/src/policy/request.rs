@@ -159,8 +159,19 @@ impl Policy {
                     });
                 }
             }
-            Request::ReleaseToken { device, used_us } => {
+            Request::ReleaseToken {
+                device,
+                used_us,
+                in_flight,
+            } => {
                 self.report(client, device, used_us, now);
+                if let Some(c) = self.clients.get_mut(&client) {
+                    if in_flight {
+                        c.in_flight.insert(device);
+                    } else {
+                        c.in_flight.remove(&device);
+                    }
+                }
                 self.note_away(client, device, now);
                 reply(Reply::Done);
             }
@@ -171,6 +182,9 @@ impl Policy {
                         "a control connection has no device time to report",
                     ));
                     return;
+                }
+                if let Some(c) = self.clients.get_mut(&client) {
+                    c.in_flight.remove(&device);
                 }
                 self.late(client, device, used_us, now);
                 reply(Reply::Done);
@@ -344,6 +358,7 @@ impl Policy {
                 memory,
                 uncharged: BTreeMap::new(),
                 charged_until: BTreeMap::new(),
+                in_flight: BTreeSet::new(),
             },
         );
         Reply::Welcome {

@@ -382,6 +382,8 @@ impl Policy {
         let Some(c) = clients.get_mut(&w.client) else {
             return;
         };
+        // Work still in flight from its last token is this token's now.
+        c.in_flight.remove(&device);
         let burst = if w.burst == 0 {
             params.base_quota
         } else {

@@ -117,3 +117,37 @@ fn two_jobs(sim: SimEnv, split_within: f64) {
         );
     }
 }
+
+/// A rank whose allreduce waits for a slower peer (its kernels ten times
+/// as long) gives its token back saying that its work is still in flight:
+/// the scheduler then keeps the job's turn open and lets the peer catch
+/// up, instead of handing the peer's device to another job while the
+/// collective spins.
+#[test]
+fn a_rank_whose_collective_waits_gives_its_token_back_in_flight() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::new(2, "16GiB").time_sliced(), "[a]\n");
+    let spawn = |rank: u32, kernel_us: &str| {
+        let mut c = g.hooked(g.sim.workload(), "a");
+        let mut args = allreduce_rank(3, rank, "1");
+        let at = args.iter().position(|a| a == "--kernel-us").unwrap();
+        args[at + 1] = kernel_us.into();
+        c.args(args)
+            .env("GEMINI_LOG", "debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let (r0, r1) = (spawn(0, "200"), spawn(1, "2000"));
+    let (o0, o1) = (
+        r0.wait_with_output().unwrap(),
+        r1.wait_with_output().unwrap(),
+    );
+    assert!(o0.status.success() && o1.status.success());
+    let log = String::from_utf8_lossy(&o0.stderr);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("token given back") && l.contains("the work in flight")),
+        "rank 0 never gave its token back in flight while it waited for its peer:\n{log}"
+    );
+}

@@ -107,6 +107,7 @@ fn holder_poll_reports_activity_and_unanswered_demands_time_out() {
             req: Request::ReleaseToken {
                 device: 0,
                 used_us: 10,
+                in_flight: false,
             },
         },
         2_000,

@@ -197,6 +197,7 @@ impl Sim {
                     Request::ReleaseToken {
                         device: 0,
                         used_us: used,
+                        in_flight: false,
                     },
                 );
                 let acts = self
@@ -210,6 +211,7 @@ impl Sim {
                     Request::ReleaseToken {
                         device: 0,
                         used_us: used,
+                        in_flight: false,
                     },
                 );
                 self.queue.push(Reverse((to, idx, WAKE)));
@@ -223,6 +225,7 @@ impl Sim {
                         Request::ReleaseToken {
                             device: 0,
                             used_us: used,
+                            in_flight: false,
                         },
                     );
                     self.queue.push(Reverse((self.now + gap, idx, WAKE)));

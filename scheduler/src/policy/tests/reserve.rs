@@ -167,6 +167,7 @@ fn time_held_back_by_max_util_is_counted() {
             req: Request::ReleaseToken {
                 device: 0,
                 used_us: 20 * MS,
+                in_flight: false,
             },
         },
         40 * MS,

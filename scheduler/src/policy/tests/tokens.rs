@@ -18,6 +18,7 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
         Request::ReleaseToken {
             device: 0,
             used_us: 20 * MS,
+            in_flight: false,
         },
         20 * MS,
     );
@@ -55,6 +56,7 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
         Request::ReleaseToken {
             device: 0,
             used_us: 12 * MS,
+            in_flight: false,
         },
         now,
     );
@@ -93,6 +95,7 @@ fn work_reported_ahead_at_a_lent_renewal_is_charged_once_to_the_borrower() {
         Request::ReleaseToken {
             device: 0,
             used_us: 20 * MS,
+            in_flight: false,
         },
         20 * MS,
     );
@@ -120,6 +123,7 @@ fn work_reported_ahead_at_a_lent_renewal_is_charged_once_to_the_borrower() {
         Request::ReleaseToken {
             device: 0,
             used_us: 12 * MS,
+            in_flight: false,
         },
         now,
     );
@@ -198,6 +202,7 @@ fn status_counts_shares_from_the_group_start_lists_every_gpu_and_drops_rows_that
         Request::ReleaseToken {
             device: 0,
             used_us: 1,
+            in_flight: false,
         },
         end + 1,
     );
@@ -393,6 +398,7 @@ fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
         Request::ReleaseToken {
             device: 0,
             used_us: 21 * MS,
+            in_flight: false,
         },
         21 * MS + 100,
     );
@@ -451,6 +457,7 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
         Request::ReleaseToken {
             device: 0,
             used_us: 10 * MS,
+            in_flight: false,
         },
         10 * MS,
     );
@@ -484,6 +491,7 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
         Request::ReleaseToken {
             device: 0,
             used_us: 20 * MS,
+            in_flight: false,
         },
         30 * MS,
     );
@@ -531,7 +539,11 @@ fn a_job_spanning_gpus_holds_them_in_turns() {
         used_us,
         burst_us: 0,
     };
-    let release = |device: DeviceId, used_us: Micros| Request::ReleaseToken { device, used_us };
+    let release = |device: DeviceId, used_us: Micros| Request::ReleaseToken {
+        device,
+        used_us,
+        in_flight: false,
+    };
     let granted = |r: &[(ClientId, u32, Reply)], who: ClientId| {
         r.iter().find_map(|(c, _, reply)| match reply {
             Reply::Token { quota_us, .. } if *c == who => Some(*quota_us),
@@ -568,4 +580,155 @@ fn a_job_spanning_gpus_holds_them_in_turns() {
     assert!(r.is_empty(), "a's rank took GPU 1 in b's turn: {r:?}");
     let r = send(&mut p, 4, on(1, 0), end + 3 * MS);
     assert!(granted(&r, 4).is_some(), "{r:?}");
+}
+
+/// Two 2-GPU jobs in turns, as in [`a_job_spanning_gpus_holds_them_in_turns`]:
+/// a (clients 1 on GPU 0, 2 on GPU 1) holds the turn, b (3, 4) waits on
+/// both. Returns the policy and the end of a's turn (µs).
+fn two_jobs_in_a_turn() -> (Policy, Micros) {
+    let mut p = Policy::new(
+        Params::default(),
+        config("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n"),
+    );
+    for (id, group) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
+        hello(&mut p, id, group);
+    }
+    let quota = granted(&send(&mut p, 1, on(0), 0), 1).expect("a's rank on GPU 0");
+    assert!(granted(&send(&mut p, 2, on(1), 0), 2).is_some());
+    assert!(send(&mut p, 3, on(0), MS).is_empty());
+    assert!(send(&mut p, 4, on(1), MS).is_empty());
+    (p, quota)
+}
+
+fn on(device: DeviceId) -> Request {
+    Request::AcquireToken {
+        device,
+        used_us: 0,
+        burst_us: 0,
+    }
+}
+
+/// A's ranks give back the tokens granted at 0, used to their end.
+fn release(device: DeviceId, in_flight: bool) -> Request {
+    Request::ReleaseToken {
+        device,
+        used_us: Params::default().base_quota,
+        in_flight,
+    }
+}
+
+fn granted(r: &[(ClientId, u32, Reply)], who: ClientId) -> Option<Micros> {
+    r.iter().find_map(|(c, _, reply)| match reply {
+        Reply::Token { quota_us, .. } if *c == who => Some(*quota_us),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_job_whose_collective_waits_for_its_peer_keeps_its_turn_until_the_peer_catches_up() {
+    let (mut p, until) = two_jobs_in_a_turn();
+    // Well past the turn and its drain: a's rank on GPU 0 launched its
+    // collective and gave its token back with the collective still
+    // running (it waits for the rank on GPU 1, which has not launched
+    // its own yet).
+    let t = until + gang::DRAIN + 5 * MS;
+    let r = send(&mut p, 1, release(0, true), t);
+    assert_eq!(
+        granted(&r, 3),
+        None,
+        "b took GPU 0 while a's collective waits there: {r:?}"
+    );
+    // The rank on GPU 1 ends its token and asks again to launch its
+    // collective: it catches up, ahead of b, with a short token.
+    let r = send(&mut p, 2, release(1, false), t + MS);
+    assert_eq!(granted(&r, 4), None, "b took GPU 1 mid-step: {r:?}");
+    let r = send(&mut p, 2, on(1), t + 2 * MS);
+    let quota = granted(&r, 2).unwrap_or_else(|| panic!("a's rank did not catch up: {r:?}"));
+    assert!(quota <= LENT_MIN_QUOTA, "a catch-up token of {quota} µs");
+    // The collective meets: its late time is reported, the rank on GPU 1
+    // ends its token, and the turn passes to b on both GPUs.
+    send(
+        &mut p,
+        1,
+        Request::LateUsage {
+            device: 0,
+            used_us: 2 * MS,
+        },
+        t + 3 * MS,
+    );
+    let r = send(&mut p, 2, release(1, false), t + 3 * MS);
+    assert!(
+        granted(&r, 3).is_some() && granted(&r, 4).is_some(),
+        "b's ranks did not get both GPUs once a's step was done: {r:?}"
+    );
+}
+
+#[test]
+fn past_its_drain_a_job_begins_no_new_step_and_the_turn_passes_once_its_tokens_end() {
+    let (mut p, until) = two_jobs_in_a_turn();
+    let drained = until + gang::DRAIN;
+    // In the drain, a's rank on GPU 1 takes a short token to finish its
+    // step.
+    send(&mut p, 2, release(1, false), drained - MS);
+    let r = send(&mut p, 2, on(1), drained - MS / 2);
+    assert!(granted(&r, 2).is_some(), "{r:?}");
+    // Past the drain, a's rank on GPU 0 ends its step (nothing in flight)
+    // and asks for the next one while that token still runs.
+    send(&mut p, 1, release(0, false), drained + MS / 10);
+    let r = send(&mut p, 1, on(0), drained + MS / 5);
+    assert_eq!(
+        granted(&r, 1),
+        None,
+        "a began a new step past its turn: {r:?}"
+    );
+    assert_eq!(
+        granted(&r, 3),
+        None,
+        "b took GPU 0 while a's rank on GPU 1 finishes its step: {r:?}"
+    );
+    // Once that token ends, b's turn opens on both GPUs.
+    let r = send(&mut p, 2, release(1, false), drained + 2 * MS / 5);
+    assert!(
+        granted(&r, 3).is_some() && granted(&r, 4).is_some(),
+        "b's ranks did not get both GPUs: {r:?}"
+    );
+}
+
+#[test]
+fn past_its_drain_a_rank_catches_up_with_a_peer_holding_its_token_past_its_quota() {
+    let (mut p, until) = two_jobs_in_a_turn();
+    let t = until + gang::DRAIN + 5 * MS;
+    // a's rank on GPU 1 still holds the token it got at 0, long run out:
+    // its collective may be waiting for the rank on GPU 0 (the hook has
+    // not found it stalled yet). That rank asks to launch its own: it is
+    // served, ahead of b.
+    send(&mut p, 1, release(0, false), t);
+    let r = send(&mut p, 1, on(0), t + MS);
+    let quota = granted(&r, 1).unwrap_or_else(|| panic!("a's rank did not catch up: {r:?}"));
+    assert!(quota <= LENT_MIN_QUOTA, "a catch-up token of {quota} µs");
+}
+
+#[test]
+fn a_collective_whose_peer_never_comes_holds_the_turn_at_most_drain_max() {
+    let (mut p, until) = two_jobs_in_a_turn();
+    let t = until + gang::DRAIN + 5 * MS;
+    send(&mut p, 1, release(0, true), t);
+    let r = send(&mut p, 2, release(1, false), t + MS);
+    assert_eq!(granted(&r, 4), None, "b took GPU 1 mid-step: {r:?}");
+    // a's rank on GPU 1 never asks again (it died, or waits on something
+    // else): past DRAIN_MAX the turn is over all the same, and the
+    // daemon wakes then to pass it on.
+    let wake = p.next_deadline(t + MS);
+    assert!(
+        wake.is_some_and(|w| w <= until + gang::DRAIN_MAX),
+        "next wake-up {wake:?}, the turn's hard end {}",
+        until + gang::DRAIN_MAX
+    );
+    let r = replies(p.handle(Event::Tick, until + gang::DRAIN_MAX - MS));
+    assert!(r.is_empty(), "the turn ended before DRAIN_MAX: {r:?}");
+    let r = replies(p.handle(Event::Tick, until + gang::DRAIN_MAX + MS));
+    assert!(
+        granted(&r, 3).is_some() && granted(&r, 4).is_some(),
+        "b's ranks still wait past DRAIN_MAX: {r:?}"
+    );
 }

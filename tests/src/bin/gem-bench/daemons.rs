@@ -172,6 +172,7 @@ pub(crate) fn scheduler_rss(t: &mut Table) {
             &Request::ReleaseToken {
                 device: dev,
                 used_us: 100,
+                in_flight: false,
             },
             Duration::from_secs(5),
         )

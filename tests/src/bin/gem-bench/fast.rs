@@ -64,6 +64,7 @@ pub(crate) fn fast_path(t: &mut Table) {
             &Request::ReleaseToken {
                 device: 0,
                 used_us: 1,
+                in_flight: false,
             },
             Duration::from_secs(2),
         );

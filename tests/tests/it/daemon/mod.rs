@@ -200,7 +200,8 @@ fn tokens_and_memory_through_the_daemon() {
         a.request(
             &Request::ReleaseToken {
                 device: 0,
-                used_us: 5_000
+                used_us: 5_000,
+                in_flight: false,
             },
             T
         )
