@@ -10,7 +10,7 @@ pub mod resource;
 pub mod settings;
 
 pub use resource::{
-    ConfigError, ConfigErrors, GroupConfig, ResourceConfig, Warning, diff, drop_in_dir,
+    ConfigError, ConfigErrors, GroupConfig, Latency, ResourceConfig, Warning, diff, drop_in_dir,
     load_resource, load_resource_as, parse_resource,
 };
 

@@ -6,6 +6,7 @@
 //! MaxUtil=0.8      # ceiling, 0..1 (default 1)
 //! MemoryLimit=8GiB # per device, all processes of the group (default: unlimited)
 //! Devices=0,2      # only these GPUs, numbered as nvidia-smi does (default all)
+//! Latency=critical # served first when it asks (default normal)
 //! ```
 //!
 //! The file is parsed by glib's `KeyFile` (XDG Desktop Entry syntax). glib
@@ -33,8 +34,10 @@ pub const ALLOWED_GROUPS: &str = "AllowedGroups";
 pub const CGROUPS: &str = "Cgroups";
 /// Key for the GPUs a group may use.
 pub const DEVICES: &str = "Devices";
+/// Key for the latency class.
+pub const LATENCY: &str = "Latency";
 /// Keys this version understands.
-pub const KNOWN_KEYS: [&str; 7] = [
+pub const KNOWN_KEYS: [&str; 8] = [
     MIN_UTIL,
     MAX_UTIL,
     MEMORY_LIMIT,
@@ -42,7 +45,31 @@ pub const KNOWN_KEYS: [&str; 7] = [
     ALLOWED_GROUPS,
     CGROUPS,
     DEVICES,
+    LATENCY,
 ];
+
+/// A group's latency class (`Latency`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Latency {
+    /// Shares only: a waiting group is ranked by how much of its share it
+    /// had (the default).
+    #[default]
+    Normal,
+    /// An inference server, a notebook: served first whenever it asks,
+    /// within the share it can take without breaking another group's
+    /// `MinUtil`; while it is active, other groups get short tokens, so
+    /// that it never waits long behind their queued work.
+    Critical,
+}
+
+impl fmt::Display for Latency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Latency::Normal => "normal",
+            Latency::Critical => "critical",
+        })
+    }
+}
 /// `MemoryLimit` when the key is absent: unlimited, so the group may use
 /// the GPU's whole memory, which is what a user who sets nothing expects
 /// (a fixed default was a trap: 1 GiB left a PyTorch job on a 141 GiB
@@ -82,6 +109,8 @@ pub struct GroupConfig {
     /// them) the group may use, in order; `MinUtil` is then guaranteed on
     /// those only and counts against theirs alone. `None`: every GPU.
     pub devices: Option<Vec<u32>>,
+    /// `Latency`: the group's latency class.
+    pub latency: Latency,
 }
 
 impl GroupConfig {
@@ -424,6 +453,7 @@ fn parse_groups(
             allowed_groups: None,
             cgroups: None,
             devices: None,
+            latency: Latency::Normal,
         };
         let mut min_line = g.line;
         // Whether MinUtil and MaxUtil are usable (absent or valid): their
@@ -468,6 +498,7 @@ fn parse_groups(
                 }),
                 CGROUPS => parse_cgroups(&e.value).map(|v| cfg.cgroups = Some(v)),
                 DEVICES => parse_devices(&e.value).map(|v| cfg.devices = Some(v)),
+                LATENCY => parse_latency(&e.value).map(|v| cfg.latency = v),
                 other => {
                     warnings.push(Warning {
                         at: at(e.line, &g.name),

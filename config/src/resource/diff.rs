@@ -69,6 +69,7 @@ pub fn diff(old: &ResourceConfig, new: &ResourceConfig) -> Vec<Change> {
             })
         };
         field(DEVICES, gpus(&o.devices), gpus(&n.devices));
+        field(LATENCY, o.latency.to_string(), n.latency.to_string());
     }
     for name in old.groups.keys() {
         if !new.groups.contains_key(name) {

@@ -31,6 +31,24 @@ fn reads_groups_with_defaults() {
 }
 
 #[test]
+fn latency_is_normal_unless_critical_and_a_bad_value_names_its_line() {
+    let (cfg, warnings) =
+        parse("[serve]\nLatency=critical\n[train]\n[nb]\nLatency = Normal\n").unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let class = |g: &str| cfg.group(g).map(|g| g.latency);
+    assert_eq!(class("serve"), Some(Latency::Critical));
+    assert_eq!(class("train"), Some(Latency::Normal));
+    assert_eq!(class("nb"), Some(Latency::Normal));
+    let e = errors("[serve]\nMinUtil=0.3\nLatency=high\n");
+    assert_eq!(
+        e,
+        [
+            "/etc/gemini/resource.conf:3: [serve]: Latency: expected `critical` or `normal`, got \"high\""
+        ]
+    );
+}
+
+#[test]
 fn trailing_comments_after_values_are_stripped() {
     let text = "# groups\n[user1]\nMinUtil=0.5   # half the GPU\nMemoryLimit=1GB # decimal\n";
     let (cfg, _) = parse(text).unwrap();

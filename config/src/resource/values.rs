@@ -101,3 +101,15 @@ pub(super) fn suggestion(key: &str) -> String {
         None => format!("; known keys are {}", KNOWN_KEYS.join(", ")),
     }
 }
+
+/// `Latency`: `critical` or `normal` (any case).
+pub(super) fn parse_latency(value: &str) -> Result<super::Latency, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "critical" => Ok(super::Latency::Critical),
+        "normal" => Ok(super::Latency::Normal),
+        _ => Err(format!(
+            "expected `critical` or `normal`, got {:?}",
+            value.trim()
+        )),
+    }
+}

@@ -57,7 +57,7 @@ mod usage;
 pub use access::Peer;
 pub use gang::GANG_RECENT;
 
-use gemini_config::{GroupConfig, ResourceConfig};
+use gemini_config::{GroupConfig, Latency, ResourceConfig};
 use gemini_protocol::{
     ClientId, ClientStatus, DeviceId, DeviceStatus, ErrorKind, ErrorReply, GroupDeviceStatus,
     GroupStatus, HeldMemory, Reply, Request, Role, StatusReport,
@@ -109,6 +109,7 @@ struct Limits {
     min_util: f64,
     max_util: f64,
     memory_limit: u64,
+    latency: Latency,
 }
 /// Shortest token the holder is given (its kernels are short so a real
 /// client never waits long behind one).
@@ -116,6 +117,19 @@ pub const HOLDER_MIN_QUOTA: Micros = 100;
 /// Shortest token lent while a group owed time is away (each costs the
 /// borrower a round trip to renew).
 pub const LENT_MIN_QUOTA: Micros = 1_000;
+/// Longest token another group gets while a latency-critical group
+/// (`Latency=critical`) is active on the device and not asking: about the
+/// longest the critical group waits when it comes back, with the work
+/// queued under that token (the hook queues only what ends within it).
+pub const CRITICAL_LEND_MAX: Micros = 2_000;
+/// How long before a latency-critical group is expected back (learned from
+/// its past absences) a token lent meanwhile ends, so that the work
+/// queued under it has drained when it comes: on a real GPU the critical
+/// group's kernels would otherwise time-slice with that work (2.6× its
+/// step, measured on an H200 without gemini).
+pub const CRITICAL_MARGIN: Micros = 300;
+/// Shortest token lent just before a latency-critical group's return.
+pub const CRITICAL_MIN_QUOTA: Micros = 200;
 /// How long before a lent token's end the device may pass to the next
 /// holder (at most a quarter of the token). The borrower's hook queues
 /// only work that ends within its token, so the next holder's first
@@ -423,18 +437,21 @@ fn limits(
         min_util: 0.0,
         max_util: 0.0,
         memory_limit: 0,
+        latency: Latency::Normal,
     };
     match key {
         GroupKey::Holder => Limits {
             min_util: 0.0,
             max_util: 1.0,
             memory_limit: u64::MAX,
+            latency: Latency::Normal,
         },
         GroupKey::Control => NOTHING,
         GroupKey::Named(name) => configured(config, retired, name).map_or(NOTHING, |g| Limits {
             min_util: g.min_util,
             max_util: g.max_util,
             memory_limit: g.memory_limit,
+            latency: g.latency,
         }),
     }
 }

@@ -263,9 +263,21 @@ impl Policy {
         } else {
             1.0
         };
-        // A group's rank: (class, key). Class 0: real group below MinUtil
-        // (key: share - MinUtil); 1: other real group (key: share, plus
-        // how far its MaxUtil is below the level); 2: holder (key: share).
+        // A latency-critical group's room: the share it may take first
+        // without breaking the `MinUtil` of the others using the device,
+        // nor its own `MaxUtil`.
+        let room = |key: &GroupKey| -> Option<f64> {
+            let l = limits(config, retired, key);
+            (l.latency == Latency::Critical).then(|| {
+                let others: f64 = using.iter().filter(|u| &u.0 != key).map(|u| u.1).sum();
+                l.max_util.min(1.0 - others)
+            })
+        };
+        // A group's rank: (class, key). Class 0: latency-critical group
+        // within its room (key: share - 2, before all others), real group
+        // below MinUtil (key: share - MinUtil); 1: other real group (key:
+        // share, plus how far its MaxUtil is below the level); 2: holder
+        // (key: share).
         let rank_of = |key: &GroupKey, g: &mut GroupUse, min_util: f64, max_util: f64| {
             let share = if g.usage.is_empty(now, params.window) {
                 0.0
@@ -274,6 +286,8 @@ impl Policy {
             };
             if *key == GroupKey::Holder {
                 (2, share)
+            } else if room(key).is_some_and(|r| share < r) {
+                (0, share - 2.0)
             } else if share < min_util {
                 (0, share - min_util)
             } else {
@@ -348,6 +362,36 @@ impl Policy {
         // not before a capped one may run again; `back`), within
         // [LENT_MIN_QUOTA, min_quota].
         let (mut lent, mut back) = (false, None::<Micros>);
+        // A latency-critical group active here and within its room, not
+        // asking now: whoever is chosen gets a short token (at most
+        // CRITICAL_LEND_MAX), ending about when the critical group comes
+        // back, so that it waits little behind the work queued under it.
+        let (mut critical_owed, mut critical_back) = (false, None::<Micros>);
+        for (k, ..) in &using {
+            if waiting(k) || room(k).is_none() {
+                continue;
+            }
+            let Limits {
+                min_util, max_util, ..
+            } = limits(config, retired, k);
+            let Some(g) = dev.groups.get_mut(k) else {
+                continue;
+            };
+            let (c, kk) = rank_of(k, g, min_util, max_util);
+            if c != 0 || kk >= -1.0 {
+                continue;
+            }
+            let Some(may_run) = g.eligible_at(now, max_util, saved) else {
+                continue;
+            };
+            critical_owed = true;
+            lent = true;
+            let at = g
+                .expected_back(now, params.min_quota)
+                .map(|t| t.max(may_run));
+            back = back.into_iter().chain(at).min();
+            critical_back = critical_back.into_iter().chain(at).min();
+        }
         if class != 0 {
             let owed: Vec<&GroupKey> = using.iter().map(|u| &u.0).filter(|k| !waiting(k)).collect();
             for k in owed {
@@ -404,6 +448,13 @@ impl Policy {
                     .clamp(LENT_MIN_QUOTA.min(short), short)
             });
             quota = quota.min(to_return);
+            if critical_owed {
+                quota = quota.min(CRITICAL_LEND_MAX);
+            }
+            if let Some(b) = critical_back {
+                let ends = b.saturating_sub(now + CRITICAL_MARGIN);
+                quota = quota.min(ends.max(CRITICAL_MIN_QUOTA));
+            }
         }
         // In its job's turn, a token ends with the turn (after it, the
         // shortest, to finish the step).

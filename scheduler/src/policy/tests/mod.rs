@@ -11,6 +11,7 @@ use std::path::Path;
 
 mod access;
 mod holder;
+mod latency;
 mod memory;
 mod reserve;
 mod shares;
@@ -50,8 +51,12 @@ struct SimClient {
     busy: Vec<(Micros, Micros)>,
     /// Quotas of the tokens granted marked lent.
     lent: Vec<Micros>,
+    /// Every token granted: (when, quota).
+    granted: Vec<(Micros, Micros)>,
     /// Device time left in the current burst (Bursty).
     left: Micros,
+    /// When it asked for the device after being away (a burst's start).
+    asked: Vec<Micros>,
     seq: u32,
     gone: bool,
 }
@@ -131,7 +136,9 @@ impl Sim {
             demand,
             busy: vec![],
             lent: vec![],
+            granted: vec![],
             left,
+            asked: vec![],
             seq: 0,
             gone: false,
         });
@@ -157,6 +164,7 @@ impl Sim {
                 if lent {
                     self.clients[idx].lent.push(quota_us);
                 }
+                self.clients[idx].granted.push((self.now, quota_us));
                 // The device runs one client at a time: work starts when the
                 // previous holder's last kernel is done (overuse).
                 let start = (self.now + self.wake).max(self.device_free_at);
@@ -242,6 +250,9 @@ impl Sim {
                 }
             }
             _ => {
+                if kind == WAKE {
+                    c.asked.push(self.now);
+                }
                 let burst = match c.demand {
                     Demand::Bursty { .. } => c.left,
                     Demand::Greedy => 10 * SEC,
@@ -283,6 +294,18 @@ impl Sim {
             }
         }
         self.now = end;
+    }
+
+    /// How long client `idx` waited for the device after each time it
+    /// asked in `[from, to)` after being away: from the ask to its first
+    /// work on the device.
+    fn waits(&self, idx: usize, from: Micros, to: Micros) -> Vec<Micros> {
+        let c = &self.clients[idx];
+        c.asked
+            .iter()
+            .filter(|&&a| (from..to).contains(&a))
+            .filter_map(|&a| c.busy.iter().find(|b| b.0 >= a).map(|b| b.0 - a))
+            .collect()
     }
 
     /// Share of `[from, to)` each group used, from the simulated busy log.
