@@ -422,6 +422,29 @@ impl Policy {
             lent = true;
             back = Some(now);
         }
+        // While other groups wait, tokens are as long as their group's
+        // entitlement against the largest among those taking turns, so
+        // that groups alternate and each waits about one token of each
+        // other: with equal tokens a group entitled to 0.3 beside one of
+        // 0.7 waited for two or three 100 ms tokens in a row (300 ms).
+        let chosen_group = clients.get(&dev.waiters[i].client).map(|c| &c.group);
+        let ent = entitlements(&using.iter().map(|u| (u.1, u.2)).collect::<Vec<_>>());
+        let turns: Vec<(bool, f64)> = using
+            .iter()
+            .zip(&ent)
+            .filter(|((k, ..), _)| *k != GroupKey::Holder)
+            .map(|((k, ..), &e)| (Some(k) == chosen_group, e))
+            .collect();
+        let others_wait = using
+            .iter()
+            .any(|(k, ..)| Some(k) != chosen_group && *k != GroupKey::Holder && waiting(k));
+        let turn_share = turns
+            .iter()
+            .find(|t| t.0)
+            .map(|t| t.1)
+            .zip(turns.iter().map(|t| t.1).reduce(f64::max))
+            .filter(|&(mine, top)| others_wait && mine > 0.0 && top > mine)
+            .map(|(mine, top)| mine / top);
         let w = dev.waiters.remove(i);
         let Some(c) = clients.get_mut(&w.client) else {
             return;
@@ -441,6 +464,9 @@ impl Policy {
             params.min_quota
         };
         let mut quota = burst.clamp(floor.min(params.max_quota), params.max_quota);
+        if let Some(part) = turn_share {
+            quota = quota.min(((params.max_quota as f64 * part) as Micros).max(floor));
+        }
         if lent {
             let short = params.min_quota.max(floor);
             let to_return = back.map_or(short, |t| {

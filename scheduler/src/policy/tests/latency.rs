@@ -101,30 +101,39 @@ fn a_greedy_critical_group_does_not_take_another_group_s_min_util() {
     assert!(train >= 0.68, "train got {train:.3} of its 0.7");
 }
 
-/// No group owed time waits more than 200 ms for the device (issue 36):
-/// two training jobs at 0.3 / 0.7, each with CPU work between steps.
+/// The longest time client `idx` went without the device in `[from, to)`:
+/// between the end of one of its pieces of work and the start of the next.
+fn longest_off(sim: &Sim, idx: usize, from: Micros, to: Micros) -> Micros {
+    let busy: Vec<&(Micros, Micros)> = sim.clients[idx]
+        .busy
+        .iter()
+        .filter(|b| b.0 >= from && b.1 <= to)
+        .collect();
+    busy.windows(2)
+        .map(|w| w[1].0.saturating_sub(w[0].1))
+        .max()
+        .unwrap_or(0)
+}
+
+/// No group owed time waits more than 200 ms for the device (issue 36;
+/// an H200 measured 1006 ms): two training jobs at 0.3 / 0.7 that always
+/// have work and say so (their hooks' predicted burst grows without end),
+/// as `gem-bench --only latency`'s two trainers.
 #[test]
 fn no_group_owed_time_waits_200_ms() {
     let mut sim = Sim::new("[a]\nMinUtil=0.3\n[b]\nMinUtil=0.7\n");
-    let a = sim.add(
-        "a",
-        Demand::Bursty {
-            burst: 25 * MS,
-            gap: 3 * MS,
-        },
-    );
-    let b = sim.add(
-        "b",
-        Demand::Bursty {
-            burst: 25 * MS,
-            gap: 3 * MS,
-        },
-    );
+    let a = sim.add("a", Demand::Greedy);
+    let b = sim.add("b", Demand::Greedy);
     sim.run_until(20 * SEC);
     for (name, idx) in [("a", a), ("b", b)] {
-        let waits = sim.waits(idx, 2 * SEC, 20 * SEC);
-        assert!(waits.len() > 100, "{name}: {} steps", waits.len());
-        let max = waits.iter().max().copied().unwrap_or(0);
-        assert!(max <= 200 * MS, "{name} waited {} ms", max / MS);
+        let off = longest_off(&sim, idx, 2 * SEC, 20 * SEC);
+        assert!(
+            off <= 200 * MS,
+            "{name} went {} ms without the device",
+            off / MS
+        );
     }
+    // The shares still hold.
+    let got = sim.group_share("a", 2 * SEC, 20 * SEC);
+    assert!((got - 0.3).abs() <= 0.02, "a got {got:.3}");
 }
