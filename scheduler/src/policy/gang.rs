@@ -67,6 +67,8 @@ pub(super) struct Turn {
 pub(super) struct TurnView {
     /// Jobs waiting for their turn (not served here).
     pub blocked: BTreeSet<GroupKey>,
+    /// Clients of a blocked job served all the same.
+    pub catch_up: BTreeSet<ClientId>,
     /// The job whose turn it is here, and when the turn ends.
     pub owner: Option<(GroupKey, Micros)>,
     /// Jobs with no turn open, and their devices: a grant here opens one
@@ -144,12 +146,24 @@ impl Policy {
     /// turn's end, or the group no longer spans devices), and says what
     /// the open ones mean for `device`'s next grant.
     pub(super) fn turn_view(&mut self, device: DeviceId, now: Micros) -> TurnView {
-        let used = self.recent_devices(now);
+        let mut used = self.recent_devices(now);
+        // A group spanning devices takes turns only while another group
+        // is connected (it may ask for those devices at any time): alone,
+        // there is nobody to align its ranks against, and a turn's short
+        // tokens and pauses would only slow it (one process launching on
+        // two devices at once got half its capped share).
+        used.retain(|g, d| {
+            d.len() >= 2
+                && self
+                    .clients
+                    .values()
+                    .any(|c| &c.group != g && c.role == Role::Client)
+        });
         let over: Vec<DeviceId> = self
             .turns
             .iter()
             .filter(|(_, t)| {
-                if used.get(&t.group).is_none_or(|d| d.len() < 2) {
+                if !used.contains_key(&t.group) {
                     return true;
                 }
                 if now < t.until {
@@ -167,7 +181,7 @@ impl Policy {
         for l in over {
             self.turns.remove(&l);
         }
-        if self.turns.is_empty() && used.values().all(|d| d.len() < 2) {
+        if self.turns.is_empty() && used.is_empty() {
             return TurnView::default();
         }
         let mut view = TurnView::default();
@@ -188,6 +202,18 @@ impl Policy {
                     others.remove(&device);
                     if now >= t.until + DRAIN && !self.waits_for_peer(group, &others, now) {
                         view.blocked.insert(group.clone());
+                        // A process that holds another of the turn's
+                        // devices is mid-operation on both (a launch on
+                        // several devices at once): it is served.
+                        view.catch_up.extend(
+                            self.clients
+                                .iter()
+                                .filter(|(_, c)| {
+                                    &c.group == group
+                                        && c.uncharged.keys().any(|d| others.contains(d))
+                                })
+                                .map(|(&id, _)| id),
+                        );
                     }
                 }
                 Some(_) => {

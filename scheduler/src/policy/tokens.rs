@@ -303,7 +303,7 @@ impl Policy {
                 continue;
             };
             // A job spanning devices waits for its turn.
-            if view.blocked.contains(&c.group) {
+            if view.blocked.contains(&c.group) && !view.catch_up.contains(&w.client) {
                 continue;
             }
             let Limits {

@@ -732,3 +732,20 @@ fn a_collective_whose_peer_never_comes_holds_the_turn_at_most_drain_max() {
         "b's ranks still wait past DRAIN_MAX: {r:?}"
     );
 }
+
+/// A group spanning devices with no other group connected takes no
+/// turns: past what would be its turn and drain, it is served at once
+/// with a full token (one process launching on two GPUs at once, under
+/// turns, got half its capped share).
+#[test]
+fn a_job_alone_takes_no_turns() {
+    let mut p = Policy::new(Params::default(), config("[a]\n[b]\n"));
+    hello(&mut p, 1, "a");
+    let quota = granted(&send(&mut p, 1, on(0), 0), 1).expect("GPU 0");
+    assert!(granted(&send(&mut p, 1, on(1), 0), 1).is_some());
+    let t = quota + gang::DRAIN + 5 * MS;
+    send(&mut p, 1, release(0, false), t);
+    let r = send(&mut p, 1, on(0), t + MS);
+    let again = granted(&r, 1).unwrap_or_else(|| panic!("a waited alone: {r:?}"));
+    assert!(again > LENT_MIN_QUOTA, "a got a {again} µs token alone");
+}
