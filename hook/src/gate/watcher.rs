@@ -57,6 +57,12 @@ fn give_back_stalled(st: &State, dev: usize, g: &'static Gate) {
             ""
         }
     );
+    release(st, dev, used_us, in_flight);
+}
+
+/// Gives `dev`'s token back to the scheduler, `used_us` charged; whether
+/// its work still runs, as `late` says.
+fn release(st: &State, dev: usize, used_us: u64, in_flight: bool) {
     let device = st.physical(dev as u32);
     let _ = st.call(
         &Request::ReleaseToken {
@@ -141,20 +147,11 @@ fn watch(st: &'static State) {
             let Some(used_us) = settle(dev, g, Settle::Idle { quiet_since }) else {
                 continue;
             };
-            let device = st.physical(dev as u32);
             debug!(
                 "device {dev}: idle{}, token given back after {used_us} us",
                 if predicted { " after its wait" } else { "" }
             );
-            let in_flight = late::running(g);
-            let _ = st.call(
-                &Request::ReleaseToken {
-                    device,
-                    used_us,
-                    in_flight,
-                },
-                device,
-            );
+            release(st, dev, used_us, late::running(g));
         }
     }
 }
