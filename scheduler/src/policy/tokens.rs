@@ -367,52 +367,45 @@ impl Policy {
         // CRITICAL_LEND_MAX), ending about when the critical group comes
         // back, so that it waits little behind the work queued under it.
         let (mut critical_owed, mut critical_back) = (false, None::<Micros>);
+        // When group `k`, not asking now (so active within the window,
+        // `using`), is expected back, if `owed(class, key)` says its rank
+        // is owed the device and it may run: `Some(None)` if its return is
+        // not known yet; `None` if it is not owed.
+        let mut owed_back = |k: &GroupKey, owed: &dyn Fn(u8, f64) -> bool| {
+            let Limits {
+                min_util, max_util, ..
+            } = limits(config, retired, k);
+            let g = dev.groups.get_mut(k)?;
+            let (c, kk) = rank_of(k, g, min_util, max_util);
+            if !owed(c, kk) {
+                return None;
+            }
+            let may_run = g.eligible_at(now, max_util, saved)?;
+            Some(
+                g.expected_back(now, params.min_quota)
+                    .map(|t| t.max(may_run)),
+            )
+        };
         for (k, ..) in &using {
             if waiting(k) || room(k).is_none() {
                 continue;
             }
-            let Limits {
-                min_util, max_util, ..
-            } = limits(config, retired, k);
-            let Some(g) = dev.groups.get_mut(k) else {
-                continue;
-            };
-            let (c, kk) = rank_of(k, g, min_util, max_util);
-            if c != 0 || kk >= -1.0 {
-                continue;
-            }
-            let Some(may_run) = g.eligible_at(now, max_util, saved) else {
+            // Within its room: ranked before all others.
+            let Some(at) = owed_back(k, &|c, kk| c == 0 && kk < -1.0) else {
                 continue;
             };
             critical_owed = true;
             lent = true;
-            let at = g
-                .expected_back(now, params.min_quota)
-                .map(|t| t.max(may_run));
             back = back.into_iter().chain(at).min();
             critical_back = critical_back.into_iter().chain(at).min();
         }
         if class != 0 {
-            let owed: Vec<&GroupKey> = using.iter().map(|u| &u.0).filter(|k| !waiting(k)).collect();
-            for k in owed {
-                let Limits {
-                    min_util, max_util, ..
-                } = limits(config, retired, k);
-                // Not waiting, so active within the window (`using`).
-                let Some(g) = dev.groups.get_mut(k) else {
-                    continue;
-                };
-                let (c, kk) = rank_of(k, g, min_util, max_util);
-                if !(c == 0 || (class == 1 && c == 1 && kk < key)) {
-                    continue;
-                }
-                let Some(may_run) = g.eligible_at(now, max_util, saved) else {
+            for (k, ..) in using.iter().filter(|u| !waiting(&u.0)) {
+                let owed = |c: u8, kk: f64| c == 0 || (class == 1 && c == 1 && kk < key);
+                let Some(at) = owed_back(k, &owed) else {
                     continue;
                 };
                 lent = true;
-                let at = g
-                    .expected_back(now, params.min_quota)
-                    .map(|t| t.max(may_run));
                 back = back.into_iter().chain(at).min();
             }
         }
