@@ -7,8 +7,8 @@
 //! time-slices them) until the peer gets its device, and B's does the
 //! same on the other device: both jobs crawl. So a group whose processes
 //! used (or wait for) several devices within [`GANG_RECENT`] is a job,
-//! and takes the devices in turns decided on the first of them (its
-//! leader):
+//! and, while another group is connected, takes the devices in turns
+//! decided on the first of them (its leader):
 //! - while no turn is open, the waiters are ranked as on any device; a
 //!   job granted a token on one of its devices opens its turn on all of
 //!   them for that token's length (on the leader's record);
