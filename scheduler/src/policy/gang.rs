@@ -117,7 +117,7 @@ impl Policy {
     fn holds_any(&self, group: &GroupKey, devices: &BTreeSet<DeviceId>) -> bool {
         self.clients
             .values()
-            .any(|c| &c.group == group && c.uncharged.keys().any(|d| devices.contains(d)))
+            .any(|c| &c.group == group && c.holds_on(devices))
     }
 
     /// Whether a client of `group` gave a token of one of `devices` back
@@ -125,7 +125,7 @@ impl Policy {
     fn in_flight_any(&self, group: &GroupKey, devices: &BTreeSet<DeviceId>) -> bool {
         self.clients
             .values()
-            .any(|c| &c.group == group && c.in_flight.iter().any(|d| devices.contains(d)))
+            .any(|c| &c.group == group && c.in_flight_on(devices))
     }
 
     /// Whether a client of `group` on one of `devices` may be waiting for
@@ -135,7 +135,7 @@ impl Policy {
     fn waits_for_peer(&self, group: &GroupKey, devices: &BTreeSet<DeviceId>, now: Micros) -> bool {
         self.clients.values().any(|c| {
             &c.group == group
-                && (c.in_flight.iter().any(|d| devices.contains(d))
+                && (c.in_flight_on(devices)
                     || c.uncharged
                         .iter()
                         .any(|(d, &(at, quota))| devices.contains(d) && at + quota <= now))
@@ -189,7 +189,7 @@ impl Policy {
             let Some(&leader) = devices.first() else {
                 continue;
             };
-            if devices.len() < 2 || !devices.contains(&device) {
+            if !devices.contains(&device) {
                 continue;
             }
             match self.turns.get(&leader) {
@@ -208,10 +208,7 @@ impl Policy {
                         view.catch_up.extend(
                             self.clients
                                 .iter()
-                                .filter(|(_, c)| {
-                                    &c.group == group
-                                        && c.uncharged.keys().any(|d| others.contains(d))
-                                })
+                                .filter(|(_, c)| &c.group == group && c.holds_on(&others))
                                 .map(|(&id, _)| id),
                         );
                     }
@@ -263,5 +260,17 @@ impl Policy {
             .flat_map(|t| [t.until, t.until + DRAIN, t.until + DRAIN_MAX])
             .filter(|&u| u > now)
             .min()
+    }
+}
+
+impl Client {
+    /// Whether it holds a token on one of `devices`.
+    fn holds_on(&self, devices: &BTreeSet<DeviceId>) -> bool {
+        self.uncharged.keys().any(|d| devices.contains(d))
+    }
+
+    /// Whether work of a token it gave back runs on one of `devices`.
+    fn in_flight_on(&self, devices: &BTreeSet<DeviceId>) -> bool {
+        self.in_flight.iter().any(|d| devices.contains(d))
     }
 }
