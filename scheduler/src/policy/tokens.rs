@@ -422,20 +422,18 @@ impl Policy {
         // 0.7 waited for two or three 100 ms tokens in a row (300 ms).
         let chosen_group = clients.get(&dev.waiters[i].client).map(|c| &c.group);
         let ent = entitlements(&using.iter().map(|u| (u.1, u.2)).collect::<Vec<_>>());
-        let turns: Vec<(bool, f64)> = using
-            .iter()
-            .zip(&ent)
-            .filter(|((k, ..), _)| *k != GroupKey::Holder)
-            .map(|((k, ..), &e)| (Some(k) == chosen_group, e))
-            .collect();
-        let others_wait = using
-            .iter()
-            .any(|(k, ..)| Some(k) != chosen_group && *k != GroupKey::Holder && waiting(k));
-        let turn_share = turns
-            .iter()
-            .find(|t| t.0)
-            .map(|t| t.1)
-            .zip(turns.iter().map(|t| t.1).reduce(f64::max))
+        let real = || {
+            using
+                .iter()
+                .zip(&ent)
+                .filter(|((k, ..), _)| *k != GroupKey::Holder)
+        };
+        let others_wait = real().any(|((k, ..), _)| Some(k) != chosen_group && waiting(k));
+        let mine = real().find(|((k, ..), _)| Some(k) == chosen_group);
+        let top = real().map(|(_, &e)| e).reduce(f64::max);
+        let turn_share = mine
+            .map(|(_, &e)| e)
+            .zip(top)
             .filter(|&(mine, top)| others_wait && mine > 0.0 && top > mine)
             .map(|(mine, top)| mine / top);
         let w = dev.waiters.remove(i);
