@@ -527,34 +527,13 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
 /// job's work.)
 #[test]
 fn a_job_spanning_gpus_holds_them_in_turns() {
-    let mut p = Policy::new(
-        Params::default(),
-        config("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n"),
-    );
-    for (id, group) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
-        hello(&mut p, id, group);
-    }
-    let on = |device: DeviceId, used_us: Micros| Request::AcquireToken {
-        device,
-        used_us,
-        burst_us: 0,
-    };
+    // a's ranks take GPU 0 and GPU 1: a's turn opens; b's ranks wait.
+    let (mut p, quota) = two_jobs_in_a_turn();
     let release = |device: DeviceId, used_us: Micros| Request::ReleaseToken {
         device,
         used_us,
         in_flight: false,
     };
-    let granted = |r: &[(ClientId, u32, Reply)], who: ClientId| {
-        r.iter().find_map(|(c, _, reply)| match reply {
-            Reply::Token { quota_us, .. } if *c == who => Some(*quota_us),
-            _ => None,
-        })
-    };
-    // a's ranks take GPU 0 and GPU 1: a's turn opens.
-    assert!(granted(&send(&mut p, 1, on(0, 0), 0), 1).is_some());
-    let quota = granted(&send(&mut p, 2, on(1, 0), 0), 2).expect("a's rank on GPU 1");
-    assert!(send(&mut p, 3, on(0, 0), MS).is_empty());
-    assert!(send(&mut p, 4, on(1, 0), MS).is_empty());
     // a's rank on GPU 1 ends its step: GPU 1 is free, but in a's turn.
     let r = send(&mut p, 2, release(1, 4 * MS), 5 * MS);
     assert_eq!(
@@ -563,7 +542,7 @@ fn a_job_spanning_gpus_holds_them_in_turns() {
         "b's rank took GPU 1 in a's turn: {r:?}"
     );
     // a's rank comes back for its next step: served at once, ahead of b.
-    let r = send(&mut p, 2, on(1, 0), 6 * MS);
+    let r = send(&mut p, 2, on(1), 6 * MS);
     assert!(granted(&r, 2).is_some(), "{r:?}");
     // The turn ends; a's ranks give their tokens back: b's turn, on both.
     let end = quota + 2 * MS;
@@ -576,15 +555,15 @@ fn a_job_spanning_gpus_holds_them_in_turns() {
     // In b's turn, b's rank on GPU 1 ends a step and a's asks: GPU 1
     // stays free for b's next step.
     send(&mut p, 4, release(1, MS), end + MS);
-    let r = send(&mut p, 2, on(1, 0), end + 2 * MS);
+    let r = send(&mut p, 2, on(1), end + 2 * MS);
     assert!(r.is_empty(), "a's rank took GPU 1 in b's turn: {r:?}");
-    let r = send(&mut p, 4, on(1, 0), end + 3 * MS);
+    let r = send(&mut p, 4, on(1), end + 3 * MS);
     assert!(granted(&r, 4).is_some(), "{r:?}");
 }
 
-/// Two 2-GPU jobs in turns, as in [`a_job_spanning_gpus_holds_them_in_turns`]:
-/// a (clients 1 on GPU 0, 2 on GPU 1) holds the turn, b (3, 4) waits on
-/// both. Returns the policy and the end of a's turn (µs).
+/// Two 2-GPU jobs in turns: a (clients 1 on GPU 0, 2 on GPU 1) holds the
+/// turn, b (3, 4) waits on both. Returns the policy and the end of a's
+/// turn (µs).
 fn two_jobs_in_a_turn() -> (Policy, Micros) {
     let mut p = Policy::new(
         Params::default(),
