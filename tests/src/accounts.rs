@@ -63,13 +63,30 @@ impl Gemini {
                 a.charged_ns += us * 1000;
             }
         }
+        // When the scheduler found each process gone (its pidfd): the real
+        // driver tears a dead process's contexts down as it exits, and its
+        // queued work never runs; the simulator drops it only when another
+        // process looks at the device, which may be never (a killed
+        // process's queued kernels then counted as run, uncharged).
+        let offset = realtime_minus_monotonic();
+        let gone: HashMap<u32, u64> = log
+            .lines()
+            .filter_map(|line| {
+                let rest = line.split(" (pid ").nth(1)?;
+                let (pid, rest) = rest.split_once(')')?;
+                rest.starts_with(" is gone").then_some(())?;
+                let at = unix_ns(line.split_whitespace().next()?)?;
+                Some((pid.parse().ok()?, at.checked_sub(offset)?))
+            })
+            .collect();
         for dev in 0..self.sim.devices {
             for r in fakecuda_log::read(&self.sim.sim_dir(), dev).unwrap_or_default() {
                 if let Some(group) = group_of.get(&r.pid) {
                     let a = accounts
                         .entry((group.clone(), dev))
                         .or_insert_with(|| Account::new(group.clone(), dev));
-                    a.ran_ns += r.end.saturating_sub(r.start);
+                    let end = gone.get(&r.pid).map_or(r.end, |&g| r.end.min(g));
+                    a.ran_ns += end.saturating_sub(r.start);
                 }
             }
         }
@@ -101,6 +118,41 @@ impl Gemini {
                 .collect(),
         )
     }
+}
+
+/// `CLOCK_REALTIME` less `CLOCK_MONOTONIC`, in ns: turns the scheduler
+/// log's wall-clock times into the busy log's.
+fn realtime_minus_monotonic() -> u64 {
+    let read = |clock| {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime(2) writes the timespec we own.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    read(libc::CLOCK_REALTIME).saturating_sub(read(libc::CLOCK_MONOTONIC))
+}
+
+/// A log line's time, `2026-11-26T15:16:43.565541Z` (UTC), in ns since
+/// the Unix epoch.
+fn unix_ns(stamp: &str) -> Option<u64> {
+    let (date, time) = stamp.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|v| v.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.splitn(3, ':').map(|v| v.parse::<u64>().ok());
+    let (h, min, sec) = (t.next()??, t.next()??, t.next()??);
+    let frac_ns = format!("{frac:0<9}").get(..9)?.parse::<u64>().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    Some(((days * 24 + h) * 60 + min) * 60_000_000_000 + sec * 1_000_000_000 + frac_ns)
 }
 
 /// One group's device time on one GPU (see [`Gemini::device_accounts`]).
@@ -148,5 +200,19 @@ impl Drop for Gemini {
                 escapes.join("; ")
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_log_stamp_is_read_as_unix_time() {
+        // `date -u -d 2026-11-26T15:16:43Z +%s` = 1795706203.
+        assert_eq!(
+            super::unix_ns("2026-11-26T15:16:43.565541Z"),
+            Some(1_795_706_203_565_541_000)
+        );
+        assert_eq!(super::unix_ns("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(super::unix_ns("not a time"), None);
     }
 }

@@ -451,6 +451,37 @@ fn a_group_s_device_time_and_its_charge_are_read_back_and_agree() {
     assert_eq!(g.escapes(), Some(vec![]), "{a:?}");
 }
 
+/// A process killed with kernels queued under its token: the real driver
+/// drops them as it dies, the scheduler charges the token up to then, and
+/// the accounts cut the process's kernels where the scheduler found it
+/// gone. (The simulator drops a dead process's work only when another
+/// process looks at the device: with none, the killed process's queue
+/// counted as run and uncharged, and the check failed a test on a loaded
+/// machine, 52 ms run against 30.5 ms charged.)
+#[test]
+fn a_killed_process_s_queued_kernels_are_not_counted_as_run() {
+    let mut g = Gemini::start(SimEnv::default(), "[a]\n");
+    // 20 ms kernels, never a wait: each token queues all it admits.
+    let mut c = rust(&g, "a", &["--seconds", "10", "--kernel-us", "20000"]);
+    c.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    g.wait_status(5.0, "group a at work on GPU 0", |s| {
+        s.devices
+            .iter()
+            .any(|d| d.groups.iter().any(|r| r.group == "a" && r.share > 0.2))
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    g.wait_status(5.0, "group a's process gone", |s| s.clients.is_empty());
+    let (ran, charged) = ran_and_charged(&mut g, "a");
+    assert!(ran > 20.0, "ran {ran} ms");
+    assert_eq!(
+        g.escapes(),
+        Some(vec![]),
+        "ran {ran} ms, charged {charged} ms"
+    );
+}
+
 /// The kernels of a group against what it was charged, once its
 /// scheduler has stopped: (ran, charged) in ms on GPU 0.
 fn ran_and_charged(g: &mut Gemini, group: &str) -> (f64, f64) {
