@@ -18,9 +18,7 @@
 //!   while the job's rank there is not asking (a group below its
 //!   `MinUtil` goes first, turn or not);
 //! - at the turn's end the job's ranks finish the step they are in: for
-//!   [`DRAIN`] more they get tokens that end with it, ahead of other
-//!   jobs (before, tokens of 1 ms each: a round trip per millisecond,
-//!   with the device idle, cost 2-3 % of the steps). Past the
+//!   [`DRAIN`] more they get short tokens, ahead of other jobs. Past the
 //!   drain they begin no new step: a rank is served only to catch up
 //!   with a peer that may wait for it (one that gave its token back with
 //!   its work in flight, `ReleaseToken { in_flight }`, or holds a token

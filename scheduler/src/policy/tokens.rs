@@ -473,15 +473,11 @@ impl Policy {
                 quota = quota.min(ends.max(CRITICAL_MIN_QUOTA));
             }
         }
-        // In its job's turn, a token ends with the turn; in the drain,
-        // with the drain (its ranks finish their step in one token each,
-        // not in a round trip per millisecond); past it, the shortest, to
-        // catch up with a peer.
+        // In its job's turn, a token ends with the turn (after it, the
+        // shortest, to finish the step).
         if turn_waits && let Some((_, until)) = &view.owner {
             quota = if now < *until {
                 quota.min(until.saturating_sub(now).max(floor))
-            } else if now < *until + gang::DRAIN {
-                quota.min((*until + gang::DRAIN - now).max(LENT_MIN_QUOTA))
             } else {
                 quota.min(LENT_MIN_QUOTA)
             };

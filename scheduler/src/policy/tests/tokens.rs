@@ -642,19 +642,6 @@ fn a_job_whose_collective_waits_for_its_peer_keeps_its_turn_until_the_peer_catch
     );
 }
 
-/// In its drain, a job's rank gets a token to the drain's end: it
-/// finishes its step in one token instead of a round trip per
-/// millisecond.
-#[test]
-fn in_its_drain_a_jobs_rank_holds_its_token_to_the_drains_end() {
-    let (mut p, until) = two_jobs_in_a_turn();
-    let t = until + 2 * MS;
-    send(&mut p, 2, release(1, false), t);
-    let r = send(&mut p, 2, on(1), t);
-    assert_eq!(granted(&r, 2), Some(until + gang::DRAIN - t), "{r:?}");
-    assert_eq!(granted(&r, 4), None, "b took GPU 1 in a's drain: {r:?}");
-}
-
 #[test]
 fn past_its_drain_a_job_begins_no_new_step_and_the_turn_passes_once_its_tokens_end() {
     let (mut p, until) = two_jobs_in_a_turn();
