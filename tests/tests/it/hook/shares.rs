@@ -34,38 +34,54 @@ fn min_util_shares_c_workloads() {
     });
 }
 
+/// A lone group capped at MaxUtil 0.4 gets its cap, a Rust and a C
+/// program alike, and an uncapped one runs free: the three at once, each
+/// on a simulated GPU of its own (independent devices), instead of 5 + 5
+/// + 2 s in turn.
 #[test]
 fn max_util_caps_a_lone_group_and_uncapped_runs_free() {
     let _serial = serial();
-    let g = Gemini::start(SimEnv::default(), "[capped]\nMaxUtil=0.4\n[free]\n");
-    for name in ["rust", "c"] {
-        let run = || {
-            let cmd = if name == "rust" {
-                rust(&g, "capped", &["--seconds", "5", "--kernel-us", "500"])
-            } else {
-                c_prog(&g, "capped", &["-s", "5", "-k", "500"])
-            };
-            let t0 = now_ns();
-            let out = finish(spawn(cmd));
-            g.sim.busy(0, t0 + SEC, t0 + 5 * SEC).share(pid_of(&out))
-        };
-        let what = format!("{name} under MaxUtil 0.4");
-        let (share, counts) = measured(&what, MAX_STEAL, 2, run);
-        assert_capped(&what, share, 0.40, 0.03, counts);
-    }
+    let g = Gemini::start(
+        SimEnv::new(3, "16GiB"),
+        "[rust]\nMaxUtil=0.4\nDevices=0\n[c]\nMaxUtil=0.4\nDevices=1\n[free]\nDevices=2\n",
+    );
     let run = || {
         let t0 = now_ns();
-        let out = finish(spawn(rust(
-            &g,
-            "free",
-            &["--seconds", "2", "--kernel-us", "500"],
-        )));
-        g.sim
-            .busy(0, t0 + SEC / 2, t0 + 2 * SEC)
-            .share(pid_of(&out))
+        let progs = [
+            rust(
+                &g,
+                "rust",
+                &["--seconds", "5", "--kernel-us", "500", "--device", "0"],
+            ),
+            c_prog(&g, "c", &["-s", "5", "-k", "500", "-d", "1"]),
+            rust(
+                &g,
+                "free",
+                &["--seconds", "5", "--kernel-us", "500", "--device", "2"],
+            ),
+        ];
+        let children: Vec<Child> = progs.into_iter().map(spawn).collect();
+        children
+            .into_iter()
+            .enumerate()
+            .map(|(dev, c)| {
+                let out = finish(c);
+                g.sim
+                    .busy(dev as u32, t0 + SEC, t0 + 5 * SEC)
+                    .share(pid_of(&out))
+            })
+            .collect::<Vec<f64>>()
     };
-    if let Some(share) = unstarved("uncapped", MAX_STEAL, 2, run) {
-        assert!(share >= 0.95, "uncapped: {share:.3}");
+    let (shares, counts) = measured(
+        "MaxUtil 0.4: rust, c, and an uncapped group",
+        MAX_STEAL,
+        2,
+        run,
+    );
+    assert_capped("rust under MaxUtil 0.4", shares[0], 0.40, 0.03, counts);
+    assert_capped("c under MaxUtil 0.4", shares[1], 0.40, 0.03, counts);
+    if counts {
+        assert!(shares[2] >= 0.95, "uncapped: {:.3}", shares[2]);
     }
 }
 
