@@ -15,6 +15,10 @@ use std::process::Stdio;
 
 const SEC: u64 = 1_000_000_000;
 const TOL: f64 = 0.05;
+/// How long each scenario runs, and the part measured (the first two
+/// seconds left out while the shares settle).
+const RUN_S: u64 = 6;
+const SKIP_S: u64 = 2;
 
 fn min_util_holds(args: &[&str]) {
     min_util_holds_below(args, MAX_STEAL);
@@ -28,8 +32,8 @@ fn min_util_holds_below(args: &[&str], max_steal: f64) {
         groups: &[(0.3, 1.0), (0.7, 1.0)],
         procs: 1,
         args,
-        seconds: 8.0,
-        skip: 2.0,
+        seconds: RUN_S as f64,
+        skip: SKIP_S as f64,
     };
     let Some(o) = unstarved(&format!("{args:?}"), max_steal, 2, || scenario.run()) else {
         return;
@@ -90,13 +94,13 @@ fn threads_waiting_on_events_of_their_own_streams_are_not_idle() {
 }
 
 /// Runs a training-step process in group `lo` (MinUtil 0.3) and one in
-/// `hi` (MinUtil 0.7) that goes quiet for `hi_gap_ms` after every step, 8 s
-/// each; returns their pids and the time of the seconds 2-8 measured.
+/// `hi` (MinUtil 0.7) that goes quiet for `hi_gap_ms` after every step, RUN_S
+/// each; returns their pids and the time of the seconds SKIP_S to RUN_S measured.
 fn lo_and_gapped_hi(g: &Gemini, hi_gap_ms: &str) -> (u32, u32, u64, u64) {
     let t0 = now_ns();
     let spawn = |group: &str, extra: &[&str]| {
         let mut c = g.hooked(g.sim.workload(), group);
-        c.args(["--seconds", "8"])
+        c.args(["--seconds", &RUN_S.to_string()])
             .args(TRAINING_STEP)
             .args(extra)
             .stdout(Stdio::piped())
@@ -110,7 +114,7 @@ fn lo_and_gapped_hi(g: &Gemini, hi_gap_ms: &str) -> (u32, u32, u64, u64) {
     );
     assert!(lo.status.success() && hi.status.success());
     let pid = |o: &std::process::Output| field(&reports(&o.stdout)[0], "pid") as u32;
-    (pid(&lo), pid(&hi), t0 + 2 * SEC, t0 + 8 * SEC)
+    (pid(&lo), pid(&hi), t0 + SKIP_S * SEC, t0 + RUN_S * SEC)
 }
 
 /// A process doing CPU work between its steps (50 ms after every 20 ms
@@ -204,10 +208,10 @@ fn a_group_back_from_a_short_gap_finds_the_device_at_once() {
 }
 
 /// The shapes (a)-(f), one per device, each a lone group capped at
-/// MaxUtil 0.4 for 8 s (the devices are independent: five shapes run at
+/// MaxUtil 0.4 for RUN_S (the devices are independent: five shapes run at
 /// once; (c), a sync after every kernel, which a busy CPU's late wake-ups
 /// slow, runs alone after them): each gets its cap, measured over the
-/// seconds 2-8, and never more. Over the cap means not gated, starved or
+/// seconds SKIP_S to RUN_S, and never more. Over the cap means not gated, starved or
 /// not; under it counts only where the host left the machine its CPU (for
 /// (c), as for its MinUtil twin, at 5 % steal or less).
 #[test]
@@ -232,7 +236,7 @@ fn max_util_holds_for_every_shape() {
             .iter()
             .map(|&i| {
                 let mut c = g.hooked(g.sim.workload(), &format!("g{i}"));
-                c.args(["--seconds", "8", "--device", &i.to_string()])
+                c.args(["--seconds", &RUN_S.to_string(), "--device", &i.to_string()])
                     .args(shapes[i].1)
                     .stdout(Stdio::null())
                     .stderr(Stdio::piped());
@@ -250,7 +254,7 @@ fn max_util_holds_for_every_shape() {
         batch
             .iter()
             .map(|&d| {
-                let busy = g.sim.busy(d as u32, t0 + 2 * SEC, t0 + 8 * SEC);
+                let busy = g.sim.busy(d as u32, t0 + SKIP_S * SEC, t0 + RUN_S * SEC);
                 (d, busy.device_share())
             })
             .collect::<Vec<(usize, f64)>>()
@@ -296,8 +300,8 @@ fn a_capped_group_leaves_an_uncapped_one_its_share_between_steps() {
         groups: &[(0.0, 0.4), (0.0, 1.0)],
         procs: 1,
         args: GAPPED_STEP,
-        seconds: 8.0,
-        skip: 2.0,
+        seconds: RUN_S as f64,
+        skip: SKIP_S as f64,
     };
     let Some(o) = unstarved("capped beside uncapped, 10 ms gaps", MAX_STEAL, 2, || {
         scenario.run()
