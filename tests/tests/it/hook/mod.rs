@@ -72,8 +72,12 @@ fn assert_capped(what: &str, got: f64, cap: f64, tol: f64, counts: bool) {
 
 const TWO_GROUPS: &str = "[a]\nMinUtil=0.3\n[b]\nMinUtil=0.7\n";
 
-/// Two saturating groups 0.3 / 0.7 for 8 s, measured over the last 6 (again
-/// where the host starved the machine meanwhile).
+/// How long [`min_util_shares`]'s programs run, s; the first 2 s are left
+/// out while the shares settle.
+const RUN_S: u64 = 6;
+
+/// Two saturating groups 0.3 / 0.7 for `RUN_S`, measured over the last 4 s
+/// (again where the host starved the machine meanwhile).
 fn min_util_shares(g: &Gemini, make: impl Fn() -> (Command, Command)) {
     let _serial = serial();
     let run = || {
@@ -81,7 +85,7 @@ fn min_util_shares(g: &Gemini, make: impl Fn() -> (Command, Command)) {
         let t0 = now_ns();
         let (ca, cb) = (spawn(a), spawn(b));
         let (oa, ob) = (finish(ca), finish(cb));
-        let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + 8 * SEC);
+        let busy = g.sim.busy(0, t0 + 2 * SEC, t0 + RUN_S * SEC);
         (busy.share(pid_of(&oa)), busy.share(pid_of(&ob)))
     };
     let Some((sa, sb)) = unstarved("MinUtil 0.3 / 0.7", MAX_STEAL, 2, run) else {

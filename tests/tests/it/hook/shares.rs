@@ -6,13 +6,17 @@ use super::*;
 fn min_util_shares_rust_workloads_procaddr_and_dlsym() {
     let g = Gemini::start(SimEnv::default(), TWO_GROUPS);
     min_util_shares(&g, || {
-        let a = rust(&g, "a", &["--seconds", "8", "--kernel-us", "500"]);
+        let a = rust(
+            &g,
+            "a",
+            &["--seconds", &RUN_S.to_string(), "--kernel-us", "500"],
+        );
         let b = rust(
             &g,
             "b",
             &[
                 "--seconds",
-                "8",
+                &RUN_S.to_string(),
                 "--kernel-us",
                 "500",
                 "--resolve",
@@ -28,8 +32,8 @@ fn min_util_shares_rust_workloads_procaddr_and_dlsym() {
 fn min_util_shares_c_workloads() {
     let g = Gemini::start(SimEnv::default(), TWO_GROUPS);
     min_util_shares(&g, || {
-        let a = c_prog(&g, "a", &["-s", "8", "-k", "500"]);
-        let b = c_prog(&g, "b", &["-s", "8", "-k", "500"]);
+        let a = c_prog(&g, "a", &["-s", &RUN_S.to_string(), "-k", "500"]);
+        let b = c_prog(&g, "b", &["-s", &RUN_S.to_string(), "-k", "500"]);
         (a, b)
     });
 }
