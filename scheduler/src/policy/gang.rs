@@ -6,9 +6,11 @@
 //! serves job B, A's collective spins beside B's work (a real GPU
 //! time-slices them) until the peer gets its device, and B's does the
 //! same on the other device: both jobs crawl. So a group whose processes
-//! used (or wait for) several devices within [`GANG_RECENT`] is a job,
-//! and, while another group is connected, takes the devices in turns
-//! decided on the first of them (its leader):
+//! used (or wait for) several devices within [`GANG_RECENT`], one of
+//! which has shown work waiting beyond its token (a token given back
+//! with its work in flight, or held [`WAIT_SIGN`] past its end), is a
+//! job, and, while another group is connected, takes the devices in
+//! turns decided on the first of them (its leader):
 //! - while no turn is open, the waiters are ranked as on any device; a
 //!   job granted a token on one of its devices opens its turn on all of
 //!   them for that token's length (on the leader's record);
@@ -36,6 +38,10 @@ use super::*;
 
 /// A job spanning devices: see the module doc.
 pub const GANG_RECENT: Micros = 100_000;
+
+/// How far past its quota a token held is taken for work waiting beyond
+/// it (see `turn_view`).
+const WAIT_SIGN: Micros = 2_000;
 
 /// How long after its end a turn's ranks still begin steps (short
 /// tokens, so that they end together). Measured with `gem-bench --only
@@ -152,12 +158,33 @@ impl Policy {
         // there is nobody to align its ranks against, and a turn's short
         // tokens and pauses would only slow it (one process launching on
         // two devices at once got half its capped share).
+        //
+        // And only once one of its processes gave a token back with its
+        // work waiting on something beyond it (`in_flight`: a collective
+        // waiting for a peer rank): independent processes of one group on
+        // several GPUs need no alignment, and turns cost them the gaps
+        // between their kernels (two such groups at MinUtil 0.3 / 0.7 got
+        // 0.24 / 0.64 of each GPU). Once seen, for as long as that process
+        // lives: turns that work leave no collective waiting, and a job
+        // whose sign lapsed after 10 s lost its turns (busy logs).
+        // A token held well past its quota is the same sign (its work
+        // outlasts it: a collective spinning for its peer, before the
+        // hook finds it stalled).
+        for c in self.clients.values_mut() {
+            if c.uncharged
+                .values()
+                .any(|&(at, quota)| at + quota + WAIT_SIGN <= now)
+            {
+                c.waited = true;
+            }
+        }
         used.retain(|g, d| {
             d.len() >= 2
                 && self
                     .clients
                     .values()
                     .any(|c| &c.group != g && c.role == Role::Client)
+                && self.clients.values().any(|c| &c.group == g && c.waited)
         });
         let over: Vec<DeviceId> = self
             .turns

@@ -318,6 +318,11 @@ struct Client {
     /// Devices where work of a token it gave back still runs (it said
     /// `in_flight`), until its [`Request::LateUsage`] or next report.
     in_flight: BTreeSet<DeviceId>,
+    /// Whether it ever gave a token back with its work in flight, or held
+    /// one well past its end: its work waits on something beyond its
+    /// token (a collective waiting for a peer rank), the sign that its
+    /// group is a job whose ranks must run together (see `gang`).
+    waited: bool,
 }
 
 #[derive(Debug, Clone)]

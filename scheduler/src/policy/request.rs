@@ -168,6 +168,7 @@ impl Policy {
                 if let Some(c) = self.clients.get_mut(&client) {
                     if in_flight {
                         c.in_flight.insert(device);
+                        c.waited = true;
                     } else {
                         c.in_flight.remove(&device);
                     }
@@ -359,6 +360,7 @@ impl Policy {
                 uncharged: BTreeMap::new(),
                 charged_until: BTreeMap::new(),
                 in_flight: BTreeSet::new(),
+                waited: false,
             },
         );
         Reply::Welcome {

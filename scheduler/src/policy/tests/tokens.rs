@@ -561,6 +561,32 @@ fn a_job_spanning_gpus_holds_them_in_turns() {
     assert!(granted(&r, 4).is_some(), "{r:?}");
 }
 
+/// Two groups whose processes use both GPUs but whose work never waits
+/// beyond its tokens (no token given back with work in flight:
+/// independent programs, not the ranks of a job) take no turns: a GPU one
+/// of them leaves goes to the other at once. (With turns, two such groups
+/// at MinUtil 0.3 / 0.7 got 0.24 / 0.64 of each GPU, the gaps between one
+/// group's kernels left idle.)
+#[test]
+fn groups_on_several_gpus_whose_work_never_waits_take_no_turns() {
+    let mut p = Policy::new(
+        Params::default(),
+        config("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n"),
+    );
+    for (id, group) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
+        hello(&mut p, id, group);
+    }
+    assert!(granted(&send(&mut p, 1, on(0), 0), 1).is_some());
+    assert!(granted(&send(&mut p, 2, on(1), 0), 2).is_some());
+    assert!(send(&mut p, 3, on(0), MS).is_empty());
+    assert!(send(&mut p, 4, on(1), MS).is_empty());
+    let r = send(&mut p, 2, release(1, false), 5 * MS);
+    assert!(
+        granted(&r, 4).is_some(),
+        "b's process waited for a turn on GPU 1: {r:?}"
+    );
+}
+
 /// Two 2-GPU jobs in turns: a (clients 1 on GPU 0, 2 on GPU 1) holds the
 /// turn, b (3, 4) waits on both. Returns the policy and the end of a's
 /// turn (µs).
@@ -571,6 +597,12 @@ fn two_jobs_in_a_turn() -> (Policy, Micros) {
     );
     for (id, group) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
         hello(&mut p, id, group);
+    }
+    // A rank of each gave a token back with its collective still waiting
+    // for its peer: both are jobs whose ranks run together.
+    for id in [3, 1] {
+        assert!(granted(&send(&mut p, id, on(0), 0), id).is_some());
+        send(&mut p, id, release(0, true), 0);
     }
     let quota = granted(&send(&mut p, 1, on(0), 0), 1).expect("a's rank on GPU 0");
     assert!(granted(&send(&mut p, 2, on(1), 0), 2).is_some());

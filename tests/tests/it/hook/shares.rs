@@ -38,6 +38,60 @@ fn min_util_shares_c_workloads() {
     });
 }
 
+/// Two groups at MinUtil 0.3 / 0.7, each with an independent process on
+/// each of two GPUs (not the ranks of a job: their work never waits on
+/// each other), get their shares on both GPUs. Before, a group using
+/// several GPUs was taken for a multi-GPU job and the two took the GPUs in
+/// turns, each GPU idle in the gaps between one group's kernels: 0.24 /
+/// 0.64 of each.
+#[test]
+fn groups_with_independent_processes_on_two_gpus_get_their_min_util() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::new(2, "16GiB"), TWO_GROUPS);
+    let s = &RUN_S.to_string();
+    let run = || {
+        let t0 = now_ns();
+        let children: Vec<(u32, Child)> = [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
+            .into_iter()
+            .map(|(dev, group)| {
+                let d = dev.to_string();
+                let c = rust(
+                    &g,
+                    group,
+                    &["--seconds", s, "--kernel-us", "500", "--device", &d],
+                );
+                (dev, spawn(c))
+            })
+            .collect();
+        children
+            .into_iter()
+            .map(|(dev, c)| {
+                let out = finish(c);
+                g.sim
+                    .busy(dev, t0 + 2 * SEC, t0 + RUN_S * SEC)
+                    .share(pid_of(&out))
+            })
+            .collect::<Vec<f64>>()
+    };
+    let Some(shares) = unstarved("MinUtil 0.3 / 0.7 on two GPUs", MAX_STEAL, 2, run) else {
+        return;
+    };
+    for (dev, pair) in shares.chunks(2).enumerate() {
+        assert_share(
+            &format!("GPU {dev}: group a (MinUtil 0.3)"),
+            pair[0],
+            0.30,
+            0.03,
+        );
+        assert_share(
+            &format!("GPU {dev}: group b (MinUtil 0.7)"),
+            pair[1],
+            0.70,
+            0.03,
+        );
+    }
+}
+
 /// A lone group capped at MaxUtil 0.4 gets its cap, a Rust and a C
 /// program alike, and an uncapped one runs free: the three at once, each
 /// on a simulated GPU of its own (independent devices), instead of 5 + 5
