@@ -46,6 +46,20 @@ pub const BLOCKING_COPY_STEP: &[&str] = &[
     "copy",
 ];
 
+/// `gem-workload` arguments for a decode-like step of an inference loop:
+/// 8 kernels of 100 µs (0.8 ms of device time), a wait for them, then
+/// 5 ms of sleep (issue 36's scenario, scaled to the simulator).
+pub const DECODE_STEP: &[&str] = &[
+    "--iter-kernels",
+    "8",
+    "--kernel-us",
+    "100",
+    "--wait",
+    "stream",
+    "--gap-ms",
+    "5",
+];
+
 /// `gem-workload` arguments for a training step (as [`TRAINING_STEP`])
 /// followed by 10 ms of CPU work (data loading between steps).
 pub const GAPPED_STEP: &[&str] = &[

@@ -1,36 +1,14 @@
 //! The latency class (`Latency=critical`, issue 36): a decode-like loop
 //! beside a training-like job on a time-sliced simulated GPU. Judged on
 //! the order of the device's work in its busy log, not on a wall clock:
-//! how much of the training's device time falls inside a decode step. `gem-bench --only latency` measures the step times.
+//! how much of the training's device time falls inside a decode step.
+//! `gem-bench --only latency` measures the step times.
 
 use fakecuda_log::Kind;
 use gemini_scheduler::policy::CRITICAL_LEND_MAX;
 use gemini_tests::cpu::serial;
-use gemini_tests::{Gemini, SimEnv, field, reports};
+use gemini_tests::{BLOCKING_COPY_STEP, DECODE_STEP, Gemini, SimEnv, field, reports};
 use std::process::Stdio;
-
-/// A decode-like step: 8 kernels of 100 µs, a wait for them, 5 ms of
-/// sleep (`gem-bench`'s `DECODE`).
-const DECODE: &[&str] = &[
-    "--iter-kernels",
-    "8",
-    "--kernel-us",
-    "100",
-    "--wait",
-    "stream",
-    "--gap-ms",
-    "5",
-];
-
-/// A training-like step: 20 kernels of 1 ms, then a blocking copy.
-const TRAIN: &[&str] = &[
-    "--iter-kernels",
-    "20",
-    "--kernel-us",
-    "1000",
-    "--wait",
-    "copy",
-];
 
 /// Per decode step (after the first second), the training's device time
 /// in ms between the step's first launch (its wait for a token included)
@@ -50,8 +28,8 @@ fn training_inside_decode_steps(conf: &str) -> Vec<f64> {
         }
         c.spawn().unwrap()
     };
-    let train = spawn("train", TRAIN, false);
-    let decode = spawn("decode", DECODE, true);
+    let train = spawn("train", BLOCKING_COPY_STEP, false);
+    let decode = spawn("decode", DECODE_STEP, true);
     let pid = |c: std::process::Child| {
         let out = c.wait_with_output().unwrap();
         assert!(

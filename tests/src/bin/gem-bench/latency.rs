@@ -5,32 +5,10 @@
 //! device behind another training job.
 
 use super::{Table, percentile, workload};
-use gemini_tests::{Gemini, SimEnv, field, reports};
+use gemini_tests::{
+    BLOCKING_COPY_STEP as TRAIN, DECODE_STEP as DECODE, Gemini, SimEnv, field, reports,
+};
 use std::process::{Child, Stdio};
-
-/// A decode-like step: 8 kernels of 100 µs (0.8 ms of device time), a
-/// wait for them, then 5 ms of sleep.
-const DECODE: &[&str] = &[
-    "--iter-kernels",
-    "8",
-    "--kernel-us",
-    "100",
-    "--wait",
-    "stream",
-    "--gap-ms",
-    "5",
-];
-
-/// A training-like step: 20 kernels of 1 ms, then a blocking copy
-/// (`loss.item()`).
-const TRAIN: &[&str] = &[
-    "--iter-kernels",
-    "20",
-    "--kernel-us",
-    "1000",
-    "--wait",
-    "copy",
-];
 
 const SECONDS: &str = "6";
 /// Steps before this (ns after the first) are the warm-up, left out.
