@@ -138,21 +138,8 @@ fn realtime_minus_monotonic() -> u64 {
 /// A log line's time, `2026-11-26T15:16:43.565541Z` (UTC), in ns since
 /// the Unix epoch.
 fn unix_ns(stamp: &str) -> Option<u64> {
-    let (date, time) = stamp.strip_suffix('Z')?.split_once('T')?;
-    let mut d = date.splitn(3, '-').map(|v| v.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let mut t = hms.splitn(3, ':').map(|v| v.parse::<u64>().ok());
-    let (h, min, sec) = (t.next()??, t.next()??, t.next()??);
-    let frac_ns = format!("{frac:0<9}").get(..9)?.parse::<u64>().ok()?;
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
-    Some(((days * 24 + h) * 60 + min) * 60_000_000_000 + sec * 1_000_000_000 + frac_ns)
+    let t = humantime::parse_rfc3339(stamp).ok()?;
+    u64::try_from(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos()).ok()
 }
 
 /// One group's device time on one GPU (see [`Gemini::device_accounts`]).
