@@ -108,22 +108,25 @@ fn two_jobs(sim: SimEnv, split_within: f64) {
     let recs: Vec<_> = (0..2u32)
         .map(|dev| fakecuda_log::read(&g.sim.sim_dir(), dev).unwrap())
         .collect();
-    let on = |pid: u32| {
-        let mine = recs.iter().flatten().filter(|r| r.pid == pid);
-        let first = mine.clone().map(|r| r.start).min().unwrap_or(u64::MAX);
-        (first, mine.map(|r| r.end).max().unwrap_or(0))
-    };
-    let from = pids.iter().map(|p| on(p.2).0).max().unwrap() + SEC / 2;
-    let to = pids
+    // Each rank's first and last kernel.
+    let spans: Vec<(u64, u64)> = pids
         .iter()
-        .map(|p| on(p.2).1)
+        .map(|p| {
+            let mine = recs.iter().flatten().filter(|r| r.pid == p.2);
+            let first = mine.clone().map(|r| r.start).min().unwrap_or(u64::MAX);
+            (first, mine.map(|r| r.end).max().unwrap_or(0))
+        })
+        .collect();
+    let from = spans.iter().map(|s| s.0).max().unwrap() + SEC / 2;
+    let to = spans
+        .iter()
+        .map(|s| s.1)
         .min()
         .unwrap()
         .saturating_sub(SEC / 2);
     assert!(
         to >= from + SEC,
-        "the four ranks ran together for less than 2 s: {:?}",
-        pids.iter().map(|p| on(p.2)).collect::<Vec<_>>()
+        "the four ranks ran together for less than 2 s: {spans:?}"
     );
     for dev in 0..2u32 {
         let work: Vec<_> = recs[dev as usize]
