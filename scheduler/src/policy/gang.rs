@@ -142,9 +142,7 @@ impl Policy {
         self.clients.values().any(|c| {
             &c.group == group
                 && (c.in_flight_on(devices)
-                    || c.uncharged
-                        .iter()
-                        .any(|(d, &(at, quota))| devices.contains(d) && at + quota <= now))
+                    || c.held_past_quota(0, now).any(|d| devices.contains(&d)))
         })
     }
 
@@ -171,10 +169,7 @@ impl Policy {
         // outlasts it: a collective spinning for its peer, before the
         // hook finds it stalled).
         for c in self.clients.values_mut() {
-            if c.uncharged
-                .values()
-                .any(|&(at, quota)| at + quota + WAIT_SIGN <= now)
-            {
+            if c.held_past_quota(WAIT_SIGN, now).next().is_some() {
                 c.waited = true;
             }
         }
@@ -299,5 +294,14 @@ impl Client {
     /// Whether work of a token it gave back runs on one of `devices`.
     fn in_flight_on(&self, devices: &BTreeSet<DeviceId>) -> bool {
         self.in_flight.iter().any(|d| devices.contains(d))
+    }
+
+    /// The devices where it holds a token `by` µs or more past its quota
+    /// at `now`.
+    fn held_past_quota(&self, by: Micros, now: Micros) -> impl Iterator<Item = DeviceId> + '_ {
+        self.uncharged
+            .iter()
+            .filter(move |&(_, &(at, quota))| at + quota + by <= now)
+            .map(|(&d, _)| d)
     }
 }
