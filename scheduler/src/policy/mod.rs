@@ -323,6 +323,10 @@ struct Client {
     /// token (a collective waiting for a peer rank), the sign that its
     /// group is a job whose ranks must run together (see `gang`).
     waited: bool,
+    /// The device time its last token that it overran took (µs; 0: none
+    /// overran): at least one of its launches, which its hook admits onto
+    /// an empty queue even when it outlasts the token.
+    launch_floor: Micros,
 }
 
 #[derive(Debug, Clone)]
@@ -369,6 +373,10 @@ struct Device {
     /// granted while that work still ran (a lent token ends without its
     /// holder's report) is charged from its end, not twice.
     last_report: Option<(ClientId, Micros, Micros)>,
+    /// Until when the device is kept free for a latency-critical group
+    /// about to come back (see `schedule`): the waiters' launches would
+    /// not end before it.
+    hold_until: Option<Micros>,
 }
 
 impl Device {

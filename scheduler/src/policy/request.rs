@@ -361,6 +361,7 @@ impl Policy {
                 charged_until: BTreeMap::new(),
                 in_flight: BTreeSet::new(),
                 waited: false,
+                launch_floor: 0,
             },
         );
         Reply::Welcome {

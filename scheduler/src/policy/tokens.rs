@@ -46,6 +46,16 @@ impl Policy {
         // its quota: a lent token is renewed while its last work still runs
         // (the hook keeps that work within the quota) and reports it ahead.
         let used = used.min(now.saturating_sub(granted_at).max(quota));
+        // An overrun token's use is one launch or more (a 2 ms token whose
+        // two 1 ms kernels ran 2.05 ms is two): the estimate follows a
+        // shorter one at once, a longer one by an eighth.
+        if used > quota {
+            c.launch_floor = match c.launch_floor {
+                0 => used,
+                f if used <= f => used,
+                f => f + (used - f) / 8,
+            };
+        }
         let end = granted_at + used;
         let max_util = limits(config, retired, &c.group).max_util;
         let cap = params.saved_credit();
@@ -420,6 +430,26 @@ impl Policy {
         // that groups alternate and each waits about one token of each
         // other: with equal tokens a group entitled to 0.3 beside one of
         // 0.7 waited for two or three 100 ms tokens in a row (300 ms).
+        // A latency-critical group about to come back finds the device
+        // free: a waiter whose launches would not end before it (its last
+        // overrun, a kernel its hook admitted onto an empty queue, was
+        // longer than the time left) waits for the critical group's step,
+        // unless it is below its MinUtil or the critical group is late.
+        // Only kernels a lent token can hold at all are waited out: a job
+        // of longer ones would otherwise get only its MinUtil.
+        if class != 0
+            && let Some(b) = critical_back
+            && now < b + CRITICAL_LEND_MAX
+        {
+            let floor = clients
+                .get(&dev.waiters[i].client)
+                .map_or(0, |c| c.launch_floor);
+            if floor > 0 && floor <= CRITICAL_LEND_MAX && b < now + floor {
+                dev.hold_until = Some(b + CRITICAL_LEND_MAX);
+                return;
+            }
+        }
+        dev.hold_until = None;
         let chosen_group = clients.get(&dev.waiters[i].client).map(|c| &c.group);
         let ent = entitlements(&using.iter().map(|u| (u.1, u.2)).collect::<Vec<_>>());
         let real = || {
@@ -541,6 +571,15 @@ impl Policy {
         for dev in self.devices.values_mut() {
             if let Some(t) = &dev.token {
                 consider(t.expires_at);
+                continue;
+            }
+            // Held for a critical group: its waiters wait until then (or
+            // until it asks, a request).
+            if let Some(t) = dev
+                .hold_until
+                .filter(|&t| t > now && !dev.waiters.is_empty())
+            {
+                consider(t);
                 continue;
             }
             for w in &dev.waiters {

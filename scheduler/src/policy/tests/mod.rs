@@ -38,6 +38,10 @@ enum Demand {
     Until(Micros),
     /// Works `burst` (device time), then idles `gap`, releasing the token.
     Bursty { burst: Micros, gap: Micros },
+    /// Always wants the device, in kernels of `len` µs: under a token it
+    /// queues the kernels that end within it, or one onto an empty queue
+    /// when none does (it then runs past the token), as the hook does.
+    Kernels(Micros),
     /// Wants the device always but from `from` to `to`: it gives the token
     /// back at its first report after `from` and asks again at `to`.
     Paused { from: Micros, to: Micros },
@@ -178,6 +182,7 @@ impl Sim {
                 };
                 let used = match c.demand {
                     Demand::Bursty { .. } => quota_us.min(c.left),
+                    Demand::Kernels(len) => (quota_us / len).max(1) * len,
                     _ => quota_us,
                 };
                 c.busy.push((start, start + used));
