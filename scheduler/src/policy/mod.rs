@@ -377,6 +377,9 @@ struct Device {
     /// about to come back (see `schedule`): the waiters' launches would
     /// not end before it.
     hold_until: Option<Micros>,
+    /// The group the device is kept for, and since when: that time is
+    /// charged to it when the hold ends.
+    held_for: Option<(GroupKey, Micros)>,
 }
 
 impl Device {

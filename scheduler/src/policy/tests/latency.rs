@@ -82,7 +82,7 @@ fn a_critical_group_waits_at_most_a_short_token_beside_training_which_keeps_the_
 /// keeps nine tenths of what the decode leaves.
 #[test]
 fn a_critical_group_finds_no_kernel_of_a_lent_token_running_when_it_comes_back() {
-    let mut sim = Sim::new("[serve]\nMinUtil=0.3\nLatency=critical\n[train]\nMinUtil=0.7\n");
+    let mut sim = Sim::new("[serve]\nLatency=critical\n[train]\n");
     let serve = sim.add(
         "serve",
         Demand::Bursty {
@@ -109,6 +109,48 @@ fn a_critical_group_finds_no_kernel_of_a_lent_token_running_when_it_comes_back()
         t >= 0.9 * (1.0 - s),
         "training used {t:.3} of the {:.3} serve left",
         1.0 - s
+    );
+}
+
+/// The device time kept free for a critical group is charged to it: it
+/// counts against its room (and its MaxUtil), so holds cannot take more
+/// than the room from the others.
+#[test]
+fn time_kept_for_a_critical_group_is_charged_to_it() {
+    let mut sim = Sim::new("[serve]\nLatency=critical\n[train]\n");
+    let serve = sim.add(
+        "serve",
+        Demand::Bursty {
+            burst: 800,
+            gap: 4_400,
+        },
+    );
+    sim.add("train", Demand::Kernels(MS));
+    sim.run_until(10 * SEC);
+    let (from, to) = (2 * SEC, 10 * SEC);
+    let (s, t) = (
+        sim.group_share("serve", from, to),
+        sim.group_share("train", from, to),
+    );
+    assert!(
+        t >= 0.69,
+        "training got {t:.3} of the device (serve {s:.3})"
+    );
+    // The device time kept for serve is charged to it.
+    let busy: Micros = sim.clients[serve]
+        .busy
+        .iter()
+        .map(|&(a, b)| b.min(to).saturating_sub(a))
+        .sum();
+    let charged = sim
+        .policy
+        .counters(to)
+        .iter()
+        .find(|c| c.group == "serve")
+        .map_or(0, |c| c.used_us);
+    assert!(
+        charged > busy + 100 * MS,
+        "serve was charged {charged} µs for {busy} µs of work and the device kept for it"
     );
 }
 
