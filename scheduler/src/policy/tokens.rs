@@ -440,18 +440,14 @@ impl Policy {
             lent = true;
             back = Some(now);
         }
-        // While other groups wait, tokens are as long as their group's
-        // entitlement against the largest among those taking turns, so
-        // that groups alternate and each waits about one token of each
-        // other: with equal tokens a group entitled to 0.3 beside one of
-        // 0.7 waited for two or three 100 ms tokens in a row (300 ms).
         // A latency-critical group about to come back finds the device
         // free: a waiter whose launches would not end before it (its last
         // overrun, a kernel its hook admitted onto an empty queue, was
         // longer than the time left) waits for the critical group's step,
-        // unless it is below its MinUtil or the critical group is late.
-        // Only kernels a lent token can hold at all are waited out: a job
-        // of longer ones would otherwise get only its MinUtil.
+        // unless it is charged less than HOLD_SLACK above its MinUtil or
+        // the critical group is late. Only kernels a lent token can hold
+        // at all are waited out: a job of longer ones would otherwise get
+        // only its MinUtil.
         let waiter = clients.get(&dev.waiters[i].client);
         let slack = waiter.map_or(0.0, |c| key - limits(config, retired, &c.group).min_util);
         if class != 0
@@ -485,6 +481,11 @@ impl Policy {
             .take()
             .map(|(k, since)| (k, since, dev.hold_until.map_or(now, |u| u.min(now))));
         dev.hold_until = None;
+        // While other groups wait, tokens are as long as their group's
+        // entitlement against the largest among those taking turns, so
+        // that groups alternate and each waits about one token of each
+        // other: with equal tokens a group entitled to 0.3 beside one of
+        // 0.7 waited for two or three 100 ms tokens in a row (300 ms).
         let chosen_group = clients.get(&dev.waiters[i].client).map(|c| &c.group);
         let ent = entitlements(&using.iter().map(|u| (u.1, u.2)).collect::<Vec<_>>());
         let real = || {
