@@ -384,9 +384,9 @@ impl Policy {
         // asking now: whoever is chosen gets a short token (at most
         // CRITICAL_LEND_MAX), ending about when the critical group comes
         // back, so that it waits little behind the work queued under it.
-        let (mut critical_owed, mut critical_back) = (false, None::<Micros>);
-        // The critical group expected back first.
-        let mut critical_first: Option<GroupKey> = None;
+        // `critical_back`: when the first of them is expected back, and
+        // which group it is.
+        let (mut critical_owed, mut critical_back) = (false, None::<(Micros, GroupKey)>);
         // When group `k`, not asking now (so active within the window,
         // `using`), is expected back, if `owed(class, key)` says its rank
         // is owed the device and it may run: `Some(None)` if its return is
@@ -418,10 +418,9 @@ impl Policy {
             lent = true;
             back = back.into_iter().chain(at).min();
             if let Some(at) = at
-                && critical_back.is_none_or(|b| at < b)
+                && critical_back.as_ref().is_none_or(|(b, _)| at < *b)
             {
-                critical_back = Some(at);
-                critical_first = Some(k.clone());
+                critical_back = Some((at, k.clone()));
             }
         }
         if class != 0 {
@@ -448,30 +447,24 @@ impl Policy {
         // the critical group is late. Only kernels a lent token can hold
         // at all are waited out: a job of longer ones would otherwise get
         // only its MinUtil.
-        let waiter = clients.get(&dev.waiters[i].client);
-        let slack = waiter.map_or(0.0, |c| key - limits(config, retired, &c.group).min_util);
         if class != 0
-            && slack >= HOLD_SLACK
-            && let Some(b) = critical_back
+            && let Some((b, k)) = &critical_back
             && now < b + CRITICAL_LEND_MAX
+            && let Some(waiter) = clients.get(&dev.waiters[i].client)
+            && (1..=CRITICAL_LEND_MAX).contains(&waiter.launch_floor)
+            && *b < now + waiter.launch_floor
+            && key - limits(config, retired, &waiter.group).min_util >= HOLD_SLACK
         {
-            let floor = waiter.map_or(0, |c| c.launch_floor);
-            if floor > 0
-                && floor <= CRITICAL_LEND_MAX
-                && b < now + floor
-                && let Some(k) = critical_first.take()
-            {
-                dev.hold_until = Some(b + CRITICAL_LEND_MAX);
-                // From the end of what was last charged on the device (the
-                // waiter's last token, charged to its end): never twice.
-                if dev.held_for.is_none() {
-                    let from = dev
-                        .last_report
-                        .map_or(now, |(_, _, e)| e.max(now).min(b.max(now)));
-                    dev.held_for = Some((k, from));
-                }
-                return;
+            dev.hold_until = Some(b + CRITICAL_LEND_MAX);
+            // From the end of what was last charged on the device (the
+            // waiter's last token, charged to its end): never twice.
+            if dev.held_for.is_none() {
+                let from = dev
+                    .last_report
+                    .map_or(now, |(_, _, e)| e.max(now).min((*b).max(now)));
+                dev.held_for = Some((k.clone(), from));
             }
+            return;
         }
         // The time the device was kept for a critical group is its own: it
         // counts against its room (and its MaxUtil), so holds cannot take
@@ -540,7 +533,7 @@ impl Policy {
             if critical_owed {
                 quota = quota.min(CRITICAL_LEND_MAX);
             }
-            if let Some(b) = critical_back {
+            if let Some((b, _)) = critical_back {
                 let ends = b.saturating_sub(now + CRITICAL_MARGIN);
                 quota = quota.min(ends.max(CRITICAL_MIN_QUOTA));
             }
