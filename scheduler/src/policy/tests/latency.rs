@@ -74,6 +74,24 @@ fn a_critical_group_waits_at_most_a_short_token_beside_training_which_keeps_the_
     );
 }
 
+/// A critical decode (0.8 ms of device time, then 4.4 ms away: not a
+/// whole number of training's tokens) beside a training group with no
+/// `MinUtil` that works in 1 ms kernels, for 10 s. Returns the
+/// simulation and the decode's client.
+fn critical_decode_beside_kernels() -> (Sim, usize) {
+    let mut sim = Sim::new("[serve]\nLatency=critical\n[train]\n");
+    let serve = sim.add(
+        "serve",
+        Demand::Bursty {
+            burst: 800,
+            gap: 4_400,
+        },
+    );
+    sim.add("train", Demand::Kernels(MS));
+    sim.run_until(10 * SEC);
+    (sim, serve)
+}
+
 /// Training in 1 ms kernels beside a critical decode: a token lent just
 /// before the decode's return is shorter than one kernel, and the kernel
 /// its hook admits onto the empty queue ran on into the decode's step
@@ -82,17 +100,7 @@ fn a_critical_group_waits_at_most_a_short_token_beside_training_which_keeps_the_
 /// keeps nine tenths of what the decode leaves.
 #[test]
 fn a_critical_group_finds_no_kernel_of_a_lent_token_running_when_it_comes_back() {
-    let mut sim = Sim::new("[serve]\nLatency=critical\n[train]\n");
-    let serve = sim.add(
-        "serve",
-        Demand::Bursty {
-            burst: 800,
-            // Its absence is not a whole number of training's tokens.
-            gap: 4_400,
-        },
-    );
-    sim.add("train", Demand::Kernels(MS));
-    sim.run_until(10 * SEC);
+    let (sim, serve) = critical_decode_beside_kernels();
     let (from, to) = (2 * SEC, 10 * SEC);
     let waits = sim.waits(serve, from, to);
     assert!(waits.len() > 1000, "{} decode steps", waits.len());
@@ -117,16 +125,7 @@ fn a_critical_group_finds_no_kernel_of_a_lent_token_running_when_it_comes_back()
 /// than the room from the others.
 #[test]
 fn time_kept_for_a_critical_group_is_charged_to_it() {
-    let mut sim = Sim::new("[serve]\nLatency=critical\n[train]\n");
-    let serve = sim.add(
-        "serve",
-        Demand::Bursty {
-            burst: 800,
-            gap: 4_400,
-        },
-    );
-    sim.add("train", Demand::Kernels(MS));
-    sim.run_until(10 * SEC);
+    let (sim, serve) = critical_decode_beside_kernels();
     let (from, to) = (2 * SEC, 10 * SEC);
     let (s, t) = (
         sim.group_share("serve", from, to),
