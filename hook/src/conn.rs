@@ -73,8 +73,13 @@ impl State {
     /// The reply to `seq` if it has arrived (polling the socket briefly;
     /// replies for other threads' requests are kept for them).
     fn take(&self, seq: u32) -> Option<Result<Reply, CodecError>> {
+        self.take_within(seq, POLL)
+    }
+
+    /// [`State::take`], polling at most `wait`.
+    fn take_within(&self, seq: u32, wait: Duration) -> Option<Result<Reply, CodecError>> {
         let mut g = lock(&self.conn);
-        g.as_mut()?.take(seq, POLL).ok().flatten()
+        g.as_mut()?.take(seq, wait).ok().flatten()
     }
 
     fn held_memory(&self) -> Vec<HeldMemory> {
@@ -198,6 +203,12 @@ impl State {
 
     fn roundtrip(&self, req: &Request, device: u32) -> Result<Reply, Failure> {
         let seq = self.send(req).map_err(Failure::Refused)?;
+        self.wait_for(seq, device)
+    }
+
+    /// Waits for the reply to `seq` (a request about `device`), checking
+    /// with pings that the scheduler still knows us.
+    fn wait_for(&self, seq: u32, device: u32) -> Result<Reply, Failure> {
         let mut last = Instant::now();
         // When the scheduler last answered anything (a ping while a token
         // request waits its turn counts): GEMINI_CONNECT_TIMEOUT bounds
@@ -273,6 +284,50 @@ impl State {
                     error!("the scheduler restarted; registering again");
                     self.registered.store(false, Ordering::Release);
                 }
+            }
+        }
+    }
+}
+
+impl State {
+    /// Sends `req` (registering first if need be) without waiting for its
+    /// reply: its sequence number, for [`State::try_answer`] and
+    /// [`State::answer`]. `Err` is the CUDA result to return.
+    pub fn ask(&self, req: &Request) -> Result<u32, u32> {
+        if !self.registered.load(Ordering::Acquire) {
+            self.register()?;
+        }
+        self.send(req)
+    }
+
+    /// The reply to `seq`, sent with [`State::ask`], if it has come (one
+    /// short poll, never a wait): `Some(None)` if the scheduler forgot the
+    /// request (it restarted) or the reply cannot be read.
+    pub fn try_answer(&self, seq: u32) -> Option<Option<Reply>> {
+        match self.take_within(seq, Duration::ZERO)? {
+            Ok(Reply::Error(e)) if e.kind == ErrorKind::NotRegistered => {
+                self.registered.store(false, Ordering::Release);
+                Some(None)
+            }
+            Ok(r) => Some(Some(r)),
+            Err(e) => {
+                error!("unreadable answer from the scheduler: {e}");
+                Some(None)
+            }
+        }
+    }
+
+    /// Waits for the reply to `seq`, sent with [`State::ask`]: `Ok(None)`
+    /// if the scheduler forgot the request (it restarted; ask again with
+    /// [`State::call`]). `Err` is the CUDA result to return.
+    pub fn answer(&self, seq: u32, device: u32) -> Result<Option<Reply>, u32> {
+        match self.wait_for(seq, device) {
+            Ok(r) => Ok(Some(r)),
+            Err(Failure::Refused(code)) => Err(code),
+            Err(Failure::Forgotten) => {
+                error!("the scheduler restarted; registering again");
+                self.registered.store(false, Ordering::Release);
+                Ok(None)
             }
         }
     }

@@ -44,6 +44,7 @@ use crate::log::debug;
 use crate::state::{self, Gate, MAX_GATES, State, current_device, lock};
 use crate::syncer;
 
+mod ahead;
 mod contexts;
 mod late;
 mod learn;
@@ -327,6 +328,8 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     }
     let g = &st.gates[dev];
     let _slow = lock(&g.slow);
+    // Back before a token planned ahead was asked for: this asks now.
+    g.ahead_at.store(0, Ordering::Release);
     let now = now_ns();
     if now < g.deadline.load(Ordering::Acquire) {
         if g.queue_ahead(now, cost) {
@@ -372,18 +375,20 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
         used_us,
         burst_us,
     };
-    if !st.settings.token_delay.is_zero() {
-        std::thread::sleep(st.settings.token_delay);
-    }
-    match st.call(&req, device)? {
+    // A token asked for ahead of this return (see `ahead`) is waited for
+    // instead of asking again; a scheduler that forgot it is asked anew.
+    let seq = g.ahead_seq.swap(0, Ordering::AcqRel);
+    let reply = match (seq != 0).then(|| st.answer(seq, device)).transpose()? {
+        Some(Some(reply)) => reply,
+        _ => {
+            if !st.settings.token_delay.is_zero() {
+                std::thread::sleep(st.settings.token_delay);
+            }
+            st.call(&req, device)?
+        }
+    };
+    match reply {
         Reply::Token { quota_us, lent, .. } => {
-            let t = now_ns();
-            // From the request to the grant none of our work ran (`settle`
-            // waited for it): not device time of the launches. A renewed
-            // lent token's work ran on meanwhile, until its predicted end.
-            g.blocked
-                .fetch_add(t.saturating_sub(now.max(queue_end)), Ordering::Relaxed);
-            g.lent.store(lent, Ordering::Relaxed);
             // The launch that asked goes first, onto an empty queue (or
             // behind the work a renewed lent token left).
             let first = if cost == UNKNOWN_GRAPH {
@@ -391,44 +396,19 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             } else {
                 g.per_launch(cost)
             };
-            g.queued_end
-                .store(t.max(queue_end) + first, Ordering::Relaxed);
-            g.unknown_launches.store(1, Ordering::Relaxed);
-            // A program that never waits is measured over its tokens.
-            g.begin_sample(t);
-            // The context the launch runs in: the current one, or the
-            // stream's (a CUkernel launched with none current).
-            let mut ctx = launch_ctx;
-            if ctx.is_null() {
-                // SAFETY: out-pointer to a local.
-                unsafe { driver::ctx_get_current(&mut ctx) };
-            }
-            g.ctx.store(ctx as usize, Ordering::Relaxed);
-            // A context the hook did not see made (a green context's, say)
-            // is waited for at token ends from now on too.
-            contexts::context_made(ctx, dev as i32);
-            let quota = quota_us * 1000;
-            // Stop launching early by the work usually still queued at the
-            // end, so the queue drains about when the token ends.
-            let early = g.overuse.load(Ordering::Relaxed).min(quota / 2);
-            g.quota_end.store(t + quota, Ordering::Relaxed);
-            g.granted_at.store(t, Ordering::Release);
-            g.deadline.store(t + quota - early, Ordering::Release);
+            let grant = Grant {
+                quota_us,
+                lent,
+                asked: now,
+                queue_end,
+            };
+            install(st, dev, g, grant, Some(first), launch_ctx);
             debug!(
-                "device {dev}: {} for {quota_us} us (used {used_us} us, burst {burst_us} us, {} us per launch)",
+                "device {dev}: {} for {quota_us} us (used {used_us} us, burst {burst_us} us, {} us per launch){}",
                 if lent { "lent token" } else { "token" },
-                g.kernel_ns.load(Ordering::Relaxed) / 1000
+                g.kernel_ns.load(Ordering::Relaxed) / 1000,
+                if seq != 0 { ", asked ahead" } else { "" }
             );
-            start_watcher(st);
-            // Work still running from an earlier token is covered by
-            // this one from its grant on: what ran before is charged now.
-            if late::close(st, dev, g, t) {
-                // That work has outlasted every prediction: the token
-                // admits nothing more (but the launch that asked) until
-                // a token's end has seen it done. Else each token would
-                // queue its quota on top of a queue that never drains.
-                g.queued_end.store(t + quota, Ordering::Relaxed);
-            }
             Ok(())
         }
         Reply::Error(e) if e.kind == gemini_protocol::ErrorKind::PermissionDenied => {
@@ -438,5 +418,83 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             crate::log::error!("unexpected answer to a token request: {other:?}");
             Err(CUDA_ERROR_NOT_PERMITTED)
         }
+    }
+}
+
+/// A token the scheduler granted.
+pub(super) struct Grant {
+    pub(super) quota_us: u64,
+    pub(super) lent: bool,
+    /// When it was asked for (ns): from then to the grant none of this
+    /// process's work ran, unless a renewed lent token's queue ran on.
+    pub(super) asked: u64,
+    /// The predicted end of the work a renewed lent token left queued
+    /// (ns; 0: none).
+    pub(super) queue_end: u64,
+}
+
+/// Makes `grant` `g`'s token from now on, the launch that asked for it
+/// going first, predicted to take `first` ns (`None`: no launch asked: a
+/// token asked ahead and taken while the process is still quiet), in
+/// `launch_ctx` (null: the calling thread's current context, or the last
+/// token's if it has none).
+pub(super) fn install(
+    st: &'static State,
+    dev: usize,
+    g: &'static Gate,
+    grant: Grant,
+    first: Option<u64>,
+    launch_ctx: *mut c_void,
+) {
+    let Grant {
+        quota_us,
+        lent,
+        asked,
+        queue_end,
+    } = grant;
+    let t = now_ns();
+    // From the request to the grant none of our work ran (`settle`
+    // waited for it): not device time of the launches. A renewed
+    // lent token's work ran on meanwhile, until its predicted end.
+    g.blocked
+        .fetch_add(t.saturating_sub(asked.max(queue_end)), Ordering::Relaxed);
+    g.lent.store(lent, Ordering::Relaxed);
+    g.queued_end
+        .store(t.max(queue_end) + first.unwrap_or(0), Ordering::Relaxed);
+    g.unknown_launches
+        .store(u64::from(first.is_some()), Ordering::Relaxed);
+    if first.is_some() {
+        // A program that never waits is measured over its tokens.
+        g.begin_sample(t);
+    }
+    // The context the launch runs in: the current one, or the
+    // stream's (a CUkernel launched with none current).
+    let mut ctx = launch_ctx;
+    if ctx.is_null() {
+        // SAFETY: out-pointer to a local.
+        unsafe { driver::ctx_get_current(&mut ctx) };
+    }
+    if !ctx.is_null() {
+        g.ctx.store(ctx as usize, Ordering::Relaxed);
+        // A context the hook did not see made (a green context's, say)
+        // is waited for at token ends from now on too.
+        contexts::context_made(ctx, dev as i32);
+    }
+    let quota = quota_us * 1000;
+    // Stop launching early by the work usually still queued at the
+    // end, so the queue drains about when the token ends.
+    let early = g.overuse.load(Ordering::Relaxed).min(quota / 2);
+    g.quota_end.store(t + quota, Ordering::Relaxed);
+    g.granted_at.store(t, Ordering::Release);
+    g.deadline.store(t + quota - early, Ordering::Release);
+    start_watcher(st);
+    // Work still running from an earlier token is covered by
+    // this one from its grant on: what ran before is charged now.
+    if late::close(st, dev, g, t) {
+        // That work has outlasted every prediction: the token
+        // admits nothing more (but the launch that asked) until
+        // a token's end has seen it done. Else each token would
+        // queue its quota on top of a queue that never drains.
+        g.queued_end.store(t + quota, Ordering::Relaxed);
     }
 }

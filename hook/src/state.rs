@@ -34,6 +34,9 @@ pub struct Settings {
     /// `GEMINI_BENCH_TOKEN_DELAY_US`: slept before each token request
     /// (benchmarks only; zero in use).
     pub token_delay: Duration,
+    /// `GEMINI_ASK_AHEAD` (`0`: off): a token is asked for ahead of the
+    /// process's predicted return from a quiet gap (see `gate::ahead`).
+    pub ask_ahead: bool,
 }
 
 /// The IPC directory, found as the daemon and the tools find it
@@ -97,6 +100,7 @@ impl Settings {
             idle,
             visible,
             token_delay,
+            ask_ahead: var(env::ASK_AHEAD).is_none_or(|v| v.trim() != "0"),
         }
     }
 
@@ -142,6 +146,8 @@ pub struct Gate {
     /// descheduled on a busy CPU) does not make a process that launches
     /// again at once look quiet after its waits.
     pub(crate) gap_avg: AtomicU64,
+    /// The last such gap, capped likewise (ns).
+    pub(crate) gap_last: AtomicU64,
     /// The token is lent (another group is owed the device and will be
     /// back).
     pub(crate) lent: AtomicBool,
@@ -194,6 +200,11 @@ pub struct Gate {
     /// the synchronisation (`syncer`) whose end says it is done.
     pub(crate) late_since: AtomicU64,
     pub(crate) late_ticket: AtomicU64,
+    /// A token asked for ahead of the process's predicted return from a
+    /// quiet gap (see `gate::ahead`): when to ask (ns; 0: none planned),
+    /// and the sequence number of the request once sent (0: none).
+    pub(crate) ahead_at: AtomicU64,
+    pub(crate) ahead_seq: AtomicU32,
     /// Held by whoever is acquiring or releasing the token.
     pub(crate) slow: Mutex<()>,
     /// Waits for the work launched under the token (see `syncer`).

@@ -17,6 +17,9 @@ each kernel), with throughput beside it. Memory rows are sized from what
 the job itself sees free. Each row is printed as it finishes; the table
 is appended to RESULTS.md (default docs/gpu-results.md). The exit status
 is 1 when gemini failed a row, else 0.
+
+GEMINI_GPU_SCHD_LOG=PATH runs gem-schd at `--log-level debug` with its log
+written to PATH: every token request and grant, timed, to study a row.
 """
 
 import ctypes
@@ -141,9 +144,10 @@ class Gemini:
         self.conf = os.path.join(self.dir, "resource.conf")
         with open(self.conf, "w") as f:
             f.write(conf)
-        self.log_path = os.path.join(self.dir, "schd.log")
+        self.log_path = os.environ.get("GEMINI_GPU_SCHD_LOG") or os.path.join(self.dir, "schd.log")
         self.log = open(self.log_path, "w")
-        self.schd = subprocess.Popen([f"{bindir}/gem-schd", "--config", self.conf, "--ipc-dir", self.ipc], stderr=self.log, stdout=self.log)
+        level = ["--log-level", "debug"] if os.environ.get("GEMINI_GPU_SCHD_LOG") else []
+        self.schd = subprocess.Popen([f"{bindir}/gem-schd", "--config", self.conf, "--ipc-dir", self.ipc, *level], stderr=self.log, stdout=self.log)
         for _ in range(100):
             if subprocess.run([f"{bindir}/gem-schd", "status", "--ipc-dir", self.ipc], capture_output=True).returncode == 0:
                 return
@@ -412,7 +416,11 @@ def timed_rows(g, nvml):
 
     def run_shares(hooked, h):
         s = solo_rate("mm4096", "matmul", {"n": 4096})
-        a, b = g.timed([("a", "matmul", {"n": 4096}, hooked), ("b", "matmul", {"n": 4096}, hooked)], 8)
+        # Under gemini, what gem-schd charged each group beside the GPU
+        # time the groups' events measured: a group charged its MinUtil
+        # while its kernels ran less says where the time went.
+        probe = hooked and (lambda start, end: g.charged(start, end, ("a", "b")))
+        a, b = g.timed([("a", "matmul", {"n": 4096}, hooked), ("b", "matmul", {"n": 4096}, hooked)], 8, probe=probe)
         return {"a": a, "b": b, "solo": s}
 
     # Judged on each group's share of the device's time. Beside it, the
@@ -421,7 +429,8 @@ def timed_rows(g, nvml):
     def judge_shares(h, p):
         rel = lambda r, k: r[k]["gpu_share"] / r["solo"]["gpu_share"]  # noqa: E731
         txt = lambda r: (f"GPU time {r['a']['gpu_share']:.3f} / {r['b']['gpu_share']:.3f} of the device, {rel(r, 'a'):.3f} / {rel(r, 'b'):.3f} of what it keeps busy alone "  # noqa: E731
-                         f"({r['solo']['gpu_share']:.3f}); throughput {r['a']['rate'] / r['solo']['rate']:.3f} / {r['b']['rate'] / r['solo']['rate']:.3f}")
+                         f"({r['solo']['gpu_share']:.3f}); throughput {r['a']['rate'] / r['solo']['rate']:.3f} / {r['b']['rate'] / r['solo']['rate']:.3f}"
+                         + (f"; charged by gem-schd {r['a']['probe'][0]:.3f} / {r['a']['probe'][1]:.3f}" if r["a"].get("probe") else ""))
         ok = abs(h["a"]["gpu_share"] - 0.3) <= 0.03 and abs(h["b"]["gpu_share"] - 0.7) <= 0.03
         return Result(txt(h), p and txt(p), "GPU time 0.30 / 0.70 ± 0.03 of the device", ok, None)
     rows.append(("two groups MinUtil 0.3 / 0.7, 4096² bf16 matmuls", (run_shares, judge_shares)))

@@ -14,6 +14,7 @@ impl Gate {
         }
         let cap = 4 * st.settings.idle.as_nanos() as u64;
         let gap = now.saturating_sub(exit).min(cap);
+        self.gap_last.store(gap, Ordering::Relaxed);
         let avg = self.gap_avg.load(Ordering::Relaxed);
         self.gap_avg.store(lean_low(avg, gap), Ordering::Relaxed);
         self.begin_sample(now);

@@ -100,8 +100,12 @@ fn watch(st: &'static State) {
             let (m, cv) = &st.kick;
             let mut kicked = lock(m);
             if !*kicked {
+                // Woken in time for a token planned ahead, too.
+                let wait = ahead::next(st).map_or(tick, |at| {
+                    Duration::from_nanos(at.saturating_sub(now_ns())).min(tick)
+                });
                 kicked = cv
-                    .wait_timeout(kicked, tick)
+                    .wait_timeout(kicked, wait)
                     .map_or_else(|p| p.into_inner().0, |(k, _)| k);
             }
             *kicked = false;
@@ -113,6 +117,12 @@ fn watch(st: &'static State) {
             late::report_done(st, dev, g);
             let now = now_ns();
             let entered = g.entered.load(Ordering::Acquire);
+            if ahead::tick(st, dev, g, now) {
+                // A token granted ahead, before the process's return: idle
+                // from now if the process does not come back.
+                seen[dev] = (entered, now);
+                continue;
+            }
             let busy = entered != g.exited.load(Ordering::Acquire);
             if busy && stalled(g, now, idle.min(STALL_NS)) {
                 give_back_stalled(st, dev, g);
@@ -121,7 +131,12 @@ fn watch(st: &'static State) {
             // Quiet since a wait returned, in a process that usually stays
             // quiet after its waits: idle now, not in `idle` from now.
             let wait_exit = g.wait_exit.load(Ordering::Relaxed);
-            let predicted = !busy && wait_exit != 0 && g.quiet_after_waits(idle);
+            // (Not a token granted since the wait: one asked ahead, which
+            // the process has not used yet.)
+            let predicted = !busy
+                && wait_exit != 0
+                && g.quiet_after_waits(idle)
+                && g.granted_at.load(Ordering::Acquire) <= wait_exit;
             if !predicted && (busy || entered != seen[dev].0) {
                 seen[dev] = (entered, now);
                 continue;
@@ -144,14 +159,32 @@ fn watch(st: &'static State) {
                 g.deadline.store(deadline, Ordering::Release);
                 continue;
             }
+            // A token asked ahead that the process never used is charged
+            // the time it held the device for it.
+            let granted_at = g.granted_at.load(Ordering::Acquire);
+            let unused = granted_at > wait_exit && wait_exit != 0;
             let Some(used_us) = settle(dev, g, Settle::Idle { quiet_since }) else {
                 continue;
             };
+            let used_us = if unused {
+                now.saturating_sub(granted_at) / 1000
+            } else {
+                used_us
+            };
             debug!(
                 "device {dev}: idle{}, token given back after {used_us} us",
-                if predicted { " after its wait" } else { "" }
+                if predicted {
+                    " after its wait"
+                } else if unused {
+                    ", a token asked ahead unused"
+                } else {
+                    ""
+                }
             );
             release(st, dev, used_us, late::running(g));
+            if predicted {
+                ahead::plan(st, g, wait_exit);
+            }
         }
     }
 }

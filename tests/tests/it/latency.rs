@@ -134,3 +134,51 @@ fn a_critical_groups_steps_find_the_device_free() {
         free.join(", then ")
     );
 }
+
+/// The decode's steps under the hook alone: how many there were, and how
+/// many of their tokens had been asked for ahead of the step's first
+/// launch, as the hook's log says (`GEMINI_LOG`).
+fn decode_alone_tokens_asked_ahead(ask_ahead: &str) -> (usize, usize) {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::new(1, "16GiB"), "[decode]\n");
+    let steps_file = g.sim.path().join("decode-steps");
+    let out = g
+        .hooked(g.sim.workload(), "decode")
+        .args(DECODE_STEP)
+        .args(["--seconds", "2"])
+        .arg("--demand-file")
+        .arg(&steps_file)
+        .env("GEMINI_LOG", "debug")
+        .env(gemini_protocol::env::ASK_AHEAD, ask_ahead)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let steps = std::fs::read_to_string(&steps_file).unwrap().lines().count();
+    let ahead = log
+        .lines()
+        .filter(|l| {
+            l.contains(", asked ahead") || l.contains("asked ahead, granted before")
+        })
+        .count();
+    (steps, ahead)
+}
+
+/// A process that stays quiet after each step (a decode loop sleeping
+/// until its next request) asks for its next token before it launches
+/// again, so the step's first launch finds the grant there instead of
+/// waiting for a round trip to gem-schd (0.2-0.4 ms of a 1 ms step, on
+/// the simulator and on an H200). `GEMINI_ASK_AHEAD=0` turns it off.
+/// Measured on this 2-core VM: 329 of 330 steps; off, none.
+#[test]
+fn a_process_quiet_between_steps_asks_for_its_token_ahead() {
+    let (steps, ahead) = decode_alone_tokens_asked_ahead("1");
+    assert!(steps >= 100, "only {steps} decode steps in 2 s");
+    assert!(
+        ahead * 2 >= steps,
+        "{ahead} of {steps} steps had their token asked for ahead (at least half expected)"
+    );
+    let (steps, ahead) = decode_alone_tokens_asked_ahead("0");
+    assert!(steps >= 100, "only {steps} decode steps in 2 s");
+    assert_eq!(ahead, 0, "GEMINI_ASK_AHEAD=0, yet tokens were asked ahead");
+}
