@@ -154,12 +154,13 @@ fn decode_alone_tokens_asked_ahead(ask_ahead: &str) -> (usize, usize) {
         .unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
-    let steps = std::fs::read_to_string(&steps_file).unwrap().lines().count();
+    let steps = std::fs::read_to_string(&steps_file)
+        .unwrap()
+        .lines()
+        .count();
     let ahead = log
         .lines()
-        .filter(|l| {
-            l.contains(", asked ahead") || l.contains("asked ahead, granted before")
-        })
+        .filter(|l| l.contains(", asked ahead") || l.contains("asked ahead, granted before"))
         .count();
     (steps, ahead)
 }
