@@ -379,7 +379,11 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     // instead of asking again; a scheduler that forgot it is asked anew.
     let seq = g.ahead_seq.swap(0, Ordering::AcqRel);
     let reply = match (seq != 0).then(|| st.answer(seq, device)).transpose()? {
-        Some(Some(reply)) => reply,
+        Some(Some(reply)) => {
+            let t = now_ns();
+            ahead::learn(g, t.saturating_sub(now), t);
+            reply
+        }
         _ => {
             if !st.settings.token_delay.is_zero() {
                 std::thread::sleep(st.settings.token_delay);
@@ -407,7 +411,14 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
                 "device {dev}: {} for {quota_us} us (used {used_us} us, burst {burst_us} us, {} us per launch){}",
                 if lent { "lent token" } else { "token" },
                 g.kernel_ns.load(Ordering::Relaxed) / 1000,
-                if seq != 0 { ", asked ahead" } else { "" }
+                if seq != 0 {
+                    format!(
+                        ", asked ahead (lead now {} us)",
+                        g.ahead_lead.load(Ordering::Relaxed) / 1000
+                    )
+                } else {
+                    String::new()
+                }
             );
             Ok(())
         }

@@ -205,6 +205,10 @@ pub struct Gate {
     /// and the sequence number of the request once sent (0: none).
     pub(crate) ahead_at: AtomicU64,
     pub(crate) ahead_seq: AtomicU32,
+    /// When that request was sent (ns), and how long before the predicted
+    /// launch requests are sent, learned (ns; 0: not yet).
+    pub(crate) ahead_sent: AtomicU64,
+    pub(crate) ahead_lead: AtomicU64,
     /// Held by whoever is acquiring or releasing the token.
     pub(crate) slow: Mutex<()>,
     /// Waits for the work launched under the token (see `syncer`).
