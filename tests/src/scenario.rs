@@ -46,6 +46,23 @@ pub const BLOCKING_COPY_STEP: &[&str] = &[
     "copy",
 ];
 
+/// `gem-workload` arguments for a training loop as a framework runs it:
+/// a step of 300 launches, one 400 µs matrix product to nine 15 µs
+/// element-wise kernels (16 ms of device time), 40 µs of CPU before each
+/// launch (12 ms), then a blocking copy back to the host. The device
+/// outruns the CPU in the short kernels; only the queue built behind the
+/// long ones keeps it busy, as in eager PyTorch.
+pub const FRAMEWORK_STEP: &[&str] = &[
+    "--iter-kernels",
+    "300",
+    "--kernel-mix",
+    "400,15,15,15,15,15,15,15,15,15",
+    "--launch-cpu-us",
+    "40",
+    "--wait",
+    "copy",
+];
+
 /// `gem-workload` arguments for a decode-like step of an inference loop:
 /// 8 kernels of 100 µs (0.8 ms of device time), a wait for them, then
 /// 5 ms of sleep (issue 36's scenario, scaled to the simulator).

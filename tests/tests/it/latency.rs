@@ -183,3 +183,47 @@ fn a_process_quiet_between_steps_asks_for_its_token_ahead() {
     assert!(steps >= 100, "only {steps} decode steps in 2 s");
     assert_eq!(ahead, 0, "GEMINI_ASK_AHEAD=0, yet tokens were asked ahead");
 }
+
+/// The framework-like training of `gem-bench --only latency` runs what
+/// it says: its kernels take the lengths of `--kernel-mix` in turn, and
+/// `--launch-cpu-us` paces its launches (300 launches at 40 µs of CPU
+/// each take at least 12 ms a step).
+#[test]
+fn the_framework_like_training_runs_its_mix_at_its_cpu_pace() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::new(1, "16GiB"), "[train]\n");
+    let out = g
+        .hooked(g.sim.workload(), "train")
+        .args(gemini_tests::FRAMEWORK_STEP)
+        .args(["--seconds", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = &reports(&out.stdout)[0];
+    let pid = field(report, "pid") as u32;
+    let launched = field(report, "kernels");
+    let mut kernels: Vec<(u64, u64)> = fakecuda_log::read(&g.sim.sim_dir(), 0)
+        .unwrap()
+        .iter()
+        .filter(|r| r.pid == pid && r.kind == Kind::Kernel as u32)
+        .map(|r| (r.start, r.end - r.start))
+        .collect();
+    kernels.sort_unstable();
+    let long = kernels.iter().filter(|k| k.1 >= 390_000).count();
+    let short = kernels.iter().filter(|k| k.1 <= 25_000).count();
+    assert_eq!(long + short, kernels.len(), "kernels neither 400 nor 15 µs");
+    assert!(
+        long * 9 <= short + 9 && short <= long * 9 + 9,
+        "{long} long and {short} short kernels: one to nine expected"
+    );
+    // At most 1 s / (300 × 40 µs) ≈ 83 steps' launches, and some.
+    assert!(launched >= 300, "{launched} launches in 1 s");
+    assert!(
+        launched <= 300 * 84,
+        "{launched} launches in 1 s: faster than 40 µs of CPU each"
+    );
+}

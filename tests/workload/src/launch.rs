@@ -277,6 +277,14 @@ pub(crate) fn launch_loop(
             } else {
                 Instant::now() < burst_end.min(end)
             } {
+                if !args.kernel_mix.is_empty() {
+                    // Through the pointer the launch reads it from.
+                    *(params[0] as *mut u64) =
+                        args.kernel_mix[(kernels % args.kernel_mix.len() as u64) as usize];
+                }
+                if args.launch_cpu_us > 0 {
+                    busy_for(Duration::from_micros(args.launch_cpu_us));
+                }
                 let r = match args.launch_api.as_str() {
                     _ if args.capture > 0 => (d.graph_launch)(exec, stream),
                     "kernel" => (d.launch)(
@@ -430,5 +438,14 @@ impl Allreduce {
                 (d.launch)(func, 1, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr(), null),
             )
         }
+    }
+}
+
+/// Keeps the CPU busy for `d` (a framework's work before a launch, which
+/// a sleep would not model: the thread must not give its core away).
+fn busy_for(d: Duration) {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        std::hint::spin_loop();
     }
 }

@@ -100,6 +100,16 @@ struct Args {
     /// --gap-ms (0: launch for --burst-ms instead)
     #[arg(long, default_value_t = 0)]
     iter_kernels: u64,
+    /// Kernel lengths in microseconds, comma-separated, taken in turn
+    /// instead of --kernel-us (a training step's mix: a few long matrix
+    /// products among many short element-wise kernels)
+    #[arg(long, value_delimiter = ',')]
+    kernel_mix: Vec<u64>,
+    /// CPU time spent before each launch, microseconds (a framework's
+    /// per-operation overhead: the device runs ahead of the CPU only
+    /// while the queued kernels outlast it)
+    #[arg(long, default_value_t = 0)]
+    launch_cpu_us: u64,
     /// How an iteration (or burst) waits for its work: stream
     /// (cuStreamSynchronize), ctx (cuCtxSynchronize), event (cuEventRecord,
     /// then cuEventSynchronize), copy (a blocking cuMemcpyDtoH, as
