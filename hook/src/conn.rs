@@ -291,7 +291,7 @@ impl State {
 
 impl State {
     /// Sends `req` (registering first if need be) without waiting for its
-    /// reply: its sequence number, for [`State::try_answer`] and
+    /// reply: its sequence number, for [`State::answer_within`] and
     /// [`State::answer`]. `Err` is the CUDA result to return.
     pub fn ask(&self, req: &Request) -> Result<u32, u32> {
         if !self.registered.load(Ordering::Acquire) {
@@ -300,11 +300,23 @@ impl State {
         self.send(req)
     }
 
-    /// The reply to `seq`, sent with [`State::ask`], if it has come (one
-    /// short poll, never a wait): `Some(None)` if the scheduler forgot the
-    /// request (it restarted) or the reply cannot be read.
-    pub fn try_answer(&self, seq: u32) -> Option<Option<Reply>> {
-        match self.take_within(seq, Duration::ZERO)? {
+    /// The reply to `seq`, sent with [`State::ask`], if it comes within
+    /// `wait` (zero: one poll, no wait): `Some(None)` if the scheduler
+    /// forgot the request (it restarted) or the reply cannot be read.
+    pub fn answer_within(&self, seq: u32, wait: Duration) -> Option<Option<Reply>> {
+        // Waits of POLL each (the socket's poll counts whole ms; shorter
+        // ones would spin, and a spinning thread kept the scheduler from
+        // answering on a 2-core machine): each returns as a reply comes.
+        let deadline = Instant::now() + wait;
+        let taken = loop {
+            let poll = if wait.is_zero() { Duration::ZERO } else { POLL };
+            match self.take_within(seq, poll) {
+                Some(r) => break r,
+                None if Instant::now() >= deadline => return None,
+                None => {}
+            }
+        };
+        match taken {
             Ok(Reply::Error(e)) if e.kind == ErrorKind::NotRegistered => {
                 self.registered.store(false, Ordering::Release);
                 Some(None)

@@ -327,10 +327,16 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
         return Err(refused);
     }
     let g = &st.gates[dev];
+    let entered = now_ns();
     let _slow = lock(&g.slow);
     // Back before a token planned ahead was asked for: this asks now.
     g.ahead_at.store(0, Ordering::Release);
     let now = now_ns();
+    if g.ahead_taken.swap(0, Ordering::AcqRel) != 0 {
+        // The watcher took a grant asked ahead while this launch waited
+        // for it: asked too late by that much.
+        ahead::learn(g, now.saturating_sub(entered), now);
+    }
     if now < g.deadline.load(Ordering::Acquire) {
         if g.queue_ahead(now, cost) {
             return Ok(()); // another thread got a token meanwhile

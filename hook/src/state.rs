@@ -209,6 +209,9 @@ pub struct Gate {
     /// launch requests are sent, learned (ns; 0: not yet).
     pub(crate) ahead_sent: AtomicU64,
     pub(crate) ahead_lead: AtomicU64,
+    /// When the watcher took such a grant, before the process launched
+    /// again (ns; 0: none since its last launch).
+    pub(crate) ahead_taken: AtomicU64,
     /// Held by whoever is acquiring or releasing the token.
     pub(crate) slow: Mutex<()>,
     /// Waits for the work launched under the token (see `syncer`).

@@ -29,6 +29,12 @@ pub(super) const ASK_LEAD_NS: u64 = 500_000;
 pub(super) const ASK_LEAD_MIN_NS: u64 = 150_000;
 pub(super) const ASK_LEAD_MAX_NS: u64 = 1_000_000;
 
+/// How long the watcher waits for the grant of a request it sent ahead
+/// (it holds the device's slow path meanwhile: a launch waits for the
+/// same grant either way). One poll of the socket, which returns as the
+/// grant comes.
+const ASK_WAIT_NS: u64 = 1_000_000;
+
 /// A launch that waited longer than this for a grant asked ahead found
 /// the request sent too late.
 const LATE_NS: u64 = 20_000;
@@ -123,13 +129,31 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
                 g.ahead_sent.store(now_ns(), Ordering::Relaxed);
                 g.ahead_seq.store(seq, Ordering::Release);
                 debug!("device {dev}: token asked for ahead of the process's return");
+                // Taken as it comes, while the process is still quiet: the
+                // token is the process's from its grant, as gem-schd
+                // counts it. Taken later (by the launch), the time between
+                // went uncharged, and gem-schd, which places the reported
+                // use from its grant on, cut the process's work short by
+                // it: a critical decode's kernels ran 8-16 % more than it
+                // was charged (`latency::a_critical_groups_steps_overlap_at_most_a_lent_token_of_training`).
+                // A grant the scheduler holds back (another group's token)
+                // is looked for at the next wake-ups.
+                return take(st, dev, g, seq, ASK_WAIT_NS);
             }
         }
         return false;
     }
-    let Some(answer) = st.try_answer(seq) else {
+    take(st, dev, g, seq, 0)
+}
+
+/// Takes the grant of the request `seq` sent ahead if it comes within
+/// `wait_ns` (the caller holds `g.slow`): `true` if it did, and the token
+/// is `g`'s from now.
+fn take(st: &'static State, dev: usize, g: &'static Gate, seq: u32, wait_ns: u64) -> bool {
+    let Some(answer) = st.answer_within(seq, Duration::from_nanos(wait_ns)) else {
         return false;
     };
+    let now = now_ns();
     g.ahead_seq.store(0, Ordering::Release);
     match answer {
         Some(Reply::Token { quota_us, lent, .. }) => {
@@ -140,8 +164,8 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
                 queue_end: 0,
             };
             install(st, dev, g, grant, None, std::ptr::null_mut());
-            // Here before the process: asked early enough.
-            learn(g, 0, now);
+            // Whether the process waited for it says its next launch.
+            g.ahead_taken.store(now, Ordering::Release);
             debug!(
                 "device {dev}: {} for {quota_us} us, asked ahead, granted before the process's return",
                 if lent { "lent token" } else { "token" }

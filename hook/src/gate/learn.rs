@@ -12,6 +12,10 @@ impl Gate {
         if exit == 0 {
             return;
         }
+        if self.ahead_taken.swap(0, Ordering::AcqRel) != 0 {
+            // The token asked ahead was there before this launch.
+            super::ahead::learn(self, 0, now);
+        }
         let cap = 4 * st.settings.idle.as_nanos() as u64;
         let gap = now.saturating_sub(exit).min(cap);
         self.gap_last.store(gap, Ordering::Relaxed);
