@@ -20,7 +20,7 @@ pub use scenario::*;
 pub use fakecuda_log::{Busy, busy, now_ns};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 /// Directory holding the workspace's binaries and libraries.
@@ -544,4 +544,16 @@ pub fn own_cgroup() -> String {
         .map(path)
         .or_else(|| text.lines().next().map(path))
         .unwrap_or_else(|| "/".into())
+}
+
+/// Runs `c` to its end and fails the test, with the command and its
+/// stderr, unless it succeeded.
+pub fn run_ok(mut c: Command) -> Output {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{c:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }

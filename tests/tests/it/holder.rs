@@ -4,8 +4,8 @@
 //! releases everything when stopped.
 
 use gemini_tests::cpu::{CpuTimes, MAX_STEAL, serial, unstarved};
-use gemini_tests::{Gemini, SimEnv, field, now_ns, reports};
-use std::process::{Child, Command, Output, Stdio};
+use gemini_tests::{Gemini, SimEnv, field, now_ns, reports, run_ok};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const SEC: u64 = 1_000_000_000;
@@ -34,16 +34,6 @@ fn start_holder(g: &Gemini, args: &[&str]) -> Holder {
     let h = Holder { child };
     g.wait_holder("holding", |s| s.contains("\"state\": \"holding\""));
     h
-}
-
-fn run_ok(mut c: Command) -> Output {
-    let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{c:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 /// Free memory on device 0 as a program outside gemini sees it.

@@ -142,18 +142,15 @@ fn decode_alone_tokens_asked_ahead(ask_ahead: &str) -> (usize, usize) {
     let _serial = serial();
     let g = Gemini::start(SimEnv::new(1, "16GiB"), "[decode]\n");
     let steps_file = g.sim.path().join("decode-steps");
-    let out = g
-        .hooked(g.sim.workload(), "decode")
-        .args(DECODE_STEP)
+    let mut c = g.hooked(g.sim.workload(), "decode");
+    c.args(DECODE_STEP)
         .args(["--seconds", "2"])
         .arg("--demand-file")
         .arg(&steps_file)
         .env("GEMINI_LOG", "debug")
-        .env(gemini_protocol::env::ASK_AHEAD, ask_ahead)
-        .output()
-        .unwrap();
+        .env(gemini_protocol::env::ASK_AHEAD, ask_ahead);
+    let out = gemini_tests::run_ok(c);
     let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
     let steps = std::fs::read_to_string(&steps_file)
         .unwrap()
         .lines()
@@ -192,17 +189,10 @@ fn a_process_quiet_between_steps_asks_for_its_token_ahead() {
 fn the_framework_like_training_runs_its_mix_at_its_cpu_pace() {
     let _serial = serial();
     let g = Gemini::start(SimEnv::new(1, "16GiB"), "[train]\n");
-    let out = g
-        .hooked(g.sim.workload(), "train")
-        .args(gemini_tests::FRAMEWORK_STEP)
-        .args(["--seconds", "1"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut c = g.hooked(g.sim.workload(), "train");
+    c.args(gemini_tests::FRAMEWORK_STEP)
+        .args(["--seconds", "1"]);
+    let out = gemini_tests::run_ok(c);
     let report = &reports(&out.stdout)[0];
     let pid = field(report, "pid") as u32;
     let launched = field(report, "kernels");

@@ -13,15 +13,8 @@ mod slicing;
 
 const SEC: u64 = 1_000_000_000;
 
-fn run(mut c: Command) -> Output {
-    let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{c:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+// Runs a command to its end, failing the test unless it succeeded.
+use gemini_tests::run_ok as run;
 
 fn pids(outs: &[&Output]) -> Vec<u32> {
     outs.iter()
