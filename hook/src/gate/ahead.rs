@@ -76,13 +76,12 @@ pub(super) fn learn(g: &Gate, waited: u64, now: u64) {
 pub(super) fn plan(st: &State, g: &Gate, wait_exit: u64) {
     let gap = g.gap_avg.load(Ordering::Relaxed);
     // Only where the process comes back regularly: its last gap was not
-    // cut at four idle thresholds (see `learn_gap`; one that long says
-    // only that it stays away longer) and is within a quarter of the
-    // estimate, which leans short and follows a longer gap slowly.
+    // cut at the cap (see `learn::gap_cap`) and is within a quarter of
+    // the estimate, which leans short and follows a longer gap slowly.
     // Bursts 130 ms apart were otherwise asked for up to 120 ms early,
     // each token given back unused.
     let last = g.gap_last.load(Ordering::Relaxed);
-    let known = last < 4 * st.settings.idle.as_nanos() as u64 && last <= gap + gap / 4;
+    let known = last < learn::gap_cap(st) && last <= gap + gap / 4;
     if !st.settings.ask_ahead || gap == 0 || !known || g.ahead_seq.load(Ordering::Acquire) != 0 {
         return;
     }

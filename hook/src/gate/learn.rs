@@ -16,8 +16,7 @@ impl Gate {
             // The token asked ahead was there before this launch.
             super::ahead::learn(self, 0, now);
         }
-        let cap = 4 * st.settings.idle.as_nanos() as u64;
-        let gap = now.saturating_sub(exit).min(cap);
+        let gap = now.saturating_sub(exit).min(gap_cap(st));
         self.gap_last.store(gap, Ordering::Relaxed);
         let avg = self.gap_avg.load(Ordering::Relaxed);
         self.gap_avg.store(lean_low(avg, gap), Ordering::Relaxed);
@@ -100,6 +99,13 @@ impl Gate {
         self.kernel_ns.fetch_max(floor.max(1), Ordering::Relaxed);
         self.kernel_hi_ns.fetch_max(floor.max(1), Ordering::Relaxed);
     }
+}
+
+/// The longest quiet gap learned (ns): four idle thresholds. One that
+/// long says only that the process stays away longer, not when it comes
+/// back.
+pub(super) fn gap_cap(st: &State) -> u64 {
+    4 * st.settings.idle.as_nanos() as u64
 }
 
 /// Folds `sample` into the estimate in `slot` with `lean` (the first

@@ -131,12 +131,9 @@ fn watch(st: &'static State) {
             // Quiet since a wait returned, in a process that usually stays
             // quiet after its waits: idle now, not in `idle` from now.
             let wait_exit = g.wait_exit.load(Ordering::Relaxed);
-            // (Not a token granted since the wait: one asked ahead, which
-            // the process has not used yet.)
-            let predicted = !busy
-                && wait_exit != 0
-                && g.quiet_after_waits(idle)
-                && g.granted_at.load(Ordering::Acquire) <= wait_exit;
+            // (Not a token asked ahead that the process has not used yet.)
+            let unused = g.ahead_taken.load(Ordering::Acquire) != 0;
+            let predicted = !busy && wait_exit != 0 && g.quiet_after_waits(idle) && !unused;
             if !predicted && (busy || entered != seen[dev].0) {
                 seen[dev] = (entered, now);
                 continue;
@@ -160,12 +157,13 @@ fn watch(st: &'static State) {
                 continue;
             }
             // A token asked ahead that the process never used is charged
-            // the time it held the device for it.
+            // the time it held the device for it (and teaches the lead
+            // nothing at the process's next launch).
             let granted_at = g.granted_at.load(Ordering::Acquire);
-            let unused = granted_at > wait_exit && wait_exit != 0;
             let Some(used_us) = settle(dev, g, Settle::Idle { quiet_since }) else {
                 continue;
             };
+            let unused = g.ahead_taken.swap(0, Ordering::AcqRel) != 0;
             let used_us = if unused {
                 now.saturating_sub(granted_at) / 1000
             } else {
