@@ -292,7 +292,7 @@ impl Gate {
     fn per_launch(&self, cost: u64) -> u64 {
         if cost != 0 {
             cost
-        } else if self.lent.load(Ordering::Relaxed) {
+        } else if self.lent.load(Ordering::Relaxed) || self.last_step.load(Ordering::Relaxed) {
             self.kernel_ns.load(Ordering::Relaxed)
         } else {
             self.kernel_hi_ns.load(Ordering::Relaxed)
@@ -398,7 +398,12 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
         }
     };
     match reply {
-        Reply::Token { quota_us, lent, .. } => {
+        Reply::Token {
+            quota_us,
+            lent,
+            last_step,
+            ..
+        } => {
             // The launch that asked goes first, onto an empty queue (or
             // behind the work a renewed lent token left).
             let first = if cost == UNKNOWN_GRAPH {
@@ -409,6 +414,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             let grant = Grant {
                 quota_us,
                 lent,
+                last_step,
                 asked: now,
                 queue_end,
             };
@@ -442,6 +448,8 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
 pub(super) struct Grant {
     pub(super) quota_us: u64,
     pub(super) lent: bool,
+    /// It ends with the step under way (see `Gate::last_step`).
+    pub(super) last_step: bool,
     /// When it was asked for (ns): from then to the grant none of this
     /// process's work ran, unless a renewed lent token's queue ran on.
     pub(super) asked: u64,
@@ -466,6 +474,7 @@ pub(super) fn install(
     let Grant {
         quota_us,
         lent,
+        last_step,
         asked,
         queue_end,
     } = grant;
@@ -476,6 +485,7 @@ pub(super) fn install(
     g.blocked
         .fetch_add(t.saturating_sub(asked.max(queue_end)), Ordering::Relaxed);
     g.lent.store(lent, Ordering::Relaxed);
+    g.last_step.store(last_step, Ordering::Relaxed);
     g.queued_end
         .store(t.max(queue_end) + first.unwrap_or(0), Ordering::Relaxed);
     g.unknown_launches

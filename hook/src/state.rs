@@ -151,6 +151,10 @@ pub struct Gate {
     /// The token is lent (another group is owed the device and will be
     /// back).
     pub(crate) lent: AtomicBool,
+    /// The token ends with the step under way: the first wait that proves
+    /// all its work done gives it back (the job's turn is over; see
+    /// `Reply::Token::last_step`).
+    pub(crate) last_step: AtomicBool,
     /// Predicted end of the work queued under the token (ns): launches
     /// are admitted only while it is within the quota.
     pub(crate) queued_end: AtomicU64,

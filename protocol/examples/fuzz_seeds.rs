@@ -87,6 +87,7 @@ fn main() -> std::io::Result<()> {
             device: 0,
             quota_us: 30_000,
             lent: false,
+            last_step: false,
         },
         Reply::Memory {
             device: 0,

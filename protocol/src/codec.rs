@@ -204,6 +204,7 @@ mod tests {
                 device: 0,
                 quota_us: 10_000,
                 lent: true,
+                last_step: false,
             },
             Reply::Done,
             Reply::Error(ErrorReply {

@@ -246,6 +246,13 @@ pub enum Reply {
         /// will be back, so the client must keep the work it queues within
         /// the quota (the returning group waits behind it).
         lent: bool,
+        /// The turn of the client's job (its ranks on several devices)
+        /// is over: the token ends with the step under way, at the first
+        /// wait that proves all its work done, where the client gives it
+        /// back ([`Request::ReleaseToken`]) instead of launching the next
+        /// step. So the job's ranks stop together, between two
+        /// collectives, and none spins through the next job's turn.
+        last_step: bool,
     },
     /// The group's memory on a device after the request.
     Memory {

@@ -155,10 +155,16 @@ fn take(st: &'static State, dev: usize, g: &'static Gate, seq: u32, wait_ns: u64
     let now = now_ns();
     g.ahead_seq.store(0, Ordering::Release);
     match answer {
-        Some(Reply::Token { quota_us, lent, .. }) => {
+        Some(Reply::Token {
+            quota_us,
+            lent,
+            last_step,
+            ..
+        }) => {
             let grant = Grant {
                 quota_us,
                 lent,
+                last_step,
                 asked: now,
                 queue_end: 0,
             };

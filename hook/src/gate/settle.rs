@@ -30,6 +30,10 @@ pub(super) enum Settle {
     RanOut,
     /// The process has not used the device since `quiet_since` (ns).
     Idle { quiet_since: u64 },
+    /// A wait proved the step's work done under a token that ends with
+    /// the step (the job's turn is over): not a pause of the program, so
+    /// neither its burst nor an overrun is learned from it.
+    StepEnd,
     /// The process only waits, for work that should have ended an idle
     /// threshold ago: work that waits for another process (an NCCL
     /// collective for its peer rank, `cuStreamWaitValue32`, a host
@@ -104,7 +108,7 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
         _ => t1,
     };
     let quota_end = g.quota_end.load(Ordering::Relaxed);
-    if matches!(why, Settle::RanOut) || end > quota_end {
+    if matches!(why, Settle::RanOut) || (end > quota_end && !matches!(why, Settle::StepEnd)) {
         // Work still queued when the token ran out: launching stops this
         // much earlier next time.
         let over = end.saturating_sub(quota_end);

@@ -49,6 +49,10 @@ impl Drop for Waiting {
             }
         }
         g.wait_exit.store(now.max(1), Ordering::Relaxed);
+        if self.finished && g.last_step.load(Ordering::Relaxed) {
+            super::watcher::end_step(st, dev, g);
+            return;
+        }
         let idle = st.settings.idle.as_nanos() as u64;
         if g.granted_at.load(Ordering::Relaxed) != 0 && g.quiet_after_waits(idle) {
             // This process usually goes quiet now: let the watcher give the

@@ -60,6 +60,30 @@ fn give_back_stalled(st: &State, dev: usize, g: &'static Gate) {
     release(st, dev, used_us, in_flight);
 }
 
+/// A wait proved the work of a token that ends with the step under way
+/// (`Gate::last_step`) done, and nothing else is in flight: the token is
+/// given back now, between two steps, so the job's ranks stop together
+/// (the next launch asks again, and waits for the job's next turn).
+#[cold]
+pub(super) fn end_step(st: &State, dev: usize, g: &'static Gate) {
+    let Ok(_slow) = g.slow.try_lock() else {
+        return; // a launch is taking the slow path: it asks anew
+    };
+    let entered = g.entered.load(Ordering::Acquire);
+    let deadline = g.deadline.swap(0, Ordering::AcqRel);
+    if entered != g.exited.load(Ordering::Acquire) || g.entered.load(Ordering::Acquire) != entered {
+        // A call slipped in: it keeps the token.
+        g.deadline.store(deadline, Ordering::Release);
+        return;
+    }
+    g.last_step.store(false, Ordering::Relaxed);
+    let Some(used_us) = settle(dev, g, Settle::StepEnd) else {
+        return;
+    };
+    debug!("device {dev}: the job's turn is over: token given back after the step, {used_us} us");
+    release(st, dev, used_us, late::running(g));
+}
+
 /// Gives `dev`'s token back to the scheduler, `used_us` charged; whether
 /// its work still runs, as `late` says.
 fn release(st: &State, dev: usize, used_us: u64, in_flight: bool) {

@@ -13,26 +13,36 @@
 //! turns decided on the first of them (its leader):
 //! - while no turn is open, the waiters are ranked as on any device; a
 //!   job granted a token on one of its devices opens its turn on all of
-//!   them for that token's length (on the leader's record);
+//!   them for that token's length (on the leader's record); its ranks'
+//!   tokens in the turn end with it (at least [`LENT_MIN_QUOTA`], not the
+//!   usual 10 ms floor: a rank that went on stepping past the end left
+//!   its peer's next collective spinning);
 //! - during the turn its ranks are served first on its devices (unless
 //!   another group is well below its `MinUtil`), other jobs that share
 //!   the leader wait, and groups of one device get short lent tokens
 //!   while the job's rank there is not asking (a group below its
 //!   `MinUtil` goes first, turn or not);
-//! - at the turn's end the job's ranks finish the step they are in: for
-//!   [`DRAIN`] more they get short tokens, ahead of other jobs. Past the
-//!   drain they begin no new step: a rank is served only to catch up
-//!   with a peer that may wait for it (one that gave its token back with
-//!   its work in flight, `ReleaseToken { in_flight }`, or holds a token
-//!   past its quota). The turn is over once none of its ranks holds a
-//!   token or has work in flight, or [`DRAIN_MAX`] after its end; the
-//!   waiters are then ranked again.
+//! - at the turn's end the job's ranks finish the step they are in: they
+//!   get short tokens that end with the step (`Reply::Token { last_step
+//!   }`: the hook gives the token back as a wait proves all its work
+//!   done), ahead of other jobs. A rank that gave its token back so (or
+//!   any rank, [`DRAIN`] after the end) begins no new step: it is served
+//!   only while a peer is still in the turn's steps (holds a token granted
+//!   before the end) or may wait for it (gave its token back with its
+//!   work in flight, `ReleaseToken { in_flight }`, or holds a token past
+//!   its quota). The turn is over once none of its ranks holds a token or
+//!   has work in flight, or [`DRAIN_MAX`] after its end; the waiters are
+//!   then ranked again.
 //!
 //! So a turn changes hands between steps: a collective launched by one
 //! rank is met by its peer before the next job's ranks run, instead of
 //! spinning through the next turn (before the in-flight report, 12 % of
 //! the device time went to such collectives and the jobs kept 71-74 % of
-//! their steps; `gem-bench --only nccl`).
+//! their steps; `gem-bench --only nccl`). And it changes hands at the
+//! first step's end: with 20 ms of 1 ms tokens after each turn (each
+//! ending mid-step, the queue drained before the next), the device
+//! worked 0.67-0.70 of that time against 0.84 in the turn, and the jobs
+//! kept 89-90 % of their steps; with tokens that end with the step, 93-94 %.
 
 use super::*;
 
@@ -44,7 +54,9 @@ pub const GANG_RECENT: Micros = 100_000;
 const WAIT_SIGN: Micros = 2_000;
 
 /// How long after its end a turn's ranks still begin steps (short
-/// tokens, so that they end together). Measured with `gem-bench --only
+/// tokens, so that they end together), at most: a rank that finished its
+/// step (its token given back between steps) begins no new one before
+/// that. Measured, before tokens ended with the step, with `gem-bench --only
 /// nccl` before the in-flight report, two runs each: 5 ms kept 53-59 % of
 /// the un-hooked steps on time-sliced GPUs, 20 ms 71-74 %, 50 ms 72-75 %
 /// but a work split 11-22 pp off in launch order (20 ms: 7 pp). With the
@@ -217,12 +229,28 @@ impl Policy {
             match self.turns.get(&leader) {
                 Some(t) if &t.group == group => {
                     view.owner = Some((group.clone(), t.until));
-                    // Past the drain, its ranks begin no new step: one is
+                    // A rank that finished its step since the turn's end,
+                    // or any past the drain, begins no new step: one is
                     // served only to catch up with a peer whose work waits
                     // for it (a collective in flight).
                     let mut others = t.devices.clone();
                     others.remove(&device);
-                    if now >= t.until + DRAIN && !self.waits_for_peer(group, &others, now) {
+                    let done = self
+                        .clients
+                        .values()
+                        .any(|c| &c.group == group && c.turn_done.get(&device) == Some(&t.until));
+                    // A peer rank still in the turn's steps (a token granted
+                    // before its end) needs this one for them.
+                    let peer_steps = self.clients.values().any(|c| {
+                        &c.group == group
+                            && c.uncharged
+                                .iter()
+                                .any(|(d, &(at, _))| others.contains(d) && at < t.until)
+                    });
+                    if (done || now >= t.until + DRAIN)
+                        && !peer_steps
+                        && !self.waits_for_peer(group, &others, now)
+                    {
                         view.blocked.insert(group.clone());
                         // A process that holds another of the turn's
                         // devices is mid-operation on both (a launch on
@@ -272,6 +300,22 @@ impl Policy {
                 until: now + quota,
             },
         );
+    }
+
+    /// `client` gave its token of `device` back with no work in flight:
+    /// after its job's turn there ended, it has finished its last step.
+    pub(super) fn note_step_end(&mut self, client: ClientId, device: DeviceId, now: Micros) {
+        let Some(c) = self.clients.get(&client) else {
+            return;
+        };
+        let until = self
+            .turns
+            .values()
+            .find(|t| t.group == c.group && t.devices.contains(&device) && now >= t.until)
+            .map(|t| t.until);
+        if let (Some(until), Some(c)) = (until, self.clients.get_mut(&client)) {
+            c.turn_done.insert(device, until);
+        }
     }
 
     /// The earliest change of an open turn still to come: its end, the

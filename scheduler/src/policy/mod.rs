@@ -323,6 +323,10 @@ struct Client {
     /// token (a collective waiting for a peer rank), the sign that its
     /// group is a job whose ranks must run together (see `gang`).
     waited: bool,
+    /// Per device, the turn of its job (by the turn's end) in which it
+    /// gave its token back between steps after the turn's end: it has
+    /// finished its last step of the turn (see `gang`).
+    turn_done: BTreeMap<DeviceId, Micros>,
     /// The device time its last token that it overran took (µs; 0: none
     /// overran): at least one of its launches, which its hook admits onto
     /// an empty queue even when it outlasts the token.

@@ -173,6 +173,9 @@ impl Policy {
                         c.in_flight.remove(&device);
                     }
                 }
+                if !in_flight {
+                    self.note_step_end(client, device, now);
+                }
                 self.note_away(client, device, now);
                 reply(Reply::Done);
             }
@@ -361,6 +364,7 @@ impl Policy {
                 charged_until: BTreeMap::new(),
                 in_flight: BTreeSet::new(),
                 waited: false,
+                turn_done: BTreeMap::new(),
                 launch_floor: 0,
             },
         );

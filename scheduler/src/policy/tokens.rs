@@ -538,12 +538,14 @@ impl Policy {
                 quota = quota.min(ends.max(CRITICAL_MIN_QUOTA));
             }
         }
-        // In its job's turn, a token ends with the turn (after it, the
-        // shortest, to finish the step).
+        // In its job's turn, a token ends with the turn; after it, with
+        // the step under way (the shortest, given back at the step's end).
+        let mut last_step = false;
         if turn_waits && let Some((_, until)) = &view.owner {
             quota = if now < *until {
-                quota.min(until.saturating_sub(now).max(floor))
+                quota.min(until.saturating_sub(now).max(LENT_MIN_QUOTA))
             } else {
+                last_step = true;
                 quota.min(LENT_MIN_QUOTA)
             };
         }
@@ -591,6 +593,7 @@ impl Policy {
                 device,
                 quota_us: quota,
                 lent,
+                last_step,
             },
         });
         let group = c.group.clone();

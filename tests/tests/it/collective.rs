@@ -17,6 +17,7 @@ const SEC: u64 = 1_000_000_000;
 fn rank(g: &Gemini, group: &str, comm: u32, rank: u32, seconds: &str) -> Child {
     let mut c = g.hooked(g.sim.workload(), group);
     c.args(allreduce_rank(comm as usize, rank, seconds))
+        .env("GEMINI_LOG", "debug")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c.spawn().unwrap()
@@ -27,7 +28,9 @@ fn rank(g: &Gemini, group: &str, comm: u32, rank: u32, seconds: &str) -> Child {
 /// turns. A rank whose allreduce waits for its peer gives its device back
 /// instead of holding it until the scheduler revokes the token (1 s past
 /// its end): no token is revoked, both jobs keep making steps, and each
-/// gets its half of what the devices worked (±12 pp).
+/// gets its half of what the devices worked (±12 pp). At a turn's end
+/// each rank gives its token back between two steps, as a wait returns
+/// (`last_step`), not at a token's end mid-step.
 #[test]
 fn two_nccl_jobs_on_the_same_two_gpus_never_wait_on_each_other() {
     two_jobs(SimEnv::new(2, "16GiB").time_sliced(), 0.12);
@@ -68,6 +71,12 @@ fn two_jobs(sim: SimEnv, split_within: f64) {
             String::from_utf8_lossy(&out.stderr)
         );
         let r = &reports(&out.stdout)[0];
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            log.lines().any(|l| l.contains("the job's turn is over")),
+            "{group} rank {dev} never gave its token back at a step's end after its turn:\n{}",
+            log.lines().rev().take(40).collect::<Vec<_>>().join("\n")
+        );
         steps.push((group, dev, field(r, "kernels") as u64 / 5));
         pids.push((group, dev, field(r, "pid") as u32));
     }

@@ -234,7 +234,8 @@ fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
             Reply::Token {
                 device: 0,
                 quota_us: 2_000,
-                lent: false
+                lent: false,
+                last_step: false,
             }
         )]
     );

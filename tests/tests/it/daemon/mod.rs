@@ -186,7 +186,8 @@ fn tokens_and_memory_through_the_daemon() {
         Reply::Token {
             device: 0,
             quota_us: 20_000,
-            lent: false
+            lent: false,
+            last_step: false,
         }
     );
     // b waits while a holds the token...
@@ -216,7 +217,8 @@ fn tokens_and_memory_through_the_daemon() {
             Reply::Token {
                 device: 0,
                 quota_us: 20_000,
-                lent: false
+                lent: false,
+                last_step: false,
             }
         )
     );
@@ -488,7 +490,8 @@ fn settings_file_and_flags_are_applied() {
         Reply::Token {
             device: 0,
             quota_us: 50_000,
-            lent: false
+            lent: false,
+            last_step: false,
         }
     );
 }
