@@ -13,14 +13,23 @@ use std::process::{Child, Stdio};
 const SEC: u64 = 1_000_000_000;
 
 /// Rank `rank` of job `group` (communicator `comm`): steps of five
-/// 200 µs kernels and an allreduce, then a wait, on GPU `rank`.
+/// 200 µs kernels and an allreduce, then a wait, on GPU `rank`. Its hook
+/// logs (`GEMINI_LOG=debug`) to the file [`rank_log`] names, not to a
+/// pipe: the ranks are waited for one after the other, and a rank blocked
+/// on a full pipe stops its peer's collective, and so the rank waited for
+/// (a hang, seen on a debug build).
 fn rank(g: &Gemini, group: &str, comm: u32, rank: u32, seconds: &str) -> Child {
     let mut c = g.hooked(g.sim.workload(), group);
     c.args(allreduce_rank(comm as usize, rank, seconds))
         .env("GEMINI_LOG", "debug")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stderr(std::fs::File::create(rank_log(g, comm, rank)).unwrap());
     c.spawn().unwrap()
+}
+
+/// Where rank `rank` of communicator `comm` logs (see [`rank`]).
+fn rank_log(g: &Gemini, comm: u32, rank: u32) -> std::path::PathBuf {
+    g.sim.path().join(format!("rank-{comm}-{rank}.log"))
 }
 
 /// Two jobs of two ranks each share two time-sliced GPUs (as real ones
@@ -56,22 +65,22 @@ fn two_jobs(sim: SimEnv, split_within: f64) {
     let addr = metrics_addr(&g);
     let cpu = CpuTimes::now();
     let ranks = [
-        ("a", rank(&g, "a", 1, 0, "6"), 0),
-        ("a", rank(&g, "a", 1, 1, "6"), 1),
-        ("b", rank(&g, "b", 2, 0, "6"), 0),
-        ("b", rank(&g, "b", 2, 1, "6"), 1),
+        ("a", rank(&g, "a", 1, 0, "6"), 1, 0),
+        ("a", rank(&g, "a", 1, 1, "6"), 1, 1),
+        ("b", rank(&g, "b", 2, 0, "6"), 2, 0),
+        ("b", rank(&g, "b", 2, 1, "6"), 2, 1),
     ];
     let mut steps = Vec::new();
     let mut pids = Vec::new();
-    for (group, c, dev) in ranks {
+    for (group, c, comm, dev) in ranks {
         let out = c.wait_with_output().unwrap();
+        let log = std::fs::read_to_string(rank_log(&g, comm, dev)).unwrap_or_default();
         assert!(
             out.status.success(),
             "{group} rank {dev}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            log.lines().rev().take(40).collect::<Vec<_>>().join("\n")
         );
         let r = &reports(&out.stdout)[0];
-        let log = String::from_utf8_lossy(&out.stderr);
         assert!(
             log.lines().any(|l| l.contains("the job's turn is over")),
             "{group} rank {dev} never gave its token back at a step's end after its turn:\n{}",
@@ -174,10 +183,12 @@ fn a_rank_whose_collective_waits_gives_its_token_back_in_flight() {
         let mut args = allreduce_rank(3, rank, "1");
         let at = args.iter().position(|a| a == "--kernel-us").unwrap();
         args[at + 1] = kernel_us.into();
+        // Logged to a file (see `rank`): rank 1 blocked on a full pipe
+        // while rank 0 is waited for would stop both.
         c.args(args)
             .env("GEMINI_LOG", "debug")
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(std::fs::File::create(rank_log(&g, 3, rank)).unwrap());
         c.spawn().unwrap()
     };
     let (r0, r1) = (spawn(0, "200"), spawn(1, "2000"));
@@ -186,7 +197,7 @@ fn a_rank_whose_collective_waits_gives_its_token_back_in_flight() {
         r1.wait_with_output().unwrap(),
     );
     assert!(o0.status.success() && o1.status.success());
-    let log = String::from_utf8_lossy(&o0.stderr);
+    let log = std::fs::read_to_string(rank_log(&g, 3, 0)).unwrap_or_default();
     assert!(
         log.lines()
             .any(|l| l.contains("token given back") && l.contains("the work in flight")),
