@@ -306,6 +306,8 @@ MemoryLimit=16GiB
 [serve]
 Latency=critical
 MemoryLimit=16GiB
+[bulk]
+MemoryLimit=16GiB
 """
 
 
@@ -465,14 +467,14 @@ def timed_rows(g, nvml):
                  (run_trainers, lambda h, p: Result(*[r and " ; ".join(f"{k}: {r[k]['p50_ms']:.0f} / {r[k]['p99_ms']:.0f} ({r[k]['rate']:.1f} it/s)" for k in "ab") for r in (h, p)],
                                                     "no wait over 200 ms (issue 36; not yet judged)", None, None))))
 
-    def run_decode(hooked, h, group="a"):
+    def run_decode(hooked, h, group="a", trainer="b"):
         alone = g.timed([(group, "decode", {}, hooked)], 5)[0]
         # Under gemini, what the scheduler charges each group (issue 36
         # reads the normal class's long waits as the decode charged its
         # tokens' wall time, at its MinUtil; the simulator charges it
         # about 0.12 of the device and lends to it).
-        probe = hooked and (lambda start, end: g.charged(start, end, (group, "b")))
-        beside, train = g.timed([(group, "decode", {}, hooked), ("b", "train", {}, hooked)], 8, probe=probe)
+        probe = hooked and (lambda start, end: g.charged(start, end, (group, trainer)))
+        beside, train = g.timed([(group, "decode", {}, hooked), (trainer, "train", {}, hooked)], 8, probe=probe)
         return {"alone": alone, "beside": beside, "train": train}
 
     def decode_txt(r):
@@ -496,6 +498,13 @@ def timed_rows(g, nvml):
         return Result(decode_txt(h) + ratio, decode_txt(p), "beside training p50 ≤ 1.1×, p99 ≤ 1.25× alone without the hook; training ≥ 0.9 of its rate", ok, None)
     rows.append(("decode step p50 / p99 / max ms, `Latency=critical` (no MinUtil: room 0.3) beside training at 0.7",
                  (lambda hooked, h: run_decode(hooked, h, "serve"), judge_critical)))
+    # The same beside training with no MinUtil, so nothing keeps the
+    # device from being held for the decode: on the simulator the class
+    # meets issue 36's goal only so (0.97-1.00× / 1.05-1.20×; at 0.7,
+    # with 1 ms kernels, holding for every step would take the training
+    # under its MinUtil: docs/benchmarks.md, session 23).
+    rows.append(("decode step p50 / p99 / max ms, `Latency=critical` beside training with no MinUtil",
+                 (lambda hooked, h: run_decode(hooked, h, "serve", "bulk"), judge_critical)))
 
     def run_holder(hooked, h):
         if not hooked:
