@@ -280,12 +280,16 @@ impl State {
             match self.roundtrip(req, device) {
                 Ok(r) => return Ok(r),
                 Err(Failure::Refused(code)) => return Err(code),
-                Err(Failure::Forgotten) => {
-                    error!("the scheduler restarted; registering again");
-                    self.registered.store(false, Ordering::Release);
-                }
+                Err(Failure::Forgotten) => self.forgotten(),
             }
         }
+    }
+
+    /// The scheduler answered that it does not know us (it restarted): the
+    /// next request registers again.
+    fn forgotten(&self) {
+        error!("the scheduler restarted; registering again");
+        self.registered.store(false, Ordering::Release);
     }
 }
 
@@ -337,8 +341,7 @@ impl State {
             Ok(r) => Ok(Some(r)),
             Err(Failure::Refused(code)) => Err(code),
             Err(Failure::Forgotten) => {
-                error!("the scheduler restarted; registering again");
-                self.registered.store(false, Ordering::Release);
+                self.forgotten();
                 Ok(None)
             }
         }

@@ -69,11 +69,7 @@ pub(super) fn end_step(st: &State, dev: usize, g: &'static Gate) {
     let Ok(_slow) = g.slow.try_lock() else {
         return; // a launch is taking the slow path: it asks anew
     };
-    let entered = g.entered.load(Ordering::Acquire);
-    let deadline = g.deadline.swap(0, Ordering::AcqRel);
-    if entered != g.exited.load(Ordering::Acquire) || g.entered.load(Ordering::Acquire) != entered {
-        // A call slipped in: it keeps the token.
-        g.deadline.store(deadline, Ordering::Release);
+    if !withdraw(g, g.entered.load(Ordering::Acquire)) {
         return;
     }
     g.last_step.store(false, Ordering::Relaxed);
@@ -82,6 +78,19 @@ pub(super) fn end_step(st: &State, dev: usize, g: &'static Gate) {
     };
     debug!("device {dev}: the job's turn is over: token given back after the step, {used_us} us");
     release(st, dev, used_us, late::running(g));
+}
+
+/// Stops launches from using `g`'s token (the caller holds `g.slow`):
+/// from now on they take the slow path and wait for the caller. `false`,
+/// the token left as it was, where a call is in flight or one came in
+/// since `entered` calls had (it keeps the token after all).
+fn withdraw(g: &Gate, entered: u64) -> bool {
+    let deadline = g.deadline.swap(0, Ordering::AcqRel);
+    if g.entered.load(Ordering::Acquire) != entered || g.exited.load(Ordering::Acquire) != entered {
+        g.deadline.store(deadline, Ordering::Release);
+        return false;
+    }
+    true
 }
 
 /// Gives `dev`'s token back to the scheduler, `used_us` charged; whether
@@ -171,13 +180,7 @@ fn watch(st: &'static State) {
             let Ok(_slow) = g.slow.try_lock() else {
                 continue;
             };
-            // Launches from now on take the slow path and wait for us; a
-            // call that slipped in meanwhile keeps the token after all.
-            let deadline = g.deadline.swap(0, Ordering::AcqRel);
-            if g.entered.load(Ordering::Acquire) != entered
-                || g.exited.load(Ordering::Acquire) != entered
-            {
-                g.deadline.store(deadline, Ordering::Release);
+            if !withdraw(g, entered) {
                 continue;
             }
             // A token asked ahead that the process never used is charged
