@@ -117,8 +117,15 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
 }
 
 /// Work left shorter than this when a wait begins is not announced (see
-/// [`quieting`]): the notice's round trip would outlast it.
-const QUIET_NOTICE_MIN_NS: u64 = 1_000_000;
+/// [`quieting`]): the scheduler passes the device on `HANDOVER_LEAD`
+/// (200 µs) before the announced end, after the notice's round trip
+/// (about 100 µs, 216 µs at p99 in `make bench`), so less work than that
+/// would be handed over at once. At 1 ms, a decode step's 0.8 ms of work
+/// was never announced, and the device idled for the hand-back after
+/// every step (about 0.2 ms): the framework-like training beside it kept
+/// 0.86 of its steps, and 0.91 at 400 µs (`gem-bench --only latency`,
+/// session 24).
+const QUIET_NOTICE_MIN_NS: u64 = 400_000;
 
 /// A wait begins in a process that usually goes quiet after its waits:
 /// if this wait is the only call in flight and the work queued under the
