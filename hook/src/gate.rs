@@ -384,13 +384,21 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     // A token asked for ahead of this return (see `ahead`) is waited for
     // instead of asking again; a scheduler that forgot it is asked anew.
     let seq = g.ahead_seq.swap(0, Ordering::AcqRel);
-    let reply = match (seq != 0).then(|| st.answer(seq, device)).transpose()? {
-        Some(Some(reply)) => {
+    let answered = match (seq != 0).then(|| st.answer(seq, device)).transpose()? {
+        // Declined (the device was in use): asked for now, below.
+        Some(Some(Reply::Done)) => {
+            debug!("device {dev}: token asked ahead declined, the device in use");
+            None
+        }
+        answered => answered.flatten(),
+    };
+    let reply = match answered {
+        Some(reply) => {
             let t = now_ns();
             ahead::learn(g, t.saturating_sub(now), t);
             reply
         }
-        _ => {
+        None => {
             if !st.settings.token_delay.is_zero() {
                 std::thread::sleep(st.settings.token_delay);
             }

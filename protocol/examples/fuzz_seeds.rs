@@ -35,6 +35,10 @@ fn main() -> std::io::Result<()> {
             device: 1,
             done_in_us: 20_000,
         },
+        Request::AcquireTokenAhead {
+            device: 0,
+            burst_us: 800,
+        },
         Request::ReserveMemory {
             device: 0,
             bytes: 1 << 20,

@@ -137,6 +137,10 @@ mod tests {
                 device: 1,
                 done_in_us: 20_000,
             },
+            Request::AcquireTokenAhead {
+                device: 2,
+                burst_us: 800,
+            },
             Request::ReserveMemory {
                 device: 0,
                 bytes: 1 << 40,

@@ -222,6 +222,22 @@ pub enum Request {
         /// Device time used past the last report, in microseconds.
         used_us: u64,
     },
+    /// Ask for the token of `device` a little before the client is
+    /// predicted to launch again (it is quiet now, between steps, and has
+    /// reported its last token). Served as [`Request::AcquireToken`]
+    /// (nothing used since the last report) where that makes nobody
+    /// wait: the device is free (no other client's token, no other
+    /// waiter), or the client's group is latency-critical. Otherwise it is
+    /// declined at once with [`Reply::Done`], and the client asks when it
+    /// launches: a token granted ahead keeps the device idle until the
+    /// launch, and queued ahead it ended another group's lent token early.
+    /// Reply: [`Reply::Token`] or [`Reply::Done`].
+    AcquireTokenAhead {
+        /// The device.
+        device: DeviceId,
+        /// Predicted length of the next burst, in microseconds.
+        burst_us: u64,
+    },
 }
 
 /// Scheduler → client.

@@ -119,9 +119,8 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
         let quiet = g.wait_exit.load(Ordering::Relaxed) != 0;
         if quiet && seq == 0 && g.granted_at.load(Ordering::Acquire) == 0 {
             let device = st.physical(dev as u32);
-            let req = Request::AcquireToken {
+            let req = Request::AcquireTokenAhead {
                 device,
-                used_us: 0,
                 burst_us: g.burst_avg.load(Ordering::Relaxed),
             };
             if let Ok(seq) = st.ask(&req) {
@@ -176,6 +175,12 @@ fn take(st: &'static State, dev: usize, g: &'static Gate, seq: u32, wait_ns: u64
                 if lent { "lent token" } else { "token" }
             );
             true
+        }
+        // Declined: another client has the device or waits for it, and
+        // the launch asks as usual.
+        Some(Reply::Done) => {
+            debug!("device {dev}: token asked ahead declined, the device in use");
+            false
         }
         // Forgotten by a restarted scheduler, or refused: the next launch
         // asks as usual and hears why.

@@ -542,6 +542,7 @@ impl Policy {
             Event::Request { client, seq, req } => {
                 only = match &req {
                     Request::AcquireToken { device, .. }
+                    | Request::AcquireTokenAhead { device, .. }
                     | Request::ReleaseToken { device, .. }
                     | Request::Quieting { device, .. } => Some(*device),
                     _ => None,
