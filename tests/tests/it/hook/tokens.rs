@@ -133,18 +133,7 @@ fn a_wait_before_a_cpu_gap_announces_its_end_and_one_before_more_work_does_not()
             .matches("waiting, quiet after")
             .count()
     };
-    let training = |gap: &'static str| {
-        [
-            "--iter-kernels",
-            "20",
-            "--kernel-us",
-            "1000",
-            "--wait",
-            "ctx",
-            "--gap-ms",
-            gap,
-        ]
-    };
+    let training = |gap: &'static str| [gemini_tests::TRAINING_STEP, &["--gap-ms", gap]].concat();
     let with_gap = announced(&training("2"));
     assert!(
         with_gap >= 5,
