@@ -226,8 +226,10 @@ pub enum Request {
     /// predicted to launch again (it is quiet now, between steps, and has
     /// reported its last token). Served as [`Request::AcquireToken`]
     /// (nothing used since the last report) where that makes nobody
-    /// wait: the device is free (no other client's token, no other
-    /// waiter), or the client's group is latency-critical. Otherwise it is
+    /// wait (the device is free: no other client's token, no other
+    /// waiter), where the client's group is latency-critical, or where
+    /// its bursts are short (`burst_us` of 2 ms or less: a round trip at
+    /// its launch would be a large part of its step). Otherwise it is
     /// declined at once with [`Reply::Done`], and the client asks when it
     /// launches: a token granted ahead keeps the device idle until the
     /// launch, and queued ahead it ended another group's lent token early.
