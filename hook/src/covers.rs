@@ -145,18 +145,25 @@ pub fn record(
     per_thread: bool,
     call: impl FnOnce() -> crate::cuda::CUresult,
 ) -> crate::cuda::CUresult {
-    let r = call();
     let Some(st) = state::current() else {
-        return r;
+        return call();
     };
+    // The launches the record follows, counted before it: counted after,
+    // another thread's launch between the two was taken as covered, and
+    // a watchdog's event recorded as the first kernels were launched
+    // proved them done at once (1 ms kernels learned as 99 µs; every wait
+    // then looked stalled, and the estimate never recovered).
+    let device = state::current_device();
+    let before = device.map(|d| launches_before_record(&st.gates[d]));
+    let r = call();
     // Asked of the driver before the lock: it is held only to update.
     let record = (r == crate::cuda::CUDA_SUCCESS && !capture::captured(stream, per_thread))
-        .then(state::current_device)
+        .then_some(device.zip(before))
         .flatten()
-        .map(|device| Record {
+        .map(|(device, launches)| Record {
             device,
             stream: stream_key(stream, per_thread),
-            launches: st.gates[device].launches(),
+            launches,
         });
     let mut events = lock(&st.events);
     match record {
@@ -164,6 +171,25 @@ pub fn record(
         None => events.remove(&(event as usize)),
     };
     r
+}
+
+/// The launches of `g` that a record made now follows, for
+/// [`Covers::proves_sample`]: its launch count, where no launch is in
+/// flight; else `u64::MAX`, which matches no count, so that the event
+/// proves no sample (a launch counted as it enters may reach the driver
+/// after the record).
+fn launches_before_record(g: &Gate) -> u64 {
+    // `entered` first: a call that enters after it is left out (a wait
+    // counted in `waits` but not in `entered` makes the count smaller,
+    // which proves less, never more).
+    let entered = g.entered.load(Ordering::Acquire);
+    let exited = g.exited.load(Ordering::Acquire);
+    let waiting = g.waiting_now.load(Ordering::Acquire);
+    let waits = g.waits.load(Ordering::Acquire);
+    if entered.saturating_sub(exited) > waiting {
+        return u64::MAX;
+    }
+    entered.saturating_sub(waits)
 }
 
 /// `cuEventDestroy` of `event` by `call`.
@@ -175,4 +201,35 @@ pub fn destroyed(
         lock(&st.events).remove(&(event as usize));
     }
     call()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An event recorded while a launch is in flight (counted as it
+    /// entered, maybe not yet with the driver) proves no sample; one
+    /// recorded with only waits in flight follows every launch made.
+    #[test]
+    fn a_record_beside_a_launch_in_flight_follows_no_count() {
+        let g = Gate::default();
+        let set = |entered, exited, waiting, waits| {
+            g.entered.store(entered, Ordering::Relaxed);
+            g.exited.store(exited, Ordering::Relaxed);
+            g.waiting_now.store(waiting, Ordering::Relaxed);
+            g.waits.store(waits, Ordering::Relaxed);
+        };
+        // Four launches made and returned: the record follows all four.
+        set(4, 4, 0, 0);
+        assert_eq!(launches_before_record(&g), 4);
+        // A fifth launch entered, not returned: no count.
+        set(5, 4, 0, 0);
+        assert_eq!(launches_before_record(&g), u64::MAX);
+        // A wait in flight (another thread synchronising), no launch.
+        set(6, 5, 1, 1);
+        assert_eq!(launches_before_record(&g), 5);
+        // A wait and a launch in flight: no count.
+        set(7, 5, 1, 1);
+        assert_eq!(launches_before_record(&g), u64::MAX);
+    }
 }
