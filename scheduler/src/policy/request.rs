@@ -177,7 +177,7 @@ impl Policy {
                     ));
                     return;
                 }
-                if burst_us > AHEAD_SHORT_BURST && self.makes_others_wait(client, device) {
+                if self.declines_ahead(client, device, burst_us) {
                     reply(Reply::Done);
                     return;
                 }
@@ -312,19 +312,23 @@ impl Policy {
         }
     }
 
-    /// Whether serving a token `client` asks for ahead of its return
-    /// ([`Request::AcquireTokenAhead`]) would make another client wait:
-    /// another client (the holder aside, which yields at once) holds
-    /// `device`'s token or waits for it. Queued ahead, the request made
-    /// the scheduler end the other group's lent tokens for a process that
-    /// was not launching yet, and the device idled until it did: two
+    /// Whether a token `client` asks for ahead of its return
+    /// ([`Request::AcquireTokenAhead`]), its bursts `burst_us` long, is
+    /// declined: where serving it would make another client wait, that is
+    /// where another client (the holder aside, which yields at once)
+    /// holds `device`'s token or waits for it. Queued ahead, the request
+    /// made the scheduler end the other group's lent tokens for a process
+    /// that was not launching yet, and the device idled until it did: two
     /// groups at `MinUtil` 0.3 / 0.7, each with 10 ms of CPU work after
     /// every 20 ms step, kept the device 91 % busy instead of 98 %, and
-    /// the 0.7 group got 0.617 of the 0.664 it was owed. A
-    /// latency-critical group's requests are served anyway: the device
-    /// kept for its return is its class's promise; so are those of a
-    /// process whose bursts are short (see [`AHEAD_SHORT_BURST`]).
-    fn makes_others_wait(&self, client: ClientId, device: DeviceId) -> bool {
+    /// the 0.7 group got 0.617 of the 0.664 it was owed. Served anyway: a
+    /// process whose bursts are short (see [`AHEAD_SHORT_BURST`]), and a
+    /// latency-critical group, for which the device kept for its return
+    /// is its class's promise.
+    fn declines_ahead(&self, client: ClientId, device: DeviceId, burst_us: Micros) -> bool {
+        if burst_us <= AHEAD_SHORT_BURST {
+            return false;
+        }
         let Some(c) = self.clients.get(&client) else {
             return true;
         };
