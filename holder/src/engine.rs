@@ -16,6 +16,7 @@
 
 use crate::control::{DeviceStatus, Status};
 use crate::gpu::{Gpu, Nvml};
+use crate::meter::Meter;
 use crate::settings::Settings;
 use cudarc::driver::CudaSlice;
 use gemini_client::Session as Sched;
@@ -92,15 +93,30 @@ pub struct Engine {
     start: Instant,
 }
 
-/// Gives the token of `device` back, reporting `used_us` (best effort: a
-/// scheduler that is gone has nothing to give back to).
-fn release_token(sched: &mut Sched, device: u32, used_us: u64) {
+/// Gives the token of `device` back, reporting what `meter` measured
+/// (best effort: a scheduler that is gone has nothing to give back to).
+fn release_token(sched: &mut Sched, device: u32, meter: &Meter) {
+    let (ran, in_flight) = meter.take();
     let _ = sched.call(
         &Request::ReleaseToken {
             device,
-            used_us,
-            in_flight: false,
+            ran,
+            in_flight,
         },
+        Duration::from_secs(2),
+        &[],
+    );
+}
+
+/// Reports what `meter` measured of kernels that ran after the holder's
+/// last token (best effort).
+fn report_late(sched: &mut Sched, device: u32, meter: &Meter) {
+    let (ran, _) = meter.take();
+    if ran.is_empty() {
+        return;
+    }
+    let _ = sched.call(
+        &Request::LateUsage { device, ran },
         Duration::from_secs(2),
         &[],
     );
@@ -224,18 +240,25 @@ impl Engine {
     fn compute(&self, i: usize) {
         let d = &self.devices[i];
         let mut sched = Sched::new(&self.ipc, gemini_protocol::Role::Holder, "");
-        // Kernels launched and not yet known to be finished, oldest first.
-        let mut in_flight: std::collections::VecDeque<cudarc::driver::CudaEvent> =
-            Default::default();
+        // Kernels launched and not yet seen complete, and when they ran.
+        let meter = match Meter::start(d.index) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!("device {}: cannot start its meter thread: {e}", d.index);
+                return;
+            }
+        };
         let mut last_control = Instant::now();
         // Device time earned and not yet spent, below full (ns).
         let mut credit_ns = 0.0f64;
         let mut paced_at = Instant::now();
         while !self.exit.load(Ordering::Relaxed) {
             if !d.holding.load(Ordering::Relaxed) {
-                for e in in_flight.drain(..) {
-                    let _ = e.synchronize();
+                // What ran after the last token is charged once done.
+                if meter.in_flight() > 0 {
+                    meter.wait_until_at_most(0, Duration::from_secs(1));
                 }
+                report_late(&mut sched, d.index, &meter);
                 credit_ns = 0.0;
                 paced_at = Instant::now();
                 std::thread::sleep(Duration::from_millis(10));
@@ -270,10 +293,13 @@ impl Engine {
                 std::thread::sleep(Duration::from_nanos(short as u64));
                 continue;
             }
-            // The last token was given back with its use reported.
+            // The last token was given back with its use reported; what
+            // ran since is reported now.
+            let (ran, in_flight) = meter.take();
             let req = Request::AcquireToken {
                 device: d.index,
-                used_us: 0,
+                ran,
+                in_flight,
                 burst_us: batch * kernel_ns / 1000,
             };
             match sched.call(&req, Duration::from_secs(5), &[]) {
@@ -284,8 +310,9 @@ impl Engine {
                 }
             }
             for _ in 0..batch {
+                let launched = gemini_protocol::clock::monotonic_ns();
                 match d.gpu.spin(kernel_ns) {
-                    Ok(ev) => in_flight.push_back(ev),
+                    Ok(ev) => meter.launched(launched, ev),
                     Err(e) => {
                         tracing::error!("device {}: kernel launch failed: {e}", d.index);
                         std::thread::sleep(Duration::from_secs(1));
@@ -298,13 +325,10 @@ impl Engine {
             // client asking meanwhile gets the device at once, its kernels
             // queued behind the holder's few), and keep at most three
             // kernels queued while the next token is asked for.
-            release_token(&mut sched, d.index, batch * kernel_ns / 1000);
-            while in_flight.len() > 3 {
-                if let Some(e) = in_flight.pop_front() {
-                    let _ = e.synchronize();
-                }
-            }
+            release_token(&mut sched, d.index, &meter);
+            meter.wait_until_at_most(3, Duration::from_secs(1));
         }
+        meter.stop();
     }
 
     /// Closed loop: move the duty cycle by the gap between target and the

@@ -106,7 +106,11 @@ impl Gpu {
         };
         // SAFETY: gemini_spin takes exactly one u64, passed here.
         unsafe { b.launch(cfg) }?;
-        Ok(self.stream.record_event(None)?)
+        // Waited for by the meter's thread: blocking, not spinning a CPU
+        // for as long as the device is held.
+        Ok(self.stream.record_event(Some(
+            cudarc::driver::sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC,
+        ))?)
     }
 
     /// Waits for all the holder's work on the device.

@@ -14,6 +14,7 @@
 mod control;
 mod engine;
 mod gpu;
+mod meter;
 mod settings;
 
 use anyhow::Context as _;

@@ -53,18 +53,24 @@ pub fn stream_key(stream: *mut c_void, per_thread: bool) -> usize {
 }
 
 /// A launch onto `key` was admitted under `g`: the sample's launches
-/// went there too.
+/// went there too, and so did those of the open span (see
+/// `gate::measure`).
 #[inline]
 pub fn note_launch(g: &Gate, key: usize) {
-    let seen = g.sample_stream.load(Ordering::Relaxed);
+    note_stream(&g.sample_stream, key);
+    note_stream(&g.open_stream, key);
+}
+
+/// Notes a launch onto `key` in `slot` (a stream, `NO_STREAM` or `MIXED`).
+#[inline]
+fn note_stream(slot: &std::sync::atomic::AtomicUsize, key: usize) {
+    let seen = slot.load(Ordering::Relaxed);
     if seen == key || seen == MIXED {
         return;
     }
-    let _ = g
-        .sample_stream
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
-            (s != key && s != MIXED).then_some(if s == NO_STREAM { key } else { MIXED })
-        });
+    let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+        (s != key && s != MIXED).then_some(if s == NO_STREAM { key } else { MIXED })
+    });
 }
 
 /// What a wait call, if it returns with the work done, proves done.
@@ -96,11 +102,22 @@ impl Covers {
     /// launches had been admitted under gate `dev`, proves every launch
     /// of the gate's sample run.
     pub fn proves_sample(self, dev: usize, g: &Gate, launches_at: u64) -> bool {
+        self.proves(dev, g, launches_at, g.sample_stream.load(Ordering::Relaxed))
+    }
+
+    /// Whether this completion proves every launch of the gate's open
+    /// span run (see `gate::measure`): all the process's work there.
+    pub fn proves_open(self, dev: usize, g: &Gate, launches_at: u64) -> bool {
+        self.proves(dev, g, launches_at, g.open_stream.load(Ordering::SeqCst))
+    }
+
+    /// Whether this completion proves every launch that went to `sample`
+    /// (a stream, `NO_STREAM` or `MIXED`) since the count was last reset.
+    fn proves(self, dev: usize, g: &Gate, launches_at: u64, sample: usize) -> bool {
         let launches = g.launches();
         if launches != launches_at {
             return false; // launched meanwhile: the call need not cover that
         }
-        let sample = g.sample_stream.load(Ordering::Relaxed);
         match self {
             Covers::Context => true,
             Covers::Stream(key) => sample == key,

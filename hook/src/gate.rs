@@ -44,10 +44,12 @@ use crate::log::debug;
 use crate::state::{self, Gate, MAX_GATES, State, current_device, lock};
 use crate::syncer;
 
+mod admission;
 mod ahead;
 mod contexts;
 mod late;
 mod learn;
+mod measure;
 mod settle;
 mod waits;
 mod watcher;
@@ -201,8 +203,9 @@ fn admit_at(
         if g.wait_exit.load(Ordering::Relaxed) != 0 {
             g.learn_gap(now, st);
         }
-        if now < g.deadline.load(Ordering::Acquire) && g.queue_ahead(now, cost) {
-            g.entered.fetch_add(1, Ordering::AcqRel);
+        // Counted in before the deadline is read (see `admission`).
+        if admission::enter(&g.entered, &g.deadline, now, || g.queue_ahead(now, cost)) {
+            g.open(now);
             covers::note_launch(g, covers::stream_key(stream, per_thread));
             return Ok(InCall(Some(g)));
         }
@@ -222,7 +225,8 @@ fn admit_at(
     };
     slow_path(dev, cost, launch_ctx)?;
     let g: &'static Gate = &state::get().gates[dev];
-    g.entered.fetch_add(1, Ordering::AcqRel);
+    g.entered.fetch_add(1, Ordering::SeqCst);
+    g.open(now_ns());
     covers::note_launch(g, covers::stream_key(stream, per_thread));
     Ok(InCall(Some(g)))
 }
@@ -355,12 +359,16 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     }
     // The token ran out. A lent one is renewed while its work still runs
     // (see `settle_ahead`); any other first waits for the work launched
-    // under it, so the time it really took (overuse included) is what
-    // gets reported.
-    let (used_us, queue_end) = match settle_ahead(g, now_ns()) {
-        Some((used, end)) => (used, end),
-        None => (settle(dev, g, Settle::RanOut).unwrap_or(0), 0),
-    };
+    // under it, so that it is proven done and its time measured.
+    let queue_end = settle_ahead(dev, g, now_ns()).unwrap_or_else(|| {
+        settle(dev, g, Settle::RanOut);
+        0
+    });
+    // In that order: a span that closes in between is reported later,
+    // and the work it is was said to be in flight.
+    let in_flight = g.outstanding();
+    let ran = g.take_ran();
+    let used_us = measure::total_us(&ran);
     let now = now_ns();
     if queue_end != 0 {
         debug!(
@@ -378,7 +386,8 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     let device = st.physical(dev as u32);
     let req = Request::AcquireToken {
         device,
-        used_us,
+        ran,
+        in_flight,
         burst_us,
     };
     // A token asked for ahead of this return (see `ahead`) is waited for
@@ -394,6 +403,10 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     };
     let reply = match answered {
         Some(reply) => {
+            // Nothing was sent: what ran goes with the next report.
+            if let Request::AcquireToken { ran, .. } = req {
+                g.keep_ran(ran);
+            }
             let t = now_ns();
             ahead::learn(g, t.saturating_sub(now), t);
             reply
@@ -516,20 +529,21 @@ pub(super) fn install(
         contexts::context_made(ctx, dev as i32);
     }
     let quota = quota_us * 1000;
-    // Stop launching early by the work usually still queued at the
-    // end, so the queue drains about when the token ends.
-    let early = g.overuse.load(Ordering::Relaxed).min(quota / 2);
-    g.quota_end.store(t + quota, Ordering::Relaxed);
-    g.granted_at.store(t, Ordering::Release);
-    g.deadline.store(t + quota - early, Ordering::Release);
-    start_watcher(st);
-    // Work still running from an earlier token is covered by
-    // this one from its grant on: what ran before is charged now.
-    if late::close(st, dev, g, t) {
+    // Work still running from an earlier token: its span ends apart from
+    // this token's (see `late`), before any launch under this one.
+    let renewed = queue_end != 0;
+    if late::close(g) && !renewed {
         // That work has outlasted every prediction: the token
         // admits nothing more (but the launch that asked) until
         // a token's end has seen it done. Else each token would
         // queue its quota on top of a queue that never drains.
         g.queued_end.store(t + quota, Ordering::Relaxed);
     }
+    // Stop launching early by the work usually still queued at the
+    // end, so the queue drains about when the token ends.
+    let early = g.overuse.load(Ordering::Relaxed).min(quota / 2);
+    g.quota_end.store(t + quota, Ordering::Relaxed);
+    g.granted_at.store(t, Ordering::Release);
+    g.deadline.store(t + quota - early, Ordering::SeqCst);
+    start_watcher(st);
 }

@@ -199,11 +199,14 @@ pub struct Gate {
     /// a little after their token.
     pub(crate) quiet_end: AtomicU64,
     pub(crate) quiet_bias: AtomicI64,
-    /// Work reported at a token's end without waiting for it (see
-    /// `gate::late`): since when it runs on uncharged (ns; 0: none), and
-    /// the synchronisation (`syncer`) whose end says it is done.
-    pub(crate) late_since: AtomicU64,
+    /// Work a token's end did not prove done (see `gate::late`): the
+    /// synchronisation (`syncer`) whose end says it is (0: none); the
+    /// start of its span once detached from the next token's (0: not
+    /// detached); and when the first span after the detach opened (ns;
+    /// 0: none yet).
     pub(crate) late_ticket: AtomicU64,
+    pub(crate) late_since: AtomicU64,
+    pub(crate) resumed_at: AtomicU64,
     /// A token asked for ahead of the process's predicted return from a
     /// quiet gap (see `gate::ahead`): when to ask (ns; 0: none planned),
     /// and the sequence number of the request once sent (0: none).
@@ -216,6 +219,19 @@ pub struct Gate {
     /// When the watcher took such a grant, before the process launched
     /// again (ns; 0: none since its last launch).
     pub(crate) ahead_taken: AtomicU64,
+    /// Since when this process's work on the device has been outstanding
+    /// (ns, the first launch after its last work was proven done; 0:
+    /// none known outstanding), and the stream its launches since went to
+    /// (`covers::NO_STREAM` before the first, `covers::MIXED` once they
+    /// went to several). See `gate::measure`.
+    pub(crate) open_since: AtomicU64,
+    pub(crate) open_stream: AtomicUsize,
+    /// Work proven done and not reported yet: the device time it
+    /// occupied, oldest first (see `gate::measure`).
+    pub(crate) ran: Mutex<Vec<gemini_protocol::Span>>,
+    /// The launches admitted when the last synchronisation the token's
+    /// end left running (`late_ticket`) was asked for.
+    pub(crate) late_launches: AtomicU64,
     /// Held by whoever is acquiring or releasing the token.
     pub(crate) slow: Mutex<()>,
     /// Waits for the work launched under the token (see `syncer`).

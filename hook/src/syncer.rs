@@ -63,11 +63,13 @@ pub fn sync_within(
     }
 }
 
-/// When the synchronisation `ticket` of [`sync_within`] (or a later one)
-/// was done (ns), `None` while it runs.
-pub fn finished(g: &Gate, ticket: u64) -> Option<u64> {
+/// Whether the synchronisation `ticket` of [`sync_within`] (or a later
+/// one) is done: `None` while it runs; then when it was done (ns), or
+/// `Some(None)` where it synchronised nothing (a capture was open), which
+/// proves nothing done.
+pub fn finished(g: &Gate, ticket: u64) -> Option<Option<u64>> {
     let slot = lock(&g.syncer.slot);
-    (slot.done >= ticket).then_some(slot.done_at)
+    (slot.done >= ticket).then_some(slot.ran.then_some(slot.done_at))
 }
 
 /// Starts `g`'s synchronisation thread.

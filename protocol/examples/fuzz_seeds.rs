@@ -23,12 +23,16 @@ fn main() -> std::io::Result<()> {
         },
         Request::AcquireToken {
             device: 0,
-            used_us: 30_000,
+            ran: vec![Span {
+                start_us: 1_000_000,
+                end_us: 1_030_000,
+            }],
+            in_flight: false,
             burst_us: 30_000,
         },
         Request::ReleaseToken {
             device: 1,
-            used_us: 5,
+            ran: vec![],
             in_flight: false,
         },
         Request::Quieting {
@@ -63,7 +67,10 @@ fn main() -> std::io::Result<()> {
         Request::HolderPoll { wait_us: 100_000 },
         Request::LateUsage {
             device: 1,
-            used_us: 2_500,
+            ran: vec![Span {
+                start_us: 5_000_000,
+                end_us: 5_002_500,
+            }],
         },
         Request::ReserveFor {
             group: "a".into(),

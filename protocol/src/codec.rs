@@ -125,12 +125,19 @@ mod tests {
             },
             Request::AcquireToken {
                 device: 0,
-                used_us: 12_345,
+                ran: vec![crate::Span {
+                    start_us: 86_400_000_000,
+                    end_us: 86_400_012_345,
+                }],
+                in_flight: true,
                 burst_us: 9_000,
             },
             Request::ReleaseToken {
                 device: 3,
-                used_us: u64::MAX,
+                ran: vec![crate::Span {
+                    start_us: 0,
+                    end_us: u64::MAX,
+                }],
                 in_flight: false,
             },
             Request::Quieting {
@@ -165,7 +172,7 @@ mod tests {
             Request::HolderPoll { wait_us: 100_000 },
             Request::LateUsage {
                 device: 1,
-                used_us: 2_500,
+                ran: vec![],
             },
             Request::ReserveFor {
                 group: "a".into(),
@@ -243,15 +250,20 @@ mod tests {
 
     #[test]
     fn token_request_is_compact() {
+        // A day into the machine's uptime, one span of 20 ms.
         let frame = encode_request(
             7,
             &Request::AcquireToken {
                 device: 0,
-                used_us: 20_000,
+                ran: vec![crate::Span {
+                    start_us: 86_400_000_000,
+                    end_us: 86_400_020_000,
+                }],
+                in_flight: false,
                 burst_us: 20_000,
             },
         );
-        assert!(frame.len() <= 16, "{} bytes", frame.len());
+        assert!(frame.len() <= 28, "{} bytes", frame.len());
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! different versions always recognise each other and refuse cleanly
 //! instead of misreading each other's bytes.
 
+pub mod clock;
 pub mod codec;
 pub mod endpoint;
 pub mod env;
@@ -28,7 +29,7 @@ pub use message::*;
 /// The protocol version this build speaks. Bump it on any change to the
 /// message enums: peers of another version are refused with
 /// [`ErrorKind::ProtocolMismatch`].
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 
 /// Largest request frame the daemon accepts, in bytes. The daemon sets it
 /// as the socket's maximum message size, so a hostile peer cannot make it

@@ -38,6 +38,37 @@ pub struct HeldMemory {
     pub bytes: u64,
 }
 
+/// A stretch of time during which work of one client occupied a device:
+/// from when its first work could start (launched onto the device, and
+/// not before its token) to when its last work was seen complete, as
+/// absolute times on `CLOCK_MONOTONIC` in microseconds (the clock every
+/// process of the machine shares). Reported by the client that measured
+/// it; the scheduler clips what cannot be (in the future, before the
+/// client's token, or overlapping what it reported before).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Span {
+    /// Start, µs on `CLOCK_MONOTONIC`.
+    pub start_us: u64,
+    /// End, µs on `CLOCK_MONOTONIC` (not before `start_us`).
+    pub end_us: u64,
+}
+
+impl Span {
+    /// A span from `start_ns` to `end_ns` (`CLOCK_MONOTONIC`, ns); `None`
+    /// where it is empty.
+    pub fn from_ns(start_ns: u64, end_ns: u64) -> Option<Span> {
+        (end_ns > start_ns).then_some(Span {
+            start_us: start_ns / 1000,
+            end_us: end_ns.div_ceil(1000),
+        })
+    }
+
+    /// Its length, µs.
+    pub fn len_us(&self) -> u64 {
+        self.end_us.saturating_sub(self.start_us)
+    }
+}
+
 /// Client → scheduler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Request {
@@ -57,29 +88,36 @@ pub enum Request {
         /// Memory already held, for re-registration.
         held: Vec<HeldMemory>,
     },
-    /// Ask for the token of `device`. `used_us` is the device time the
-    /// client really used under its previous token on this device (overuse
-    /// included; 0 if it had none); `burst_us` its prediction of the next
-    /// burst. Allowed for clients and the holder. Reply: [`Reply::Token`],
-    /// sent when the token is granted — possibly much later.
+    /// Ask for the token of `device`. `ran` is the device time the
+    /// client's work occupied since its last report on this device, as
+    /// measured ([`Span`]); `burst_us` its prediction of the next burst.
+    /// Allowed for clients and the holder. Reply: [`Reply::Token`], sent
+    /// when the token is granted — possibly much later.
     AcquireToken {
         /// The device.
         device: DeviceId,
-        /// Device time used under the previous token, in microseconds.
-        used_us: u64,
+        /// Work of the client that ran on the device since its last
+        /// report, oldest first.
+        ran: Vec<Span>,
+        /// Work the client launched before still runs, not in `ran`
+        /// (a renewed token's queue): it is reported later.
+        in_flight: bool,
         /// Predicted length of the next burst, in microseconds.
         burst_us: u64,
     },
     /// Give the token of `device` back before it expires (the program went
-    /// idle), reporting the time really used. Reply: [`Reply::Done`].
+    /// idle), reporting the device time its work occupied since its last
+    /// report. Reply: [`Reply::Done`].
     ReleaseToken {
         /// The device.
         device: DeviceId,
-        /// Device time used under the token, in microseconds.
-        used_us: u64,
+        /// Work of the client that ran on the device since its last
+        /// report, oldest first.
+        ran: Vec<Span>,
         /// Work launched under the token still runs (it waits for another
-        /// process: an NCCL collective for its peer rank). It is charged
-        /// with [`Request::LateUsage`] once done; until then the client's
+        /// process: an NCCL collective for its peer rank; or it is
+        /// queued behind other work). It is reported with
+        /// [`Request::LateUsage`] once done; until then the client's
         /// group is mid-step on the device, and a job spanning devices
         /// keeps its turn so that the peer can catch up.
         in_flight: bool,
@@ -209,18 +247,18 @@ pub enum Request {
         /// Devices whose reservations end (empty: every one).
         devices: Vec<DeviceId>,
     },
-    /// Work the client launched under a token it has already reported
+    /// Work the client launched under a token it has already given back
     /// (its end did not wait for that work: the work outlasted the bound
-    /// a token's end waits, or waited for another process) ran on for
-    /// `used_us` after that report, up to now (or to when the client was
-    /// granted the device again, whose token covers the rest). Charged to
-    /// the client's group as device time it used, not counted again for
-    /// the holder of the token it ran in. Reply: [`Reply::Done`].
+    /// a token's end waits, waited for another process, or was queued)
+    /// ran as `ran` says, and is done. Charged to the client's group as
+    /// device time it used, including where it ran into another group's
+    /// token (that group is then not charged for it). An empty `ran` says
+    /// only that the work is done. Reply: [`Reply::Done`].
     LateUsage {
         /// The device.
         device: DeviceId,
-        /// Device time used past the last report, in microseconds.
-        used_us: u64,
+        /// The work's device time, oldest first.
+        ran: Vec<Span>,
     },
     /// Ask for the token of `device` a little before the client is
     /// predicted to launch again (it is quiet now, between steps, and has

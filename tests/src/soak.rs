@@ -260,13 +260,15 @@ pub fn load(duration: Duration, clients: usize) -> LoadReport {
                 }
                 let device = (i % 4) as u32;
                 let end = Instant::now() + duration;
-                let mut used = 0;
+                // What ran since the last report, µs on CLOCK_MONOTONIC.
+                let mut ran: Vec<gemini_protocol::Span> = Vec::new();
                 while Instant::now() < end {
                     let start = Instant::now();
                     match c.request(
                         &Request::AcquireToken {
                             device,
-                            used_us: used,
+                            ran: std::mem::take(&mut ran),
+                            in_flight: false,
                             burst_us: 0,
                         },
                         t,
@@ -277,7 +279,11 @@ pub fn load(duration: Duration, clients: usize) -> LoadReport {
                         }
                         _ => lost += 1,
                     }
-                    used = 50;
+                    let now = gemini_protocol::clock::monotonic_us();
+                    ran = vec![gemini_protocol::Span {
+                        start_us: now - 50,
+                        end_us: now,
+                    }];
                     for req in [
                         Request::ReserveMemory {
                             device,
@@ -297,7 +303,7 @@ pub fn load(duration: Duration, clients: usize) -> LoadReport {
                 let _ = c.request(
                     &Request::ReleaseToken {
                         device,
-                        used_us: used,
+                        ran,
                         in_flight: false,
                     },
                     t,

@@ -42,31 +42,40 @@ pub(super) enum Settle {
     Stalled,
 }
 
-/// Ends the accounting of `g`'s token (the caller holds `g.slow`): waits
-/// for the work launched under it and returns the device time it took in
-/// µs, overuse included; `None` if no token was held. The one place that
-/// turns a token into a usage report, for the slow path and the watcher.
-pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
+/// Ends `g`'s token (the caller holds `g.slow`): waits for the work
+/// launched under it (within a bound), which proves it done and closes
+/// its span (see `measure`): the spans proven done wait in `g.ran` for
+/// the report. `false` if no token was held. Work not proven done (the
+/// wait outlasted its bound, a capture was open, or the work waits on
+/// another process) stays outstanding: it is charged once a later wait
+/// proves it done (`late`). The one place that ends a token's
+/// accounting, for the slow path and the watcher.
+pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
     let granted_at = g.granted_at.swap(0, Ordering::AcqRel);
     if granted_at == 0 {
-        return None;
+        return false;
     }
     let t0 = now_ns();
     let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
+    let launches = g.launches();
     if let Settle::Stalled = why {
         // What the waits learn from now on spans the stall, not launches.
         g.sample_start.store(0, Ordering::Relaxed);
         // The work goes on without the token: charged late, once done.
-        if let Err(ticket) = syncer::sync_within(dev, g, ctx, Duration::ZERO, synchronize_device) {
-            late::begin(g, t0, ticket);
+        match syncer::sync_within(dev, g, ctx, Duration::ZERO, synchronize_device) {
+            Ok(true) => {
+                g.close(now_ns(), launches);
+            }
+            Ok(false) => {}
+            Err(ticket) => late::begin(g, ticket, launches),
         }
-        return Some(t0.saturating_sub(granted_at) / 1000);
+        return true;
     }
     // A capture is open: any synchronisation would fail and invalidate
     // the program's capture. Or the work outlasts the bound: it waits for
-    // another process (see `syncer`). Either way the token is accounted up
-    // to now (or to when the process went quiet) without waiting for its
-    // work; work that outlasted the bound is charged late, once done.
+    // another process (see `syncer`). Either way the token ends without
+    // waiting for its work, which stays outstanding; work that outlasted
+    // the bound is charged late, once done.
     let synced = syncer::sync_within(
         dev,
         g,
@@ -79,11 +88,11 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
     match synced {
         Ok(true) => {}
         Ok(false) => {
-            debug!("a capture is open: token accounted without waiting for its work ({why:?})")
+            debug!("a capture is open: token ended without waiting for its work ({why:?})")
         }
         Err(ticket) => {
             debug!(
-                "device {dev}: the work outlasts its prediction: token accounted without waiting for it, the rest charged once done ({why:?})"
+                "device {dev}: the work outlasts its prediction: token ended without waiting for it, charged once done ({why:?})"
             );
             if matches!(why, Settle::RanOut) {
                 // The launches took longer than predicted: at least this.
@@ -101,12 +110,18 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
     }
     let end = match why {
         // If the work was still running, it ended now; else it ended
-        // (about) when the process went quiet.
+        // (about) when the process went quiet: no later than its last
+        // call, after its last launch.
         Settle::Idle { quiet_since } if capturing || t1.saturating_sub(t0) <= 100_000 => {
             quiet_since.clamp(granted_at, t1)
         }
         _ => t1,
     };
+    if !capturing {
+        // Proven done by now (the quiet process's own sync usually closed
+        // its span at the work's end already, see `watcher::quiet_sync`).
+        g.close(t1, launches);
+    }
     let quota_end = g.quota_end.load(Ordering::Relaxed);
     if matches!(why, Settle::RanOut) || (end > quota_end && !matches!(why, Settle::StepEnd)) {
         // Work still queued when the token ran out: launching stops this
@@ -127,9 +142,9 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
         }
     }
     if let Some(ticket) = pending {
-        late::begin(g, end, ticket);
+        late::begin(g, ticket, launches);
     }
-    Some(end.saturating_sub(granted_at) / 1000)
+    true
 }
 
 /// How long before a renewed lent token's queue is predicted to drain its
@@ -137,18 +152,17 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> Option<u64> {
 /// `make bench`) and the wake-up.
 const RENEW_LEAD_NS: u64 = 300_000;
 
-/// Ends the accounting of a lent token (the caller holds `g.slow`)
-/// without waiting for its work: returns the device time charged for it
-/// (µs, to the end of its quota, within which the token's bound keeps the
-/// queue) and the predicted end of the queue (ns); `None` for a token not lent, no
+/// Ends a lent token (the caller holds `g.slow`) without waiting for its
+/// work: its work goes on into the next token, and is charged once a
+/// wait proves it done, to the time it ran (see `measure`). Returns the
+/// predicted end of the queue (ns); `None` for a token not lent, no
 /// token, or while the device time per launch is not known. Lent tokens
 /// are short (they end when the group they are lent from is back) and
 /// renewed often while it is late: waiting for the queue to drain before
 /// asking again idled the device for the round trip and the wake-up at
 /// every renewal (0.4-0.9 ms per 1 ms token, measured). Asked while the
-/// last launches still run, the next token comes before they end; the
-/// scheduler counts the time of work reported ahead once.
-pub(super) fn settle_ahead(g: &Gate, now: u64) -> Option<(u64, u64)> {
+/// last launches still run, the next token comes before they end.
+pub(super) fn settle_ahead(dev: usize, g: &'static Gate, now: u64) -> Option<u64> {
     if !g.lent.load(Ordering::Relaxed) || g.kernel_ns.load(Ordering::Relaxed) == 0 {
         return None;
     }
@@ -166,14 +180,20 @@ pub(super) fn settle_ahead(g: &Gate, now: u64) -> Option<(u64, u64)> {
         std::thread::sleep(Duration::from_nanos(wake - now));
     }
     let now = now_ns();
-    let granted_at = g.granted_at.swap(0, Ordering::AcqRel);
-    if granted_at == 0 {
+    if g.granted_at.swap(0, Ordering::AcqRel) == 0 {
         return None;
     }
-    // Charged to its end (or past it, where a longer kernel began on an
-    // empty queue): the token was this process's until then, and the
-    // estimate of the queue leans short.
-    let queued = g.queued_end.load(Ordering::Relaxed).max(now);
-    let end = queued.max(g.quota_end.load(Ordering::Relaxed));
-    Some((end.saturating_sub(granted_at) / 1000, queued))
+    // The sync thread waits for the queue meanwhile: if the next grant
+    // comes after it drained (another group had the device), the span
+    // closes where it did, not where a later wait proves it.
+    let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
+    let launches = g.launches();
+    match syncer::sync_within(dev, g, ctx, Duration::ZERO, synchronize_device) {
+        Ok(true) => {
+            g.close(now_ns(), launches);
+        }
+        Ok(false) => {}
+        Err(ticket) => late::begin(g, ticket, launches),
+    }
+    Some(g.queued_end.load(Ordering::Relaxed).max(now))
 }

@@ -30,12 +30,17 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         let Some((st, dev, g)) = self.at else { return };
-        g.waiting_now.fetch_sub(1, Ordering::AcqRel);
-        let exited = g.exited.fetch_add(1, Ordering::AcqRel) + 1;
+        g.waiting_now.fetch_sub(1, Ordering::SeqCst);
+        let exited = g.exited.fetch_add(1, Ordering::SeqCst) + 1;
+        let now = now_ns();
+        // All the process's work there proven done: its span closes
+        // (unless a launch came meanwhile, see `measure`).
+        if self.finished && self.covers.proves_open(dev, g, self.launches_at) {
+            g.close(now, self.launches_at);
+        }
         if g.entered.load(Ordering::Acquire) != exited {
             return; // another thread is still launching or waiting
         }
-        let now = now_ns();
         if self.finished {
             if self.covers.proves_sample(dev, g, self.launches_at) {
                 g.learn_kernel(now);
@@ -99,9 +104,9 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
     };
     let g = &st.gates[dev];
     let launches_at = g.launches();
-    g.waiting_now.fetch_add(1, Ordering::AcqRel);
-    g.waits.fetch_add(1, Ordering::AcqRel);
-    g.entered.fetch_add(1, Ordering::AcqRel);
+    g.waiting_now.fetch_add(1, Ordering::SeqCst);
+    g.waits.fetch_add(1, Ordering::SeqCst);
+    g.entered.fetch_add(1, Ordering::SeqCst);
     if blocks
         && g.deadline.load(Ordering::Relaxed) != 0
         && g.quiet_after_waits(st.settings.idle.as_nanos() as u64)

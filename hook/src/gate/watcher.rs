@@ -22,9 +22,9 @@ fn stalled(g: &Gate, now: u64, idle: u64) -> bool {
     let only_waits = |g: &Gate| {
         let in_flight = g
             .entered
-            .load(Ordering::Acquire)
-            .saturating_sub(g.exited.load(Ordering::Acquire));
-        in_flight != 0 && in_flight == g.waiting_now.load(Ordering::Acquire)
+            .load(Ordering::SeqCst)
+            .saturating_sub(g.exited.load(Ordering::SeqCst));
+        in_flight != 0 && in_flight == g.waiting_now.load(Ordering::SeqCst)
     };
     let expected_end = g.queued_end.load(Ordering::Relaxed).max(granted_at);
     only_waits(g) && now >= expected_end + idle
@@ -38,26 +38,20 @@ fn give_back_stalled(st: &State, dev: usize, g: &'static Gate) {
         return;
     };
     // Launches from now on take the slow path and wait for us; one that
-    // slipped in meanwhile keeps the token after all.
-    let deadline = g.deadline.swap(0, Ordering::AcqRel);
+    // slipped in meanwhile keeps the token after all (see `admission`:
+    // only waits may be in flight here, which `stalled` checks after the
+    // swap).
+    let deadline = g.deadline.swap(0, Ordering::SeqCst);
     let idle = st.settings.idle.as_nanos() as u64;
     if !stalled(g, now_ns(), idle.min(STALL_NS)) {
-        g.deadline.store(deadline, Ordering::Release);
+        g.deadline.store(deadline, Ordering::SeqCst);
         return;
     }
-    let Some(used_us) = settle(dev, g, Settle::Stalled) else {
+    if !settle(dev, g, Settle::Stalled) {
         return;
-    };
-    let in_flight = late::running(g);
-    debug!(
-        "device {dev}: waiting for work that waits on another process: token given back after {used_us} us{}",
-        if in_flight {
-            ", the work in flight"
-        } else {
-            ""
-        }
-    );
-    release(st, dev, used_us, in_flight);
+    }
+    debug!("device {dev}: waiting for work that waits on another process: token given back");
+    release(st, dev, g);
 }
 
 /// A wait proved the work of a token that ends with the step under way
@@ -73,11 +67,11 @@ pub(super) fn end_step(st: &State, dev: usize, g: &'static Gate) {
         return;
     }
     g.last_step.store(false, Ordering::Relaxed);
-    let Some(used_us) = settle(dev, g, Settle::StepEnd) else {
+    if !settle(dev, g, Settle::StepEnd) {
         return;
-    };
-    debug!("device {dev}: the job's turn is over: token given back after the step, {used_us} us");
-    release(st, dev, used_us, late::running(g));
+    }
+    debug!("device {dev}: the job's turn is over: token given back after the step");
+    release(st, dev, g);
 }
 
 /// Stops launches from using `g`'s token (the caller holds `g.slow`):
@@ -85,26 +79,66 @@ pub(super) fn end_step(st: &State, dev: usize, g: &'static Gate) {
 /// the token left as it was, where a call is in flight or one came in
 /// since `entered` calls had (it keeps the token after all).
 fn withdraw(g: &Gate, entered: u64) -> bool {
-    let deadline = g.deadline.swap(0, Ordering::AcqRel);
-    if g.entered.load(Ordering::Acquire) != entered || g.exited.load(Ordering::Acquire) != entered {
-        g.deadline.store(deadline, Ordering::Release);
-        return false;
-    }
-    true
+    super::admission::withdraw(&g.deadline, &g.entered, &g.exited, entered)
 }
 
-/// Gives `dev`'s token back to the scheduler, `used_us` charged; whether
-/// its work still runs, as `late` says.
-fn release(st: &State, dev: usize, used_us: u64, in_flight: bool) {
+/// Gives `dev`'s token back to the scheduler, with what its work ran
+/// (see `measure`) and whether some of it is not proven done yet.
+fn release(st: &State, dev: usize, g: &Gate) {
+    // In that order: a span that closes in between is reported later,
+    // and the work it is was said to be in flight.
+    let in_flight = g.outstanding();
+    let ran = g.take_ran();
+    debug!(
+        "device {dev}: token given back, {} us measured{}",
+        measure::total_us(&ran),
+        if in_flight {
+            ", the work in flight"
+        } else {
+            ""
+        }
+    );
     let device = st.physical(dev as u32);
     let _ = st.call(
         &Request::ReleaseToken {
             device,
-            used_us,
+            ran,
             in_flight,
         },
         device,
     );
+}
+
+/// A quiet process holds a token with work outstanding that no wait of
+/// its own proves done (it launched, and did not synchronise): the sync
+/// thread waits for that work, and its span closes when it is done (see
+/// `measure`), not when the token's end finds it long done. `pending`:
+/// the synchronisation asked for, and the launches admitted then.
+fn quiet_sync(dev: usize, g: &'static Gate, pending: &mut Option<(u64, u64)>) {
+    if let Some((ticket, launches)) = *pending {
+        if let Some(done) = syncer::finished(g, ticket) {
+            if let Some(done_at) = done {
+                g.close(done_at, launches);
+            }
+            *pending = None;
+        }
+        return;
+    }
+    if !g.outstanding()
+        || g.granted_at.load(Ordering::Acquire) == 0
+        || g.late_ticket.load(Ordering::Acquire) != 0
+    {
+        return;
+    }
+    let launches = g.launches();
+    let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
+    match syncer::sync_within(dev, g, ctx, Duration::ZERO, synchronize_device) {
+        Ok(true) => {
+            g.close(now_ns(), launches);
+        }
+        Ok(false) => {}
+        Err(ticket) => *pending = Some((ticket, launches)),
+    }
 }
 
 pub(super) fn start_watcher(st: &'static State) {
@@ -128,6 +162,9 @@ fn watch(st: &'static State) {
     let tick = Duration::from_nanos((idle / 2).clamp(200_000, 2_000_000));
     // Per gate: calls entered as last seen, and since when unchanged.
     let mut seen: Vec<(u64, u64)> = vec![(0, now_ns()); st.gates.len()];
+    // Per gate: the synchronisation asked for while the process was quiet
+    // (see `quiet_sync`), and the launches admitted then.
+    let mut quiet: Vec<Option<(u64, u64)>> = vec![None; st.gates.len()];
     loop {
         {
             let (m, cv) = &st.kick;
@@ -173,6 +210,7 @@ fn watch(st: &'static State) {
             }
             let quiet_since = if predicted { wait_exit } else { seen[dev].1 };
             seen[dev] = (entered, quiet_since);
+            quiet_sync(dev, g, &mut quiet[dev]);
             if g.granted_at.load(Ordering::Acquire) == 0 || (!predicted && now - quiet_since < idle)
             {
                 continue;
@@ -183,21 +221,15 @@ fn watch(st: &'static State) {
             if !withdraw(g, entered) {
                 continue;
             }
-            // A token asked ahead that the process never used is charged
-            // the time it held the device for it (and teaches the lead
-            // nothing at the process's next launch).
-            let granted_at = g.granted_at.load(Ordering::Acquire);
-            let Some(used_us) = settle(dev, g, Settle::Idle { quiet_since }) else {
+            // A token asked ahead that the process never used ran
+            // nothing, and is charged nothing (it teaches the lead nothing
+            // at the process's next launch).
+            if !settle(dev, g, Settle::Idle { quiet_since }) {
                 continue;
-            };
+            }
             let unused = g.ahead_taken.swap(0, Ordering::AcqRel) != 0;
-            let used_us = if unused {
-                now.saturating_sub(granted_at) / 1000
-            } else {
-                used_us
-            };
             debug!(
-                "device {dev}: idle{}, token given back after {used_us} us",
+                "device {dev}: idle{}",
                 if predicted {
                     " after its wait"
                 } else if unused {
@@ -206,7 +238,7 @@ fn watch(st: &'static State) {
                     ""
                 }
             );
-            release(st, dev, used_us, late::running(g));
+            release(st, dev, g);
             if predicted {
                 ahead::plan(st, g, wait_exit);
             }

@@ -62,7 +62,9 @@ pub struct Daemon {
     policy: Policy,
     config_path: PathBuf,
     config_error: Option<String>,
-    start: Instant,
+    /// `CLOCK_MONOTONIC` (µs) when the daemon started: the policy's time
+    /// 0, and what clients' measured spans are rebased by.
+    epoch_us: Micros,
     conns: HashMap<Vec<u8>, Conn>,
     ids: HashMap<ClientId, Vec<u8>>,
     next_id: ClientId,
@@ -229,7 +231,7 @@ impl Daemon {
             policy: Policy::new(params, config),
             config_path,
             config_error: None,
-            start: Instant::now(),
+            epoch_us: gemini_protocol::clock::monotonic_us(),
             conns: HashMap::new(),
             ids: HashMap::new(),
             next_id: 1,
@@ -280,7 +282,7 @@ impl Daemon {
     }
 
     fn now(&self) -> Micros {
-        self.start.elapsed().as_micros() as Micros
+        gemini_protocol::clock::monotonic_us().saturating_sub(self.epoch_us)
     }
 
     /// Runs until shutdown is asked or a signal arrives.
@@ -512,6 +514,8 @@ impl Daemon {
             }
             _ => None,
         };
+        let mut req = req;
+        rebase(&mut req, self.epoch_us);
         let actions = self
             .policy
             .handle(Event::Request { client, seq, req }, self.now());
@@ -577,6 +581,16 @@ impl Daemon {
                     self.reply(client, seq, &reply);
                 }
                 Action::Stop => self.stopping = true,
+                Action::Clipped {
+                    client,
+                    device,
+                    reports,
+                    what,
+                } => warn!(
+                    "{} (client {client}) reported device time on GPU {device} that cannot be: \
+                     {what}; clipped ({reports} such report(s) so far)",
+                    self.peer(client)
+                ),
             }
         }
     }
@@ -611,5 +625,20 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.socket_path);
+    }
+}
+
+/// Puts the spans of `req`, in µs on `CLOCK_MONOTONIC`, on the policy's
+/// clock, which began at `epoch_us` (work before it counts as at 0).
+fn rebase(req: &mut Request, epoch_us: Micros) {
+    let spans = match req {
+        Request::AcquireToken { ran, .. }
+        | Request::ReleaseToken { ran, .. }
+        | Request::LateUsage { ran, .. } => ran,
+        _ => return,
+    };
+    for s in spans {
+        s.start_us = s.start_us.saturating_sub(epoch_us);
+        s.end_us = s.end_us.saturating_sub(epoch_us);
     }
 }

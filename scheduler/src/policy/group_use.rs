@@ -74,6 +74,18 @@ impl GroupUse {
         self.credit_at = now;
     }
 
+    /// Takes back the charge of `[start, end)`: it was another group's
+    /// device time (see `ledger`).
+    pub(super) fn refund(&mut self, start: Micros, end: Micros, cap: Micros) {
+        self.usage.remove(start, end);
+        let back = end.saturating_sub(start);
+        self.used_total = self.used_total.saturating_sub(back);
+        self.credit = self
+            .credit
+            .saturating_add(back.min(i64::MAX as u64) as i64)
+            .min(cap as i64);
+    }
+
     /// When the group, away from the device, is expected back: its usual
     /// absence after it left. `None` when that is not known, or long past
     /// (it is late by more than its usual absence and `late_by` more: it

@@ -47,6 +47,7 @@ mod access;
 mod gang;
 mod group_use;
 mod holder;
+mod ledger;
 mod memory;
 mod request;
 mod reserve;
@@ -60,7 +61,7 @@ pub use gang::GANG_RECENT;
 use gemini_config::{GroupConfig, Latency, ResourceConfig};
 use gemini_protocol::{
     ClientId, ClientStatus, DeviceId, DeviceStatus, ErrorKind, ErrorReply, GroupDeviceStatus,
-    GroupStatus, HeldMemory, Reply, Request, Role, StatusReport,
+    GroupStatus, HeldMemory, Reply, Request, Role, Span, StatusReport,
 };
 use group_use::{GroupUse, groups_using, note_throttled};
 use std::collections::{BTreeMap, BTreeSet};
@@ -302,6 +303,20 @@ pub enum Action {
     },
     /// Stop the scheduler once the replies before this are sent.
     Stop,
+    /// `client` reported device time on `device` that cannot be (in the
+    /// future, before its token, or charged already): it was clipped.
+    /// Said at the 1st, 2nd, 4th, … such report, `reports` so far.
+    Clipped {
+        /// Connection.
+        client: ClientId,
+        /// The device.
+        device: DeviceId,
+        /// Clipped reports of the connection so far.
+        reports: u64,
+        /// The first span clipped, what could be, and why it could not
+        /// (µs on the policy's clock).
+        what: String,
+    },
 }
 
 #[derive(Debug)]
@@ -310,11 +325,24 @@ struct Client {
     group: GroupKey,
     pid: u32,
     memory: BTreeMap<DeviceId, u64>,
-    /// Per device, the last grant not yet charged: (granted_at, quota).
+    /// Per device, the last grant not yet reported: (granted_at, quota).
     uncharged: BTreeMap<DeviceId, (Micros, Micros)>,
-    /// Per device, the end of the device time last charged to it: a late
-    /// report ([`Request::LateUsage`]) is charged from there on, not twice.
+    /// Per device, its last grant: (granted_at, quota).
+    granted: BTreeMap<DeviceId, (Micros, Micros)>,
+    /// Per device, the end of the device time last charged to it: what it
+    /// reports later is charged from there on, never twice.
     charged_until: BTreeMap<DeviceId, Micros>,
+    /// Per device, the grant of its oldest token whose work may not be
+    /// reported yet: none of its work can have started before (a report
+    /// that says so is clipped). `None`: all its work is reported.
+    anchor: BTreeMap<DeviceId, Micros>,
+    /// Reports clipped because they claimed what cannot be (see
+    /// `Policy::charge_spans`).
+    clipped: u64,
+    /// Per device, since when the work whose span ended where it was last
+    /// charged (`charged_until`) was outstanding: a span reported from
+    /// there on is work queued behind it (see `ledger`).
+    stretch: BTreeMap<DeviceId, Micros>,
     /// Devices where work of a token it gave back still runs (it said
     /// `in_flight`), until its [`Request::LateUsage`] or next report.
     in_flight: BTreeSet<DeviceId>,
@@ -373,10 +401,8 @@ struct Device {
     waiters: Vec<Waiter>,
     groups: BTreeMap<GroupKey, GroupUse>,
     busy: Usage,
-    /// The latest report's device time `(client, start, end)`: a token
-    /// granted while that work still ran (a lent token ends without its
-    /// holder's report) is charged from its end, not twice.
-    last_report: Option<(ClientId, Micros, Micros)>,
+    /// Who the device's time was over the window, as measured.
+    ledger: ledger::Ledger,
     /// Until when the device is kept free for a latency-critical group
     /// about to come back (see `schedule`): the waiters' launches would
     /// not end before it.
@@ -387,27 +413,58 @@ struct Device {
 }
 
 impl Device {
-    /// Charges `group` the device time `(start, end)` of a token granted
-    /// at `granted_at`: its usage over the window, its `MaxUtil` credit,
-    /// and the device's busy time.
+    /// Charges `group` the device time `[start, end)` its work occupied,
+    /// as the ledger settles it against what other groups claimed (see
+    /// `ledger`): its usage over the window, its `MaxUtil` credit and the
+    /// device's busy time; a group charged before for time that was
+    /// `group`'s is refunded. `max_util` gives each group's `MaxUtil`.
+    /// Returns the time charged.
     fn charge(
         &mut self,
         group: &GroupKey,
-        granted_at: Micros,
         (start, end): (Micros, Micros),
         now: Micros,
-        max_util: f64,
+        max_util: impl Fn(&GroupKey) -> f64,
         cap: Micros,
-    ) {
+    ) -> Micros {
+        self.charge_since(group, (start, end), start, now, max_util, cap)
+    }
+
+    /// [`Device::charge`] of work outstanding since `since` (see
+    /// `ledger::Ledger::claim`).
+    fn charge_since(
+        &mut self,
+        group: &GroupKey,
+        (start, end): (Micros, Micros),
+        since: Micros,
+        now: Micros,
+        max_util: impl Fn(&GroupKey) -> f64,
+        cap: Micros,
+    ) -> Micros {
+        let settled = self.ledger.claim(group, start, end, since);
+        for (other, s, e) in &settled.refunded {
+            if let Some(g) = self.groups.get_mut(other) {
+                g.refund(*s, *e, cap);
+            }
+        }
+        if settled.charged.is_empty() {
+            return 0;
+        }
         // Hot path (every token): the group's name cloned only the first
         // time it uses the device.
         let g = match self.groups.get_mut(group) {
             Some(g) => g,
             None => self.groups.entry(group.clone()).or_default(),
         };
-        g.usage.add(start, end);
-        g.charge(granted_at, now, end - start, max_util, cap);
-        self.busy.add(start, end);
+        let limit = max_util(group);
+        let mut charged = 0;
+        for &(s, e) in &settled.charged {
+            g.usage.add(s, e);
+            g.charge(s, now, e - s, limit, cap);
+            self.busy.add(s, e);
+            charged += e - s;
+        }
+        charged
     }
 }
 
@@ -579,31 +636,41 @@ impl Policy {
                 *m = m.saturating_sub(*bytes);
             }
         }
-        let max_util = self.limits(&c.group).max_util;
         for (device, dev) in self.devices.iter_mut() {
             dev.waiters.retain(|w| w.client != client);
             if dev.token.as_ref().is_some_and(|t| t.client == client) {
                 dev.token = None;
             }
-            // It cannot report any more: charge the time from its last
-            // grant to its end (the driver drops a dead process's work),
-            // as long as a token may be held (its quota and the grace),
-            // whether or not the token was revoked meanwhile. A process
-            // that exits after its last wait is charged that wait's work.
-            if let Some(&(granted_at, quota)) = c.uncharged.get(device) {
-                let used = now
-                    .saturating_sub(granted_at)
-                    .min(quota.saturating_add(self.params.grace));
-                let span = (granted_at, granted_at + used);
-                dev.charge(
-                    &c.group,
-                    granted_at,
-                    span,
-                    now,
-                    max_util,
-                    self.params.saved_credit(),
-                );
-            }
+            // It cannot report any more, and its work is gone with it (the
+            // driver drops a dead process's work). What it had not
+            // reported ran, as far as can be known, from its oldest
+            // unreported token (or the end of what it was charged) for as
+            // long as its last token may be held (its quota and the
+            // grace): charged so, but only where no measured claim has
+            // that time, now or when it is reported later (see `ledger`).
+            let (Some(&anchor), Some(&(granted_at, quota))) =
+                (c.anchor.get(device), c.granted.get(device))
+            else {
+                continue;
+            };
+            let from = c
+                .charged_until
+                .get(device)
+                .map_or(anchor, |&u| u.max(anchor));
+            let until = now.min(
+                granted_at
+                    .saturating_add(quota)
+                    .saturating_add(self.params.grace),
+            );
+            let (config, retired) = (&self.config, &self.retired);
+            dev.charge_since(
+                &c.group,
+                (from, until),
+                until,
+                now,
+                |k| limits(config, retired, k).max_util,
+                self.params.saved_credit(),
+            );
         }
         // A process that exits while its group waits for nothing leaves the
         // group away (a restart's absence is a pause, see OWED_ABSENCE).

@@ -135,7 +135,8 @@ impl Policy {
         match req {
             Request::AcquireToken {
                 device,
-                used_us,
+                ran,
+                in_flight,
                 burst_us,
             } => {
                 if role == Role::Control {
@@ -148,7 +149,7 @@ impl Policy {
                 if role == Role::Client {
                     self.activity.insert(device, now);
                 }
-                self.report(client, device, used_us, now);
+                self.report(client, device, &ran, in_flight, now, out);
                 self.note_back(client, device, now);
                 let dev = self.devices.entry(device).or_default();
                 if let Some(old) = dev.waiters.iter_mut().find(|w| w.client == client) {
@@ -181,19 +182,23 @@ impl Policy {
                     reply(Reply::Done);
                     return;
                 }
+                // Nothing to report: it reported as it went quiet (and
+                // what it said of work in flight stands).
                 let req = Request::AcquireToken {
                     device,
-                    used_us: 0,
+                    ran: Vec::new(),
+                    in_flight: true,
                     burst_us,
                 };
                 self.request(client, seq, req, now, out);
             }
             Request::ReleaseToken {
                 device,
-                used_us,
+                ran,
                 in_flight,
             } => {
-                self.report(client, device, used_us, now);
+                let mut logs = Vec::new();
+                self.report(client, device, &ran, in_flight, now, &mut logs);
                 if let Some(c) = self.clients.get_mut(&client) {
                     if in_flight {
                         c.in_flight.insert(device);
@@ -207,8 +212,9 @@ impl Policy {
                 }
                 self.note_away(client, device, now);
                 reply(Reply::Done);
+                out.extend(logs);
             }
-            Request::LateUsage { device, used_us } => {
+            Request::LateUsage { device, ran } => {
                 if role == Role::Control {
                     reply(error(
                         ErrorKind::Unexpected,
@@ -216,11 +222,10 @@ impl Policy {
                     ));
                     return;
                 }
-                if let Some(c) = self.clients.get_mut(&client) {
-                    c.in_flight.remove(&device);
-                }
-                self.late(client, device, used_us, now);
+                let mut logs = Vec::new();
+                self.late(client, device, &ran, now, &mut logs);
                 reply(Reply::Done);
+                out.extend(logs);
             }
             Request::Quieting { device, done_in_us } => {
                 self.quieting(client, device, done_in_us, now);
@@ -423,7 +428,11 @@ impl Policy {
                 pid,
                 memory,
                 uncharged: BTreeMap::new(),
+                granted: BTreeMap::new(),
                 charged_until: BTreeMap::new(),
+                anchor: BTreeMap::new(),
+                clipped: 0,
+                stretch: BTreeMap::new(),
                 in_flight: BTreeSet::new(),
                 waited: false,
                 turn_done: BTreeMap::new(),

@@ -27,75 +27,79 @@ const AT_CAP: f64 = 0.02;
 /// device while its kernels ran 0.64 of it.
 const HOLD_SLACK: f64 = 0.15;
 
+/// How far (µs) a report may pass what can be (the time now, what the
+/// client was charged before, its token's grant) before it counts as
+/// impossible: the two sides round their clocks to µs.
+const CLOCK_SLACK: Micros = 1_000;
+
 /// A waiter's place in line, least first: (class, key, waiting since,
 /// client), see `schedule`.
 type Rank = (u8, f64, Micros, ClientId);
 
 impl Policy {
-    /// Charges the device time `client` reports for its last token on
-    /// `device`, and frees the device if it still holds the token.
-    pub(super) fn report(&mut self, client: ClientId, device: DeviceId, used: Micros, now: Micros) {
-        // Hot path (every token): no clone of group names or configs.
-        let Policy {
-            clients,
-            devices,
-            config,
-            retired,
-            params,
-            ..
-        } = self;
-        let Some(c) = clients.get_mut(&client) else {
+    /// `client` reports the work of its last token on `device` (`ran`,
+    /// measured; `in_flight`: some of it still runs and is reported
+    /// later): charges it, and frees the device if it still holds the
+    /// token.
+    pub(super) fn report(
+        &mut self,
+        client: ClientId,
+        device: DeviceId,
+        ran: &[Span],
+        in_flight: bool,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(c) = self.clients.get_mut(&client) else {
             return;
         };
-        let Some((granted_at, quota)) = c.uncharged.remove(&device) else {
-            return;
-        };
-        // A client cannot have used more than the time since the grant, or
-        // its quota: a lent token is renewed while its last work still runs
-        // (the hook keeps that work within the quota) and reports it ahead.
-        let used = used.min(now.saturating_sub(granted_at).max(quota));
-        // An overrun token's use is one launch or more (a 2 ms token whose
-        // two 1 ms kernels ran 2.05 ms is two): the estimate follows a
-        // shorter one at once, a longer one by an eighth.
-        if used > quota {
-            c.launch_floor = match c.launch_floor {
-                0 => used,
-                f if used <= f => used,
-                f => f + (used - f) / 8,
-            };
-        }
-        let end = granted_at + used;
-        let max_util = limits(config, retired, &c.group).max_util;
-        let cap = params.saved_credit();
-        let dev = devices.entry(device).or_default();
+        let token = c.uncharged.remove(&device);
+        let dev = self.devices.entry(device).or_default();
         if dev.token.as_ref().is_some_and(|t| t.client == client) {
             dev.token = None;
         }
-        // Work reported before that began before this grant and ran past it
-        // (a lent token's overrun, reported late; a renewed lent token's
-        // last work, reported ahead) held the device: the time this client
-        // waited behind it, or ran after it, is charged once. So is
-        // another client's late work that began as this token was granted.
-        let start = match dev.last_report {
-            Some((who, s, e)) if s < granted_at || (s == granted_at && who != client) => {
-                e.clamp(granted_at, end)
+        let charged = self.charge_spans(client, device, ran, now, out);
+        if !in_flight && let Some(c) = self.clients.get_mut(&client) {
+            c.anchor.remove(&device);
+        }
+        // An overrun token's use is one launch or more (a 2 ms token whose
+        // two 1 ms kernels ran 2.05 ms is two): the estimate follows a
+        // shorter one at once, a longer one by an eighth.
+        if let Some((granted_at, quota)) = token
+            && let Some(c) = self.clients.get_mut(&client)
+        {
+            let used = ran
+                .iter()
+                .map(|s| s.end_us.min(now).saturating_sub(s.start_us.max(granted_at)))
+                .sum::<Micros>()
+                .max(charged.min(now.saturating_sub(granted_at)));
+            if used > quota {
+                c.launch_floor = match c.launch_floor {
+                    0 => used,
+                    f if used <= f => used,
+                    f => f + (used - f) / 8,
+                };
             }
-            _ => granted_at,
-        };
-        dev.last_report = Some((client, start, end));
-        c.charged_until.insert(device, end);
-        dev.charge(&c.group, granted_at, (start, end), now, max_util, cap);
+        }
     }
 
-    /// Charges work of `client` that ran on `device` for `used` µs up to
-    /// `now` after its last report ([`Request::LateUsage`]): from the end
-    /// of what it was last charged there (never twice), to now or to the
-    /// grant of the token it holds now (which charges the rest). The token
-    /// that work ran in is charged to its holder from the work's end on
-    /// (as a lent token's overrun reported late is): on the device, the
-    /// holder's kernels queued behind it. Ignored where the client was
-    /// never charged on the device.
-    pub(super) fn late(&mut self, client: ClientId, device: DeviceId, used: Micros, now: Micros) {
+    /// Charges `client`'s group the device time of `ran` on `device`
+    /// (see `ledger`), each span clipped to what can be: not before the
+    /// grant of the client's oldest token whose work it had not reported,
+    /// nor before what it was charged already (never twice), nor in the
+    /// future, nor before the window. A clipped report is said once in
+    /// the log (and counted). Returns the time charged.
+    pub(super) fn charge_spans(
+        &mut self,
+        client: ClientId,
+        device: DeviceId,
+        ran: &[Span],
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) -> Micros {
+        if ran.is_empty() {
+            return 0;
+        }
         let Policy {
             clients,
             devices,
@@ -105,27 +109,94 @@ impl Policy {
             ..
         } = self;
         let Some(c) = clients.get_mut(&client) else {
-            return;
+            return 0;
         };
-        let Some(&until) = c.charged_until.get(&device) else {
-            return;
-        };
-        let start = now.saturating_sub(used).max(until);
-        let end = c
-            .uncharged
-            .get(&device)
-            .map_or(now, |&(granted_at, _)| granted_at.min(now));
-        if end <= start {
-            return;
-        }
-        c.charged_until.insert(device, end);
-        let max_util = limits(config, retired, &c.group).max_util;
-        let cap = params.saved_credit();
+        let horizon = now.saturating_sub(params.window);
+        // A client with no token here before (this scheduler restarted
+        // under it) may report what it ran before: clipped, not said.
+        let known = c.anchor.contains_key(&device) || c.charged_until.contains_key(&device);
+        let until = c.charged_until.get(&device).copied().unwrap_or(0);
+        // No token granted whose work is unreported: nothing can have run.
+        let anchor = c.anchor.get(&device).copied().unwrap_or(now);
         let dev = devices.entry(device).or_default();
-        if dev.last_report.is_none_or(|(_, _, e)| e < end) {
-            dev.last_report = Some((client, start, end));
+        dev.ledger.forget_before(horizon);
+        let mut from = until.max(anchor);
+        let mut clipped = None;
+        let mut charged = 0;
+        for s in ran {
+            // Rounding to µs on both sides is not an impossible report.
+            if clipped.is_none()
+                && (s.start_us.saturating_add(CLOCK_SLACK) < from
+                    || s.end_us > now.saturating_add(CLOCK_SLACK))
+            {
+                clipped = Some(format!(
+                    "{}-{} us, where {from}-{now} us can be ({})",
+                    s.start_us,
+                    s.end_us,
+                    if s.end_us > now.saturating_add(CLOCK_SLACK) {
+                        "in the future"
+                    } else if s.start_us < until {
+                        "reported already"
+                    } else {
+                        "before its token"
+                    }
+                ));
+            }
+            let (start, end) = (s.start_us.max(from).max(horizon), s.end_us.min(now));
+            if end <= start {
+                continue;
+            }
+            // From where its last span ended: work queued behind that
+            // one, outstanding since it was.
+            let since = match c.stretch.get(&device) {
+                Some(&since) if s.start_us <= from && from > anchor => since,
+                _ => start,
+            };
+            charged += dev.charge_since(
+                &c.group,
+                (start, end),
+                since,
+                now,
+                |k| limits(config, retired, k).max_util,
+                params.saved_credit(),
+            );
+            from = end;
+            c.charged_until.insert(device, end);
+            c.stretch.insert(device, since);
         }
-        dev.charge(&c.group, start, (start, end), now, max_util, cap);
+        if let Some(what) = clipped
+            && known
+        {
+            c.clipped += 1;
+            if c.clipped.is_power_of_two() {
+                out.push(Action::Clipped {
+                    client,
+                    device,
+                    reports: c.clipped,
+                    what,
+                });
+            }
+        }
+        charged
+    }
+
+    /// Charges work of `client` that ran on `device` after the token it
+    /// was launched under ended ([`Request::LateUsage`]): the work it gave
+    /// back in flight is done.
+    pub(super) fn late(
+        &mut self,
+        client: ClientId,
+        device: DeviceId,
+        ran: &[Span],
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        self.charge_spans(client, device, ran, now, out);
+        // (Its other work may still run: only a report that says nothing
+        // is in flight moves the anchor on.)
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.in_flight.remove(&device);
+        }
     }
 
     /// `client` gave the token of `device` back: its group is away from
@@ -460,8 +531,9 @@ impl Policy {
             // waiter's last token, charged to its end): never twice.
             if dev.held_for.is_none() {
                 let from = dev
-                    .last_report
-                    .map_or(now, |(_, _, e)| e.max(now).min((*b).max(now)));
+                    .ledger
+                    .last_end()
+                    .map_or(now, |e| e.max(now).min((*b).max(now)));
                 dev.held_for = Some((k.clone(), from));
             }
             return;
@@ -499,8 +571,13 @@ impl Policy {
         if let Some((k, since, end)) = held
             && end > since
         {
-            let max_util = limits(config, retired, &k).max_util;
-            dev.charge(&k, since, (since, end), now, max_util, saved);
+            dev.charge(
+                &k,
+                (since, end),
+                now,
+                |g| limits(config, retired, g).max_util,
+                saved,
+            );
         }
         let Some(c) = clients.get_mut(&w.client) else {
             return;
@@ -571,6 +648,8 @@ impl Policy {
             g.active_since = now;
         }
         c.uncharged.insert(device, (now, quota));
+        c.granted.insert(device, (now, quota));
+        c.anchor.entry(device).or_insert(now);
         // A lent token's work fits in it (its hook keeps the queue within
         // the quota): it is over at its end, and the group owed the device
         // gets it a little before (HANDOVER_LEAD), without waiting for the

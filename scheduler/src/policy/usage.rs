@@ -3,7 +3,7 @@
 use super::Micros;
 use std::collections::VecDeque;
 
-/// Intervals of device time used, oldest first, adjacent ones merged.
+/// Intervals of device time used, sorted, disjoint, touching ones merged.
 #[derive(Debug, Default, Clone)]
 pub struct Usage {
     records: VecDeque<(Micros, Micros)>,
@@ -11,25 +11,72 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// Records `[start, end)`. Intervals that touch or overlap the newest
-    /// record are merged into it (a back-to-back client keeps one record);
-    /// a report that arrives late is merged the same way, which can only
-    /// under-count overlap, never double-count it.
+    /// Records `[start, end)`. Time already recorded is not counted twice:
+    /// a back-to-back client keeps one record, and a report that arrives
+    /// late (older than the newest record) is merged where it belongs.
     pub fn add(&mut self, start: Micros, end: Micros) {
         if end <= start {
             return;
         }
-        if let Some(last) = self.records.back_mut()
-            && start <= last.1
-        {
-            let before = last.1 - last.0;
-            last.0 = last.0.min(start);
-            last.1 = last.1.max(end);
-            self.total = self.total - before + (last.1 - last.0);
-            return;
+        // The usual case: at or after the newest record.
+        match self.records.back_mut() {
+            None => {}
+            Some(last) if start > last.1 => {}
+            Some(last) if start >= last.0 => {
+                if end > last.1 {
+                    self.total += end - last.1;
+                    last.1 = end;
+                }
+                return;
+            }
+            Some(_) => return self.merge(start, end),
         }
         self.records.push_back((start, end));
         self.total += end - start;
+    }
+
+    /// [`Usage::add`] of an interval that begins before the newest record.
+    fn merge(&mut self, mut start: Micros, mut end: Micros) {
+        // The records that touch or overlap `[start, end)`: from the first
+        // that ends at or after `start` to the last that begins at or
+        // before `end`.
+        let first = self.records.partition_point(|r| r.1 < start);
+        let last = self.records.partition_point(|r| r.0 <= end);
+        for r in self.records.range(first..last) {
+            self.total -= r.1 - r.0;
+            start = start.min(r.0);
+            end = end.max(r.1);
+        }
+        self.records.drain(first..last);
+        self.records.insert(first, (start, end));
+        self.total += end - start;
+    }
+
+    /// Forgets `[start, end)` (device time found to be another group's).
+    /// Returns how much of it was recorded.
+    pub fn remove(&mut self, start: Micros, end: Micros) -> Micros {
+        if end <= start {
+            return 0;
+        }
+        let first = self.records.partition_point(|r| r.1 <= start);
+        let last = self.records.partition_point(|r| r.0 < end);
+        let mut kept = Vec::new();
+        let mut removed = 0;
+        for &(s, e) in self.records.range(first..last) {
+            removed += e.min(end) - s.max(start);
+            if s < start {
+                kept.push((s, start));
+            }
+            if e > end {
+                kept.push((end, e));
+            }
+        }
+        self.records.drain(first..last);
+        for (i, r) in kept.into_iter().enumerate() {
+            self.records.insert(first + i, r);
+        }
+        self.total -= removed;
+        removed
     }
 
     /// Time used within `[now - window, now]`; forgets older records.
@@ -88,5 +135,38 @@ mod tests {
         assert_eq!(u.used(200, 1000), 200);
         u.add(10, 10); // empty
         assert_eq!(u.used(200, 1000), 200);
+    }
+
+    /// A report older than the newest record is counted where it belongs:
+    /// in full where nothing covered it, once where something did.
+    #[test]
+    fn a_late_report_between_records_is_counted_once() {
+        let mut u = Usage::default();
+        u.add(0, 100);
+        u.add(500, 600);
+        u.add(200, 300); // late, between the two
+        assert_eq!(u.used(600, 1000), 300);
+        u.add(50, 550); // covers all three and the gaps
+        assert_eq!(u.records, [(0, 600)]);
+        assert_eq!(u.used(600, 1000), 600);
+        u.add(700, 800);
+        u.add(650, 660);
+        assert_eq!(u.records, [(0, 600), (650, 660), (700, 800)]);
+        assert_eq!(u.used(800, 1000), 710);
+    }
+
+    #[test]
+    fn removing_an_interval_splits_the_records_it_cuts() {
+        let mut u = Usage::default();
+        u.add(0, 100);
+        u.add(200, 300);
+        assert_eq!(u.remove(50, 250), 100);
+        assert_eq!(u.records, [(0, 50), (250, 300)]);
+        assert_eq!(u.used(300, 1000), 100);
+        assert_eq!(u.remove(20, 30), 10);
+        assert_eq!(u.records, [(0, 20), (30, 50), (250, 300)]);
+        assert_eq!(u.remove(400, 500), 0);
+        assert_eq!(u.remove(0, 1000), 90);
+        assert_eq!(u.used(300, 1000), 0);
     }
 }

@@ -94,7 +94,8 @@ fn holder_poll_reports_activity_and_unanswered_demands_time_out() {
             seq: 1,
             req: Request::AcquireToken {
                 device: 0,
-                used_us: 0,
+                ran: vec![],
+                in_flight: false,
                 burst_us: 0,
             },
         },
@@ -104,11 +105,7 @@ fn holder_poll_reports_activity_and_unanswered_demands_time_out() {
         Event::Request {
             client: 1,
             seq: 2,
-            req: Request::ReleaseToken {
-                device: 0,
-                used_us: 10,
-                in_flight: false,
-            },
+            req: release_ran(1_000, 1_010),
         },
         2_000,
     );
@@ -215,7 +212,8 @@ fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
     hello_holder(&mut p, 50);
     let acquire = |burst| Request::AcquireToken {
         device: 0,
-        used_us: 0,
+        ran: vec![],
+        in_flight: false,
         burst_us: burst,
     };
     let r = replies(p.handle(
@@ -257,7 +255,8 @@ fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
             seq: 2,
             req: Request::AcquireToken {
                 device: 0,
-                used_us: 2_000,
+                ran: ran(0, 2_000),
+                in_flight: false,
                 burst_us: 2_000,
             },
         },

@@ -215,7 +215,8 @@ fn a_group_with_devices_is_refused_time_and_memory_elsewhere() {
     hello(&mut p, 2, "free");
     let acquire = |device| Request::AcquireToken {
         device,
-        used_us: 0,
+        ran: vec![],
+        in_flight: false,
         burst_us: 0,
     };
     let r = ask(&mut p, 1, acquire(0));
@@ -260,7 +261,8 @@ fn requests_before_hello_and_bad_devices_are_refused() {
         9,
         Request::AcquireToken {
             device: 0,
-            used_us: 0,
+            ran: vec![],
+            in_flight: false,
             burst_us: 0,
         },
     );
@@ -292,7 +294,8 @@ fn disconnect_while_holding_the_token_frees_the_device() {
             seq: 1,
             req: Request::AcquireToken {
                 device: 0,
-                used_us: 0,
+                ran: vec![],
+                in_flight: false,
                 burst_us: 0,
             },
         },
@@ -312,7 +315,8 @@ fn disconnect_while_holding_the_token_frees_the_device() {
             seq: 1,
             req: Request::AcquireToken {
                 device: 0,
-                used_us: 0,
+                ran: vec![],
+                in_flight: false,
                 burst_us: 0,
             },
         },

@@ -53,6 +53,9 @@ struct SimClient {
     group: String,
     demand: Demand,
     busy: Vec<(Micros, Micros)>,
+    /// What its hook measures of each token's work: from its first launch
+    /// (the grant and a wake-up) to its end, whatever it queued behind.
+    claims: Vec<(Micros, Micros)>,
     /// Quotas of the tokens granted marked lent.
     lent: Vec<Micros>,
     /// Every token granted: (when, quota).
@@ -139,6 +142,7 @@ impl Sim {
             group: group.into(),
             demand,
             busy: vec![],
+            claims: vec![],
             lent: vec![],
             granted: vec![],
             left,
@@ -186,6 +190,7 @@ impl Sim {
                     _ => quota_us,
                 };
                 c.busy.push((start, start + used));
+                c.claims.push((self.now + self.wake, start + used));
                 self.device_free_at = start + used;
                 self.queue.push(Reverse((start + used, idx, DONE)));
             }
@@ -201,6 +206,14 @@ impl Sim {
             .busy
             .last()
             .map_or(0, |&(s, e)| if kind == DONE { e - s } else { 0 });
+        // What it reports: the work of its last token, measured.
+        let ran = match c.claims.last() {
+            Some(&(s, e)) if kind == DONE => vec![Span {
+                start_us: s,
+                end_us: e,
+            }],
+            _ => vec![],
+        };
         match c.demand {
             Demand::Until(stop) if self.now >= stop => {
                 c.gone = true;
@@ -209,7 +222,7 @@ impl Sim {
                     idx,
                     Request::ReleaseToken {
                         device: 0,
-                        used_us: used,
+                        ran: ran.clone(),
                         in_flight: false,
                     },
                 );
@@ -223,7 +236,7 @@ impl Sim {
                     idx,
                     Request::ReleaseToken {
                         device: 0,
-                        used_us: used,
+                        ran: ran.clone(),
                         in_flight: false,
                     },
                 );
@@ -237,7 +250,7 @@ impl Sim {
                         idx,
                         Request::ReleaseToken {
                             device: 0,
-                            used_us: used,
+                            ran,
                             in_flight: false,
                         },
                     );
@@ -248,7 +261,8 @@ impl Sim {
                         idx,
                         Request::AcquireToken {
                             device: 0,
-                            used_us: used,
+                            ran,
+                            in_flight: false,
                             burst_us: left,
                         },
                     );
@@ -267,7 +281,8 @@ impl Sim {
                     idx,
                     Request::AcquireToken {
                         device: 0,
-                        used_us: used,
+                        ran,
+                        in_flight: false,
                         burst_us: burst,
                     },
                 );
@@ -416,7 +431,8 @@ fn take_turns(
                holder: &mut Option<(ClientId, Micros)>| {
         let req = Request::AcquireToken {
             device: 0,
-            used_us: u,
+            ran: ran(now - u, now),
+            in_flight: false,
             burst_us: burst,
         };
         for a in p.handle(
@@ -493,12 +509,37 @@ fn send(
     replies(p.handle(Event::Request { client, seq, req }, now))
 }
 
-/// A token request for device 0 reporting `used_us` of the last token.
-fn acquire(used_us: Micros) -> Request {
+/// Work that ran on the device from `start` to `end` (none where empty),
+/// as a client reports it.
+fn ran(start: Micros, end: Micros) -> Vec<Span> {
+    Span::from_ns(start * 1000, end * 1000)
+        .into_iter()
+        .collect()
+}
+
+/// A token request for device 0 reporting no work.
+fn acquire() -> Request {
+    acquire_ran(0, 0)
+}
+
+/// A token request for device 0 reporting work that ran from `start` to
+/// `end`.
+fn acquire_ran(start: Micros, end: Micros) -> Request {
     Request::AcquireToken {
         device: 0,
-        used_us,
+        ran: ran(start, end),
+        in_flight: false,
         burst_us: 0,
+    }
+}
+
+/// Gives the token of device 0 back, reporting work that ran from
+/// `start` to `end`.
+fn release_ran(start: Micros, end: Micros) -> Request {
+    Request::ReleaseToken {
+        device: 0,
+        ran: ran(start, end),
+        in_flight: false,
     }
 }
 

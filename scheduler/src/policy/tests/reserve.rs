@@ -136,17 +136,18 @@ fn time_held_back_by_max_util_is_counted() {
     let mut p = Policy::new(params, config("[capped]\nMaxUtil=0.25\n[b]\n"));
     hello(&mut p, 1, "capped");
     hello(&mut p, 2, "b");
-    let acquire = |used_us| Request::AcquireToken {
+    let acquire = |start, end| Request::AcquireToken {
         device: 0,
-        used_us,
+        ran: ran(start, end),
+        in_flight: false,
         burst_us: 20 * MS,
     };
     let ev = |client, seq, req| Event::Request { client, seq, req };
-    assert!(!p.handle(ev(1, 1, acquire(0)), 0).is_empty());
+    assert!(!p.handle(ev(1, 1, acquire(0, 0)), 0).is_empty());
     // b waits behind capped's token: not throttled.
-    assert!(p.handle(ev(2, 1, acquire(0)), MS).is_empty());
+    assert!(p.handle(ev(2, 1, acquire(0, 0)), MS).is_empty());
     // capped used 20 ms at 0.25: it may go again only after 60 ms more.
-    p.handle(ev(1, 2, acquire(20 * MS)), 20 * MS);
+    p.handle(ev(1, 2, acquire(0, 20 * MS)), 20 * MS);
     let throttled = |p: &Policy, now| {
         p.counters(now)
             .iter()
@@ -164,11 +165,7 @@ fn time_held_back_by_max_util_is_counted() {
         Event::Request {
             client: 2,
             seq: 2,
-            req: Request::ReleaseToken {
-                device: 0,
-                used_us: 20 * MS,
-                in_flight: false,
-            },
+            req: release_ran(20 * MS, 40 * MS),
         },
         40 * MS,
     );

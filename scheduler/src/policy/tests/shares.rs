@@ -294,7 +294,8 @@ fn quota_follows_predicted_burst_within_bounds() {
     let mut quota_for = |burst, now| {
         let req = Request::AcquireToken {
             device: 0,
-            used_us: 0,
+            ran: vec![],
+            in_flight: false,
             burst_us: burst,
         };
         match p

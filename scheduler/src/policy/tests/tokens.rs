@@ -8,30 +8,21 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
     hello(&mut p, 1, "hi");
     hello(&mut p, 2, "lo");
-    assert_eq!(token(&send(&mut p, 1, acquire(0), 0)).map(|t| t.0), Some(1));
-    assert!(send(&mut p, 2, acquire(0), 0).is_empty());
+    assert_eq!(token(&send(&mut p, 1, acquire(), 0)).map(|t| t.0), Some(1));
+    assert!(send(&mut p, 2, acquire(), 0).is_empty());
     // hi gives the token back after 20 ms; lo gets it, not lent (hi has
     // used all the time since it became active).
-    let r = send(
-        &mut p,
-        1,
-        Request::ReleaseToken {
-            device: 0,
-            used_us: 20 * MS,
-            in_flight: false,
-        },
-        20 * MS,
-    );
+    let r = send(&mut p, 1, release_ran(0, 20 * MS), 20 * MS);
     let r: Vec<_> = r.into_iter().filter(|(c, ..)| *c == 2).collect();
     assert_eq!(token(&r), Some((2, params.base_quota, false)));
     // 30 ms later hi has used 20 of 50 ms, below its MinUtil, and is away:
     // lo's next token is lent, min_quota long (hi's absences unknown).
-    let r = send(&mut p, 2, acquire(30 * MS), 50 * MS);
+    let r = send(&mut p, 2, acquire_ran(20 * MS, 50 * MS), 50 * MS);
     assert_eq!(token(&r), Some((2, params.min_quota, true)));
     // hi comes back and waits; at the lent token's end (HANDOVER_LEAD
     // before it, so hi's launches queue behind lo's last ones), not a
     // grace later, the device is hi's, although lo has not reported yet.
-    assert!(send(&mut p, 1, acquire(0), 55 * MS).is_empty());
+    assert!(send(&mut p, 1, acquire(), 55 * MS).is_empty());
     let end = 50 * MS + params.min_quota;
     let lead = HANDOVER_LEAD.min(params.min_quota / 4);
     assert!(lead > 0);
@@ -43,23 +34,15 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     // lo's late report (its work ran 2 ms past the token) is charged to
     // lo and leaves hi's token alone.
     let late = params.min_quota + 2 * MS;
-    assert!(send(&mut p, 2, acquire(late), end + 2 * MS).is_empty());
+    assert!(send(&mut p, 2, acquire_ran(50 * MS, end + 2 * MS), end + 2 * MS).is_empty());
     let st = p.status(end + 2 * MS);
     let dev = &st.devices[0];
     assert_eq!(dev.holder, Some(1), "{dev:?}");
-    // hi's 12 ms token began behind lo's overrun: charged from its end,
-    // 10 ms less the lead, once.
+    // hi's work from its first launch, at its grant, to 12 ms later
+    // began behind lo's overrun: charged from its end, 10 ms less the
+    // lead, once.
     let now = handover + 12 * MS;
-    send(
-        &mut p,
-        1,
-        Request::ReleaseToken {
-            device: 0,
-            used_us: 12 * MS,
-            in_flight: false,
-        },
-        now,
-    );
+    send(&mut p, 1, release_ran(handover, now), now);
     let st = p.status(now);
     let share = |g: &str| share_on_0(&st, g);
     // Each share is over the time since its group became active: hi's
@@ -77,56 +60,60 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
 }
 
 /// A lent token is renewed while its last work still runs: the hook
-/// reports that work ahead, up to the quota. It is charged to the
-/// borrower once, and not to the group that comes back behind it.
+/// reports that work once it is done, however many tokens later. It is
+/// charged to the borrower once, and not to the group that comes back
+/// behind it.
 #[test]
-fn work_reported_ahead_at_a_lent_renewal_is_charged_once_to_the_borrower() {
+fn work_in_flight_at_a_lent_renewal_is_charged_once_to_the_borrower() {
     let params = Params::default();
     let q = params.min_quota;
     let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
     hello(&mut p, 1, "hi");
     hello(&mut p, 2, "lo");
     // As above: hi works 20 ms and leaves; lo works 30 ms, then borrows.
-    send(&mut p, 1, acquire(0), 0);
-    send(&mut p, 2, acquire(0), 0);
-    send(
-        &mut p,
-        1,
-        Request::ReleaseToken {
-            device: 0,
-            used_us: 20 * MS,
-            in_flight: false,
-        },
-        20 * MS,
-    );
+    send(&mut p, 1, acquire(), 0);
+    send(&mut p, 2, acquire(), 0);
+    send(&mut p, 1, release_ran(0, 20 * MS), 20 * MS);
     let t1 = 50 * MS;
     assert_eq!(
-        token(&send(&mut p, 2, acquire(30 * MS), t1)),
+        token(&send(&mut p, 2, acquire_ran(20 * MS, t1), t1)),
         Some((2, q, true))
     );
     // 1 ms before the lent token's end lo's queue is full: it asks again,
-    // reporting the whole token (its work ends at the token's end).
+    // its work still running (reported once done).
+    let renew = Request::AcquireToken {
+        device: 0,
+        ran: vec![],
+        in_flight: true,
+        burst_us: 0,
+    };
     let t2 = t1 + q - MS;
-    assert_eq!(token(&send(&mut p, 2, acquire(q), t2)), Some((2, q, true)));
+    assert_eq!(
+        token(&send(&mut p, 2, renew.clone(), t2)),
+        Some((2, q, true))
+    );
     // hi comes back; lo renews ahead again and the device passes to hi
     // while lo's last millisecond still runs.
-    assert!(send(&mut p, 1, acquire(0), t2 + 3 * MS).is_empty());
+    assert!(send(&mut p, 1, acquire(), t2 + 3 * MS).is_empty());
     let t3 = t2 + q - MS;
-    let r = send(&mut p, 2, acquire(q), t3);
+    let r = send(&mut p, 2, renew, t3);
     let r: Vec<_> = r.into_iter().filter(|(c, ..)| *c == 1).collect();
     assert_eq!(token(&r).map(|t| (t.0, t.2)), Some((1, false)));
+    // lo's work, one stretch from t1, is done a millisecond later: it
+    // says so.
+    let r = send(
+        &mut p,
+        2,
+        Request::LateUsage {
+            device: 0,
+            ran: ran(t1, t3 + MS),
+        },
+        t3 + MS,
+    );
+    assert!(matches!(r.as_slice(), [(2, _, Reply::Done)]), "{r:?}");
     // hi's 12 ms from its grant began behind lo's last millisecond.
     let now = t3 + 12 * MS;
-    send(
-        &mut p,
-        1,
-        Request::ReleaseToken {
-            device: 0,
-            used_us: 12 * MS,
-            in_flight: false,
-        },
-        now,
-    );
+    send(&mut p, 1, release_ran(t3, now), now);
     let st = p.status(now);
     let share = |g: &str| share_on_0(&st, g);
     // lo: 30 ms, then its two lent tokens back to back, t1 to t3 + 1 ms.
@@ -167,11 +154,6 @@ fn status_counts_shares_from_the_group_start_lists_every_gpu_and_drops_rows_that
     );
     hello(&mut p, 1, "a");
     let start = 30 * SEC;
-    let acquire = |used_us| Request::AcquireToken {
-        device: 0,
-        used_us,
-        burst_us: 0,
-    };
     let at = |p: &mut Policy, req: Request, now: Micros| {
         replies(p.handle(
             Event::Request {
@@ -182,12 +164,12 @@ fn status_counts_shares_from_the_group_start_lists_every_gpu_and_drops_rows_that
             now,
         ))
     };
-    let quota = match at(&mut p, acquire(0), start).as_slice() {
+    let quota = match at(&mut p, acquire(), start).as_slice() {
         [(1, _, Reply::Token { quota_us, .. })] => *quota_us,
         other => panic!("{other:?}"),
     };
     let end = start + quota;
-    at(&mut p, acquire(quota), end);
+    at(&mut p, acquire_ran(start, end), end);
     let row = |st: &StatusReport| {
         st.devices[0]
             .groups
@@ -197,15 +179,7 @@ fn status_counts_shares_from_the_group_start_lists_every_gpu_and_drops_rows_that
     };
     let share = row(&p.status(end)).expect("a's row").share;
     assert!((share - 1.0).abs() < 0.01, "share {share}");
-    at(
-        &mut p,
-        Request::ReleaseToken {
-            device: 0,
-            used_us: 1,
-            in_flight: false,
-        },
-        end + 1,
-    );
+    at(&mut p, release_ran(end, end + 1), end + 1);
     assert!(
         row(&p.status(end + 2)).is_some(),
         "a used the device in the window"
@@ -221,16 +195,11 @@ fn token_not_returned_is_revoked_after_quota_and_grace() {
     let mut p = Policy::new(params, config("[a]\n[b]\n"));
     hello(&mut p, 1, "a");
     hello(&mut p, 2, "b");
-    let acquire = Request::AcquireToken {
-        device: 0,
-        used_us: 0,
-        burst_us: 0,
-    };
     let acts = p.handle(
         Event::Request {
             client: 1,
             seq: 1,
-            req: acquire.clone(),
+            req: acquire(),
         },
         0,
     );
@@ -247,7 +216,7 @@ fn token_not_returned_is_revoked_after_quota_and_grace() {
             Event::Request {
                 client: 2,
                 seq: 1,
-                req: acquire
+                req: acquire()
             },
             1
         )
@@ -280,11 +249,7 @@ fn token_not_returned_is_revoked_after_quota_and_grace() {
     );
     assert_eq!(revoked(&p), 1, "the revocation is counted for metrics");
     // The late report of the hog is still charged to its group.
-    let late = Request::AcquireToken {
-        device: 0,
-        used_us: expiry,
-        burst_us: 0,
-    };
+    let late = acquire_ran(0, expiry);
     p.handle(
         Event::Request {
             client: 1,
@@ -363,7 +328,8 @@ fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
     hello(&mut p, 2, "lo");
     let acquire = Request::AcquireToken {
         device: 0,
-        used_us: 0,
+        ran: vec![],
+        in_flight: false,
         burst_us: 30 * MS,
     };
     let granted = |r: &[(ClientId, u32, Reply)], who: ClientId| {
@@ -392,16 +358,7 @@ fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
         "an announced end is no revocation"
     );
     // hi reports when its wait returns: 21 ms of use, all charged to hi.
-    send(
-        &mut p,
-        1,
-        Request::ReleaseToken {
-            device: 0,
-            used_us: 21 * MS,
-            in_flight: false,
-        },
-        21 * MS + 100,
-    );
+    send(&mut p, 1, release_ran(0, 21 * MS), 21 * MS + 100);
     // A Quieting from a client without the token changes nothing.
     let r = send(
         &mut p,
@@ -434,21 +391,15 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
     hello(&mut p, 1, "hi");
     hello(&mut p, 2, "lo");
     control(&mut p, 3);
-    // Before any report there is nothing to be late about: ignored.
-    assert_eq!(
-        ask(
-            &mut p,
-            1,
-            Request::LateUsage {
-                device: 0,
-                used_us: 50 * MS
-            }
-        ),
-        Reply::Done
-    );
+    // Before any token there is nothing to be late about: ignored.
+    let late = |start, end| Request::LateUsage {
+        device: 0,
+        ran: ran(start, end),
+    };
+    assert_eq!(ask(&mut p, 1, late(0, 50 * MS)), Reply::Done);
     assert!(p.counters(0).is_empty(), "nothing charged");
-    send(&mut p, 1, acquire(0), 0);
-    assert!(send(&mut p, 2, acquire(0), 0).is_empty());
+    send(&mut p, 1, acquire(), 0);
+    assert!(send(&mut p, 2, acquire(), 0).is_empty());
     // hi reports 10 ms and gives the token back, its work still running;
     // lo gets the device at once.
     let r = send(
@@ -456,45 +407,20 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
         1,
         Request::ReleaseToken {
             device: 0,
-            used_us: 10 * MS,
-            in_flight: false,
+            ran: ran(0, 10 * MS),
+            in_flight: true,
         },
         10 * MS,
     );
     let r: Vec<_> = r.into_iter().filter(|(c, ..)| *c == 2).collect();
     assert_eq!(token(&r).map(|t| t.0), Some(2));
-    // hi's work ran on 8 ms; it says so at 18 ms. A report claiming more
-    // than the time since its last charge counts from that charge only.
-    send(
-        &mut p,
-        1,
-        Request::LateUsage {
-            device: 0,
-            used_us: 8 * MS,
-        },
-        18 * MS,
-    );
-    send(
-        &mut p,
-        1,
-        Request::LateUsage {
-            device: 0,
-            used_us: 30 * MS,
-        },
-        18 * MS,
-    );
+    // hi's work ran on 8 ms; it says so at 18 ms. A report claiming time
+    // it was charged already, or time to come, counts none of it again.
+    send(&mut p, 1, late(10 * MS, 18 * MS), 18 * MS);
+    send(&mut p, 1, late(0, 48 * MS), 18 * MS);
     // lo held the token from 10 to 30 ms; its kernels queued behind hi's
     // last work: charged 12 ms, not 20.
-    send(
-        &mut p,
-        2,
-        Request::ReleaseToken {
-            device: 0,
-            used_us: 20 * MS,
-            in_flight: false,
-        },
-        30 * MS,
-    );
+    send(&mut p, 2, release_ran(10 * MS, 30 * MS), 30 * MS);
     let counters = p.counters(30 * MS);
     let used = |g: &str| {
         counters
@@ -511,7 +437,7 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
             3,
             Request::LateUsage {
                 device: 0,
-                used_us: 1
+                ran: ran(0, 1),
             }
         )),
         Some(ErrorKind::Unexpected)
@@ -529,13 +455,8 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
 fn a_job_spanning_gpus_holds_them_in_turns() {
     // a's ranks take GPU 0 and GPU 1: a's turn opens; b's ranks wait.
     let (mut p, quota) = two_jobs_in_a_turn();
-    let release = |device: DeviceId, used_us: Micros| Request::ReleaseToken {
-        device,
-        used_us,
-        in_flight: false,
-    };
     // a's rank on GPU 1 ends its step: GPU 1 is free, but in a's turn.
-    let r = send(&mut p, 2, release(1, 4 * MS), 5 * MS);
+    let r = send(&mut p, 2, release(1, false, 0, 4 * MS), 5 * MS);
     assert_eq!(
         granted(&r, 4),
         None,
@@ -546,15 +467,15 @@ fn a_job_spanning_gpus_holds_them_in_turns() {
     assert!(granted(&r, 2).is_some(), "{r:?}");
     // The turn ends; a's ranks give their tokens back: b's turn, on both.
     let end = quota + 2 * MS;
-    let mut r = send(&mut p, 1, release(0, quota), end);
-    r.extend(send(&mut p, 2, release(1, quota - 6 * MS), end));
+    let mut r = send(&mut p, 1, release(0, false, 0, quota), end);
+    r.extend(send(&mut p, 2, release(1, false, 6 * MS, quota), end));
     assert!(
         granted(&r, 3).is_some() && granted(&r, 4).is_some(),
         "b's ranks did not get both GPUs: {r:?}"
     );
     // In b's turn, b's rank on GPU 1 ends a step and a's asks: GPU 1
     // stays free for b's next step.
-    send(&mut p, 4, release(1, MS), end + MS);
+    send(&mut p, 4, release(1, false, end, end + MS), end + MS);
     let r = send(&mut p, 2, on(1), end + 2 * MS);
     assert!(r.is_empty(), "a's rank took GPU 1 in b's turn: {r:?}");
     let r = send(&mut p, 4, on(1), end + 3 * MS);
@@ -574,13 +495,18 @@ fn a_job_spanning_gpus_holds_them_in_turns() {
 fn at_its_turns_end_a_jobs_ranks_finish_the_step_under_way_and_stop() {
     let (mut p, until) = two_jobs_in_a_turn();
     // Rank 2 asks 2 ms before the turn's end: a token to the end, no more.
-    send(&mut p, 2, release(1, false), until - 3 * MS);
+    send(
+        &mut p,
+        2,
+        release(1, false, 0, until - 3 * MS),
+        until - 3 * MS,
+    );
     let r = send(&mut p, 2, on(1), until - 2 * MS);
     let (quota, last) = grant_of(&r, 2).unwrap_or_else(|| panic!("{r:?}"));
     assert!(quota <= 2 * MS && !last, "{quota} µs, last step {last}");
     // Past the end, rank 1's token has run out: it gets a short token
     // that ends with its step.
-    send(&mut p, 1, release(0, false), until + MS / 10);
+    send(&mut p, 1, release(0, false, 0, until), until + MS / 10);
     let r = send(&mut p, 1, on(0), until + MS / 5);
     let (quota, last) = grant_of(&r, 1).unwrap_or_else(|| panic!("{r:?}"));
     assert!(
@@ -593,13 +519,23 @@ fn at_its_turns_end_a_jobs_ranks_finish_the_step_under_way_and_stop() {
     // Rank 1's step is done: its hook gives the token back, and its next
     // step waits (its peer finishes the same step, which needs nothing
     // from it); b does not get GPU 0 while a's rank on GPU 1 is mid-step.
-    send(&mut p, 1, release(0, false), until + MS);
+    send(
+        &mut p,
+        1,
+        release(0, false, until + MS / 5, until + MS),
+        until + MS,
+    );
     let r = send(&mut p, 1, on(0), until + 6 * MS / 5);
     assert_eq!(grant_of(&r, 1), None, "a began a new step: {r:?}");
     assert_eq!(grant_of(&r, 3), None, "b took GPU 0 mid-step: {r:?}");
     // Rank 2's step is done too: b's turn, on both GPUs, well within
     // what was the drain.
-    let r = send(&mut p, 2, release(1, false), until + 7 * MS / 5);
+    let r = send(
+        &mut p,
+        2,
+        release(1, false, until + MS / 2, until + 7 * MS / 5),
+        until + 7 * MS / 5,
+    );
     assert!(
         grant_of(&r, 3).is_some() && grant_of(&r, 4).is_some(),
         "b's ranks did not get both GPUs: {r:?}"
@@ -626,7 +562,7 @@ fn groups_on_several_gpus_whose_work_never_waits_take_no_turns() {
     assert!(granted(&send(&mut p, 2, on(1), 0), 2).is_some());
     assert!(send(&mut p, 3, on(0), MS).is_empty());
     assert!(send(&mut p, 4, on(1), MS).is_empty());
-    let r = send(&mut p, 2, release(1, false), 5 * MS);
+    let r = send(&mut p, 2, release(1, false, 0, 5 * MS), 5 * MS);
     assert!(
         granted(&r, 4).is_some(),
         "b's process waited for a turn on GPU 1: {r:?}"
@@ -648,7 +584,7 @@ fn two_jobs_in_a_turn() -> (Policy, Micros) {
     // for its peer: both are jobs whose ranks run together.
     for id in [3, 1] {
         assert!(granted(&send(&mut p, id, on(0), 0), id).is_some());
-        send(&mut p, id, release(0, true), 0);
+        send(&mut p, id, release(0, true, 0, 0), 0);
     }
     let quota = granted(&send(&mut p, 1, on(0), 0), 1).expect("a's rank on GPU 0");
     assert!(granted(&send(&mut p, 2, on(1), 0), 2).is_some());
@@ -660,16 +596,18 @@ fn two_jobs_in_a_turn() -> (Policy, Micros) {
 fn on(device: DeviceId) -> Request {
     Request::AcquireToken {
         device,
-        used_us: 0,
+        ran: vec![],
+        in_flight: false,
         burst_us: 0,
     }
 }
 
-/// A's ranks give back the tokens granted at 0, used to their end.
-fn release(device: DeviceId, in_flight: bool) -> Request {
+/// Gives the token of `device` back, its work having run from `start` to
+/// `end`.
+fn release(device: DeviceId, in_flight: bool, start: Micros, end: Micros) -> Request {
     Request::ReleaseToken {
         device,
-        used_us: Params::default().base_quota,
+        ran: ran(start, end),
         in_flight,
     }
 }
@@ -701,7 +639,7 @@ fn a_job_whose_collective_waits_for_its_peer_keeps_its_turn_until_the_peer_catch
     // running (it waits for the rank on GPU 1, which has not launched
     // its own yet).
     let t = until + gang::DRAIN + 5 * MS;
-    let r = send(&mut p, 1, release(0, true), t);
+    let r = send(&mut p, 1, release(0, true, 0, until), t);
     assert_eq!(
         granted(&r, 3),
         None,
@@ -709,7 +647,7 @@ fn a_job_whose_collective_waits_for_its_peer_keeps_its_turn_until_the_peer_catch
     );
     // The rank on GPU 1 ends its token and asks again to launch its
     // collective: it catches up, ahead of b, with a short token.
-    let r = send(&mut p, 2, release(1, false), t + MS);
+    let r = send(&mut p, 2, release(1, false, 0, until), t + MS);
     assert_eq!(granted(&r, 4), None, "b took GPU 1 mid-step: {r:?}");
     let r = send(&mut p, 2, on(1), t + 2 * MS);
     let quota = granted(&r, 2).unwrap_or_else(|| panic!("a's rank did not catch up: {r:?}"));
@@ -721,11 +659,16 @@ fn a_job_whose_collective_waits_for_its_peer_keeps_its_turn_until_the_peer_catch
         1,
         Request::LateUsage {
             device: 0,
-            used_us: 2 * MS,
+            ran: ran(t + MS, t + 3 * MS),
         },
         t + 3 * MS,
     );
-    let r = send(&mut p, 2, release(1, false), t + 3 * MS);
+    let r = send(
+        &mut p,
+        2,
+        release(1, false, t + 2 * MS, t + 3 * MS),
+        t + 3 * MS,
+    );
     assert!(
         granted(&r, 3).is_some() && granted(&r, 4).is_some(),
         "b's ranks did not get both GPUs once a's step was done: {r:?}"
@@ -738,12 +681,12 @@ fn past_its_drain_a_job_begins_no_new_step_and_the_turn_passes_once_its_tokens_e
     let drained = until + gang::DRAIN;
     // In the drain, a's rank on GPU 1 takes a short token to finish its
     // step.
-    send(&mut p, 2, release(1, false), drained - MS);
+    send(&mut p, 2, release(1, false, 0, until), drained - MS);
     let r = send(&mut p, 2, on(1), drained - MS / 2);
     assert!(granted(&r, 2).is_some(), "{r:?}");
     // Past the drain, a's rank on GPU 0 ends its step (nothing in flight)
     // and asks for the next one while that token still runs.
-    send(&mut p, 1, release(0, false), drained + MS / 10);
+    send(&mut p, 1, release(0, false, 0, until), drained + MS / 10);
     let r = send(&mut p, 1, on(0), drained + MS / 5);
     assert_eq!(
         granted(&r, 1),
@@ -756,7 +699,12 @@ fn past_its_drain_a_job_begins_no_new_step_and_the_turn_passes_once_its_tokens_e
         "b took GPU 0 while a's rank on GPU 1 finishes its step: {r:?}"
     );
     // Once that token ends, b's turn opens on both GPUs.
-    let r = send(&mut p, 2, release(1, false), drained + 2 * MS / 5);
+    let r = send(
+        &mut p,
+        2,
+        release(1, false, drained - MS / 2, drained + 2 * MS / 5),
+        drained + 2 * MS / 5,
+    );
     assert!(
         granted(&r, 3).is_some() && granted(&r, 4).is_some(),
         "b's ranks did not get both GPUs: {r:?}"
@@ -771,7 +719,7 @@ fn past_its_drain_a_rank_catches_up_with_a_peer_holding_its_token_past_its_quota
     // its collective may be waiting for the rank on GPU 0 (the hook has
     // not found it stalled yet). That rank asks to launch its own: it is
     // served, ahead of b.
-    send(&mut p, 1, release(0, false), t);
+    send(&mut p, 1, release(0, false, 0, until), t);
     let r = send(&mut p, 1, on(0), t + MS);
     let quota = granted(&r, 1).unwrap_or_else(|| panic!("a's rank did not catch up: {r:?}"));
     assert!(quota <= LENT_MIN_QUOTA, "a catch-up token of {quota} µs");
@@ -781,8 +729,8 @@ fn past_its_drain_a_rank_catches_up_with_a_peer_holding_its_token_past_its_quota
 fn a_collective_whose_peer_never_comes_holds_the_turn_at_most_drain_max() {
     let (mut p, until) = two_jobs_in_a_turn();
     let t = until + gang::DRAIN + 5 * MS;
-    send(&mut p, 1, release(0, true), t);
-    let r = send(&mut p, 2, release(1, false), t + MS);
+    send(&mut p, 1, release(0, true, 0, until), t);
+    let r = send(&mut p, 2, release(1, false, 0, until), t + MS);
     assert_eq!(granted(&r, 4), None, "b took GPU 1 mid-step: {r:?}");
     // a's rank on GPU 1 never asks again (it died, or waits on something
     // else): past DRAIN_MAX the turn is over all the same, and the
@@ -813,7 +761,7 @@ fn a_job_alone_takes_no_turns() {
     let quota = granted(&send(&mut p, 1, on(0), 0), 1).expect("GPU 0");
     assert!(granted(&send(&mut p, 1, on(1), 0), 1).is_some());
     let t = quota + gang::DRAIN + 5 * MS;
-    send(&mut p, 1, release(0, false), t);
+    send(&mut p, 1, release(0, false, 0, quota), t);
     let r = send(&mut p, 1, on(0), t + MS);
     let again = granted(&r, 1).unwrap_or_else(|| panic!("a waited alone: {r:?}"));
     assert!(again > LENT_MIN_QUOTA, "a got a {again} µs token alone");
@@ -856,12 +804,7 @@ fn a_token_asked_ahead_is_declined_where_another_group_has_the_device() {
     // So is the critical group's, whatever its bursts, and it is served
     // first (within its room of 0.2) when hi gives the device back.
     assert!(send(&mut p, 3, ahead(20 * MS), 2 * MS).is_empty());
-    let release = Request::ReleaseToken {
-        device: 0,
-        used_us: 2 * MS,
-        in_flight: false,
-    };
-    let r = send(&mut p, 1, release, 3 * MS);
+    let r = send(&mut p, 1, release_ran(0, 2 * MS), 3 * MS);
     let granted: Vec<ClientId> = r
         .iter()
         .filter(|(_, _, rep)| matches!(rep, Reply::Token { .. }))

@@ -103,7 +103,8 @@ pub(crate) fn policy_throughput(t: &mut Table) {
                 seq: 1,
                 req: Request::AcquireToken {
                     device: (c % devices as u64) as u32,
-                    used_us: 0,
+                    ran: vec![],
+                    in_flight: false,
                     burst_us: 0,
                 },
             },
@@ -118,7 +119,11 @@ pub(crate) fn policy_throughput(t: &mut Table) {
         };
         let req = Request::AcquireToken {
             device: (c % devices as u64) as u32,
-            used_us: used,
+            ran: vec![gemini_protocol::Span {
+                start_us: now - used,
+                end_us: now,
+            }],
+            in_flight: false,
             burst_us: 0,
         };
         let acts = p.handle(
@@ -162,7 +167,8 @@ pub(crate) fn scheduler_rss(t: &mut Table) {
         c.request(
             &Request::AcquireToken {
                 device: dev,
-                used_us: 0,
+                ran: vec![],
+                in_flight: false,
                 burst_us: 0,
             },
             Duration::from_secs(30),
@@ -171,7 +177,7 @@ pub(crate) fn scheduler_rss(t: &mut Table) {
         c.request(
             &Request::ReleaseToken {
                 device: dev,
-                used_us: 100,
+                ran: ran_for_us(100),
                 in_flight: false,
             },
             Duration::from_secs(5),
@@ -189,4 +195,13 @@ pub(crate) fn scheduler_rss(t: &mut Table) {
         ),
         "< 50 MB",
     );
+}
+
+/// A report of work that ran for the last `us` µs.
+fn ran_for_us(us: u64) -> Vec<gemini_protocol::Span> {
+    let end = gemini_protocol::clock::monotonic_us();
+    vec![gemini_protocol::Span {
+        start_us: end - us,
+        end_us: end,
+    }]
 }

@@ -53,7 +53,8 @@ pub(crate) fn fast_path(t: &mut Table) {
         let r = c.request(
             &Request::AcquireToken {
                 device: 0,
-                used_us: 1,
+                ran: ran_1us(),
+                in_flight: false,
                 burst_us: 0,
             },
             Duration::from_secs(2),
@@ -63,7 +64,7 @@ pub(crate) fn fast_path(t: &mut Table) {
         let _ = c.request(
             &Request::ReleaseToken {
                 device: 0,
-                used_us: 1,
+                ran: ran_1us(),
                 in_flight: false,
             },
             Duration::from_secs(2),
@@ -275,4 +276,13 @@ pub(crate) fn rtt_matrix(t: &mut Table) {
         format!("{worst:.2} pp"),
         "irrelevant: well under the ±2 pp of a row",
     );
+}
+
+/// A report of work that ran for the last microsecond.
+fn ran_1us() -> Vec<gemini_protocol::Span> {
+    let end = gemini_protocol::clock::monotonic_us();
+    vec![gemini_protocol::Span {
+        start_us: end - 1,
+        end_us: end,
+    }]
 }

@@ -178,7 +178,8 @@ fn tokens_and_memory_through_the_daemon() {
     assert!(matches!(hello(&mut b, "b"), Reply::Welcome { .. }));
     let acquire = Request::AcquireToken {
         device: 0,
-        used_us: 0,
+        ran: vec![],
+        in_flight: false,
         burst_us: 20_000,
     };
     assert_eq!(
@@ -201,7 +202,12 @@ fn tokens_and_memory_through_the_daemon() {
         a.request(
             &Request::ReleaseToken {
                 device: 0,
-                used_us: 5_000,
+                ran: gemini_protocol::Span::from_ns(
+                    gemini_protocol::clock::monotonic_ns() - 5_000_000,
+                    gemini_protocol::clock::monotonic_ns(),
+                )
+                .into_iter()
+                .collect(),
                 in_flight: false,
             },
             T
@@ -295,7 +301,8 @@ fn garbage_and_foreign_versions_get_error_replies_and_the_daemon_lives() {
         .request(
             &Request::AcquireToken {
                 device: 0,
-                used_us: 0,
+                ran: vec![],
+                in_flight: false,
                 burst_us: 0,
             },
             T,
@@ -404,7 +411,8 @@ fn helper_client_process() {
         .request(
             &Request::AcquireToken {
                 device: 0,
-                used_us: 0,
+                ran: vec![],
+                in_flight: false,
                 burst_us: 100_000,
             },
             T,
@@ -479,7 +487,8 @@ fn settings_file_and_flags_are_applied() {
         .request(
             &Request::AcquireToken {
                 device: 0,
-                used_us: 0,
+                ran: vec![],
+                in_flight: false,
                 burst_us: 10_000_000,
             },
             T,
@@ -535,7 +544,8 @@ fn a_quieting_holder_passes_the_token_on_at_the_announced_end() {
     assert!(matches!(hello(&mut lo, "lo"), Reply::Welcome { .. }));
     let acquire = Request::AcquireToken {
         device: 0,
-        used_us: 0,
+        ran: vec![],
+        in_flight: false,
         burst_us: 100_000,
     };
     assert!(matches!(

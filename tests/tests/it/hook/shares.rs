@@ -420,7 +420,7 @@ fn a_graph_captured_beside_a_launching_thread_survives_and_its_replays_are_gated
             let log = String::from_utf8_lossy(&out.stderr);
             assert!(log.contains("capture ended"), "{log}");
             found = log.lines().any(|l| {
-                l.contains("a capture is open: token accounted without waiting") && l.contains(ends)
+                l.contains("a capture is open: token ended without waiting") && l.contains(ends)
             });
             if found {
                 break;

@@ -1,0 +1,195 @@
+//! The admission protocol: how a launch on the fast path and a thread
+//! that takes the token away agree, with no lock, that no launch reaches
+//! the driver once the token is taken.
+//!
+//! A launch counts itself in (`entered`) and only then reads the
+//! deadline; if the deadline has passed it counts itself out again and
+//! takes the slow path. A give-back swaps the deadline out and only then
+//! checks that every call counted in has returned (`entered ==
+//! exited`); if one has not, it puts the deadline back and the token
+//! stays. Both sides' accesses are sequentially consistent, so one of
+//! them sees the other: either the give-back sees the launch counted in
+//! and keeps the token, or the launch sees the deadline gone. (Reading
+//! the deadline first and counting in after lets a launch read the old
+//! deadline, the give-back then find nothing in flight, and the launch
+//! reach the driver with no token: the loom model below finds that
+//! interleaving.)
+//!
+//! The functions are generic over the word they work on, so that the
+//! same code runs on `std`'s atomics in the hook and on `loom`'s in the
+//! model (`RUSTFLAGS="--cfg loom" cargo test -p gemini-hook --release
+//! --lib admission`, see docs/testing.md). The order each side needs is
+//! between its write (the count, the swap) and its read that follows:
+//! `std`'s sequentially consistent accesses give it (C11 orders every
+//! such access in one total order); loom treats such accesses as
+//! acquire-release only, and models the same order with a sequentially
+//! consistent fence after the write, so its words fence there.
+
+use std::sync::atomic::Ordering::SeqCst;
+
+/// A 64-bit atomic word, as the protocol uses it: every access is
+/// ordered with every other, of every word (see the module doc).
+pub(crate) trait Word {
+    fn get(&self) -> u64;
+    fn set(&self, v: u64);
+    fn swap_in(&self, v: u64) -> u64;
+    fn add(&self, v: u64);
+    fn sub(&self, v: u64);
+}
+
+impl Word for std::sync::atomic::AtomicU64 {
+    #[inline]
+    fn get(&self) -> u64 {
+        self.load(SeqCst)
+    }
+    #[inline]
+    fn set(&self, v: u64) {
+        self.store(v, SeqCst)
+    }
+    #[inline]
+    fn swap_in(&self, v: u64) -> u64 {
+        self.swap(v, SeqCst)
+    }
+    #[inline]
+    fn add(&self, v: u64) {
+        self.fetch_add(v, SeqCst);
+    }
+    #[inline]
+    fn sub(&self, v: u64) {
+        self.fetch_sub(v, SeqCst);
+    }
+}
+
+/// A launch at `now` asks to pass: counted into `entered` if the token
+/// (`deadline`) is valid and `fits` agrees (the queue bound), else not
+/// counted and `false` (the slow path). Keep the call counted until it
+/// returns from the driver, then count it out of `exited`.
+#[inline]
+pub(crate) fn enter<W: Word>(
+    entered: &W,
+    deadline: &W,
+    now: u64,
+    fits: impl FnOnce() -> bool,
+) -> bool {
+    entered.add(1);
+    if now < deadline.get() && fits() {
+        return true;
+    }
+    entered.sub(1);
+    false
+}
+
+/// Takes the token (`deadline`) from new launches, if no call is in flight
+/// and none came in since `seen` calls had been counted in: `true`, and
+/// every launch from now on takes the slow path (and waits for the
+/// caller, which holds the gate's lock). `false`, the token left as it
+/// was, otherwise.
+pub(crate) fn withdraw<W: Word>(deadline: &W, entered: &W, exited: &W, seen: u64) -> bool {
+    let was = deadline.swap_in(0);
+    if entered.get() != seen || exited.get() != seen {
+        deadline.set(was);
+        return false;
+    }
+    true
+}
+
+#[cfg(all(test, loom))]
+mod model {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::sync::atomic::AtomicU64;
+
+    use loom::sync::atomic::fence;
+
+    /// Loom's accesses are acquire-release at most: a sequentially
+    /// consistent fence after each write orders it with what follows.
+    impl Word for AtomicU64 {
+        fn get(&self) -> u64 {
+            self.load(SeqCst)
+        }
+        fn set(&self, v: u64) {
+            self.store(v, SeqCst);
+            fence(SeqCst);
+        }
+        fn swap_in(&self, v: u64) -> u64 {
+            let was = self.swap(v, SeqCst);
+            fence(SeqCst);
+            was
+        }
+        fn add(&self, v: u64) {
+            self.fetch_add(v, SeqCst);
+            fence(SeqCst);
+        }
+        fn sub(&self, v: u64) {
+            self.fetch_sub(v, SeqCst);
+            fence(SeqCst);
+        }
+    }
+
+    #[derive(Default)]
+    struct Gate {
+        deadline: AtomicU64,
+        entered: AtomicU64,
+        exited: AtomicU64,
+        /// Set once a give-back returned true.
+        taken: AtomicU64,
+    }
+
+    /// Runs `launches` launches on each of two threads beside a thread
+    /// giving the token back with `withdraw`, each launch passing with
+    /// `enter`; fails where a launch passes after the give-back returned
+    /// true.
+    fn check(launches: usize, enter: fn(&AtomicU64, &AtomicU64, u64) -> bool) {
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(move || {
+            let g = Arc::new(Gate::default());
+            g.deadline.set(100);
+            let launch = |g: Arc<Gate>| {
+                move || {
+                    for _ in 0..launches {
+                        if enter(&g.entered, &g.deadline, 10) {
+                            // The launch reaches the driver here.
+                            assert_eq!(g.taken.get(), 0, "a launch passed after the give-back");
+                            g.exited.add(1);
+                        }
+                    }
+                }
+            };
+            let a = loom::thread::spawn(launch(g.clone()));
+            let b = loom::thread::spawn(launch(g.clone()));
+            let seen = g.entered.get();
+            if g.exited.get() == seen && withdraw(&g.deadline, &g.entered, &g.exited, seen) {
+                g.taken.set(1);
+            }
+            a.join().unwrap();
+            b.join().unwrap();
+        });
+    }
+
+    /// No launch is admitted once a give-back returned true, in every
+    /// interleaving (of up to three preemptions).
+    #[test]
+    fn no_launch_reaches_the_driver_after_a_give_back() {
+        check(2, |entered, deadline, now| {
+            enter(entered, deadline, now, || true)
+        });
+    }
+
+    /// The order the fast path had before: the deadline read, then the
+    /// launch counted. A launch reads the old deadline, the give-back
+    /// swaps it and finds nothing in flight, and the launch reaches the
+    /// driver with no token.
+    #[test]
+    #[should_panic(expected = "a launch passed after the give-back")]
+    fn reading_the_deadline_before_counting_in_lets_a_launch_through() {
+        check(1, |entered, deadline, now| {
+            if now < deadline.get() {
+                entered.add(1);
+                true
+            } else {
+                false
+            }
+        });
+    }
+}

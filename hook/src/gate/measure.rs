@@ -1,0 +1,209 @@
+//! What the device ran of this process's work, measured: the spans the
+//! scheduler charges (see `gemini_protocol::Span`).
+//!
+//! A span opens at the first launch while none of the process's work is
+//! known outstanding, and closes when a wait proves all of it done: a
+//! synchronisation that covers every launch since the span opened (see
+//! `covers`), or the synchronisation at a token's end. So the time a
+//! program spends on the CPU between a wait and its next launch is not
+//! charged, whatever token it holds meanwhile; work that outlives its
+//! token (queued behind a renewal, a collective waiting for its peer) is
+//! charged once proven done, to the time it ran, however late.
+
+use super::*;
+use gemini_protocol::Span;
+
+/// Spans kept for one report at most; beyond, the two nearest are joined
+/// (the CPU time between them is charged). A report goes with every
+/// token request or release, so this binds only a program that waits
+/// thousands of times under one token.
+const MAX_SPANS: usize = 32;
+
+impl Gate {
+    /// A launch was admitted at `now`: its work is outstanding from then,
+    /// unless earlier work still is. Hot path: one load, mostly.
+    #[inline]
+    pub(super) fn open(&self, now: u64) {
+        if self.open_since.load(Ordering::SeqCst) == 0 {
+            self.open_cold(now.max(1));
+        }
+    }
+
+    #[cold]
+    fn open_cold(&self, now: u64) {
+        if self
+            .open_since
+            .compare_exchange(0, now, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+        {
+            // The first span since one was detached (see `late`).
+            let _ = self
+                .resumed_at
+                .compare_exchange(0, now, Ordering::SeqCst, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a launch call is in flight now (entered, not returned):
+    /// one may reach the driver after any proof made meanwhile.
+    fn launch_in_flight(&self) -> bool {
+        let entered = self.entered.load(Ordering::SeqCst);
+        let exited = self.exited.load(Ordering::SeqCst);
+        let waiting = self.waiting_now.load(Ordering::SeqCst);
+        entered.saturating_sub(exited) > waiting
+    }
+
+    /// All of the process's work on the device, of `launches_at`
+    /// launches, was proven done at `at` (ns): the span open since its
+    /// first launch closes there. `false` where that cannot be said (no
+    /// span open, or a launch came or is in flight: its work may be
+    /// outstanding, and the span goes on).
+    pub(super) fn close(&self, at: u64, launches_at: u64) -> bool {
+        let moved = |g: &Gate| g.launch_in_flight() || g.launches() != launches_at;
+        if moved(self) {
+            return false;
+        }
+        self.open_stream.store(covers::NO_STREAM, Ordering::SeqCst);
+        let since = self.open_since.swap(0, Ordering::SeqCst);
+        if since == 0 {
+            return false;
+        }
+        if moved(self) {
+            // A launch came in between: the span goes on from `since`
+            // (the streams it went to are forgotten: only a proof that
+            // covers every stream closes it now).
+            let _ = self
+                .open_since
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+                    (cur == 0 || cur > since).then_some(since)
+                });
+            self.open_stream.store(covers::MIXED, Ordering::SeqCst);
+            return false;
+        }
+        // A span detached before this one opened ends first (see `late`).
+        late::end_detached(self);
+        self.record_span(since, at.max(since));
+        true
+    }
+
+    /// Work ran from `start` to `end` (ns), proven done: reported next.
+    pub(super) fn record_span(&self, start: u64, end: u64) {
+        record(&mut lock(&self.ran), start, end);
+    }
+
+    /// Whether work of the process may still run unreported: a span is
+    /// open, or one detached is waited for (see `late`).
+    pub(super) fn outstanding(&self) -> bool {
+        self.open_since.load(Ordering::SeqCst) != 0 || self.late_since.load(Ordering::Acquire) != 0
+    }
+
+    /// The spans proven done and not reported yet; they are reported now.
+    pub(super) fn take_ran(&self) -> Vec<Span> {
+        std::mem::take(&mut *lock(&self.ran))
+    }
+
+    /// Spans taken for a report that was not sent: they go with the next.
+    pub(super) fn keep_ran(&self, ran: Vec<Span>) {
+        if ran.is_empty() {
+            return;
+        }
+        let mut kept = lock(&self.ran);
+        let later = std::mem::replace(&mut *kept, ran);
+        for s in later {
+            record(
+                &mut kept,
+                s.start_us.saturating_mul(1000),
+                s.end_us.saturating_mul(1000),
+            );
+        }
+    }
+}
+
+/// The device time of `ran`, µs (for the log).
+pub(super) fn total_us(ran: &[Span]) -> u64 {
+    ran.iter().map(Span::len_us).sum()
+}
+
+/// Adds `[start, end)` (ns) to `spans`: joined to the last where they
+/// touch, and the nearest two joined where there are too many.
+fn record(spans: &mut Vec<Span>, start: u64, end: u64) {
+    let Some(span) = Span::from_ns(start, end) else {
+        return;
+    };
+    if let Some(last) = spans.last_mut()
+        && span.start_us <= last.end_us
+    {
+        last.end_us = last.end_us.max(span.end_us);
+        return;
+    }
+    spans.push(span);
+    if spans.len() > MAX_SPANS {
+        let nearest = (1..spans.len())
+            .min_by_key(|&i| spans[i].start_us.saturating_sub(spans[i - 1].end_us))
+            .unwrap_or(1);
+        spans[nearest - 1].end_us = spans[nearest].end_us;
+        spans.remove(nearest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A span closes only where no launch came since the proof's wait
+    /// began and none is in flight; otherwise it goes on from its start.
+    #[test]
+    fn a_span_closes_only_where_no_launch_came_since_the_proof() {
+        let g = Gate::default();
+        let launch = |g: &Gate, at: u64| {
+            g.entered.fetch_add(1, Ordering::SeqCst);
+            g.open(at);
+            g.exited.fetch_add(1, Ordering::SeqCst);
+        };
+        launch(&g, 1_000_000);
+        launch(&g, 1_500_000);
+        let launches = g.launches();
+        // A launch after the proof's wait began: not closed.
+        launch(&g, 2_000_000);
+        assert!(!g.close(3_000_000, launches));
+        assert!(g.outstanding());
+        // A launch in flight (entered, not returned): not closed.
+        g.entered.fetch_add(1, Ordering::SeqCst);
+        assert!(!g.close(3_000_000, g.launches()));
+        g.exited.fetch_add(1, Ordering::SeqCst);
+        // Proven: one span from the first launch, the CPU time before the
+        // next launch left out.
+        assert!(g.close(4_000_000, g.launches()));
+        assert!(!g.outstanding());
+        assert!(!g.close(4_500_000, g.launches()), "nothing open");
+        launch(&g, 6_000_000);
+        assert!(g.close(7_000_000, g.launches()));
+        assert_eq!(
+            g.take_ran(),
+            [
+                Span {
+                    start_us: 1_000,
+                    end_us: 4_000
+                },
+                Span {
+                    start_us: 6_000,
+                    end_us: 7_000
+                }
+            ]
+        );
+        assert!(g.take_ran().is_empty());
+    }
+
+    #[test]
+    fn too_many_spans_are_joined_where_nearest() {
+        let mut spans = Vec::new();
+        for i in 0..MAX_SPANS as u64 + 1 {
+            let start = i * 100 + if i == 5 { 80 } else { 0 };
+            record(&mut spans, start * 1000, (start + 10) * 1000);
+        }
+        assert_eq!(spans.len(), MAX_SPANS);
+        assert!(
+            spans.iter().any(|s| s.start_us == 580 && s.end_us == 610),
+            "{spans:?}"
+        );
+    }
+}
