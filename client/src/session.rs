@@ -12,13 +12,15 @@ use std::time::Duration;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The hello of this process as `role` in `group` (empty: none named, or
-/// not a client), holding `held`.
-pub fn hello(role: Role, group: &str, held: &[HeldMemory]) -> Request {
+/// not a client), holding `held`, a rank of `job` (see
+/// `gemini_protocol::job`).
+pub fn hello(role: Role, group: &str, held: &[HeldMemory], job: Option<&str>) -> Request {
     Request::Hello {
         role,
         group: group.to_string(),
         pid: std::process::id(),
         held: held.to_vec(),
+        job: job.map(str::to_string),
     }
 }
 
@@ -53,7 +55,7 @@ impl Session {
             Some(c) => c,
             None => {
                 let mut c = Client::connect(&self.ipc)?;
-                match c.request(&hello(self.role, &self.group, held), HELLO_TIMEOUT)? {
+                match c.request(&hello(self.role, &self.group, held, None), HELLO_TIMEOUT)? {
                     Reply::Welcome { .. } => c,
                     refused => return Ok(Err(refused)),
                 }

@@ -106,7 +106,8 @@ impl State {
         let group = self.settings.group.clone().unwrap_or_default();
         self.open()?;
         let start = Instant::now();
-        let hello = gemini_client::hello(Role::Client, &group, &self.held_memory());
+        let job = lock(&self.job).clone();
+        let hello = gemini_client::hello(Role::Client, &group, &self.held_memory(), job.as_deref());
         // A scheduler that is not up yet gets it from the socket's queue
         // when it starts. It is sent again all the same, after 1, 2, 4 …
         // up to 32 s, as one written to a scheduler that died before

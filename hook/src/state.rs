@@ -37,6 +37,9 @@ pub struct Settings {
     /// `GEMINI_ASK_AHEAD` (`0`: off): a token is asked for ahead of the
     /// process's predicted return from a quiet gap (see `gate::ahead`).
     pub ask_ahead: bool,
+    /// The multi-GPU job the process is a rank of, as its launcher's
+    /// variables declare it (see `gemini_protocol::job`).
+    pub job: Option<String>,
 }
 
 /// The IPC directory, found as the daemon and the tools find it
@@ -101,6 +104,8 @@ impl Settings {
             visible,
             token_delay,
             ask_ahead: var(env::ASK_AHEAD).is_none_or(|v| v.trim() != "0"),
+            // SAFETY: getppid(2) takes nothing and cannot fail.
+            job: gemini_protocol::job::declared(var, unsafe { libc::getppid() } as u32),
         }
     }
 
@@ -310,6 +315,9 @@ pub struct State {
     pub driver_objects: Mutex<HashMap<DriverObject, (u32, u64)>>,
     /// Where each event was last recorded (see `covers`).
     pub events: Mutex<HashMap<usize, Record>>,
+    /// The job the process is a rank of: declared by its launcher, or
+    /// the first NCCL communicator it made (said in every hello).
+    pub job: Mutex<Option<String>>,
 }
 
 /// What the driver keeps for one object: a context, a limit of one, a
@@ -373,7 +381,9 @@ pub fn get() -> &'static State {
     });
     let settings = Settings::from_env();
     crate::log::set_verbose(std::env::var_os(env::LOG).is_some_and(|v| !v.is_empty() && v != "0"));
+    let job = Mutex::new(settings.job.clone());
     let fresh = Box::into_raw(Box::new(State {
+        job,
         settings,
         conn: Mutex::new(None),
         register: Mutex::new(()),

@@ -80,6 +80,12 @@ struct Args {
     /// The hook library [default: libgemhook.so next to this install, or $GEMINI_HOOK]
     #[arg(long, env = gemini_protocol::env::HOOK, value_name = "PATH")]
     hook: Option<PathBuf>,
+    /// The program is a rank of this multi-GPU job: its ranks (every
+    /// gem-launch with the same --job) take their GPUs in turns together,
+    /// so that their collectives meet. torchrun, Slurm and MPI jobs are
+    /// recognised without it.
+    #[arg(long, value_name = "NAME")]
+    job: Option<String>,
     /// The program and its arguments
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -251,6 +257,9 @@ fn main() {
     cmd.env("LD_PRELOAD", preload)
         .env(env::GROUP_NAME, &group)
         .env(env::IPC_DIR, &ipc);
+    if let Some(job) = &args.job {
+        cmd.env(env::JOB, job);
+    }
     let err = cmd.exec();
     let code = if err.kind() == std::io::ErrorKind::NotFound {
         EXIT_NOT_FOUND

@@ -20,6 +20,7 @@ fn main() -> std::io::Result<()> {
                 device: 0,
                 bytes: 1 << 30,
             }],
+            job: None,
         },
         Request::AcquireToken {
             device: 0,

@@ -122,6 +122,7 @@ mod tests {
                     device: 1,
                     bytes: 1 << 30,
                 }],
+                job: None,
             },
             Request::AcquireToken {
                 device: 0,

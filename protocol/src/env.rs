@@ -26,3 +26,6 @@ pub const BENCH_TOKEN_DELAY_US: &str = "GEMINI_BENCH_TOKEN_DELAY_US";
 pub const ASK_AHEAD: &str = "GEMINI_ASK_AHEAD";
 /// Path of `libgemhook.so` for `gem-launch` (flag `--hook` wins).
 pub const HOOK: &str = "GEMINI_HOOK";
+/// The multi-GPU job a process is a rank of (`gem-launch --job NAME`):
+/// its ranks take their GPUs in turns together (see [`crate::job`]).
+pub const JOB: &str = "GEMINI_JOB";

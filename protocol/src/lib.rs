@@ -19,6 +19,7 @@ pub mod clock;
 pub mod codec;
 pub mod endpoint;
 pub mod env;
+pub mod job;
 pub mod message;
 pub mod units;
 

@@ -87,6 +87,10 @@ pub enum Request {
         pid: u32,
         /// Memory already held, for re-registration.
         held: Vec<HeldMemory>,
+        /// The multi-GPU job the process is a rank of, as its launcher
+        /// declares it (see [`crate::job`]); `None`: none. Only a job's
+        /// ranks take their GPUs in turns.
+        job: Option<String>,
     },
     /// Ask for the token of `device`. `ran` is the device time the
     /// client's work occupied since its last report on this device, as
@@ -259,6 +263,13 @@ pub enum Request {
         device: DeviceId,
         /// The work's device time, oldest first.
         ran: Vec<Span>,
+    },
+    /// The process created an NCCL communicator: it is a rank of the job
+    /// `job` names (see [`crate::job`]), from now on. Reply:
+    /// [`Reply::Done`].
+    Job {
+        /// The job.
+        job: String,
     },
     /// Ask for the token of `device` a little before the client is
     /// predicted to launch again (it is quiet now, between steps, and has
@@ -610,4 +621,7 @@ pub struct ClientStatus {
     pub role: Role,
     /// Group (empty for control and holder).
     pub group: String,
+    /// The multi-GPU job it is a rank of, where one was declared.
+    #[serde(default)]
+    pub job: Option<String>,
 }

@@ -211,8 +211,15 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
     for c in &r.clients {
         let _ = writeln!(
             s,
-            "  client {:<5} pid {:<8} {:?} {}",
-            c.id, c.pid, c.role, c.group
+            "  client {:<5} pid {:<8} {:?} {}{}",
+            c.id,
+            c.pid,
+            c.role,
+            c.group,
+            c.job
+                .as_deref()
+                .map(|j| format!(" (job {j})"))
+                .unwrap_or_default()
         );
     }
     s

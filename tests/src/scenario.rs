@@ -18,6 +18,15 @@ pub const TRAINING_STEP: &[&str] = &[
 /// `gem-workload` arguments for rank `rank` of a 2-rank NCCL-style job
 /// (communicator `comm`) on GPU `rank`: steps of five 200 µs kernels and
 /// an allreduce (the simulator's `fake_allreduce`), then a wait.
+/// Makes `cmd` rank `rank` of a two-rank job `comm`, as torchrun
+/// launches one (its `TORCHELASTIC_RUN_ID`, `WORLD_SIZE` and `RANK`): the
+/// hook declares the job, and its ranks take their GPUs in turns.
+pub fn as_rank(cmd: &mut std::process::Command, comm: usize, rank: u32) {
+    cmd.env("TORCHELASTIC_RUN_ID", format!("comm-{comm}"))
+        .env("WORLD_SIZE", "2")
+        .env("RANK", rank.to_string());
+}
+
 pub fn allreduce_rank(comm: usize, rank: u32, seconds: &str) -> Vec<String> {
     [
         "--device",

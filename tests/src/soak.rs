@@ -251,6 +251,7 @@ pub fn load(duration: Duration, clients: usize) -> LoadReport {
                     group: group.into(),
                     pid: std::process::id(),
                     held: vec![],
+                    job: None,
                 };
                 let ok = matches!(c.request(&hello, t), Ok(Reply::Welcome { .. }));
                 barrier.wait();

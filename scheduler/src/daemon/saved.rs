@@ -145,6 +145,7 @@ impl Daemon {
                 group: String::new(),
                 pid: r.pid,
                 held: Vec::new(),
+                job: None,
             };
             let _ = self.policy.handle(
                 Event::Request {

@@ -5,12 +5,12 @@
 //! started theirs. If one rank's device serves job A while the peer's
 //! serves job B, A's collective spins beside B's work (a real GPU
 //! time-slices them) until the peer gets its device, and B's does the
-//! same on the other device: both jobs crawl. So a group whose processes
-//! used (or wait for) several devices within [`GANG_RECENT`], one of
-//! which has shown work waiting beyond its token (a token given back
-//! with its work in flight, or held [`WAIT_SIGN`] past its end), is a
-//! job, and, while another group is connected, takes the devices in
-//! turns decided on the first of them (its leader):
+//! same on the other device: both jobs crawl. So the ranks of a job (as
+//! its launcher or its NCCL communicator declares it, see
+//! `gemini_protocol::job`: never guessed from how its work waits, which
+//! put independent programs into turns) that used (or wait for) several
+//! devices within [`GANG_RECENT`] take the devices in turns decided on
+//! the first of them (its leader), while another client is connected:
 //! - while no turn is open, the waiters are ranked as on any device; a
 //!   job granted a token on one of its devices opens its turn on all of
 //!   them for that token's length (on the leader's record); its ranks'
@@ -49,10 +49,6 @@ use super::*;
 /// A job spanning devices: see the module doc.
 pub const GANG_RECENT: Micros = 100_000;
 
-/// How far past its quota a token held is taken for work waiting beyond
-/// it (see `turn_view`).
-const WAIT_SIGN: Micros = 2_000;
-
 /// How long after its end a turn's ranks still begin steps (short
 /// tokens, so that they end together), at most: a rank that finished its
 /// step (its token given back between steps) begins no new one before
@@ -74,7 +70,7 @@ pub(super) const DRAIN_MAX: Micros = 100_000;
 /// A job's turn on its devices.
 #[derive(Debug, Clone)]
 pub(super) struct Turn {
-    pub group: GroupKey,
+    pub job: String,
     pub devices: BTreeSet<DeviceId>,
     /// When the turn ends (its ranks then finish their step).
     pub until: Micros,
@@ -84,27 +80,38 @@ pub(super) struct Turn {
 #[derive(Debug, Default)]
 pub(super) struct TurnView {
     /// Jobs waiting for their turn (not served here).
-    pub blocked: BTreeSet<GroupKey>,
+    pub blocked: BTreeSet<String>,
     /// Clients of a blocked job served all the same.
     pub catch_up: BTreeSet<ClientId>,
     /// The job whose turn it is here, and when the turn ends.
-    pub owner: Option<(GroupKey, Micros)>,
+    pub owner: Option<(String, Micros)>,
     /// Jobs with no turn open, and their devices: a grant here opens one
     /// on them.
-    pub leads: BTreeMap<GroupKey, BTreeSet<DeviceId>>,
+    pub leads: BTreeMap<String, BTreeSet<DeviceId>>,
+}
+
+impl TurnView {
+    /// Whether `job` waits for its turn here.
+    pub(super) fn blocks(&self, job: Option<&str>) -> bool {
+        job.is_some_and(|j| self.blocked.contains(j))
+    }
+
+    /// Whether it is `job`'s turn here.
+    pub(super) fn owns(&self, job: Option<&str>) -> bool {
+        job.is_some_and(|j| self.owner.as_ref().is_some_and(|(o, _)| o == j))
+    }
 }
 
 impl Policy {
-    /// The devices each group of real clients used within
-    /// [`GANG_RECENT`], holds a token of, runs work on in flight, or waits
-    /// for.
-    fn recent_devices(&self, now: Micros) -> BTreeMap<GroupKey, BTreeSet<DeviceId>> {
+    /// The devices each job's ranks used within [`GANG_RECENT`], hold a
+    /// token of, run work on in flight, or wait for.
+    fn recent_devices(&self, now: Micros) -> BTreeMap<String, BTreeSet<DeviceId>> {
         let since = now.saturating_sub(GANG_RECENT);
-        let mut used: BTreeMap<GroupKey, BTreeSet<DeviceId>> = BTreeMap::new();
+        let mut used: BTreeMap<String, BTreeSet<DeviceId>> = BTreeMap::new();
         for c in self.clients.values() {
-            if c.group == GroupKey::Holder {
+            let Some(job) = &c.job else {
                 continue;
-            }
+            };
             let recent = c
                 .charged_until
                 .iter()
@@ -112,92 +119,78 @@ impl Policy {
                 .map(|(d, _)| *d)
                 .chain(c.uncharged.keys().copied())
                 .chain(c.in_flight.iter().copied());
-            match used.get_mut(&c.group) {
+            match used.get_mut(job) {
                 Some(s) => s.extend(recent),
                 None => {
-                    used.insert(c.group.clone(), recent.collect());
+                    used.insert(job.clone(), recent.collect());
                 }
             }
         }
         for (&d, dev) in &self.devices {
             for w in &dev.waiters {
-                if let Some(c) = self.clients.get(&w.client)
-                    && c.group != GroupKey::Holder
-                {
-                    used.entry(c.group.clone()).or_default().insert(d);
+                if let Some(job) = self.clients.get(&w.client).and_then(|c| c.job.as_ref()) {
+                    used.entry(job.clone()).or_default().insert(d);
                 }
             }
         }
         used
     }
 
-    /// Whether a client of `group` holds a token on one of `devices`.
-    fn holds_any(&self, group: &GroupKey, devices: &BTreeSet<DeviceId>) -> bool {
+    /// The clients that are ranks of `job`.
+    fn ranks<'a>(&'a self, job: &'a str) -> impl Iterator<Item = (&'a ClientId, &'a Client)> + 'a {
         self.clients
-            .values()
-            .any(|c| &c.group == group && c.holds_on(devices))
+            .iter()
+            .filter(move |(_, c)| c.job.as_deref() == Some(job))
     }
 
-    /// Whether a client of `group` gave a token of one of `devices` back
+    /// Whether a rank of `job` holds a token on one of `devices`.
+    fn holds_any(&self, job: &str, devices: &BTreeSet<DeviceId>) -> bool {
+        self.ranks(job).any(|(_, c)| c.holds_on(devices))
+    }
+
+    /// Whether a rank of `job` gave a token of one of `devices` back
     /// with its work still running (a collective waiting for its peer).
-    fn in_flight_any(&self, group: &GroupKey, devices: &BTreeSet<DeviceId>) -> bool {
-        self.clients
-            .values()
-            .any(|c| &c.group == group && c.in_flight_on(devices))
+    fn in_flight_any(&self, job: &str, devices: &BTreeSet<DeviceId>) -> bool {
+        self.ranks(job).any(|(_, c)| c.in_flight_on(devices))
     }
 
-    /// Whether a client of `group` on one of `devices` may be waiting for
-    /// a peer rank: it gave its token back with work in flight, or holds
+    /// Whether a rank of `job` on one of `devices` may be waiting for a
+    /// peer rank: it gave its token back with work in flight, or holds
     /// one past its quota (its last work outlasts it: a collective waiting
     /// for its peer, until the hook finds it stalled and says so).
-    fn waits_for_peer(&self, group: &GroupKey, devices: &BTreeSet<DeviceId>, now: Micros) -> bool {
-        self.clients.values().any(|c| {
-            &c.group == group
-                && (c.in_flight_on(devices)
-                    || c.held_past_quota(0, now).any(|d| devices.contains(&d)))
+    fn waits_for_peer(&self, job: &str, devices: &BTreeSet<DeviceId>, now: Micros) -> bool {
+        self.ranks(job).any(|(_, c)| {
+            c.in_flight_on(devices) || c.held_past_quota(0, now).any(|d| devices.contains(&d))
         })
     }
 
     /// Ends the turns that are over (their ranks hold no token past the
-    /// turn's end, or the group no longer spans devices), and says what
+    /// turn's end, or the job no longer spans devices), and says what
     /// the open ones mean for `device`'s next grant.
     pub(super) fn turn_view(&mut self, device: DeviceId, now: Micros) -> TurnView {
+        // No job declared (the common case): nothing to align, nothing to
+        // compute.
+        if self.turns.is_empty() && self.clients.values().all(|c| c.job.is_none()) {
+            return TurnView::default();
+        }
         let mut used = self.recent_devices(now);
-        // A group spanning devices takes turns only while another group
+        // A job spanning devices takes turns only while another client
         // is connected (it may ask for those devices at any time): alone,
         // there is nobody to align its ranks against, and a turn's short
         // tokens and pauses would only slow it (one process launching on
         // two devices at once got half its capped share).
-        //
-        // And only once one of its processes gave a token back with its
-        // work waiting on something beyond it (`in_flight`: a collective
-        // waiting for a peer rank): independent processes of one group on
-        // several GPUs need no alignment, and turns cost them the gaps
-        // between their kernels (two such groups at MinUtil 0.3 / 0.7 got
-        // 0.24 / 0.64 of each GPU). Once seen, for as long as that process
-        // lives: turns that work leave no collective waiting, and a job
-        // whose sign lapsed after 10 s lost its turns (busy logs).
-        // A token held well past its quota is the same sign (its work
-        // outlasts it: a collective spinning for its peer, before the
-        // hook finds it stalled).
-        for c in self.clients.values_mut() {
-            if c.held_past_quota(WAIT_SIGN, now).next().is_some() {
-                c.waited = true;
-            }
-        }
-        used.retain(|g, d| {
+        used.retain(|j, d| {
             d.len() >= 2
                 && self
                     .clients
                     .values()
-                    .any(|c| &c.group != g && c.role == Role::Client)
-                && self.clients.values().any(|c| &c.group == g && c.waited)
+                    .any(|c| c.role == Role::Client && c.job.as_deref() != Some(j))
         });
         let over: Vec<DeviceId> = self
             .turns
             .iter()
             .filter(|(_, t)| {
-                if !used.contains_key(&t.group) {
+                if !used.contains_key(&t.job) {
                     return true;
                 }
                 if now < t.until {
@@ -207,8 +200,8 @@ impl Policy {
                 // runs out, a rank's collective that waits for its peer
                 // (which needs a token to launch its own) is met.
                 now >= t.until + DRAIN_MAX
-                    || !(self.holds_any(&t.group, &t.devices)
-                        || self.in_flight_any(&t.group, &t.devices))
+                    || !(self.holds_any(&t.job, &t.devices)
+                        || self.in_flight_any(&t.job, &t.devices))
             })
             .map(|(&l, _)| l)
             .collect();
@@ -219,7 +212,7 @@ impl Policy {
             return TurnView::default();
         }
         let mut view = TurnView::default();
-        for (group, devices) in &used {
+        for (job, devices) in &used {
             let Some(&leader) = devices.first() else {
                 continue;
             };
@@ -227,8 +220,8 @@ impl Policy {
                 continue;
             }
             match self.turns.get(&leader) {
-                Some(t) if &t.group == group => {
-                    view.owner = Some((group.clone(), t.until));
+                Some(t) if &t.job == job => {
+                    view.owner = Some((job.clone(), t.until));
                     // A rank that finished its step since the turn's end,
                     // or any past the drain, begins no new step: one is
                     // served only to catch up with a peer whose work waits
@@ -236,57 +229,54 @@ impl Policy {
                     let mut others = t.devices.clone();
                     others.remove(&device);
                     let done = self
-                        .clients
-                        .values()
-                        .any(|c| &c.group == group && c.turn_done.get(&device) == Some(&t.until));
+                        .ranks(job)
+                        .any(|(_, c)| c.turn_done.get(&device) == Some(&t.until));
                     // A peer rank still in the turn's steps (a token granted
                     // before its end) needs this one for them.
-                    let peer_steps = self.clients.values().any(|c| {
-                        &c.group == group
-                            && c.uncharged
-                                .iter()
-                                .any(|(d, &(at, _))| others.contains(d) && at < t.until)
+                    let peer_steps = self.ranks(job).any(|(_, c)| {
+                        c.uncharged
+                            .iter()
+                            .any(|(d, &(at, _))| others.contains(d) && at < t.until)
                     });
                     if (done || now >= t.until + DRAIN)
                         && !peer_steps
-                        && !self.waits_for_peer(group, &others, now)
+                        && !self.waits_for_peer(job, &others, now)
                     {
-                        view.blocked.insert(group.clone());
+                        view.blocked.insert(job.clone());
                         // A process that holds another of the turn's
                         // devices is mid-operation on both (a launch on
                         // several devices at once): it is served.
                         view.catch_up.extend(
-                            self.clients
-                                .iter()
-                                .filter(|(_, c)| &c.group == group && c.holds_on(&others))
+                            self.ranks(job)
+                                .filter(|(_, c)| c.holds_on(&others))
                                 .map(|(&id, _)| id),
                         );
                     }
                 }
                 Some(_) => {
-                    view.blocked.insert(group.clone());
+                    view.blocked.insert(job.clone());
                 }
                 // No turn open: a grant on any of its devices opens one
                 // (its rank on the first device may be waiting in a
                 // collective for this one, asking for nothing).
                 None => {
-                    view.leads.insert(group.clone(), devices.clone());
+                    view.leads.insert(job.clone(), devices.clone());
                 }
             }
         }
         view
     }
 
-    /// `group` was granted a token for `quota` µs: with no turn of its
-    /// open, it opens one.
+    /// A rank of `job` was granted a token for `quota` µs: with no turn
+    /// of its open, it opens one.
     pub(super) fn note_turn_grant(
         &mut self,
         view: &TurnView,
-        group: &GroupKey,
+        job: Option<&str>,
         quota: Micros,
         now: Micros,
     ) {
-        let Some(devices) = view.leads.get(group) else {
+        let Some(devices) = job.and_then(|j| view.leads.get(j)) else {
             return;
         };
         let Some(&leader) = devices.first() else {
@@ -295,7 +285,7 @@ impl Policy {
         self.turns.insert(
             leader,
             Turn {
-                group: group.clone(),
+                job: job.unwrap_or_default().to_string(),
                 devices: devices.clone(),
                 until: now + quota,
             },
@@ -305,13 +295,13 @@ impl Policy {
     /// `client` gave its token of `device` back with no work in flight:
     /// after its job's turn there ended, it has finished its last step.
     pub(super) fn note_step_end(&mut self, client: ClientId, device: DeviceId, now: Micros) {
-        let Some(c) = self.clients.get(&client) else {
+        let Some(job) = self.clients.get(&client).and_then(|c| c.job.as_ref()) else {
             return;
         };
         let until = self
             .turns
             .values()
-            .find(|t| t.group == c.group && t.devices.contains(&device) && now >= t.until)
+            .find(|t| &t.job == job && t.devices.contains(&device) && now >= t.until)
             .map(|t| t.until);
         if let (Some(until), Some(c)) = (until, self.clients.get_mut(&client)) {
             c.turn_done.insert(device, until);

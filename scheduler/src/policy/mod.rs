@@ -346,11 +346,8 @@ struct Client {
     /// Devices where work of a token it gave back still runs (it said
     /// `in_flight`), until its [`Request::LateUsage`] or next report.
     in_flight: BTreeSet<DeviceId>,
-    /// Whether it ever gave a token back with its work in flight, or held
-    /// one well past its end: its work waits on something beyond its
-    /// token (a collective waiting for a peer rank), the sign that its
-    /// group is a job whose ranks must run together (see `gang`).
-    waited: bool,
+    /// The multi-GPU job it is a rank of, as declared (see `gang`).
+    job: Option<String>,
     /// Per device, the turn of its job (by the turn's end) in which it
     /// gave its token back between steps after the turn's end: it has
     /// finished its last step of the turn (see `gang`).

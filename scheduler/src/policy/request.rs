@@ -13,6 +13,10 @@ use super::*;
 /// queued ahead pulled groups quiet between steps into step.
 const AHEAD_SHORT_BURST: Micros = 2_000;
 
+/// The longest job name kept (bytes): a bound on what a client can make
+/// the daemon hold.
+const MAX_JOB_NAME: usize = 256;
+
 impl Policy {
     pub(super) fn request(
         &mut self,
@@ -29,10 +33,16 @@ impl Policy {
                 group,
                 pid,
                 held,
+                job,
             } => {
                 // The kernel's word wins over the claim.
                 let pid = self.peer(client).map_or(pid, |p| p.pid);
                 let r = self.admit(client, role, group, pid, held);
+                if matches!(r, Reply::Welcome { .. })
+                    && let Some(job) = job
+                {
+                    self.declare_job(client, job);
+                }
                 let welcomed = matches!(r, Reply::Welcome { .. });
                 out.push(answer(r));
                 if welcomed {
@@ -202,7 +212,6 @@ impl Policy {
                 if let Some(c) = self.clients.get_mut(&client) {
                     if in_flight {
                         c.in_flight.insert(device);
-                        c.waited = true;
                     } else {
                         c.in_flight.remove(&device);
                     }
@@ -301,6 +310,17 @@ impl Policy {
                 *cost = (*cost).max(bytes);
                 reply(Reply::Done);
             }
+            Request::Job { job } => {
+                if role != Role::Client {
+                    reply(error(
+                        ErrorKind::Unexpected,
+                        "only clients are ranks of a job",
+                    ));
+                    return;
+                }
+                self.declare_job(client, job);
+                reply(Reply::Done);
+            }
             Request::Goodbye => {
                 self.disconnect(client, now, out);
                 out.push(Action::Reply {
@@ -348,6 +368,25 @@ impl Policy {
         };
         dev.token.as_ref().is_some_and(|t| other(&t.client))
             || dev.waiters.iter().any(|w| other(&w.client))
+    }
+
+    /// `client` is a rank of `job` (its launcher said so, or it made an
+    /// NCCL communicator): it takes its GPUs in turns with the job's
+    /// other ranks (see `gang`). A name longer than [`MAX_JOB_NAME`]
+    /// bytes is cut there.
+    fn declare_job(&mut self, client: ClientId, mut job: String) {
+        if job.len() > MAX_JOB_NAME {
+            let mut end = MAX_JOB_NAME;
+            while !job.is_char_boundary(end) {
+                end -= 1;
+            }
+            job.truncate(end);
+        }
+        if let Some(c) = self.clients.get_mut(&client)
+            && c.role == Role::Client
+        {
+            c.job = Some(job);
+        }
     }
 
     /// Places a client process in its group and checks that the peer may
@@ -434,7 +473,7 @@ impl Policy {
                 clipped: 0,
                 stretch: BTreeMap::new(),
                 in_flight: BTreeSet::new(),
-                waited: false,
+                job: None,
                 turn_done: BTreeMap::new(),
                 launch_floor: 0,
             },

@@ -128,6 +128,7 @@ impl Policy {
                 pid: c.pid,
                 role: c.role,
                 group: c.group.name().unwrap_or_default().to_string(),
+                job: c.job.clone(),
             })
             .collect();
         StatusReport {

@@ -391,10 +391,6 @@ impl Policy {
             let Some(c) = clients.get(&w.client) else {
                 continue;
             };
-            // A job spanning devices waits for its turn.
-            if view.blocked.contains(&c.group) && !view.catch_up.contains(&w.client) {
-                continue;
-            }
             let Limits {
                 min_util, max_util, ..
             } = limits(config, retired, &c.group);
@@ -406,6 +402,13 @@ impl Policy {
                 continue;
             };
             let (class, key) = rank_of(&c.group, g, min_util, max_util);
+            // A job spanning devices waits for its turn, unless its group
+            // is owed time (below its MinUtil): turns align a job's ranks,
+            // they do not take a guarantee away (such a job waited out a
+            // whole turn and its drain, about 200 ms).
+            if class != 0 && view.blocks(c.job.as_deref()) && !view.catch_up.contains(&w.client) {
+                continue;
+            }
             ranked.push(((class, key, w.since, w.client), i, at));
         }
         let before = |a: &Rank, b: &Rank| a.partial_cmp(b) == Some(std::cmp::Ordering::Less);
@@ -413,11 +416,9 @@ impl Policy {
         // below its MinUtil: turns align a job's ranks, they do not take
         // a guarantee away.
         let of_turn = |i: usize| {
-            view.owner.as_ref().is_some_and(|(g, _)| {
-                clients
-                    .get(&dev.waiters[i].client)
-                    .is_some_and(|c| &c.group == g)
-            })
+            clients
+                .get(&dev.waiters[i].client)
+                .is_some_and(|c| view.owns(c.job.as_deref()))
         };
         let owed_first = ranked
             .iter()
@@ -675,8 +676,8 @@ impl Policy {
                 last_step,
             },
         });
-        let group = c.group.clone();
-        self.note_turn_grant(&view, &group, quota, now);
+        let job = c.job.clone();
+        self.note_turn_grant(&view, job.as_deref(), quota, now);
     }
 
     /// The earliest time at which [`Event::Tick`] may change something: a

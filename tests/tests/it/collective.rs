@@ -7,7 +7,7 @@
 use crate::metrics::{get, metrics_addr, sample};
 use fakecuda_log::Kind;
 use gemini_tests::cpu::{CpuTimes, serial};
-use gemini_tests::{Gemini, SimEnv, allreduce_rank, field, reports};
+use gemini_tests::{Gemini, SimEnv, allreduce_rank, as_rank, field, reports};
 use std::process::{Child, Stdio};
 
 const SEC: u64 = 1_000_000_000;
@@ -20,6 +20,7 @@ const SEC: u64 = 1_000_000_000;
 /// (a hang, seen on a debug build).
 fn rank(g: &Gemini, group: &str, comm: u32, rank: u32, seconds: &str) -> Child {
     let mut c = g.hooked(g.sim.workload(), group);
+    as_rank(&mut c, comm as usize, rank);
     c.args(allreduce_rank(comm as usize, rank, seconds))
         .env("GEMINI_LOG", "debug")
         .stdout(Stdio::piped())
@@ -180,6 +181,7 @@ fn a_rank_whose_collective_waits_gives_its_token_back_in_flight() {
     let g = Gemini::start(SimEnv::new(2, "16GiB").time_sliced(), "[a]\n");
     let spawn = |rank: u32, kernel_us: &str| {
         let mut c = g.hooked(g.sim.workload(), "a");
+        as_rank(&mut c, 3, rank);
         let mut args = allreduce_rank(3, rank, "1");
         let at = args.iter().position(|a| a == "--kernel-us").unwrap();
         args[at + 1] = kernel_us.into();

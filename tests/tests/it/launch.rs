@@ -280,6 +280,56 @@ fn a_workload_launched_on_a_reserved_gpu_is_gated_there() {
     assert_eq!(g.sim.busy(0, t0, now_ns()).device, 0, "GPU 0 untouched");
 }
 
+/// `--job NAME` makes the program a rank of that multi-GPU job: the
+/// scheduler knows it as one (its ranks take their GPUs in turns), and
+/// `gem-schd status` says so. A program launched without it, and with no
+/// launcher's variables (torchrun's, Slurm's, MPI's), is no rank.
+#[test]
+fn a_program_launched_with_job_is_a_rank_of_it() {
+    let g = machine("[a]\n");
+    let spawn = |extra: &[&str]| {
+        let mut args = vec!["--group", "a"];
+        args.extend_from_slice(extra);
+        let mut c = launch(
+            &g,
+            &args,
+            &[
+                bin("gem-workload").to_str().unwrap(),
+                "--seconds",
+                "3",
+                "--kernel-us",
+                "500",
+            ],
+        );
+        c.stdout(Stdio::null()).spawn().unwrap()
+    };
+    let mut ranked = spawn(&["--job", "llama-7"]);
+    let mut plain = spawn(&[]);
+    let programs = |s: &gemini_protocol::StatusReport| {
+        s.clients
+            .iter()
+            .filter(|c| c.role == gemini_protocol::Role::Client)
+            .map(|c| c.job.clone())
+            .collect::<Vec<_>>()
+    };
+    let st = g.wait_status(10.0, "two programs", |s| programs(s).len() == 2);
+    let mut jobs = programs(&st);
+    jobs.sort();
+    assert_eq!(jobs, [None, Some("gemini:llama-7".to_string())]);
+    let text = Command::new(bin("gem-schd"))
+        .arg("status")
+        .arg("--ipc-dir")
+        .arg(g.ipc())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("(job gemini:llama-7)"), "{text}");
+    for c in [&mut ranked, &mut plain] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
 /// GPU reservations survive a scheduler restart (kill -9, or shutdown and
 /// start): the new scheduler reads them back from its state file for the
 /// processes still running and does not hand their GPUs out again. A

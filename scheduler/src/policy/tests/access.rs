@@ -44,6 +44,7 @@ fn hello_as(p: &mut Policy, client: ClientId, role: Role, group: &str) -> Vec<Ac
                 group: group.into(),
                 pid: 7,
                 held: vec![],
+                job: None,
             },
         },
         0,

@@ -116,6 +116,7 @@ impl Sim {
                     group: group.into(),
                     pid: 1000 + idx as u32,
                     held: vec![],
+                    job: None,
                 },
             },
             self.now,
@@ -367,11 +368,17 @@ fn check_shares(groups: &[(f64, f64)]) {
 }
 
 fn hello(p: &mut Policy, client: ClientId, group: &str) -> Reply {
+    hello_job(p, client, group, None)
+}
+
+/// [`hello`] of a rank of `job`.
+fn hello_job(p: &mut Policy, client: ClientId, group: &str, job: Option<&str>) -> Reply {
     let req = Request::Hello {
         role: Role::Client,
         group: group.into(),
         pid: client as u32,
         held: vec![],
+        job: job.map(str::to_string),
     };
     let acts = p.handle(
         Event::Request {
@@ -471,6 +478,7 @@ fn hello_holder(p: &mut Policy, client: ClientId) {
         group: String::new(),
         pid: 9,
         held: vec![],
+        job: None,
     };
     let acts = p.handle(
         Event::Request {
@@ -567,6 +575,7 @@ fn control(p: &mut Policy, client: ClientId) {
         group: String::new(),
         pid: client as u32,
         held: vec![],
+        job: None,
     };
     p.handle(
         Event::Request {

@@ -282,6 +282,7 @@ fn quota_follows_predicted_burst_within_bounds() {
         group: "a".into(),
         pid: 1,
         held: vec![],
+        job: None,
     };
     p.handle(
         Event::Request {

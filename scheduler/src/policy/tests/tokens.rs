@@ -543,14 +543,17 @@ fn at_its_turns_end_a_jobs_ranks_finish_the_step_under_way_and_stop() {
     assert!(until + 7 * MS / 5 < until + gang::DRAIN);
 }
 
-/// Two groups whose processes use both GPUs but whose work never waits
-/// beyond its tokens (no token given back with work in flight:
-/// independent programs, not the ranks of a job) take no turns: a GPU one
-/// of them leaves goes to the other at once. (With turns, two such groups
-/// at MinUtil 0.3 / 0.7 got 0.24 / 0.64 of each GPU, the gaps between one
-/// group's kernels left idle.)
+/// Processes that no launcher declared ranks of a job take no turns,
+/// however their work waits: two groups whose processes use both GPUs,
+/// whose tokens are given back with work in flight and held past their
+/// quota (a quiet process keeping a lent token to the idle threshold, a
+/// long kernel on an empty queue, an idle release whose sync timed out),
+/// get a GPU one of them leaves at once. (Turns were once guessed from
+/// such signs: two groups of independent processes at MinUtil 0.3 / 0.7
+/// then got 0.24 / 0.64 of each GPU, the gaps between one group's
+/// kernels left idle.)
 #[test]
-fn groups_on_several_gpus_whose_work_never_waits_take_no_turns() {
+fn processes_of_no_declared_job_take_no_turns_however_their_work_waits() {
     let mut p = Policy::new(
         Params::default(),
         config("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n"),
@@ -558,33 +561,81 @@ fn groups_on_several_gpus_whose_work_never_waits_take_no_turns() {
     for (id, group) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
         hello(&mut p, id, group);
     }
-    assert!(granted(&send(&mut p, 1, on(0), 0), 1).is_some());
+    // Work that waits beyond its token, the signs turns were guessed
+    // from: a token given back with work in flight...
+    for id in [3, 1] {
+        assert!(granted(&send(&mut p, id, on(0), 0), id).is_some());
+        send(&mut p, id, release(0, true, 0, 0), 0);
+    }
+    let quota = granted(&send(&mut p, 1, on(0), 0), 1).expect("GPU 0");
     assert!(granted(&send(&mut p, 2, on(1), 0), 2).is_some());
     assert!(send(&mut p, 3, on(0), MS).is_empty());
     assert!(send(&mut p, 4, on(1), MS).is_empty());
-    let r = send(&mut p, 2, release(1, false, 0, 5 * MS), 5 * MS);
+    // ...and a token held well past its quota.
+    let late = quota + 10 * MS;
+    let r = send(&mut p, 2, release(1, false, 0, late), late);
     assert!(
         granted(&r, 4).is_some(),
         "b's process waited for a turn on GPU 1: {r:?}"
     );
 }
 
-/// Two 2-GPU jobs in turns: a (clients 1 on GPU 0, 2 on GPU 1) holds the
-/// turn, b (3, 4) waits on both. Returns the policy and the end of a's
-/// turn (µs).
-fn two_jobs_in_a_turn() -> (Policy, Micros) {
-    let mut p = Policy::new(
-        Params::default(),
-        config("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n"),
+/// A job whose group is below its `MinUtil` is not held off by another
+/// job's turn: its rank gets a GPU as soon as it is free, not after the
+/// turn and its drain (about 200 ms).
+#[test]
+fn a_job_owed_time_is_not_held_off_by_another_jobs_turn() {
+    let (mut p, until) = two_jobs_in_a_turn_with("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n");
+    // a's rank on GPU 1 ends its step: b, which has had nothing and is
+    // owed half, gets GPU 1 at once, although a's turn runs to `until`.
+    let r = send(&mut p, 2, release(1, false, 0, 4 * MS), 5 * MS);
+    assert!(5 * MS < until);
+    assert!(granted(&r, 4).is_some(), "b waited for a's turn: {r:?}");
+}
+
+/// Declared ranks of one job on two GPUs beside another client take
+/// turns; a process that says it made an NCCL communicator is a rank too.
+#[test]
+fn a_job_is_declared_at_hello_or_by_its_nccl_communicator() {
+    let (mut p, _) = two_jobs_in_a_turn();
+    // b's rank on GPU 1 waits in a's turn (checked in the tests above);
+    // a process of a third group on GPU 0 that declares b's job later is
+    // one of b's ranks from then on.
+    hello(&mut p, 5, "b");
+    let r = send(
+        &mut p,
+        5,
+        Request::Job {
+            job: "gemini:b".into(),
+        },
+        MS,
     );
+    assert!(matches!(r.as_slice(), [(5, _, Reply::Done)]), "{r:?}");
+    assert!(
+        send(&mut p, 5, on(0), 2 * MS).is_empty(),
+        "b's new rank ran in a's turn"
+    );
+    // A control connection is no rank.
+    control(&mut p, 9);
+    let r = send(&mut p, 9, Request::Job { job: "x".into() }, 3 * MS);
+    assert_eq!(kind(&r[0].2), Some(ErrorKind::Unexpected), "{r:?}");
+}
+
+/// Two 2-GPU jobs in turns: a (clients 1 on GPU 0, 2 on GPU 1) holds the
+/// turn, b (3, 4) waits on both. Neither group has a `MinUtil` (a group
+/// owed time is not held off by a turn). Returns the policy and the end
+/// of a's turn (µs).
+fn two_jobs_in_a_turn() -> (Policy, Micros) {
+    two_jobs_in_a_turn_with("[a]\n[b]\n")
+}
+
+/// [`two_jobs_in_a_turn`] with `conf` for groups a and b.
+fn two_jobs_in_a_turn_with(conf: &str) -> (Policy, Micros) {
+    let mut p = Policy::new(Params::default(), config(conf));
+    // Each group's two processes are the ranks of a job, as their
+    // launcher declares.
     for (id, group) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
-        hello(&mut p, id, group);
-    }
-    // A rank of each gave a token back with its collective still waiting
-    // for its peer: both are jobs whose ranks run together.
-    for id in [3, 1] {
-        assert!(granted(&send(&mut p, id, on(0), 0), id).is_some());
-        send(&mut p, id, release(0, true, 0, 0), 0);
+        hello_job(&mut p, id, group, Some(&format!("gemini:{group}")));
     }
     let quota = granted(&send(&mut p, 1, on(0), 0), 1).expect("a's rank on GPU 0");
     assert!(granted(&send(&mut p, 2, on(1), 0), 2).is_some());
@@ -757,7 +808,7 @@ fn a_collective_whose_peer_never_comes_holds_the_turn_at_most_drain_max() {
 #[test]
 fn a_job_alone_takes_no_turns() {
     let mut p = Policy::new(Params::default(), config("[a]\n[b]\n"));
-    hello(&mut p, 1, "a");
+    hello_job(&mut p, 1, "a", Some("gemini:a"));
     let quota = granted(&send(&mut p, 1, on(0), 0), 1).expect("GPU 0");
     assert!(granted(&send(&mut p, 1, on(1), 0), 1).is_some());
     let t = quota + gang::DRAIN + 5 * MS;

@@ -88,6 +88,7 @@ pub(crate) fn policy_throughput(t: &mut Table) {
             group: format!("g{}", c % 8),
             pid: c as u32,
             held: vec![],
+            job: None,
         };
         p.handle(
             Event::Request {

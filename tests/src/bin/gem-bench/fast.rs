@@ -111,6 +111,7 @@ pub(crate) fn client_of(g: &Gemini, group: &str) -> Client {
         group: group.into(),
         pid: std::process::id(),
         held: vec![],
+        job: None,
     };
     assert!(matches!(
         c.request(&hello, Duration::from_secs(5)),

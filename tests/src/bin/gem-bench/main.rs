@@ -218,6 +218,7 @@ fn nccl_jobs_on(t: &mut Table, sliced: bool) {
                 let (job, rank) = (i / 2, (i % 2) as u32);
                 let group = ["a", "b"][job];
                 let mut c = workload(&g, hooked, group);
+                gemini_tests::as_rank(&mut c, job + 1, rank);
                 c.args(gemini_tests::allreduce_rank(job + 1, rank, "12"))
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit());

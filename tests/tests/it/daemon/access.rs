@@ -88,6 +88,7 @@ fn helper_hello_as_user() {
             group,
             pid: std::process::id(),
             held: vec![],
+            job: None,
         };
         c.request(&req, T)
     });

@@ -29,6 +29,7 @@ fn hello(c: &mut Client, group: &str) -> Reply {
         group: group.into(),
         pid: std::process::id(),
         held: vec![],
+        job: None,
     };
     c.request(&req, T).unwrap()
 }
