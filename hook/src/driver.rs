@@ -286,6 +286,18 @@ pub fn event_destroy(event: usize) {
     let _ = real_call!(c"cuEventDestroy_v2" @ c"cuEventDestroy", 4000, 0, fn(*mut c_void), event as *mut c_void);
 }
 
+/// `cuCtxFromGreenCtx`: the context a green context is used through.
+pub fn ctx_from_green(green: *mut c_void) -> Option<*mut c_void> {
+    let mut ctx: *mut c_void = std::ptr::null_mut();
+    let r = real_call!(
+        c"cuCtxFromGreenCtx",
+        fn(*mut *mut c_void, *mut c_void),
+        &mut ctx,
+        green
+    );
+    (r == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx)
+}
+
 /// `cuStreamGetCtx`: the context `stream` belongs to.
 pub fn stream_ctx(stream: *mut c_void) -> Option<*mut c_void> {
     let mut ctx: *mut c_void = std::ptr::null_mut();

@@ -504,6 +504,13 @@ hooks! {
     cuDevicePrimaryCtxReset ["cuDevicePrimaryCtxReset", 7000, false, Context] (dev: i32) => |call| gate::context_may_go(std::ptr::null_mut(), dev, || held::primary_gone(dev, true, call, context_gone));
     cuDevicePrimaryCtxReset_v2 ["cuDevicePrimaryCtxReset", 11000, false, Context] (dev: i32) => |call| gate::context_may_go(std::ptr::null_mut(), dev, || held::primary_gone(dev, true, call, context_gone));
     cuCtxDestroy_v2 ["cuCtxDestroy", 4000, false, Context] (ctx: Ptr) => |call| gate::context_may_go(ctx, -1, || on_success(held::context_destroyed(ctx, call), || context_gone(ctx)));
+    // A green context's work is waited for at token ends through the
+    // context it is used through (seen current at a grant): that context
+    // goes with it, under its lock, and is forgotten.
+    cuGreenCtxDestroy ["cuGreenCtxDestroy", 12040, false, Context] (green: Ptr) => |call| match driver::ctx_from_green(green) {
+        Some(ctx) => gate::context_may_go(ctx, -1, || on_success(call(), || context_gone(ctx))),
+        None => call(),
+    };
     cuCtxSetLimit ["cuCtxSetLimit", 3010, false, Context] (limit: i32, value: usize) => |call| held::set_limit(limit, value, call);
 
     // Code: the driver keeps device memory for each module and library
@@ -551,8 +558,9 @@ hooks! {
     cuMemcpyHtoD_v2_ptds ["cuMemcpyHtoD", 7000, true, Sync] (dst: CUdeviceptr, src: *const c_void, n: usize) => |call| trims(Covers::Copy { per_thread: true }, call);
     cuMemcpyDtoH_v2 ["cuMemcpyDtoH", 3020, false, Sync] (dst: Ptr, src: CUdeviceptr, n: usize) => |call| trims(Covers::Copy { per_thread: false }, call);
     cuMemcpyDtoH_v2_ptds ["cuMemcpyDtoH", 7000, true, Sync] (dst: Ptr, src: CUdeviceptr, n: usize) => |call| trims(Covers::Copy { per_thread: true }, call);
-    cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, false, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(Covers::Copy { per_thread: false }, call);
-    cuMemcpyDtoD_v2_ptds ["cuMemcpyDtoD", 7000, true, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| trims(Covers::Copy { per_thread: true }, call);
+    // Device to device: no wait for the host, so no proof of anything done.
+    cuMemcpyDtoD_v2 ["cuMemcpyDtoD", 3020, false, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| waits(call);
+    cuMemcpyDtoD_v2_ptds ["cuMemcpyDtoD", 7000, true, Sync] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) => |call| waits(call);
 
     // Allocations, reserved against the group's MemoryLimit first.
     cuMemAlloc_v2 ["cuMemAlloc", 3020, false, Alloc] (dptr: *mut CUdeviceptr, bytes: usize) => |call| guarded_alloc(bytes as u64, || (call(), ptr_key(dptr)));

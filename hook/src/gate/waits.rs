@@ -35,7 +35,8 @@ impl Drop for Waiting {
         let now = now_ns();
         // All the process's work there proven done: its span closes
         // (unless a launch came meanwhile, see `measure`).
-        if self.finished && self.covers.proves_open(dev, g, self.launches_at) {
+        let proved = self.finished && self.covers.proves_open(dev, g, self.launches_at);
+        if proved {
             g.close(now, self.launches_at);
         }
         if g.entered.load(Ordering::Acquire) != exited {
@@ -54,7 +55,10 @@ impl Drop for Waiting {
             }
         }
         g.wait_exit.store(now.max(1), Ordering::Relaxed);
-        if self.finished && g.last_step.load(Ordering::Relaxed) {
+        // The step's end: a wait that proves all the token's work done,
+        // and none left (not any wait that returned: an allocator's or a
+        // watchdog's query of an old event, in the middle of a step).
+        if proved && !g.outstanding() && g.last_step.load(Ordering::Relaxed) {
             super::watcher::end_step(st, dev, g);
             return;
         }

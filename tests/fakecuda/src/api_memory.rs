@@ -272,8 +272,10 @@ driver_api! {
         sync_copy_ptds()?;
         zero(dst, n)
     }
-    fn cuMemcpyDtoD_v2(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy() }
-    fn cuMemcpyDtoD_v2_ptds(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy_ptds() }
+    // Device to device: queued behind the stream's work, no wait for the
+    // host (the driver API's notes on synchronous calls).
+    fn cuMemcpyDtoD_v2(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { queued_copy(false) }
+    fn cuMemcpyDtoD_v2_ptds(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { queued_copy(true) }
     fn cuMemcpy(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy() }
     fn cuMemcpy_ptds(_dst: CUdeviceptr, _src: CUdeviceptr, _n: usize) { sync_copy_ptds() }
     fn cuMemcpyHtoDAsync_v2(_dst: CUdeviceptr, _src: *const c_void, _n: usize, h: CUstream) { check_stream(h, false) }

@@ -140,6 +140,33 @@ fn synced_after(t: Instant, s: CUstream) -> Duration {
     t.elapsed()
 }
 
+/// A device-to-device copy does not wait for the host ("for transfers
+/// from device memory to device memory, no host-side synchronization is
+/// performed", the driver API's notes on synchronous calls): it returns
+/// while the kernels before it still run. A device-to-host copy waits.
+#[test]
+fn a_device_to_device_copy_does_not_wait_for_the_work_before_it() {
+    let d = dev();
+    let t = Instant::now();
+    for _ in 0..20 {
+        assert_eq!(d.launch(std::ptr::null_mut()), 0);
+    }
+    // SAFETY: device pointers the simulator does not dereference.
+    assert_eq!(unsafe { cuMemcpyDtoD_v2(0x20, 0x10, 8) }, 0);
+    assert!(t.elapsed() < Duration::from_millis(15), "{:?}", t.elapsed());
+    let mut host = [0u8; 8];
+    // SAFETY: a host buffer of 8 bytes.
+    assert_eq!(
+        unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), 0x10, 8) },
+        0
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(20),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
 #[test]
 fn captured_kernels_run_only_when_the_graph_is_launched() {
     let d = dev();

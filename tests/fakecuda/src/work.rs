@@ -387,6 +387,17 @@ pub(crate) fn sync_copy_on(ptds: bool) -> R {
     Ok(())
 }
 
+/// A "synchronous" copy that does not wait for the host (device to
+/// device): queued onto the null stream (`ptds`: the thread's own) like
+/// asynchronous work; on the legacy stream, potentially unsafe during a
+/// capture.
+pub(crate) fn queued_copy(ptds: bool) -> R {
+    if !ptds {
+        with_proc(|p| p.captures.unsafe_call())?;
+    }
+    check_stream(std::ptr::null_mut(), ptds)
+}
+
 pub(crate) fn sync_copy() -> R {
     sync_copy_on(false)
 }
