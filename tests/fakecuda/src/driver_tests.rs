@@ -156,10 +156,8 @@ fn a_device_to_device_copy_does_not_wait_for_the_work_before_it() {
     assert!(t.elapsed() < Duration::from_millis(15), "{:?}", t.elapsed());
     let mut host = [0u8; 8];
     // SAFETY: a host buffer of 8 bytes.
-    assert_eq!(
-        unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), 0x10, 8) },
-        0
-    );
+    let r = unsafe { cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), 0x10, 8) };
+    assert_eq!(r, 0);
     assert!(
         t.elapsed() >= Duration::from_millis(20),
         "{:?}",
