@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release test test-timesliced test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist fuzz soak install uninstall lint fmt clean
+.PHONY: all setup build release test test-loom test-timesliced test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -30,6 +30,12 @@ release: setup
 test: setup
 	$(CARGO) build --workspace --all-targets
 	$(CARGO) test --workspace
+
+# The loom model of the launch gate's admission protocol
+# (hook/src/gate/admission.rs, docs/testing.md): its own build, with
+# --cfg loom, in a target directory of its own.
+test-loom: setup
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=$(TARGET_DIR)/loom $(CARGO) test -p gemini-hook --release --lib admission
 
 # The integration tests on simulated GPUs that time-slice processes, as
 # real ones do (docs/testing.md, "Time-sliced devices"): slower, and not

@@ -185,11 +185,23 @@ impl Drop for Gemini {
             && let Some(escapes) = self.escapes()
             && !escapes.is_empty()
         {
+            // What gem-schd clipped, to tell a report it did not believe
+            // from one that never came.
+            let log = self.log();
+            let clipped: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("that cannot be"))
+                .collect();
             panic!(
-                "kernels ran outside their group's tokens, uncharged (beyond {} ms and {} % of the charge): {}",
+                "kernels ran outside their group's tokens, uncharged (beyond {} ms and {} % of the charge): {}; reports clipped: {}",
                 ESCAPE_SLACK_NS / 1_000_000,
                 ESCAPE_SLACK * 100.0,
-                escapes.join("; ")
+                escapes.join("; "),
+                if clipped.is_empty() {
+                    "none".to_string()
+                } else {
+                    clipped.join("\n")
+                }
             );
         }
     }

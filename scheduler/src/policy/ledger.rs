@@ -169,11 +169,6 @@ impl Ledger {
             self.claims.pop_front();
         }
     }
-
-    /// The end of the latest claim, if any.
-    pub(super) fn last_end(&self) -> Option<Micros> {
-        self.claims.back().map(|c| c.end)
-    }
 }
 
 /// Joins pieces that touch (`[a, b)` and `[b, c)` become `[a, c)`).
@@ -202,7 +197,6 @@ mod tests {
         assert_eq!(l.claim(&g("a"), 10, 20, 10).charged, [(10, 20)]);
         assert_eq!(l.claim(&g("b"), 25, 30, 25).charged, [(25, 30)]);
         assert_eq!(l.claims.len(), 2);
-        assert_eq!(l.last_end(), Some(30));
     }
 
     /// Work queued behind another group's (launched at 5, run from 8): the
@@ -317,6 +311,5 @@ mod tests {
         assert_eq!(l.claims.len(), 1);
         l.forget_before(30);
         assert!(l.claims.is_empty());
-        assert_eq!(l.last_end(), None);
     }
 }

@@ -404,32 +404,17 @@ struct Device {
     /// about to come back (see `schedule`): the waiters' launches would
     /// not end before it.
     hold_until: Option<Micros>,
-    /// The group the device is kept for, and since when: that time is
-    /// charged to it when the hold ends.
-    held_for: Option<(GroupKey, Micros)>,
 }
 
 impl Device {
     /// Charges `group` the device time `[start, end)` its work occupied,
-    /// as the ledger settles it against what other groups claimed (see
+    /// work outstanding since `since` (at or before `start`), as the
+    /// ledger settles it against what other groups claimed (see
     /// `ledger`): its usage over the window, its `MaxUtil` credit and the
     /// device's busy time; a group charged before for time that was
     /// `group`'s is refunded. `max_util` gives each group's `MaxUtil`.
     /// Returns the time charged.
     fn charge(
-        &mut self,
-        group: &GroupKey,
-        (start, end): (Micros, Micros),
-        now: Micros,
-        max_util: impl Fn(&GroupKey) -> f64,
-        cap: Micros,
-    ) -> Micros {
-        self.charge_since(group, (start, end), start, now, max_util, cap)
-    }
-
-    /// [`Device::charge`] of work outstanding since `since` (see
-    /// `ledger::Ledger::claim`).
-    fn charge_since(
         &mut self,
         group: &GroupKey,
         (start, end): (Micros, Micros),
@@ -660,7 +645,7 @@ impl Policy {
                     .saturating_add(self.params.grace),
             );
             let (config, retired) = (&self.config, &self.retired);
-            dev.charge_since(
+            dev.charge(
                 &c.group,
                 (from, until),
                 until,

@@ -152,7 +152,7 @@ impl Policy {
                 Some(&since) if s.start_us <= from && from > anchor => since,
                 _ => start,
             };
-            charged += dev.charge_since(
+            charged += dev.charge(
                 &c.group,
                 (start, end),
                 since,
@@ -391,6 +391,14 @@ impl Policy {
             let Some(c) = clients.get(&w.client) else {
                 continue;
             };
+            // A job spanning devices waits for its turn (a job owed time
+            // too: it waits at most the turn and its drain, and is ranked
+            // first once the turn is over; served at once, its ranks and
+            // the turn's interleaved on both GPUs, and the jobs of two
+            // groups at MinUtil 0.5 made half their steps).
+            if view.blocks(c.job.as_deref()) && !view.catch_up.contains(&w.client) {
+                continue;
+            }
             let Limits {
                 min_util, max_util, ..
             } = limits(config, retired, &c.group);
@@ -402,13 +410,6 @@ impl Policy {
                 continue;
             };
             let (class, key) = rank_of(&c.group, g, min_util, max_util);
-            // A job spanning devices waits for its turn, unless its group
-            // is owed time (below its MinUtil): turns align a job's ranks,
-            // they do not take a guarantee away (such a job waited out a
-            // whole turn and its drain, about 200 ms).
-            if class != 0 && view.blocks(c.job.as_deref()) && !view.catch_up.contains(&w.client) {
-                continue;
-            }
             ranked.push(((class, key, w.since, w.client), i, at));
         }
         let before = |a: &Rank, b: &Rank| a.partial_cmp(b) == Some(std::cmp::Ordering::Less);
@@ -456,13 +457,16 @@ impl Policy {
         // asking now: whoever is chosen gets a short token (at most
         // CRITICAL_LEND_MAX), ending about when the critical group comes
         // back, so that it waits little behind the work queued under it.
-        // `critical_back`: when the first of them is expected back, and
-        // which group it is.
-        let (mut critical_owed, mut critical_back) = (false, None::<(Micros, GroupKey)>);
+        // `critical_back`: when the first of them is expected back (not
+        // before it may run), if that is still to come: a critical group
+        // later than that is not waited for (a server whose requests come
+        // irregularly is late at every pause).
+        let (mut critical_owed, mut critical_back) = (false, None::<Micros>);
         // When group `k`, not asking now (so active within the window,
         // `using`), is expected back, if `owed(class, key)` says its rank
-        // is owed the device and it may run: `Some(None)` if its return is
-        // not known yet; `None` if it is not owed.
+        // is owed the device: `Some(None)` if its return is not known yet;
+        // `None` if it is not owed. With it, when it may run (its
+        // `MaxUtil`).
         let mut owed_back = |k: &GroupKey, owed: &dyn Fn(u8, f64) -> bool| {
             let Limits {
                 min_util, max_util, ..
@@ -473,36 +477,37 @@ impl Policy {
                 return None;
             }
             let may_run = g.eligible_at(now, max_util, saved)?;
-            Some(
-                g.expected_back(now, params.min_quota)
-                    .map(|t| t.max(may_run)),
-            )
+            Some((g.expected_back(now, params.min_quota), may_run))
         };
         for (k, ..) in &using {
             if waiting(k) || room(k).is_none() {
                 continue;
             }
             // Within its room: ranked before all others.
-            let Some(at) = owed_back(k, &|c, kk| c == 0 && kk < -1.0) else {
+            let Some((expected, may_run)) = owed_back(k, &|c, kk| c == 0 && kk < -1.0) else {
                 continue;
             };
             critical_owed = true;
             lent = true;
+            let at = expected.map(|t| t.max(may_run));
             back = back.into_iter().chain(at).min();
-            if let Some(at) = at
-                && critical_back.as_ref().is_none_or(|(b, _)| at < *b)
+            if let Some(at) = at.filter(|_| expected.is_some_and(|e| e >= now))
+                && critical_back.is_none_or(|b| at < b)
             {
-                critical_back = Some((at, k.clone()));
+                critical_back = Some(at);
             }
         }
         if class != 0 {
             for (k, ..) in using.iter().filter(|u| !waiting(&u.0)) {
                 let owed = |c: u8, kk: f64| c == 0 || (class == 1 && c == 1 && kk < key);
-                let Some(at) = owed_back(k, &owed) else {
+                let Some((expected, may_run)) = owed_back(k, &owed) else {
                     continue;
                 };
                 lent = true;
-                back = back.into_iter().chain(at).min();
+                back = back
+                    .into_iter()
+                    .chain(expected.map(|t| t.max(may_run)))
+                    .min();
             }
         }
         // Another group in a job's turn: a short lent token, so that the
@@ -515,37 +520,23 @@ impl Policy {
         // free: a waiter whose launches would not end before it (its last
         // overrun, a kernel its hook admitted onto an empty queue, was
         // longer than the time left) waits for the critical group's step,
-        // unless it is charged less than HOLD_SLACK above its MinUtil or
-        // the critical group is late. Only kernels a lent token can hold
-        // at all are waited out: a job of longer ones would otherwise get
-        // only its MinUtil.
+        // unless it is charged less than HOLD_SLACK above its MinUtil. The
+        // hold ends CRITICAL_LEND_MAX after the critical group was
+        // expected, and none begins once it is later than that. Only
+        // kernels a lent token can hold at all are waited out: a job of
+        // longer ones would otherwise get only its MinUtil. The time held
+        // is charged to nobody: no work of anyone's ran.
         if class != 0
-            && let Some((b, k)) = &critical_back
+            && let Some(b) = critical_back
             && now < b + CRITICAL_LEND_MAX
             && let Some(waiter) = clients.get(&dev.waiters[i].client)
             && (1..=CRITICAL_LEND_MAX).contains(&waiter.launch_floor)
-            && *b < now + waiter.launch_floor
+            && b < now + waiter.launch_floor
             && key - limits(config, retired, &waiter.group).min_util >= HOLD_SLACK
         {
             dev.hold_until = Some(b + CRITICAL_LEND_MAX);
-            // From the end of what was last charged on the device (the
-            // waiter's last token, charged to its end): never twice.
-            if dev.held_for.is_none() {
-                let from = dev
-                    .ledger
-                    .last_end()
-                    .map_or(now, |e| e.max(now).min((*b).max(now)));
-                dev.held_for = Some((k.clone(), from));
-            }
             return;
         }
-        // The time the device was kept for a critical group is its own: it
-        // counts against its room (and its MaxUtil), so holds cannot take
-        // the others under their MinUtil.
-        let held = dev
-            .held_for
-            .take()
-            .map(|(k, since)| (k, since, dev.hold_until.map_or(now, |u| u.min(now))));
         dev.hold_until = None;
         // While other groups wait, tokens are as long as their group's
         // entitlement against the largest among those taking turns, so
@@ -569,17 +560,6 @@ impl Policy {
             .filter(|&(mine, top)| others_wait && mine > 0.0 && top > mine)
             .map(|(mine, top)| mine / top);
         let w = dev.waiters.remove(i);
-        if let Some((k, since, end)) = held
-            && end > since
-        {
-            dev.charge(
-                &k,
-                (since, end),
-                now,
-                |g| limits(config, retired, g).max_util,
-                saved,
-            );
-        }
         let Some(c) = clients.get_mut(&w.client) else {
             return;
         };
@@ -611,7 +591,7 @@ impl Policy {
             if critical_owed {
                 quota = quota.min(CRITICAL_LEND_MAX);
             }
-            if let Some((b, _)) = critical_back {
+            if let Some(b) = critical_back {
                 let ends = b.saturating_sub(now + CRITICAL_MARGIN);
                 quota = quota.min(ends.max(CRITICAL_MIN_QUOTA));
             }
