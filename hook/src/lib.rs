@@ -16,7 +16,8 @@
 //! 5. [`conn`] (the scheduler connection: a `gemini_client::Client`,
 //!    shared by threads, re-registering after a scheduler restart),
 //!    [`capture`] (stream captures open), [`gpus`] (the scheduler's index
-//!    of each ordinal, asked once);
+//!    of each ordinal, asked once), [`nccl`] (the NCCL communicators a
+//!    process makes: the job it is a rank of);
 //! 6. [`memory`] (allocations reserved against the group's
 //!    `MemoryLimit`, the group's view of memory queries), [`graphs`]
 //!    (graph launches timed with events), [`covers`] (what a completed
@@ -48,6 +49,7 @@ mod graphs;
 mod held;
 mod log;
 mod memory;
+mod nccl;
 mod nvml;
 mod nvml_lib;
 mod real;
@@ -66,7 +68,7 @@ use std::ffi::{CStr, c_char, c_void};
 /// # Safety
 /// `symbol` is null or a NUL-terminated string, as for `dlsym`.
 unsafe extern "C" fn gemhook_dlsym_filter(
-    _handle: *mut c_void,
+    handle: *mut c_void,
     symbol: *const c_char,
 ) -> *mut c_void {
     real::real_dlsym_addr();
@@ -74,7 +76,11 @@ unsafe extern "C" fn gemhook_dlsym_filter(
         return std::ptr::null_mut();
     }
     // SAFETY: dlsym's contract: a NUL-terminated name.
-    hooked(unsafe { CStr::from_ptr(symbol) }.to_bytes()).unwrap_or(std::ptr::null_mut())
+    let name = unsafe { CStr::from_ptr(symbol) };
+    if name.to_bytes().starts_with(b"ncclCommInit") {
+        return nccl::lookup(handle, name).unwrap_or(std::ptr::null_mut());
+    }
+    hooked(name.to_bytes()).unwrap_or(std::ptr::null_mut())
 }
 
 /// Our function for a hooked driver or NVML name.

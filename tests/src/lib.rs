@@ -113,7 +113,12 @@ impl SimEnv {
         let dir = tempfile::tempdir().unwrap();
         let lib = dir.path().join("lib");
         std::fs::create_dir(&lib).unwrap();
-        for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"] {
+        for name in [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libnvidia-ml.so.1",
+            "libnccl.so.2",
+        ] {
             std::os::unix::fs::symlink(bin("libfakecuda.so"), lib.join(name)).unwrap();
         }
         SimEnv {

@@ -18,7 +18,8 @@
 //! - any other name: `FAKECUDA_KERNEL_US` microseconds (default 100).
 //!
 //! The library also answers the few NVML calls the holder makes
-//! ([`nvml`]), so it can be installed as `libnvidia-ml.so.1` too.
+//! ([`nvml`]), so it can be installed as `libnvidia-ml.so.1` too, and the
+//! NCCL calls that make a communicator ([`nccl`]), as `libnccl.so.2`.
 //!
 //! A graph's duration is the sum of its kernel nodes'. Copies and memsets
 //! take no device time. Device memory has no backing store: copies from
@@ -44,6 +45,7 @@ mod driver_mem_tests;
 #[cfg(test)]
 mod driver_tests;
 pub mod graphmem;
+pub mod nccl;
 pub mod nvml;
 pub mod pool;
 pub mod procaddr;

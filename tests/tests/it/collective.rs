@@ -206,3 +206,52 @@ fn a_rank_whose_collective_waits_gives_its_token_back_in_flight() {
         "rank 0 never gave its token back in flight while it waited for its peer:\n{log}"
     );
 }
+
+/// A process that makes an NCCL communicator with another is a rank of
+/// the job its unique id names, as far as the scheduler knows (the hook
+/// interposes ncclCommInitRank, here reached with dlopen and dlsym as
+/// a framework may); a process that launches alone is none.
+#[test]
+fn the_ranks_of_an_nccl_communicator_are_one_job() {
+    let g = Gemini::start(SimEnv::new(2, "16GiB"), "[a]\n");
+    let id = g.sim.path().join("nccl-id");
+    let spawn = |extra: &[&str]| {
+        let mut c = g.hooked(g.sim.workload(), "a");
+        c.args(["--seconds", "3", "--kernel-us", "500"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        c.spawn().unwrap()
+    };
+    let spec = |rank: u32| format!("{rank}:2:{}", id.display());
+    let (s0, s1) = (spec(0), spec(1));
+    let mut ranks = [
+        spawn(&["--device", "0", "--nccl-rank", &s0]),
+        spawn(&["--device", "1", "--nccl-rank", &s1]),
+        spawn(&["--device", "1"]),
+    ];
+    let jobs = |s: &gemini_protocol::StatusReport| {
+        let mut j: Vec<Option<String>> = s
+            .clients
+            .iter()
+            .filter(|c| c.role == gemini_protocol::Role::Client)
+            .map(|c| c.job.clone())
+            .collect();
+        j.sort();
+        j
+    };
+    let st = g.wait_status(10.0, "two ranks of one job", |s| {
+        let j = jobs(s);
+        j.len() == 3 && j[1].is_some() && j[1] == j[2]
+    });
+    let j = jobs(&st);
+    assert_eq!(j[0], None, "{j:?}");
+    assert!(
+        j[1].as_deref().is_some_and(|n| n.starts_with("nccl:")),
+        "{j:?}"
+    );
+    for c in &mut ranks {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

@@ -181,6 +181,12 @@ struct Args {
     /// Device time of the allreduce once every rank is there, microseconds
     #[arg(long, default_value_t = 100)]
     allreduce_us: u64,
+    /// Join an NCCL communicator first, as a rank of a job does:
+    /// `RANK:RANKS:FILE` (rank 0 makes the unique id with ncclGetUniqueId
+    /// and writes it to FILE, the others wait up to 10 s for it; each calls
+    /// ncclCommInitRank from libnccl.so.2, reached with dlopen and dlsym)
+    #[arg(long)]
+    nccl_rank: Option<String>,
     /// With --alloc-api create: map each handle into this many address
     /// ranges (cuMemAddressReserve + cuMemMap), as expandable segments do
     #[arg(long, default_value_t = 0)]

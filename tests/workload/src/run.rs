@@ -23,6 +23,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<Report> {
         )?;
         check("cuCtxSetCurrent", (d.ctx_set_current)(ctx))?;
         let func = load_kernel(&d, c"fake_spin")?;
+        if let Some(spec) = &args.nccl_rank {
+            join_nccl(spec)?;
+        }
 
         let mut report = Report {
             host_error: 0,
@@ -434,4 +437,51 @@ pub(crate) fn nvml_memory() -> anyhow::Result<(u64, u64, u64, u64, u64)> {
         check("nvmlDeviceGetMemoryInfo_v2", mem_v2(dev, &mut v2))?;
         Ok((m[1], m[0], v2[3], v2[1], v2[4]))
     }
+}
+
+/// `--nccl-rank RANK:RANKS:FILE`: joins a communicator of RANKS ranks as
+/// RANK, through `libnccl.so.2` (dlopen, dlsym), the unique id shared
+/// through FILE.
+fn join_nccl(spec: &str) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    type GetId = unsafe extern "C" fn(*mut [u8; 128]) -> i32;
+    type InitRank = unsafe extern "C" fn(*mut Ptr, i32, [u8; 128], i32) -> i32;
+    let mut parts = spec.splitn(3, ':');
+    let (Some(rank), Some(ranks), Some(file)) = (parts.next(), parts.next(), parts.next()) else {
+        anyhow::bail!("--nccl-rank {spec}: expected RANK:RANKS:FILE");
+    };
+    let rank: i32 = rank.parse().context("--nccl-rank: RANK")?;
+    let ranks: i32 = ranks.parse().context("--nccl-rank: RANKS")?;
+    // SAFETY: the simulator's (or a real) NCCL, whose functions have these
+    // C signatures; `ncclUniqueId` is 128 bytes passed by value.
+    unsafe {
+        let nccl = libloading::Library::new("libnccl.so.2").context("dlopen libnccl.so.2")?;
+        let id = if rank == 0 {
+            let get: libloading::Symbol<GetId> = nccl.get(b"ncclGetUniqueId\0")?;
+            let mut id = [0u8; 128];
+            anyhow::ensure!(get(&mut id) == 0, "ncclGetUniqueId failed");
+            let tmp = format!("{file}.tmp");
+            std::fs::write(&tmp, id)?;
+            std::fs::rename(&tmp, file)?;
+            id
+        } else {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Ok(b) = std::fs::read(file)
+                    && let Ok(id) = <[u8; 128]>::try_from(b.as_slice())
+                {
+                    break id;
+                }
+                anyhow::ensure!(Instant::now() < deadline, "no NCCL id in {file}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        let init: libloading::Symbol<InitRank> = nccl.get(b"ncclCommInitRank\0")?;
+        let mut comm: Ptr = std::ptr::null_mut();
+        let r = init(&mut comm, ranks, id, rank);
+        anyhow::ensure!(r == 0, "ncclCommInitRank failed with {r}");
+        // The communicator lives as long as the process.
+        std::mem::forget(nccl);
+    }
+    Ok(())
 }
