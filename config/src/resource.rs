@@ -499,13 +499,14 @@ fn parse_groups(
                 CGROUPS => parse_cgroups(&e.value).map(|v| cfg.cgroups = Some(v)),
                 DEVICES => parse_devices(&e.value).map(|v| cfg.devices = Some(v)),
                 LATENCY => parse_latency(&e.value).map(|v| cfg.latency = v),
-                other => {
-                    warnings.push(Warning {
-                        at: at(e.line, &g.name),
-                        message: format!("unknown key `{other}` ignored{}", suggestion(other)),
-                    });
-                    Ok(())
-                }
+                // Extensions, by the Desktop Entry convention: kept out of
+                // the way of every key gemini knows or may come to know.
+                other if other.starts_with("X-") => Ok(()),
+                // A typo must not drop a guarantee silently (`MinUitl=0.7`
+                // left the group at MinUtil 0): an error, so that the
+                // file is refused and, on a reload, the last good one
+                // stays.
+                other => Err(format!("unknown key{}", suggestion(other))),
             };
             if let Err(msg) = result {
                 errors.push(ConfigError {

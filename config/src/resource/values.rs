@@ -95,10 +95,25 @@ pub(super) fn group_exists(name: &str) -> bool {
     !matches!(nix::unistd::Group::from_name(name), Ok(None))
 }
 
+/// What a key that is not known was probably meant to be: one whose case
+/// alone differs, or one a letter or two away (`MinUitl`), else the list.
 pub(super) fn suggestion(key: &str) -> String {
-    match KNOWN_KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) {
-        Some(k) => format!("; did you mean `{k}` (keys are case-sensitive)?"),
-        None => format!("; known keys are {}", KNOWN_KEYS.join(", ")),
+    if let Some(k) = KNOWN_KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) {
+        return format!("; did you mean `{k}` (keys are case-sensitive)?");
+    }
+    let lower = key.to_ascii_lowercase();
+    let near = KNOWN_KEYS
+        .iter()
+        .map(|k| {
+            (
+                strsim::damerau_levenshtein(&lower, &k.to_ascii_lowercase()),
+                k,
+            )
+        })
+        .min();
+    match near {
+        Some((d, k)) if d <= 2 => format!("; did you mean `{k}`?"),
+        _ => format!("; known keys are {}", KNOWN_KEYS.join(", ")),
     }
 }
 

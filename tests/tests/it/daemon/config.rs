@@ -102,6 +102,33 @@ fn broken_edit_keeps_the_last_good_config_and_logs_file_and_line() {
     assert!(st.config_error.is_none());
 }
 
+/// A typo in a key (`MinUitl=0.7`) is refused, by `gem-schd check` (with
+/// exit code 1) and at a live reload, which keeps the group's guarantee
+/// as it was: it used to be a warning, and the reload dropped the group
+/// to `MinUtil` 0.
+#[test]
+fn a_typo_in_a_key_is_refused_and_the_guarantee_stays() {
+    let s = Gemini::daemon("[train]\nMinUtil=0.5\n");
+    save_like_an_editor(&s.conf(), "[train]\nMinUitl=0.7\n");
+    let st = s.wait_status(5.0, "config error", |st| st.config_error.is_some());
+    assert_eq!(group_min(&st, "train"), Some(0.5));
+    let err = st.config_error.clone().unwrap();
+    assert!(
+        err.contains(&format!(
+            "{}:2: [train]: MinUitl: unknown key",
+            s.conf().display()
+        )) && err.contains("did you mean `MinUtil`?"),
+        "{err}"
+    );
+    let out = Command::new(schd_bin())
+        .arg("check")
+        .arg(s.conf())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("did you mean `MinUtil`?"));
+}
+
 #[test]
 fn invalid_config_at_start_is_refused_with_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
