@@ -63,6 +63,12 @@ pub struct Device {
     others: AtomicU64,
     /// When the device was last seen in use by others (ns since start).
     busy_at: AtomicU64,
+    /// Memory the holder's own context took when it opened the device
+    /// (bytes; counted out of others' where NVML cannot tell processes
+    /// apart).
+    own: u64,
+    /// The real client that has the device now, as the scheduler said.
+    used_by: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Device {
@@ -143,10 +149,19 @@ impl Engine {
             );
         }
         let mut devices = Vec::new();
+        let nvml = Nvml::load();
         for index in indices {
+            // What the device has in use before the holder's context, and
+            // after: the context's own memory (where NVML can say).
+            let before = nvml.as_ref().and_then(|n| n.used_memory(index));
             let gpu = Gpu::open(index).map_err(|e| {
                 anyhow::anyhow!("cannot use device {index}: {}", crate::gpu::describe(&e))
             })?;
+            let after = nvml.as_ref().and_then(|n| n.used_memory(index));
+            let own = match (before, after) {
+                (Some(b), Some(a)) => a.saturating_sub(b),
+                _ => 0,
+            };
             devices.push(Device {
                 index,
                 gpu,
@@ -157,6 +172,8 @@ impl Engine {
                 util: AtomicU64::new(f64::NAN.to_bits()),
                 others: AtomicU64::new(0),
                 busy_at: AtomicU64::new(0),
+                own,
+                used_by: Mutex::new(None),
             });
         }
         Ok(Arc::new(Engine {
@@ -167,7 +184,7 @@ impl Engine {
             exit: AtomicBool::new(false),
             scheduler_up: AtomicBool::new(false),
             ipc,
-            nvml: Nvml::load(),
+            nvml,
             start: Instant::now(),
         }))
     }
@@ -212,18 +229,21 @@ impl Engine {
                 .iter()
                 .map(|d| {
                     let idle = now.saturating_sub(d.busy_at.load(Ordering::Relaxed));
+                    let used_by = lock(&d.used_by).clone();
                     let state = if self.stopped.load(Ordering::Relaxed) {
-                        "stopped"
+                        "stopped".to_string()
+                    } else if let Some(who) = used_by {
+                        format!("yielded to {who}")
                     } else if d.holding.load(Ordering::Relaxed) {
-                        "holding"
+                        "holding".to_string()
                     } else {
-                        "waiting"
+                        "waiting".to_string()
                     };
                     let _ = wait;
                     let util = f64_load(&d.util);
                     DeviceStatus {
                         device: d.index,
-                        state: state.into(),
+                        state,
                         held_bytes: d.held.load(Ordering::Relaxed),
                         duty: f64_load(&d.duty),
                         utilisation: (!util.is_nan()).then_some(util),
@@ -399,20 +419,35 @@ impl Engine {
         let settings = lock(&self.settings).clone();
         let now = self.now();
         for d in &self.devices {
-            if let Ok((free, total)) = d.gpu.mem_info() {
-                let others = total
-                    .saturating_sub(free)
-                    .saturating_sub(d.held.load(Ordering::Relaxed));
+            // Others' memory: what NVML says the other processes use (the
+            // holder's own context, 500 MiB and more on a real GPU, is not
+            // others', or the default threshold would never let it hold);
+            // without NVML, what the device has in use but the holder's
+            // chunks and its own context as measured when it opened it.
+            let nvml = self
+                .nvml
+                .as_ref()
+                .and_then(|n| n.others_memory(d.index, std::process::id()));
+            let others = nvml.or_else(|| {
+                d.gpu.mem_info().ok().map(|(free, total)| {
+                    total
+                        .saturating_sub(free)
+                        .saturating_sub(d.held.load(Ordering::Relaxed))
+                        .saturating_sub(d.own)
+                })
+            });
+            if let Some(others) = others {
                 d.others.store(others, Ordering::Relaxed);
                 if others >= settings.mem_threshold {
                     d.busy_at.store(now, Ordering::Relaxed);
                 }
             }
-            if let Some(a) = activity.iter().find(|a| a.device == d.index)
-                && a.idle_us != u64::MAX
-            {
-                let last = now.saturating_sub(a.idle_us.saturating_mul(1000));
-                d.busy_at.fetch_max(last, Ordering::Relaxed);
+            if let Some(a) = activity.iter().find(|a| a.device == d.index) {
+                if a.idle_us != u64::MAX {
+                    let last = now.saturating_sub(a.idle_us.saturating_mul(1000));
+                    d.busy_at.fetch_max(last, Ordering::Relaxed);
+                }
+                *lock(&d.used_by) = a.used_by.clone();
             }
             let idle_for = now.saturating_sub(d.busy_at.load(Ordering::Relaxed));
             let idle = !self.stopped.load(Ordering::Relaxed) && idle_for >= settings.wait_ns();

@@ -138,6 +138,33 @@ impl Nvml {
             .map(Nvml)
     }
 
+    /// Device memory in use on device `index`, bytes.
+    pub fn used_memory(&self, index: u32) -> Option<u64> {
+        Some(self.0.device_by_index(index).ok()?.memory_info().ok()?.used)
+    }
+
+    /// Device memory that processes other than `me` use on device
+    /// `index` (its contexts included), bytes; `None` where NVML cannot
+    /// say.
+    pub fn others_memory(&self, index: u32, me: u32) -> Option<u64> {
+        let procs = self
+            .0
+            .device_by_index(index)
+            .ok()?
+            .running_compute_processes()
+            .ok()?;
+        Some(
+            procs
+                .iter()
+                .filter(|p| p.pid != me)
+                .map(|p| match p.used_gpu_memory {
+                    nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
+                    nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
+                })
+                .sum(),
+        )
+    }
+
     /// Share of recent time device `index` (NVML's index, the physical one)
     /// ran a kernel, 0..1.
     pub fn utilisation(&self, index: u32) -> Option<f64> {

@@ -113,6 +113,7 @@ fn main() -> std::io::Result<()> {
         Reply::Holder(HolderOrder::Report(vec![DeviceActivity {
             device: 0,
             idle_us: 7,
+            used_by: None,
         }])),
         Reply::Reserved { devices: vec![1] },
         Reply::Released {

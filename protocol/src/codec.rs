@@ -235,6 +235,7 @@ mod tests {
             Reply::Holder(crate::HolderOrder::Report(vec![crate::DeviceActivity {
                 device: 0,
                 idle_us: u64::MAX,
+                used_by: Some("pid 42 (group train)".into()),
             }])),
             Reply::Holder(crate::HolderOrder::Stop),
             Reply::Released {

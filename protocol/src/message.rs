@@ -403,13 +403,18 @@ pub enum HolderOrder {
 }
 
 /// Real-client activity on a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceActivity {
     /// The device.
     pub device: DeviceId,
     /// Microseconds since a real client last asked for a token or memory
-    /// there (`u64::MAX`: never).
+    /// there, or held or waited for the token (0: one does now;
+    /// `u64::MAX`: never).
     pub idle_us: u64,
+    /// The real client that holds (or else waits for) the device's token
+    /// now: "pid P (group G)".
+    #[serde(default)]
+    pub used_by: Option<String>,
 }
 
 /// Why a request was refused.

@@ -136,13 +136,32 @@ impl Policy {
             self.poll = None;
             let report = self
                 .devices
-                .keys()
-                .map(|&device| DeviceActivity {
-                    device,
-                    idle_us: self
-                        .activity
-                        .get(&device)
-                        .map_or(u64::MAX, |&t| now.saturating_sub(t)),
+                .iter()
+                .map(|(&device, dev)| {
+                    // A real client holding or waiting for the token is
+                    // activity now, however long ago it asked.
+                    let real = |id: &ClientId| {
+                        self.clients
+                            .get(id)
+                            .filter(|c| matches!(c.group, GroupKey::Named(_)))
+                            .map(|c| format!("pid {} (group {})", c.pid, c.group.shown()))
+                    };
+                    let used_by = dev
+                        .token
+                        .as_ref()
+                        .and_then(|t| real(&t.client))
+                        .or_else(|| dev.waiters.iter().find_map(|w| real(&w.client)));
+                    DeviceActivity {
+                        device,
+                        idle_us: if used_by.is_some() {
+                            0
+                        } else {
+                            self.activity
+                                .get(&device)
+                                .map_or(u64::MAX, |&t| now.saturating_sub(t))
+                        },
+                        used_by,
+                    }
                 })
                 .collect();
             out.push(Action::Reply {

@@ -76,6 +76,36 @@ fn idle_device_is_held_at_the_target_utilisation() {
     }
 }
 
+/// With its defaults but a short wait, on a GPU whose contexts take
+/// 500 MiB (as a PyTorch context takes 518 MiB on an H200), the holder
+/// holds: its own context is not others' memory (it was, and the default
+/// threshold of 0.5 GB then kept it waiting for ever). While a real
+/// program has the device its status says to whom it yielded.
+#[test]
+fn the_holder_holds_with_its_defaults_beside_its_own_context() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::default().driver_memory("500MiB"), "[a]\n");
+    let h = g
+        .holder(&["run", "--wait-minutes", "0.02"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _h = Holder { child: h };
+    // 1.2 s of waiting, then holding.
+    g.wait_holder("holding", |s| s.contains("\"state\": \"holding\""));
+    // A real program: the holder yields to it, and says to whom.
+    let mut c = g.hooked(g.sim.workload(), "a");
+    c.args(["--seconds", "3", "--kernel-us", "1000"])
+        .stdout(Stdio::null());
+    let mut client = c.spawn().unwrap();
+    g.wait_holder("yielded", |s| {
+        s.contains("yielded to pid") && s.contains("(group a)")
+    });
+    let _ = client.kill();
+    let _ = client.wait();
+}
+
 #[test]
 fn a_real_client_takes_the_device_from_the_holder_within_milliseconds() {
     let _serial = serial();

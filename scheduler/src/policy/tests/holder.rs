@@ -126,7 +126,8 @@ fn holder_poll_reports_activity_and_unanswered_demands_time_out() {
             1,
             Reply::Holder(HolderOrder::Report(vec![DeviceActivity {
                 device: 0,
-                idle_us: 52_000
+                idle_us: 52_000,
+                used_by: None,
             }]))
         )]
     );
