@@ -237,7 +237,10 @@ fn status(ipc_dir: &std::path::Path, json: bool, watch: Option<f64>) -> anyhow::
         match fetch_status(&mut client) {
             Ok(report) => {
                 away = false;
-                print_status(&mut std::io::stdout().lock(), &report, json, true)?;
+                // The screen is cleared for a terminal only: a file or a
+                // pipe gets the reports one after another.
+                let clear = std::io::IsTerminal::is_terminal(&std::io::stdout());
+                print_status(&mut std::io::stdout().lock(), &report, json, clear)?;
             }
             Err(e) => {
                 if !away {
@@ -265,7 +268,8 @@ fn closed(r: &std::io::Result<()>) -> bool {
 }
 
 /// Prints one status report: a table (with a screen clear first when
-/// `watching`), or one JSON document per report (never with escapes).
+/// `watching` on a terminal), or one JSON document per report (never
+/// with escapes).
 /// A closed reader ends the program quietly.
 fn print_status(
     out: &mut impl std::io::Write,

@@ -275,6 +275,14 @@ fn fetch(client: &mut Client) -> anyhow::Result<StatusReport> {
 
 /// Runs the view until `q`, Esc or Ctrl-C.
 pub fn run(ipc_dir: &Path, interval: Duration) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    // A full-screen view needs a terminal on both sides (ratatui panics
+    // without one): say so in one line instead.
+    if !(std::io::stdin().is_terminal() && std::io::stdout().is_terminal()) {
+        anyhow::bail!(
+            "top needs a terminal; use `gem-schd status --watch SECONDS` (or `--json`) for a file or a pipe"
+        );
+    }
     let mut client = Client::connect(ipc_dir)?;
     // Fail before taking over the terminal when no scheduler answers.
     let mut last = fetch(&mut client)?;

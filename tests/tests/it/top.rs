@@ -116,3 +116,34 @@ fn top_shows_the_groups_and_their_shares_in_an_80_by_24_terminal() {
         "train {train}, serve {serve}:\n{screen}"
     );
 }
+
+/// Without a terminal (a pipe, cron, CI), `top` ends with one clear line
+/// and a failure exit, not a panic and a backtrace; `status --watch` into
+/// a file writes the reports one after another, with no screen-clearing
+/// escape codes.
+#[test]
+fn without_a_terminal_top_says_so_and_watch_writes_plain_reports() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let out = Command::new(bin("gem-schd"))
+        .args(["top", "--ipc-dir"])
+        .arg(g.ipc())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("top needs a terminal"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let mut watch = Command::new(bin("gem-schd"))
+        .args(["status", "--watch", "0.2", "--ipc-dir"])
+        .arg(g.ipc())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let _ = watch.kill();
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.matches("GROUP").count() >= 2, "{text}");
+    assert!(!text.contains('\u{1b}'), "escape codes in {text:?}");
+}
