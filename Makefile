@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release test test-loom test-timesliced test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist fuzz soak install uninstall lint fmt clean
+.PHONY: all setup build release sim-env test test-loom test-timesliced test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -84,6 +84,11 @@ test-aarch64: setup
 	else echo "test-aarch64: no aarch64 build: it needs the Rust target $(AARCH64) (rustup target add $(AARCH64)) and aarch64-linux-gnu-g++ (Debian: apt-get install g++-aarch64-linux-gnu); the tests skip"; fi
 	$(CARGO) build --workspace --all-targets
 	GEMINI_AARCH64_DIR=$(TARGET_DIR)/$(AARCH64)/debug $(CARGO) test -p gemini-tests --test it -- aarch64:: --ignored --nocapture
+
+# The environment that runs gemini on the driver simulator (no GPU):
+# eval "$(make -s sim-env)" (see scripts/sim-env.sh).
+sim-env: release
+	@GEMINI_BIN_DIR=$(RELEASE_DIR) scripts/sim-env.sh
 
 demo: release
 	$(RELEASE_DIR)/gem-demo examples/resource.conf

@@ -117,3 +117,50 @@ fn the_chart_is_drawn_from_a_run() {
         .unwrap();
     assert!(alone > 0.5, "a alone got {alone}: {row}");
 }
+
+/// The README's tour on the simulator runs as printed: its block, but
+/// `make release` (the test's own build stands in for it), through bash
+/// in a fresh directory for the simulator, from the repository's root.
+#[test]
+fn the_readme_s_tour_on_the_simulator_runs_as_printed() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let block = readme
+        .split("<!-- tour-on-the-simulator -->")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README has the tour's block");
+    let script: String = block
+        .lines()
+        .filter(|l| !l.starts_with("make "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(script.contains("gem-schd status"), "{script}");
+    let dir = tempfile::tempdir().unwrap();
+    // Bounded: a hang here would hold the whole suite (a program whose
+    // scheduler went waits for it, by default for ever).
+    let out = Command::new("timeout")
+        .args(["120", "bash", "-euo", "pipefail", "-c", &script])
+        .env("GEMINI_CONNECT_TIMEOUT", "20s")
+        .current_dir(&root)
+        .env(
+            "GEMINI_BIN_DIR",
+            gemini_tests::bin("gem-schd").parent().unwrap(),
+        )
+        .env("GEMINI_SIM_DIR", dir.path())
+        .env_remove("GEMINI_IPC_DIR")
+        .env_remove("GEMINI_GROUP_NAME")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for want in ["train", "notebook", "DEVICE 0"] {
+        assert!(
+            stdout.contains(want),
+            "{want:?} missing from the status:\n{stdout}"
+        );
+    }
+}
