@@ -465,14 +465,12 @@ def timed_rows(g, nvml):
         return {"a": a, "b": b}
     rows.append(("two training jobs, MinUtil 0.3 / 0.7: step p50 / p99 ms",
                  (run_trainers, lambda h, p: Result(*[r and " ; ".join(f"{k}: {r[k]['p50_ms']:.0f} / {r[k]['p99_ms']:.0f} ({r[k]['rate']:.1f} it/s)" for k in "ab") for r in (h, p)],
-                                                    "no wait over 200 ms (issue 36; not yet judged)", None, None))))
+                                                    "no wait over 200 ms (not yet judged)", None, None))))
 
     def run_decode(hooked, h, group="a", trainer="b"):
         alone = g.timed([(group, "decode", {}, hooked)], 5)[0]
-        # Under gemini, what the scheduler charges each group (issue 36
-        # reads the normal class's long waits as the decode charged its
-        # tokens' wall time, at its MinUtil; the simulator charges it
-        # about 0.12 of the device and lends to it).
+        # Under gemini, what the scheduler charges each group (the
+        # device time each group's work occupied, as measured).
         probe = hooked and (lambda start, end: g.charged(start, end, (group, trainer)))
         beside, train = g.timed([(group, "decode", {}, hooked), (trainer, "train", {}, hooked)], 8, probe=probe)
         return {"alone": alone, "beside": beside, "train": train}
@@ -486,7 +484,7 @@ def timed_rows(g, nvml):
         return Result(decode_txt(h), p and decode_txt(p), "no target: the latency class's row below is judged", None, None)
     rows.append(("decode step p50 / p99 / max ms, MinUtil 0.3 beside training at 0.7", (run_decode, judge_decode)))
 
-    # Issue 36's goal, against the decode alone without the hook: p99
+    # The latency class's goal, against the decode alone without the hook: p99
     # beside training at most 1.25× (p50 1.1×), training keeping 90 % of
     # its rate without gemini (the decode takes about a seventh).
     def judge_critical(h, p):
@@ -500,9 +498,9 @@ def timed_rows(g, nvml):
                  (lambda hooked, h: run_decode(hooked, h, "serve"), judge_critical)))
     # The same beside training with no MinUtil, so nothing keeps the
     # device from being held for the decode: on the simulator the class
-    # meets issue 36's goal only so (0.97-1.00× / 1.05-1.20×; at 0.7,
-    # with 1 ms kernels, holding for every step would take the training
-    # under its MinUtil: docs/benchmarks.md, session 23).
+    # meets the latency class's goal only so (0.97-1.00× / 1.05-1.20×; at
+    # 0.7, with 1 ms kernels, holding for every step would take the
+    # training under its MinUtil: docs/benchmarks.md).
     rows.append(("decode step p50 / p99 / max ms, `Latency=critical` beside training with no MinUtil",
                  (lambda hooked, h: run_decode(hooked, h, "serve", "bulk"), judge_critical)))
 

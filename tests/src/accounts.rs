@@ -1,6 +1,6 @@
 //! What each group's kernels ran on the simulated device against what
 //! the scheduler charged it: the check every test that runs workloads
-//! passes (no kernel outside its group's tokens, issue 35).
+//! passes (no kernel outside its group's charge).
 
 use super::*;
 
@@ -172,7 +172,7 @@ pub const ESCAPE_SLACK: f64 = 0.005;
 impl Drop for Gemini {
     /// Stops the scheduler and fails the test where a group's kernels ran
     /// outside its tokens and were not charged to it: the guarantee every
-    /// test that runs workloads checks (issue 35).
+    /// test that runs workloads checks.
     fn drop(&mut self) {
         let stopped = self.stop_scheduler();
         // `GEM_TEST_ACCOUNTS=1`: every test says what each group ran and

@@ -74,7 +74,7 @@ pub const FRAMEWORK_STEP: &[&str] = &[
 
 /// `gem-workload` arguments for a decode-like step of an inference loop:
 /// 8 kernels of 100 µs (0.8 ms of device time), a wait for them, then
-/// 5 ms of sleep (issue 36's scenario, scaled to the simulator).
+/// 5 ms of sleep (an inference server's decode beside training, scaled to the simulator).
 pub const DECODE_STEP: &[&str] = &[
     "--iter-kernels",
     "8",

@@ -133,7 +133,7 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
 /// was never announced, and the device idled for the hand-back after
 /// every step (about 0.2 ms): the framework-like training beside it kept
 /// 0.86 of its steps, and 0.91 at 400 µs (`gem-bench --only latency`,
-/// session 24).
+/// 2026-11-27; `docs/benchmarks.md`, "Design decisions").
 const QUIET_NOTICE_MIN_NS: u64 = 400_000;
 
 /// A wait begins in a process that usually goes quiet after its waits:

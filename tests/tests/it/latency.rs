@@ -1,4 +1,4 @@
-//! The latency class (`Latency=critical`, issue 36): a decode-like loop
+//! The latency class (`Latency=critical`): a decode-like loop
 //! beside a training-like job on a time-sliced simulated GPU. Judged on
 //! the order of the device's work in its busy log, not on a wall clock:
 //! how much of the training's device time falls inside a decode step.

@@ -5,7 +5,7 @@ use super::*;
 
 /// A decode-like loop (0.8 ms of device time, then 5 ms away) beside a
 /// training job that always wants the device, `MinUtil` 0.3 / 0.7 as on
-/// the H200 of issue 36 (`latency`: the decode group's extra line).
+/// an H200 run of the latency class (`latency`: the decode group's extra line).
 /// Returns the simulation, the decode's and training's client.
 fn decode_beside_training(latency: &str) -> (Sim, usize, usize) {
     let mut sim = Sim::new(&format!(
@@ -239,7 +239,7 @@ fn longest_off(sim: &Sim, idx: usize, from: Micros, to: Micros) -> Micros {
         .unwrap_or(0)
 }
 
-/// No group owed time waits more than 200 ms for the device (issue 36;
+/// No group owed time waits more than 200 ms for the device (before,
 /// an H200 measured 1006 ms): two training jobs at 0.3 / 0.7 that always
 /// have work and say so (their hooks' predicted burst grows without end),
 /// as `gem-bench --only latency`'s two trainers.

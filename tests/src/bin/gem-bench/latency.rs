@@ -1,5 +1,5 @@
 //! `--only latency`: an inference-like loop beside a training-like job, on
-//! a time-sliced simulated GPU (issue 36's scenario, scaled to the
+//! a time-sliced simulated GPU (an inference server's decode beside training, scaled to the
 //! simulator): how much slower the latency-bound loop's steps get, with
 //! and without gemini, and how long a group owed time waits for the
 //! device behind another training job.
@@ -203,7 +203,7 @@ pub fn latency(t: &mut Table) {
     t.row(
         "latency: decode beside training, gemini, decode `Latency=critical` (MinUtil 0.3 / 0.7)",
         beside(run(critical, true, Some("decode"), Some("train"))),
-        "p99 ≤ 1.25×, p50 ≤ 1.1× (issue 36); training ≥ 90 % of the time decode leaves",
+        "p99 ≤ 1.25×, p50 ≤ 1.1× (the latency class); training ≥ 90 % of the time decode leaves",
     );
     // The training as a best-effort group: room above its MinUtil, so
     // the device is kept free for the decode's return (see
@@ -212,7 +212,7 @@ pub fn latency(t: &mut Table) {
     t.row(
         "latency: decode beside training, gemini, decode `Latency=critical`, training with no MinUtil",
         beside(run(best_effort, true, Some("decode"), Some("train"))),
-        "p99 ≤ 1.25×, p50 ≤ 1.1× (issue 36); training ≥ 90 % of the time decode leaves",
+        "p99 ≤ 1.25×, p50 ≤ 1.1× (the latency class); training ≥ 90 % of the time decode leaves",
     );
     // The training as a framework runs it (CPU-bound in its short
     // kernels): what the latency class costs it where the queue ahead of
@@ -239,7 +239,7 @@ pub fn latency(t: &mut Table) {
     t.row(
         "latency: decode beside the framework-like training, gemini, decode `Latency=critical` (MinUtil 0.3 / 0.7)",
         format!("{}; {:.2} of the training's steps without gemini", beside(r), kept),
-        "p99 ≤ 1.25×, p50 ≤ 1.1× (issue 36); training ≥ 0.9 of its steps",
+        "p99 ≤ 1.25×, p50 ≤ 1.1× (the latency class); training ≥ 0.9 of its steps",
     );
     // Two training jobs: how long the 0.3 group's steps take.
     let g = machine("[low]\nMinUtil=0.3\n[high]\nMinUtil=0.7\n");

@@ -217,7 +217,7 @@ fn a_multi_device_cooperative_launch_is_gated_on_every_device() {
     for (dev, share) in shares.into_iter().enumerate() {
         // The cap holds on each device. The floor is loose: the hook
         // holds one GPU's token while it waits for the other's, and is
-        // charged for the wait (gang tokens, issue 35 item 4, would end
+        // charged for the wait (turns of a declared job would end
         // that). With other tests running beside it, it got 0.297 and
         // 0.303 of the 0.4 (2026-11-26); alone, 0.38-0.40.
         assert_capped(&format!("device {dev}"), share, 0.40, 0.05, false);
@@ -502,7 +502,7 @@ fn a_graph_launch_is_counted_as_the_device_time_it_takes() {
 }
 
 /// The accounts behind the harness's check that no kernel runs outside its
-/// group's tokens (issue 35): a group that trains for a second under the
+/// group's tokens: a group that trains for a second under the
 /// hook is read back with the device time its kernels ran and what the
 /// scheduler charged it (said as it stops), and they agree.
 #[test]
