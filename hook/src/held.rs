@@ -126,17 +126,22 @@ pub fn around(
 /// Runs `call`, which makes `bytes` of memory the driver keeps for the
 /// process on ordinal `dev`, with them reserved first (refused:
 /// `CUDA_ERROR_OUT_OF_MEMORY` before the driver takes anything) and kept;
-/// given back if it fails. No lock is held across `call`.
+/// given back if it fails. Under the measuring lock, like [`around`]: a
+/// measurement running beside `call` would take the memory it makes for
+/// its own, and charge it twice.
 fn charged_at(dev: Option<u32>, bytes: u64, call: impl FnOnce() -> CUresult) -> (CUresult, u64) {
     let Some((_, device)) = chargeable(dev) else {
         return (call(), 0);
     };
-    if !grow(device, bytes) {
+    let st = state::get();
+    let _one = lock(&st.measuring);
+    let held = held_on(device);
+    if !charge(device, held.saturating_add(bytes)) {
         return (CUDA_ERROR_OUT_OF_MEMORY, 0);
     }
     let r = call();
     if r != CUDA_SUCCESS {
-        gone(device, bytes);
+        charge(device, held_on(device).saturating_sub(bytes));
         return (r, 0);
     }
     (r, bytes)
@@ -149,14 +154,6 @@ fn chargeable(dev: Option<u32>) -> Option<(u32, u32)> {
     let dev = dev?;
     let st = state::get();
     (st.refused.load(Ordering::Acquire) == 0).then(|| (dev, st.physical(dev)))
-}
-
-/// Adds `bytes` to the group's charge for the driver's own memory on
-/// physical `device` (false, unchanged, where the scheduler refuses).
-fn grow(device: u32, bytes: u64) -> bool {
-    let st = state::get();
-    let _one = lock(&st.measuring);
-    charge(device, held_on(device).saturating_add(bytes))
 }
 
 /// [`around`], where `new` says (asked once no other such call runs)
@@ -411,16 +408,22 @@ pub fn set_limit(limit: i32, value: usize, call: impl FnOnce() -> CUresult) -> C
     r
 }
 
-/// The device memory a module image takes, as far as its header says: an
-/// ELF's size, a fatbinary's; 0 for text (PTX, compiled by the driver to
-/// a size known only after).
-pub fn image_bytes(image: *const c_void) -> u64 {
+/// The device memory a module image takes on ordinal `dev`, as far as
+/// its headers say: an ELF's size; for a fatbinary, the size of the one
+/// cubin the driver loads from it (the device's architecture, else the
+/// highest of the same major below it), not the whole: every
+/// architecture and the PTX were charged, and memory the driver never
+/// holds refused. 0 where only the driver can say (text, PTX, a
+/// fatbinary with no cubin for the device: compiled to a size known only
+/// after).
+pub fn image_bytes(image: *const c_void, dev: Option<u32>) -> u64 {
     if image.is_null() {
         return 0;
     }
     let b = image as *const u8;
     // SAFETY: the program's image, which starts with a header when it
-    // starts with one of these magics (only then read past 4 bytes).
+    // starts with one of these magics (only then read past 4 bytes); a
+    // fatbinary is as long as its header says, as the driver reads it.
     unsafe {
         let word = (b as *const u32).read_unaligned();
         if word == 0x464c_457f {
@@ -431,12 +434,63 @@ pub fn image_bytes(image: *const c_void) -> u64 {
             return shoff.saturating_add(entsize * num);
         }
         if word == 0xba55_ed50 {
-            let header = u64::from((b.add(6) as *const u16).read_unaligned());
-            let fat = (b.add(8) as *const u64).read_unaligned();
-            return header.saturating_add(fat);
+            let Some(arch) = dev.and_then(device_arch) else {
+                return 0;
+            };
+            return fatbin_cubin(b, arch).unwrap_or(0);
         }
     }
     0
+}
+
+/// The architecture of ordinal `dev` (sm_90: 90).
+fn device_arch(dev: u32) -> Option<u32> {
+    let major = crate::driver::device_attribute(75, dev)?;
+    let minor = crate::driver::device_attribute(76, dev)?;
+    u32::try_from(major * 10 + minor).ok()
+}
+
+/// The size of the cubin a device of `arch` loads from the fatbinary at
+/// `b`: its entries (a header each, 64 bytes or more: its kind at 0, 2
+/// for an ELF; the header's length at 4; the payload's at 8; the
+/// architecture at 28; the payload's size unpacked at 56, 0 where it is
+/// stored whole) follow the 16-byte header, for as many bytes as it says.
+///
+/// # Safety
+/// `b` starts a whole fatbinary.
+unsafe fn fatbin_cubin(b: *const u8, arch: u32) -> Option<u64> {
+    // SAFETY: within the fatbinary, by its own lengths (the caller's).
+    unsafe {
+        let header = usize::from((b.add(6) as *const u16).read_unaligned());
+        let fat = usize::try_from((b.add(8) as *const u64).read_unaligned()).ok()?;
+        let end = header.checked_add(fat)?;
+        let (mut at, mut best) = (header, None::<(u32, u64)>);
+        for _ in 0..4096 {
+            if at.saturating_add(64) > end {
+                break;
+            }
+            let e = b.add(at);
+            let kind = (e as *const u16).read_unaligned();
+            let head = (e.add(4) as *const u32).read_unaligned() as usize;
+            let size = (e.add(8) as *const u64).read_unaligned();
+            let sm = (e.add(28) as *const u32).read_unaligned();
+            let unpacked = (e.add(56) as *const u64).read_unaligned();
+            if head < 64 {
+                break;
+            }
+            if matches!(kind, 2 | 0x10)
+                && sm / 10 == arch / 10
+                && sm <= arch
+                && best.is_none_or(|(a, _)| sm > a)
+            {
+                best = Some((sm, if unpacked > 0 { unpacked } else { size }));
+            }
+            at = at
+                .checked_add(head)?
+                .checked_add(usize::try_from(size).ok()?)?;
+        }
+        best.map(|(_, n)| n)
+    }
 }
 
 /// A module or library is loaded by `call` (from `image`, where the
@@ -465,7 +519,7 @@ pub fn code_loaded(
             unload(m);
         }
     };
-    let size = image_bytes(image);
+    let size = image_bytes(image, dev);
     // An image whose header gives its size (a cubin, a fatbinary: what
     // compilers, Triton and the runtime's lazy loading hand the driver)
     // is charged that size, with no measurement: loads of many threads

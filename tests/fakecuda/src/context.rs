@@ -153,8 +153,9 @@ pub(crate) fn primary_mem(s: &Sim, dev: usize, ctx: usize) -> R {
 }
 
 /// Device memory of a module image: an ELF's size from its section
-/// headers, a fatbinary's from its header, else a NUL-terminated text
-/// (PTX); or `FAKECUDA_MODULE_MEM` when that is a size.
+/// headers; a fatbinary's, the entry the device loads (see below); else
+/// a NUL-terminated text (PTX); or `FAKECUDA_MODULE_MEM` when that is a
+/// size.
 pub(crate) fn image_bytes(s: &Sim, image: *const c_void) -> u64 {
     if let Some(fixed) = s.module_mem {
         return fixed;
@@ -172,10 +173,35 @@ pub(crate) fn image_bytes(s: &Sim, image: *const c_void) -> u64 {
             return shoff.saturating_add(entsize * num);
         }
         if word(0) == 0xba55_ed50 {
-            // magic, version u16, header size u16, fat size u64.
-            let header = u64::from((b.add(6) as *const u16).read_unaligned());
-            let fat = (b.add(8) as *const u64).read_unaligned();
-            return header.saturating_add(fat);
+            // A fatbinary: the driver loads one of its entries, the ELF
+            // (cubin) for the device's architecture (sm_90 here), else one
+            // of the same major with a lower minor; its size uncompressed.
+            // Else (PTX only) what JIT compiling it makes: its text's length.
+            let header = usize::from((b.add(6) as *const u16).read_unaligned());
+            let fat = (b.add(8) as *const u64).read_unaligned() as usize;
+            let (mut at, end) = (header, header.saturating_add(fat));
+            let (mut best, mut ptx) = (None::<(u32, u64)>, 0u64);
+            while at.saturating_add(64) <= end {
+                let e = b.add(at);
+                let kind = (e as *const u16).read_unaligned();
+                let head = (e.add(4) as *const u32).read_unaligned() as usize;
+                let size = (e.add(8) as *const u64).read_unaligned();
+                let arch = (e.add(28) as *const u32).read_unaligned();
+                let unpacked = (e.add(56) as *const u64).read_unaligned();
+                let loaded = if unpacked > 0 { unpacked } else { size };
+                if head < 64 {
+                    break;
+                }
+                match kind {
+                    2 | 0x10 if arch / 10 == 9 && best.is_none_or(|(a, _)| arch > a) => {
+                        best = Some((arch, loaded));
+                    }
+                    1 => ptx = ptx.max(loaded),
+                    _ => {}
+                }
+                at = at.saturating_add(head).saturating_add(size as usize);
+            }
+            return best.map_or(ptx, |(_, n)| n);
         }
         CStr::from_ptr(image as *const c_char).to_bytes().len() as u64
     }

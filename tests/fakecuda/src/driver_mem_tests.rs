@@ -60,28 +60,58 @@ fn a_context_holds_its_memory_and_its_limits_until_destroyed() {
     assert_eq!(free_mem(), f0, "all of it back with the context");
 }
 
+/// A fatbinary of `entries` (kind 2: ELF, 1: PTX; its sm; its size,
+/// stored compressed in 8 bytes).
+pub(super) fn fatbin(entries: &[(u16, u32, u64)]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for &(kind, arch, unpacked) in entries {
+        let mut e = [0u8; 64];
+        e[0..2].copy_from_slice(&kind.to_le_bytes());
+        e[4..8].copy_from_slice(&64u32.to_le_bytes());
+        e[8..16].copy_from_slice(&8u64.to_le_bytes());
+        e[28..32].copy_from_slice(&arch.to_le_bytes());
+        e[40..48].copy_from_slice(&0x8000u64.to_le_bytes());
+        e[56..64].copy_from_slice(&unpacked.to_le_bytes());
+        body.extend_from_slice(&e);
+        body.extend_from_slice(&[0u8; 8]);
+    }
+    let mut image = Vec::new();
+    image.extend_from_slice(&0xba55_ed50u32.to_le_bytes());
+    image.extend_from_slice(&1u16.to_le_bytes());
+    image.extend_from_slice(&16u16.to_le_bytes());
+    image.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    image.extend_from_slice(&body);
+    image
+}
+
+/// A fatbinary holds the ELF of every architecture it was built for and
+/// their PTX: the driver loads one, the cubin for the device (sm_90
+/// here), else one of the same major, else JIT compiles the PTX.
 #[test]
 fn a_module_holds_its_image_until_unloaded() {
     let _d = dev();
     let f0 = free_mem();
-    // A fatbinary header: magic, version 1, header size 16, 3 MiB of
-    // contents.
-    let mut fatbin = [0u8; 16];
-    fatbin[0..4].copy_from_slice(&0xba55_ed50u32.to_le_bytes());
-    fatbin[4..6].copy_from_slice(&1u16.to_le_bytes());
-    fatbin[6..8].copy_from_slice(&16u16.to_le_bytes());
-    fatbin[8..16].copy_from_slice(&(3 * MIB).to_le_bytes());
+    let fat = fatbin(&[(2, 80, 8 * MIB), (2, 90, 3 * MIB), (1, 90, 5 * MIB)]);
+    let old = fatbin(&[(2, 80, 8 * MIB), (1, 80, 5 * MIB)]);
     let mut m = std::ptr::null_mut();
+    let mut jit = std::ptr::null_mut();
     let mut ptx = std::ptr::null_mut();
     // SAFETY: images that start with a whole header or are NUL-terminated.
     unsafe {
-        assert_eq!(cuModuleLoadData(&mut m, fatbin.as_ptr().cast()), 0);
-        assert_eq!(free_mem(), f0 - 3 * MIB - 16);
+        assert_eq!(cuModuleLoadData(&mut m, fat.as_ptr().cast()), 0);
+        assert_eq!(free_mem(), f0 - 3 * MIB, "the sm_90 cubin only");
+        assert_eq!(cuModuleLoadData(&mut jit, old.as_ptr().cast()), 0);
+        assert_eq!(
+            free_mem(),
+            f0 - 8 * MIB,
+            "no sm_9x cubin: its PTX, compiled"
+        );
+        assert_eq!(cuModuleUnload(jit), 0);
         assert_eq!(
             cuModuleLoadData(&mut ptx, c".version 8.0".as_ptr().cast()),
             0
         );
-        assert_eq!(free_mem(), f0 - 3 * MIB - 16 - 12, "PTX text: its length");
+        assert_eq!(free_mem(), f0 - 3 * MIB - 12, "PTX text: its length");
         assert_eq!(cuModuleUnload(m), 0);
         assert_eq!(cuModuleUnload(ptx), 0);
         assert_eq!(cuModuleUnload(ptx), CUDA_ERROR_INVALID_HANDLE);

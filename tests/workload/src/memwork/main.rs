@@ -67,7 +67,9 @@ enum What {
         /// `cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)` to this.
         #[arg(long, value_parser = size)]
         heap: Option<u64>,
-        /// A module whose image says it is this large.
+        /// A module whose sm_90 cubin is this large, in a fatbinary beside
+        /// an sm_80 one twice as large and PTX three times
+        /// (the device loads the sm_90 one).
         #[arg(long, value_parser = size)]
         module: Option<u64>,
         /// Allocation size.

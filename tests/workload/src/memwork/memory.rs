@@ -117,12 +117,7 @@ pub(crate) fn context(
     }
     let mut m: Ptr = std::ptr::null_mut();
     if let Some(bytes) = module {
-        // A fatbinary header: magic, version 1, header size 16, contents.
-        let mut image = [0u8; 16];
-        image[0..4].copy_from_slice(&0xba55_ed50u32.to_le_bytes());
-        image[4..6].copy_from_slice(&1u16.to_le_bytes());
-        image[6..8].copy_from_slice(&16u16.to_le_bytes());
-        image[8..16].copy_from_slice(&bytes.saturating_sub(16).to_le_bytes());
+        let image = fatbin(bytes);
         let r = call!(
             cuda,
             "cuModuleLoadData",
@@ -291,4 +286,29 @@ pub(crate) fn graph(cuda: &Cuda, bytes: u64, version: i32) -> anyhow::Result<()>
     println!("memwork launch_error={r} sync_error={s}");
     step("launched");
     Ok(())
+}
+
+/// A fatbinary as compilers make one for several GPUs: the sm_80 cubin
+/// (twice `bytes`), the sm_90 one (`bytes`, what an sm_90 device loads)
+/// and the PTX (three times `bytes`), stored whole. Each entry: a 64-byte
+/// header (kind at 0, 2 for an ELF and 1 for PTX; the header's length at
+/// 4; the payload's at 8; the architecture at 28), then its payload.
+fn fatbin(bytes: u64) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (kind, arch, size) in [(2u16, 80u32, 2 * bytes), (2, 90, bytes), (1, 90, 3 * bytes)] {
+        let mut e = [0u8; 64];
+        e[0..2].copy_from_slice(&kind.to_le_bytes());
+        e[4..8].copy_from_slice(&64u32.to_le_bytes());
+        e[8..16].copy_from_slice(&size.to_le_bytes());
+        e[28..32].copy_from_slice(&arch.to_le_bytes());
+        body.extend_from_slice(&e);
+        body.resize(body.len() + size as usize, 0);
+    }
+    let mut image = Vec::with_capacity(16 + body.len());
+    image.extend_from_slice(&0xba55_ed50u32.to_le_bytes());
+    image.extend_from_slice(&1u16.to_le_bytes());
+    image.extend_from_slice(&16u16.to_le_bytes());
+    image.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    image.extend_from_slice(&body);
+    image
 }
