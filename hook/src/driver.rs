@@ -340,6 +340,22 @@ pub fn ctx_destroy(ctx: *mut c_void) -> CUresult {
     real_call!(c"cuCtxDestroy_v2" @ c"cuCtxDestroy", 4000, 0, fn(*mut c_void), ctx)
 }
 
+/// `cuCtxCreate_v2` on ordinal `dev` with the default flags: a context
+/// of the hook's own, current on the calling thread until destroyed.
+pub fn ctx_create(dev: i32) -> Option<*mut c_void> {
+    let mut ctx = std::ptr::null_mut();
+    let r = real_call!(
+        c"cuCtxCreate_v2" @ c"cuCtxCreate",
+        3020,
+        0,
+        fn(*mut *mut c_void, u32, i32),
+        &mut ctx,
+        0,
+        dev
+    );
+    (r == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx)
+}
+
 /// `cuDevicePrimaryCtxRelease_v2`: takes back a retain the group may not
 /// have.
 pub fn primary_release(dev: i32) -> CUresult {

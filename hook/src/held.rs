@@ -120,7 +120,7 @@ pub fn around(
     call: impl FnOnce() -> CUresult,
     undo: impl FnOnce(),
 ) -> (CUresult, u64) {
-    around_if(dev, || true, estimate, call, undo)
+    around_if(dev, || true, estimate, call, undo, || None)
 }
 
 /// Runs `call`, which makes `bytes` of memory the driver keeps for the
@@ -158,13 +158,16 @@ fn chargeable(dev: Option<u32>) -> Option<(u32, u32)> {
 
 /// [`around`], where `new` says (asked once no other such call runs)
 /// whether `call` will make anything: a primary context another thread
-/// was retaining at the same moment is not made twice.
+/// was retaining at the same moment is not made twice; and `probe`
+/// measures what a successful `call` made where neither NVML nor the
+/// device's used memory before the call could (see [`probe_context`]).
 fn around_if(
     dev: Option<u32>,
     new: impl FnOnce() -> bool,
     estimate: u64,
     call: impl FnOnce() -> CUresult,
     undo: impl FnOnce(),
+    probe: impl FnOnce() -> Option<u64>,
 ) -> (CUresult, u64) {
     let Some((dev, device)) = chargeable(dev) else {
         return (call(), 0);
@@ -194,7 +197,8 @@ fn around_if(
             (Some(b), Some(a)) => Some(a.saturating_sub(b)),
             _ => None,
         },
-    };
+    }
+    .or_else(probe);
     if grown.is_none() {
         static TOLD: AtomicBool = AtomicBool::new(false);
         if !crate::nvml_lib::available() && !TOLD.swap(true, Ordering::Relaxed) {
@@ -261,14 +265,23 @@ pub fn context(
         return call();
     };
     let new = || !(primary && crate::driver::primary_active(dev));
-    let (r, took) = around_if(ordinal, new, memory::context_cost(device), call, || {
+    let estimate = memory::context_cost(device);
+    let undo = || {
         let ctx = made();
         if primary {
             let _ = crate::driver::primary_release(dev);
         } else if !ctx.is_null() {
             let _ = crate::driver::ctx_destroy(ctx);
         }
-    });
+    };
+    // Only while no context's size is known on the GPU: the probe makes
+    // a context of its own for a moment.
+    let probe = || {
+        (estimate == 0)
+            .then(|| probe_context(dev, made()))
+            .flatten()
+    };
+    let (r, took) = around_if(ordinal, new, estimate, call, undo, probe);
     if r == CUDA_SUCCESS {
         let ctx = made() as usize;
         let object = if primary {
@@ -282,6 +295,49 @@ pub fn context(
         }
     }
     r
+}
+
+/// What a context takes of ordinal `dev`, measured with the driver's own
+/// answers where nothing else can: the process's first context, made with
+/// no NVML (a container may not expose it) and so no context to read the
+/// device's used memory in before it. With `ctx` (the new context)
+/// current, `cuMemGetInfo` is read, a second context of the same device
+/// made for a moment and read again: the second took what the first did
+/// (both hold the same per-context state; the limits and modules that
+/// differ are charged on their own). Exact for a process alone on the
+/// device, approximate beside others that allocate at the same moment.
+/// `None` where the second context cannot be made (the device is full).
+fn probe_context(dev: i32, ctx: *mut c_void) -> Option<u64> {
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: `ctx` is the context the driver just made for this process.
+    if unsafe { crate::driver::ctx_push(ctx) } != CUDA_SUCCESS {
+        return None;
+    }
+    let used = || {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-pointers to locals.
+        let r = unsafe { crate::driver::mem_get_info(&mut free, &mut total) };
+        (r == CUDA_SUCCESS).then(|| total.saturating_sub(free) as u64)
+    };
+    let before = used();
+    let second = crate::driver::ctx_create(dev);
+    let after = second.and_then(|c| {
+        let after = used();
+        // Destroying the current context pops it: `ctx` is current again.
+        let _ = crate::driver::ctx_destroy(c);
+        after
+    });
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local; pops the `ctx` pushed above.
+    unsafe { crate::driver::ctx_pop(&mut popped) };
+    let took = after?.saturating_sub(before?);
+    crate::log::debug!(
+        "GPU ordinal {dev}: with no NVML, a context measured by a second one: {} MiB",
+        took >> 20
+    );
+    Some(took)
 }
 
 /// `cuCtxDestroy(ctx)` by `call`: what the driver kept for the context

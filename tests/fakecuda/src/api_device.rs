@@ -137,6 +137,83 @@ driver_api! {
         ctx_stack(|s| s.retain(|&c| c != ctx as usize));
         Ok(())
     }
+    // Green contexts (cuda.h 12.4 on): a device's SMs as a resource, a
+    // descriptor of a share of them, a context limited to that share.
+    // `CUdevResource` is 144 bytes in 12.x: the type (a u32) first, and
+    // the SM resource's `smCount` at byte 96, past 92 bytes of padding.
+    fn cuDeviceGetDevResource(dev: CUdevice, resource: *mut u8, kind: u32) {
+        let s = initialised()?;
+        check_device(s, dev)?;
+        if resource.is_null() || kind != DEV_RESOURCE_TYPE_SM {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's CUdevResource, 144 bytes or more.
+        unsafe {
+            std::ptr::write_bytes(resource, 0, 144);
+            resource.cast::<u32>().write_unaligned(DEV_RESOURCE_TYPE_SM);
+            resource.add(96).cast::<u32>().write_unaligned(DEVICE_SMS);
+        }
+        Ok(())
+    }
+    fn cuDevResourceGenerateDesc(desc: *mut *mut c_void, resources: *const u8, count: u32) {
+        initialised()?;
+        if resources.is_null() || count != 1 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's CUdevResource, as above.
+        let (kind, sms) = unsafe {
+            (
+                resources.cast::<u32>().read_unaligned(),
+                resources.add(96).cast::<u32>().read_unaligned(),
+            )
+        };
+        if kind != DEV_RESOURCE_TYPE_SM || sms == 0 || sms > DEVICE_SMS {
+            return Err(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+        }
+        let h = with_proc(|p| p.add(Obj::ResourceDesc));
+        put(desc, h as *mut c_void)
+    }
+    fn cuGreenCtxCreate(out: *mut *mut c_void, desc: *mut c_void, dev: CUdevice, flags: u32) {
+        let s = initialised()?;
+        let dev = check_device(s, dev)?;
+        many_contexts(s);
+        // CU_GREEN_CTX_DEFAULT_STREAM is required.
+        if flags != GREEN_CTX_DEFAULT_STREAM || out.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        with_proc(|p| match p.objects.get(&(desc as usize)) {
+            Some(Obj::ResourceDesc) => {
+                // Not made current: it is used through its context.
+                let ctx = p.add(Obj::Ctx { device: dev });
+                Ok(p.add(Obj::Green { ctx }))
+            }
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        })
+        .and_then(|h| put(out, h as *mut c_void))
+    }
+    fn cuCtxFromGreenCtx(out: *mut CUcontext, green: *mut c_void) {
+        initialised()?;
+        let ctx = with_proc(|p| match p.objects.get(&(green as usize)) {
+            Some(Obj::Green { ctx }) => Ok(*ctx),
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        })?;
+        put(out, ctx as CUcontext)
+    }
+    fn cuGreenCtxDestroy(green: *mut c_void) {
+        initialised()?;
+        let ctx = with_proc(|p| match p.objects.get(&(green as usize)) {
+            Some(Obj::Green { ctx }) => {
+                let ctx = *ctx;
+                p.objects.remove(&(green as usize));
+                p.objects.remove(&ctx);
+                p.dead.insert(ctx);
+                Ok(ctx)
+            }
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        })?;
+        ctx_stack(|s| s.retain(|&c| c != ctx));
+        Ok(())
+    }
     fn cuCtxSetCurrent(ctx: CUcontext) {
         initialised()?;
         if !ctx.is_null() {

@@ -4,6 +4,24 @@ use crate::*;
 
 pub(crate) fn create_ctx(out: *mut CUcontext, dev: CUdevice) -> R {
     let s = initialised()?;
+    many_contexts(s);
+    let dev = check_device(s, dev)?;
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    s.alloc(dev, s.ctx_mem)?;
+    let h = with_proc(|p| {
+        let h = p.add(Obj::Ctx { device: dev });
+        p.ctx_mem.insert(h, CtxMem::new(dev, s.ctx_mem));
+        h
+    });
+    ctx_stack(|st| st.push(h));
+    put(out, h as CUcontext)
+}
+
+/// A context beside the primary ones is made (created, or a green
+/// context's): work is tracked per context from now on.
+pub(crate) fn many_contexts(s: &Sim) {
     if !MANY_CONTEXTS.swap(true, Ordering::AcqRel) {
         // From now on per context: the contexts so far own all the work
         // their devices have had.
@@ -25,18 +43,6 @@ pub(crate) fn create_ctx(out: *mut CUcontext, dev: CUdevice) -> R {
             }
         });
     }
-    let dev = check_device(s, dev)?;
-    if out.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    s.alloc(dev, s.ctx_mem)?;
-    let h = with_proc(|p| {
-        let h = p.add(Obj::Ctx { device: dev });
-        p.ctx_mem.insert(h, CtxMem::new(dev, s.ctx_mem));
-        h
-    });
-    ctx_stack(|st| st.push(h));
-    put(out, h as CUcontext)
 }
 
 /// `CUlimit`s that take device memory, with their defaults.

@@ -311,3 +311,58 @@ fn a_context_that_went_fails_its_calls_and_they_are_logged() {
     assert!(mine[1].contains(" cuEventRecord "), "{log}");
     d.enter();
 }
+
+/// A green context is made from a descriptor of the device's SMs with
+/// `CU_GREEN_CTX_DEFAULT_STREAM` (required), is not made current, is
+/// used through the context `cuCtxFromGreenCtx` gives, and takes that
+/// context with it when destroyed.
+#[test]
+fn a_green_context_is_used_through_its_context_which_goes_with_it() {
+    let d = dev();
+    let mut sms = [0u8; 144];
+    let (mut desc, mut green, mut ctx, mut was, mut cur) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: out-pointers to locals and a CUdevResource-sized buffer;
+    // the green context is this test's own.
+    unsafe {
+        assert_eq!(
+            cuDeviceGetDevResource(0, sms.as_mut_ptr(), DEV_RESOURCE_TYPE_SM),
+            0
+        );
+        assert_eq!(
+            u32::from_ne_bytes(sms[96..100].try_into().unwrap()),
+            DEVICE_SMS
+        );
+        assert_eq!(cuDevResourceGenerateDesc(&mut desc, sms.as_ptr(), 1), 0);
+        assert_eq!(
+            cuGreenCtxCreate(&mut green, desc, 0, 0),
+            CUDA_ERROR_INVALID_VALUE,
+            "CU_GREEN_CTX_DEFAULT_STREAM is required"
+        );
+        assert_eq!(cuCtxGetCurrent(&mut was), 0);
+        assert_eq!(
+            cuGreenCtxCreate(&mut green, desc, 0, GREEN_CTX_DEFAULT_STREAM),
+            0
+        );
+        assert_eq!(cuCtxGetCurrent(&mut cur), 0);
+        assert_eq!(cur, was, "not made current");
+        assert_eq!(cuCtxFromGreenCtx(&mut ctx, green), 0);
+        assert_ne!(ctx, was);
+        assert_eq!(cuCtxPushCurrent_v2(ctx), 0);
+        assert_eq!(cuCtxSynchronize(), 0);
+        assert_eq!(cuGreenCtxDestroy(green), 0);
+        assert_eq!(cuCtxGetCurrent(&mut cur), 0);
+        assert_eq!(cur, was, "the green context's context left the stack");
+        assert_eq!(cuCtxPushCurrent_v2(ctx), CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(
+            cuCtxFromGreenCtx(&mut ctx, green),
+            CUDA_ERROR_INVALID_HANDLE
+        );
+    }
+    d.enter();
+}

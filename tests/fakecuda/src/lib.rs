@@ -146,6 +146,16 @@ enum Obj {
     Pool,
     /// A memory pool (its state in `Proc::pools`).
     MemPool,
+    /// A resource descriptor (`cuDevResourceGenerateDesc`) of a share of
+    /// a device's SMs. A green context made from it runs its kernels as
+    /// long as any other (the simulator models no SMs), and holds no
+    /// memory of its own.
+    ResourceDesc,
+    /// A green context (`cuGreenCtxCreate`), used through the context
+    /// `ctx` (`cuCtxFromGreenCtx`), which goes with it.
+    Green {
+        ctx: usize,
+    },
 }
 
 macro_rules! driver_api {

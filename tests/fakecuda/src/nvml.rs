@@ -4,7 +4,7 @@
 //! `FAKECUDA_NVML_WINDOW_MS` (default 200 ms) during which the device ran a
 //! kernel, from the busy log, as a whole percentage like NVML's.
 
-use crate::device::sim;
+use crate::device::Sim;
 use fakecuda_log::{busy, now_ns, read_tail};
 use std::ffi::c_void;
 
@@ -15,6 +15,7 @@ const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
 const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
 const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+const NVML_ERROR_LIBRARY_NOT_FOUND: NvmlReturn = 12;
 const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
 /// `nvmlUtilization_t`.
@@ -23,6 +24,17 @@ const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 pub struct NvmlUtilization {
     gpu: u32,
     memory: u32,
+}
+
+/// The simulator as NVML reaches it: not at all on a machine without
+/// NVML (`FAKECUDA_NVML=missing`: a container that does not expose
+/// `libnvidia-ml.so.1`, whose CUDA driver still works), where `nvmlInit`
+/// fails and so does every call after it.
+fn sim() -> Result<&'static Sim, NvmlReturn> {
+    if std::env::var("FAKECUDA_NVML").is_ok_and(|v| v == "missing") {
+        return Err(NVML_ERROR_LIBRARY_NOT_FOUND);
+    }
+    crate::device::sim().map_err(|_| NVML_ERROR_UNINITIALIZED)
 }
 
 fn window_ns() -> u64 {
@@ -36,10 +48,9 @@ fn window_ns() -> u64 {
 /// `nvmlInit_v2`.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
-    if sim().is_ok() {
-        NVML_SUCCESS
-    } else {
-        NVML_ERROR_UNINITIALIZED
+    match sim() {
+        Ok(_) => NVML_SUCCESS,
+        Err(e) => e,
     }
 }
 

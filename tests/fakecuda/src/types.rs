@@ -37,6 +37,7 @@ pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
 pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
 pub const CUDA_ERROR_CAPTURED_EVENT: CUresult = 907;
 pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CUresult = 908;
+pub const CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION: CUresult = 915;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// Name and description of every result code the simulator returns.
@@ -81,6 +82,11 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         CUDA_ERROR_INVALID_HANDLE,
         "CUDA_ERROR_INVALID_HANDLE\0",
         "invalid resource handle\0",
+    ),
+    (
+        CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION,
+        "CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION\0",
+        "invalid resource configuration\0",
     ),
     (
         CUDA_ERROR_NOT_FOUND,
@@ -225,3 +231,11 @@ pub const CU_STREAM_PER_THREAD: usize = 2;
 
 /// `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`.
 pub const ATTR_MEMORY_POOLS_SUPPORTED: i32 = 115;
+
+/// `CU_DEV_RESOURCE_TYPE_SM`.
+pub const DEV_RESOURCE_TYPE_SM: u32 = 1;
+/// `CU_GREEN_CTX_DEFAULT_STREAM`, which `cuGreenCtxCreate` requires.
+pub const GREEN_CTX_DEFAULT_STREAM: u32 = 1;
+/// The SMs of a simulated device (an H100 SXM's 132, as
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT` says).
+pub const DEVICE_SMS: u32 = 132;

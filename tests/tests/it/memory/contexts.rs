@@ -28,12 +28,15 @@ fn a_context_goes_at_once_while_another_gpus_work_is_waited_for() {
     w.end();
 }
 
-/// After a primary context's last release, a reset, or `cuCtxDestroy`
-/// (PyTorch's and the CUDA runtime's teardown at exit), the hook never
-/// uses that context again: no synchronisation of it at a token's end,
-/// no reuse of the timing events it made there. The simulator fails and
-/// logs every call on a context that went; none is logged. (Before, the
-/// idle watcher synchronised a released primary context.)
+/// After a primary context's last release, a reset, `cuCtxDestroy`
+/// (PyTorch's and the CUDA runtime's teardown at exit) or
+/// `cuGreenCtxDestroy` (whose context goes with the green context), the
+/// hook never uses that context again: no synchronisation of it at a
+/// token's end, no reuse of the timing events it made there. The
+/// simulator fails and logs every call on a context that went; none is
+/// logged. (Before, the idle watcher synchronised a released primary
+/// context, and a token's end the context of a green context destroyed
+/// after a token was taken in it.)
 #[test]
 fn contexts_that_went_are_never_used_again() {
     let g = Gemini::start(SimEnv::default(), "[a]\n");

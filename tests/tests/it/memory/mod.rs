@@ -277,6 +277,34 @@ fn a_process_whose_memory_nvml_cannot_read_is_charged_from_the_device() {
     w.end();
 }
 
+/// Where the process has no NVML (a container that does not expose it)
+/// and nothing told the scheduler yet what a context takes, a runtime
+/// program's primary context (300 MiB here) still counts: the hook
+/// measures it with a second context of its own for a moment. Before, it
+/// was charged nothing, and the program allocated 1000 MiB beside it in a
+/// 1 GiB group (1300 MiB on the device); with either context kind.
+#[test]
+fn a_first_context_counts_without_nvml() {
+    for create in [false, true] {
+        let g = Gemini::start(
+            SimEnv::default().driver_memory("300MiB"),
+            "[a]\nMemoryLimit=1GiB\n",
+        );
+        let mut args = vec!["context", "--chunk", "100MiB"];
+        if create {
+            args.push("--create");
+        }
+        let mut w = Memwork::start_with(&g, "a", &args, &[("FAKECUDA_NVML", "missing")]);
+        w.at("allocated");
+        assert_eq!(w.num("context"), 0, "the context is made");
+        assert_eq!(w.num("allocated"), 700 * MIB, "create: {create}");
+        let held = g.sim.group_memory("a");
+        assert_eq!(held.now[0], 1000 * MIB, "create: {create}");
+        assert_eq!(charged(&g, "a", 0), held.now[0], "create: {create}");
+        w.end();
+    }
+}
+
 /// A context the group has no room for is refused before the driver
 /// makes it (its cost learned from the process's first context is not
 /// known yet: it is made, measured and taken back).

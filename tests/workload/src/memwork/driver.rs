@@ -281,6 +281,72 @@ pub(crate) fn work(cuda: &Cuda) -> anyhow::Result<()> {
     check("cuCtxSynchronize", call!(cuda, "cuCtxSynchronize", fn()))
 }
 
+/// Work in a green context of all of GPU 0's SMs, through the context
+/// `cuCtxFromGreenCtx` gives (as SGLang and vLLM use one), then the green
+/// context destroyed, which takes that context with it.
+fn green(cuda: &Cuda) -> anyhow::Result<()> {
+    // A CUdevResource (144 bytes in 12.x), with room to spare.
+    let mut sms = [0u8; 256];
+    // CU_DEV_RESOURCE_TYPE_SM = 1.
+    check(
+        "cuDeviceGetDevResource",
+        call!(
+            cuda,
+            "cuDeviceGetDevResource",
+            fn(i32, *mut u8, u32),
+            0,
+            sms.as_mut_ptr(),
+            1
+        ),
+    )?;
+    let mut desc: Ptr = std::ptr::null_mut();
+    check(
+        "cuDevResourceGenerateDesc",
+        call!(
+            cuda,
+            "cuDevResourceGenerateDesc",
+            fn(*mut Ptr, *const u8, u32),
+            &mut desc,
+            sms.as_ptr(),
+            1
+        ),
+    )?;
+    let mut green: Ptr = std::ptr::null_mut();
+    // CU_GREEN_CTX_DEFAULT_STREAM = 1, which the driver requires.
+    check(
+        "cuGreenCtxCreate",
+        call!(
+            cuda,
+            "cuGreenCtxCreate",
+            fn(*mut Ptr, Ptr, i32, u32),
+            &mut green,
+            desc,
+            0,
+            1
+        ),
+    )?;
+    let mut ctx: Ptr = std::ptr::null_mut();
+    check(
+        "cuCtxFromGreenCtx",
+        call!(
+            cuda,
+            "cuCtxFromGreenCtx",
+            fn(*mut Ptr, Ptr),
+            &mut ctx,
+            green
+        ),
+    )?;
+    check(
+        "cuCtxSetCurrent",
+        call!(cuda, "cuCtxSetCurrent", fn(Ptr), ctx),
+    )?;
+    work(cuda)?;
+    check(
+        "cuGreenCtxDestroy",
+        call!(cuda, "cuGreenCtxDestroy", fn(Ptr), green),
+    )
+}
+
 pub(crate) fn contexts(cuda: &Cuda) -> anyhow::Result<()> {
     let pause = || std::thread::sleep(Duration::from_millis(300));
     start(cuda, 0)?;
@@ -296,6 +362,11 @@ pub(crate) fn contexts(cuda: &Cuda) -> anyhow::Result<()> {
         "cuDevicePrimaryCtxReset",
         call!(cuda, "cuDevicePrimaryCtxReset", fn(i32), 0),
     )?;
+    pause();
+    green(cuda)?;
+    pause();
+    start(cuda, 0)?;
+    work(cuda)?;
     pause();
     let at = cuda.at("cuCtxCreate", 11030)?;
     // SAFETY: cuCtxCreate_v2's signature.

@@ -128,7 +128,8 @@ enum What {
         set: Option<String>,
     },
     /// Kernels and graphs in a primary context released to nothing, in
-    /// one retained again and reset, and in one made and destroyed, with
+    /// one retained again and reset, in a green context destroyed (then
+    /// in the primary context again), and in one made and destroyed, with
     /// a pause after each (PyTorch's and the runtime's teardown).
     Contexts,
     /// A `--kernel-ms` kernel on GPU 0, left to the hook's idle watcher
