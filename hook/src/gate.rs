@@ -29,6 +29,9 @@
 //! scheduler lends the device to others until the process usually comes
 //! back. Shorter gaps keep the token.
 //!
+//! Every grant, close and give-back of a token is one transition of the
+//! state machine in `token`, under the gate's slow lock.
+//!
 //! Under a lent token (another group owed time is away and will be back)
 //! a launch is admitted only while the work queued is predicted to end
 //! within the token, from the device time per launch learned from waits
@@ -51,18 +54,18 @@ mod late;
 mod learn;
 mod measure;
 mod settle;
+mod token;
 mod waits;
 mod watcher;
 
 pub(crate) use contexts::synchronize_device;
 pub use contexts::{context_gone, context_made, context_may_go};
 use gemini_protocol::{Reply, Request};
-use settle::{Settle, settle, settle_ahead};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use token::{End, Grant, Outcome, Transition, transition};
 pub use waits::{waiting, waiting_on};
-use watcher::{STALL_NS, start_watcher};
 
 /// Whether the calling thread has a current context.
 fn has_context() -> bool {
@@ -332,7 +335,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     }
     let g = &st.gates[dev];
     let entered = now_ns();
-    let _slow = lock(&g.slow);
+    let slow = lock(&g.slow);
     // Back before a token planned ahead was asked for: this asks now.
     g.ahead_at.store(0, Ordering::Release);
     let now = now_ns();
@@ -355,19 +358,17 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             },
             g.queued_end.load(Ordering::Relaxed).saturating_sub(now) / 1000
         );
-        g.deadline.store(0, Ordering::Release);
     }
-    // The token ran out. A lent one is renewed while its work still runs
-    // (see `settle_ahead`); any other first waits for the work launched
-    // under it, so that it is proven done and its time measured.
-    let queue_end = settle_ahead(dev, g, now_ns()).unwrap_or_else(|| {
-        settle(dev, g, Settle::RanOut);
-        0
-    });
-    // In that order: a span that closes in between is reported later,
-    // and the work it is was said to be in flight.
-    let in_flight = g.outstanding();
-    let ran = g.take_ran();
+    // The token ran out (or its quota is full): it ends, and what it ran
+    // goes with the request for the next.
+    let token::Renewal {
+        ran,
+        in_flight,
+        queue_end,
+    } = match transition(&slow, st, dev, g, Transition::End(End::RanOut)) {
+        Outcome::Renew(r) => r,
+        _ => token::Renewal::default(),
+    };
     let used_us = measure::total_us(&ran);
     let now = now_ns();
     if queue_end != 0 {
@@ -439,7 +440,12 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
                 asked: now,
                 queue_end,
             };
-            install(st, dev, g, grant, Some(first), launch_ctx);
+            let t = Transition::Grant {
+                grant,
+                first: Some(first),
+                launch_ctx,
+            };
+            transition(&slow, st, dev, g, t);
             debug!(
                 "device {dev}: {} for {quota_us} us (used {used_us} us, burst {burst_us} us, {} us per launch){}",
                 if lent { "lent token" } else { "token" },
@@ -463,87 +469,4 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             Err(CUDA_ERROR_NOT_PERMITTED)
         }
     }
-}
-
-/// A token the scheduler granted.
-pub(super) struct Grant {
-    pub(super) quota_us: u64,
-    pub(super) lent: bool,
-    /// It ends with the step under way (see `Gate::last_step`).
-    pub(super) last_step: bool,
-    /// When it was asked for (ns): from then to the grant none of this
-    /// process's work ran, unless a renewed lent token's queue ran on.
-    pub(super) asked: u64,
-    /// The predicted end of the work a renewed lent token left queued
-    /// (ns; 0: none).
-    pub(super) queue_end: u64,
-}
-
-/// Makes `grant` `g`'s token from now on, the launch that asked for it
-/// going first, predicted to take `first` ns (`None`: no launch asked: a
-/// token asked ahead and taken while the process is still quiet), in
-/// `launch_ctx` (null: the calling thread's current context, or the last
-/// token's if it has none).
-pub(super) fn install(
-    st: &'static State,
-    dev: usize,
-    g: &'static Gate,
-    grant: Grant,
-    first: Option<u64>,
-    launch_ctx: *mut c_void,
-) {
-    let Grant {
-        quota_us,
-        lent,
-        last_step,
-        asked,
-        queue_end,
-    } = grant;
-    let t = now_ns();
-    // From the request to the grant none of our work ran (`settle`
-    // waited for it): not device time of the launches. A renewed
-    // lent token's work ran on meanwhile, until its predicted end.
-    g.blocked
-        .fetch_add(t.saturating_sub(asked.max(queue_end)), Ordering::Relaxed);
-    g.lent.store(lent, Ordering::Relaxed);
-    g.last_step.store(last_step, Ordering::Relaxed);
-    g.queued_end
-        .store(t.max(queue_end) + first.unwrap_or(0), Ordering::Relaxed);
-    g.unknown_launches
-        .store(u64::from(first.is_some()), Ordering::Relaxed);
-    if first.is_some() {
-        // A program that never waits is measured over its tokens.
-        g.begin_sample(t);
-    }
-    // The context the launch runs in: the current one, or the
-    // stream's (a CUkernel launched with none current).
-    let mut ctx = launch_ctx;
-    if ctx.is_null() {
-        // SAFETY: out-pointer to a local.
-        unsafe { driver::ctx_get_current(&mut ctx) };
-    }
-    if !ctx.is_null() {
-        g.ctx.store(ctx as usize, Ordering::Relaxed);
-        // A context the hook did not see made (a green context's, say)
-        // is waited for at token ends from now on too.
-        contexts::context_made(ctx, dev as i32);
-    }
-    let quota = quota_us * 1000;
-    // Work still running from an earlier token: its span ends apart from
-    // this token's (see `late`), before any launch under this one.
-    let renewed = queue_end != 0;
-    if late::close(g) && !renewed {
-        // That work has outlasted every prediction: the token
-        // admits nothing more (but the launch that asked) until
-        // a token's end has seen it done. Else each token would
-        // queue its quota on top of a queue that never drains.
-        g.queued_end.store(t + quota, Ordering::Relaxed);
-    }
-    // Stop launching early by the work usually still queued at the
-    // end, so the queue drains about when the token ends.
-    let early = g.overuse.load(Ordering::Relaxed).min(quota / 2);
-    g.quota_end.store(t + quota, Ordering::Relaxed);
-    g.granted_at.store(t, Ordering::Release);
-    g.deadline.store(t + quota - early, Ordering::SeqCst);
-    start_watcher(st);
 }

@@ -109,7 +109,7 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
         return false;
     }
     // The slow path, if a launch is in it, asks or waits itself.
-    let Ok(_slow) = g.slow.try_lock() else {
+    let Ok(slow) = g.slow.try_lock() else {
         return false;
     };
     if at != 0 && now >= at {
@@ -136,18 +136,25 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
                 // was charged (`latency::a_critical_groups_steps_overlap_at_most_a_lent_token_of_training`).
                 // A grant the scheduler holds back (another group's token)
                 // is looked for at the next wake-ups.
-                return take(st, dev, g, seq, ASK_WAIT_NS);
+                return take(&slow, st, dev, g, seq, ASK_WAIT_NS);
             }
         }
         return false;
     }
-    take(st, dev, g, seq, 0)
+    take(&slow, st, dev, g, seq, 0)
 }
 
 /// Takes the grant of the request `seq` sent ahead if it comes within
-/// `wait_ns` (the caller holds `g.slow`): `true` if it did, and the token
+/// `wait_ns` (`slow`: `g.slow`'s guard): `true` if it did, and the token
 /// is `g`'s from now.
-fn take(st: &'static State, dev: usize, g: &'static Gate, seq: u32, wait_ns: u64) -> bool {
+fn take(
+    slow: &std::sync::MutexGuard<'_, ()>,
+    st: &'static State,
+    dev: usize,
+    g: &'static Gate,
+    seq: u32,
+    wait_ns: u64,
+) -> bool {
     let Some(answer) = st.answer_within(seq, Duration::from_nanos(wait_ns)) else {
         return false;
     };
@@ -167,7 +174,12 @@ fn take(st: &'static State, dev: usize, g: &'static Gate, seq: u32, wait_ns: u64
                 asked: now,
                 queue_end: 0,
             };
-            install(st, dev, g, grant, None, std::ptr::null_mut());
+            let t = Transition::Grant {
+                grant,
+                first: None,
+                launch_ctx: std::ptr::null_mut(),
+            };
+            transition(slow, st, dev, g, t);
             // Whether the process waited for it says its next launch.
             g.ahead_taken.store(now, Ordering::Release);
             debug!(

@@ -80,9 +80,13 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
     if g.late_ticket.swap(0, Ordering::AcqRel) == 0 {
         return false;
     }
+    // The span leaves `late_since` and enters `ran` under the report lock
+    // (see `Gate::take_report`).
+    let mut ran = lock(&g.ran);
     let detached = g.late_since.swap(0, Ordering::AcqRel);
     match (done, detached) {
         (Some(done_at), 0) => {
+            drop(ran);
             g.close(done_at, g.late_launches.load(Ordering::Relaxed));
         }
         (done, since) if since != 0 => {
@@ -94,7 +98,7 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
                 (None, r) if r != 0 => r,
                 (None, _) => now_ns(),
             };
-            g.record_span(since, end.max(since));
+            measure::record(&mut ran, since, end.max(since));
         }
         _ => {}
     }
@@ -105,7 +109,8 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
 /// ends now, before it, where its work was done or where the next span
 /// began (its work not done by now ran until then at most), so that
 /// spans are reported in order.
-pub(super) fn end_detached(g: &Gate) {
+/// Called under the report lock, with what it guards (`ran`).
+pub(super) fn end_detached(g: &Gate, ran: &mut Vec<gemini_protocol::Span>) {
     if g.late_since.load(Ordering::Acquire) == 0 {
         return;
     }
@@ -122,7 +127,7 @@ pub(super) fn end_detached(g: &Gate) {
         Some(d) => d,
         None => resumed.max(since),
     };
-    g.record_span(since, end.max(since));
+    measure::record(ran, since, end.max(since));
 }
 
 /// Reports what was proven done since the last report (sent even where

@@ -62,6 +62,9 @@ impl Gate {
         if moved(self) {
             return false;
         }
+        // The span leaves `open_since` and enters `ran` under the report
+        // lock (see `take_report`).
+        let mut ran = lock(&self.ran);
         self.open_stream.store(covers::NO_STREAM, Ordering::SeqCst);
         let since = self.open_since.swap(0, Ordering::SeqCst);
         if since == 0 {
@@ -80,14 +83,9 @@ impl Gate {
             return false;
         }
         // A span detached before this one opened ends first (see `late`).
-        late::end_detached(self);
-        self.record_span(since, at.max(since));
+        late::end_detached(self, &mut ran);
+        record(&mut ran, since, at.max(since));
         true
-    }
-
-    /// Work ran from `start` to `end` (ns), proven done: reported next.
-    pub(super) fn record_span(&self, start: u64, end: u64) {
-        record(&mut lock(&self.ran), start, end);
     }
 
     /// Whether work of the process may still run unreported: a span is
@@ -96,9 +94,24 @@ impl Gate {
         self.open_since.load(Ordering::SeqCst) != 0 || self.late_since.load(Ordering::Acquire) != 0
     }
 
-    /// The spans proven done and not reported yet; they are reported now.
+    /// The spans proven done and not reported yet, which are reported
+    /// now, and whether work is still outstanding (see [`outstanding`]).
+    /// Both under the report lock, which a span closes under: a report
+    /// either carries a span or says its work is in flight, never
+    /// neither. (Read apart, a span closed between the two went with a
+    /// later report than one that said nothing was in flight, and
+    /// `gem-schd` rightly refused it as placed before that client's
+    /// token; or after a later span's report, as charged already.)
+    ///
+    /// [`outstanding`]: Gate::outstanding
+    pub(super) fn take_report(&self) -> (Vec<Span>, bool) {
+        let mut ran = lock(&self.ran);
+        (std::mem::take(&mut *ran), self.outstanding())
+    }
+
+    /// [`Gate::take_report`], the spans only.
     pub(super) fn take_ran(&self) -> Vec<Span> {
-        std::mem::take(&mut *lock(&self.ran))
+        self.take_report().0
     }
 
     /// Spans taken for a report that was not sent: they go with the next.
@@ -125,7 +138,7 @@ pub(super) fn total_us(ran: &[Span]) -> u64 {
 
 /// Adds `[start, end)` (ns) to `spans`: joined to the last where they
 /// touch, and the nearest two joined where there are too many.
-fn record(spans: &mut Vec<Span>, start: u64, end: u64) {
+pub(super) fn record(spans: &mut Vec<Span>, start: u64, end: u64) {
     let Some(span) = Span::from_ns(start, end) else {
         return;
     };

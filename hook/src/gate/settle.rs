@@ -15,7 +15,7 @@ fn sync_bound(g: &Gate, granted_at: u64, now: u64) -> Duration {
         .quota_end
         .load(Ordering::Relaxed)
         .saturating_sub(granted_at);
-    Duration::from_nanos(left + quota.max(STALL_NS))
+    Duration::from_nanos(left + quota.max(watcher::STALL_NS))
 }
 
 /// [`sync_bound`] while the device time per launch is not known: the few

@@ -144,7 +144,7 @@ const QUIET_NOTICE_MIN_NS: u64 = 400_000;
 /// and launch nothing more under this token (a launch after all takes
 /// the slow path and asks again).
 #[cold]
-fn quieting(st: &State, dev: usize, g: &Gate) {
+fn quieting(st: &'static State, dev: usize, g: &'static Gate) {
     let now = now_ns();
     let end = g.queued_end.load(Ordering::Relaxed);
     if end < now + QUIET_NOTICE_MIN_NS
@@ -152,10 +152,10 @@ fn quieting(st: &State, dev: usize, g: &Gate) {
     {
         return;
     }
-    let Ok(_slow) = g.slow.try_lock() else {
+    let Ok(slow) = g.slow.try_lock() else {
         return;
     };
-    if g.granted_at.load(Ordering::Acquire) == 0 || g.deadline.swap(0, Ordering::AcqRel) == 0 {
+    if let Outcome::Unchanged = transition(&slow, st, dev, g, Transition::Close) {
         return;
     }
     // The queue's end was predicted with the estimate that leans long (a

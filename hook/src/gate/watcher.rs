@@ -14,7 +14,7 @@ pub(super) const STALL_NS: u64 = 1_000_000;
 /// have ended `idle` ago (see [`Settle::Stalled`]). Only once the device
 /// time per launch is known: until then a long kernel's wait looks the
 /// same.
-fn stalled(g: &Gate, now: u64, idle: u64) -> bool {
+pub(super) fn stalled(g: &Gate, now: u64, idle: u64) -> bool {
     let granted_at = g.granted_at.load(Ordering::Acquire);
     if granted_at == 0 || g.kernel_hi_ns.load(Ordering::Relaxed) == 0 {
         return false;
@@ -33,25 +33,13 @@ fn stalled(g: &Gate, now: u64, idle: u64) -> bool {
 /// Gives back a token [`stalled`] waits hold, accounted to now: the
 /// waits go on without it, and the next launch asks for a new one.
 #[cold]
-fn give_back_stalled(st: &State, dev: usize, g: &'static Gate) {
-    let Ok(_slow) = g.slow.try_lock() else {
+fn give_back_stalled(st: &'static State, dev: usize, g: &'static Gate) {
+    let Ok(slow) = g.slow.try_lock() else {
         return;
     };
-    // Launches from now on take the slow path and wait for us; one that
-    // slipped in meanwhile keeps the token after all (see `admission`:
-    // only waits may be in flight here, which `stalled` checks after the
-    // swap).
-    let deadline = g.deadline.swap(0, Ordering::SeqCst);
-    let idle = st.settings.idle.as_nanos() as u64;
-    if !stalled(g, now_ns(), idle.min(STALL_NS)) {
-        g.deadline.store(deadline, Ordering::SeqCst);
-        return;
+    if let Outcome::Done = transition(&slow, st, dev, g, Transition::End(End::Stalled)) {
+        debug!("device {dev}: waiting for work that waits on another process: token given back");
     }
-    if !settle(dev, g, Settle::Stalled) {
-        return;
-    }
-    debug!("device {dev}: waiting for work that waits on another process: token given back");
-    release(st, dev, g);
 }
 
 /// A wait proved the work of a token that ends with the step under way
@@ -59,54 +47,13 @@ fn give_back_stalled(st: &State, dev: usize, g: &'static Gate) {
 /// given back now, between two steps, so the job's ranks stop together
 /// (the next launch asks again, and waits for the job's next turn).
 #[cold]
-pub(super) fn end_step(st: &State, dev: usize, g: &'static Gate) {
-    let Ok(_slow) = g.slow.try_lock() else {
+pub(super) fn end_step(st: &'static State, dev: usize, g: &'static Gate) {
+    let Ok(slow) = g.slow.try_lock() else {
         return; // a launch is taking the slow path: it asks anew
     };
-    if !withdraw(g, g.entered.load(Ordering::Acquire)) {
-        return;
+    if let Outcome::Done = transition(&slow, st, dev, g, Transition::End(End::Step)) {
+        debug!("device {dev}: the job's turn is over: token given back after the step");
     }
-    g.last_step.store(false, Ordering::Relaxed);
-    if !settle(dev, g, Settle::StepEnd) {
-        return;
-    }
-    debug!("device {dev}: the job's turn is over: token given back after the step");
-    release(st, dev, g);
-}
-
-/// Stops launches from using `g`'s token (the caller holds `g.slow`):
-/// from now on they take the slow path and wait for the caller. `false`,
-/// the token left as it was, where a call is in flight or one came in
-/// since `entered` calls had (it keeps the token after all).
-fn withdraw(g: &Gate, entered: u64) -> bool {
-    super::admission::withdraw(&g.deadline, &g.entered, &g.exited, entered)
-}
-
-/// Gives `dev`'s token back to the scheduler, with what its work ran
-/// (see `measure`) and whether some of it is not proven done yet.
-fn release(st: &State, dev: usize, g: &Gate) {
-    // In that order: a span that closes in between is reported later,
-    // and the work it is was said to be in flight.
-    let in_flight = g.outstanding();
-    let ran = g.take_ran();
-    debug!(
-        "device {dev}: token given back, {} us measured{}",
-        measure::total_us(&ran),
-        if in_flight {
-            ", the work in flight"
-        } else {
-            ""
-        }
-    );
-    let device = st.physical(dev as u32);
-    let _ = st.call(
-        &Request::ReleaseToken {
-            device,
-            ran,
-            in_flight,
-        },
-        device,
-    );
 }
 
 /// A quiet process holds a token with work outstanding that no wait of
@@ -215,18 +162,22 @@ fn watch(st: &'static State) {
             {
                 continue;
             }
-            let Ok(_slow) = g.slow.try_lock() else {
+            let Ok(slow) = g.slow.try_lock() else {
                 continue;
             };
-            if !withdraw(g, entered) {
+            let why = End::Idle {
+                seen: entered,
+                quiet_since,
+            };
+            if !matches!(
+                transition(&slow, st, dev, g, Transition::End(why)),
+                Outcome::Done
+            ) {
                 continue;
             }
             // A token asked ahead that the process never used ran
             // nothing, and is charged nothing (it teaches the lead nothing
             // at the process's next launch).
-            if !settle(dev, g, Settle::Idle { quiet_since }) {
-                continue;
-            }
             let unused = g.ahead_taken.swap(0, Ordering::AcqRel) != 0;
             debug!(
                 "device {dev}: idle{}",
@@ -238,7 +189,6 @@ fn watch(st: &'static State) {
                     ""
                 }
             );
-            release(st, dev, g);
             if predicted {
                 ahead::plan(st, g, wait_exit);
             }

@@ -1,0 +1,319 @@
+//! A gate's token as a state machine: the phases it goes through, and
+//! the one function, [`transition`], that moves it from one to the next.
+//! Every grant, every close and every give-back goes through it, under
+//! the gate's slow lock, which the caller proves it holds by passing the
+//! guard.
+//!
+//! | phase    | a launch                                    | left by                        |
+//! |----------|---------------------------------------------|--------------------------------|
+//! | `Free`   | takes the slow path and asks for a token    | `Grant` to `Held`              |
+//! | `Held`   | passes while the deadline is ahead and the queue fits (see `admission`); else the slow path | `Close` to `Closed`, `End` to `Free` |
+//! | `Closed` | takes the slow path (the deadline is 0)     | `End` to `Free`                |
+//!
+//! A token ends for one of four reasons ([`End`]): it ran out (or its
+//! quota is full) and a launch wants the next one, the process went
+//! idle, a job's step ended under a token that ends with the step, or
+//! only waits for another process's work hold it. Each end closes the
+//! token to new launches by the protocol of `admission` (an end that
+//! finds a call in flight it may not end under leaves the token as it
+//! was), waits for the token's work within a bound (`settle`), which
+//! closes its measured spans, and gives the token back with what it ran:
+//! a `ReleaseToken`, or, where a launch wants the next token, the report
+//! that goes with its request ([`Renewal`]).
+
+use super::*;
+use settle::{Settle, settle, settle_ahead};
+use std::sync::MutexGuard;
+
+/// The phase of a gate's token (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// No token.
+    Free,
+    /// A token, open to launches until its deadline.
+    Held,
+    /// A token closed to new launches, not given back yet: its deadline
+    /// passed, or a wait announced the end of its work (see `quieting`).
+    Closed,
+}
+
+impl Gate {
+    /// The phase of the token, from the two words the fast path and the
+    /// watcher read: granted (`granted_at`), and open (`deadline`).
+    pub(crate) fn phase(&self) -> Phase {
+        if self.granted_at.load(Ordering::Acquire) == 0 {
+            Phase::Free
+        } else if now_ns() < self.deadline.load(Ordering::Acquire) {
+            Phase::Held
+        } else {
+            Phase::Closed
+        }
+    }
+}
+
+/// A move of the token from one phase to the next.
+pub(super) enum Transition {
+    /// `Free` to `Held`: the scheduler granted `grant`, the launch that
+    /// asked going first, predicted to take `first` ns (`None`: a token
+    /// asked ahead and taken while the process is still quiet), in
+    /// `launch_ctx` (null: the calling thread's current context).
+    Grant {
+        grant: Grant,
+        first: Option<u64>,
+        launch_ctx: *mut c_void,
+    },
+    /// `Held` to `Closed`: a wait, the only call in flight, announced the
+    /// end of the token's work (see `quieting`): launches from now on ask
+    /// again.
+    Close,
+    /// `Held` or `Closed` to `Free`.
+    End(End),
+}
+
+/// Why a token ends.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum End {
+    /// A launch found it run out, or its quota filled by the work queued:
+    /// it is renewed, and what it ran goes with the request.
+    RanOut,
+    /// The process has not used the device since `quiet_since`, and
+    /// `seen` calls had been counted in when that was last checked: the
+    /// token stays if another came in since.
+    Idle { seen: u64, quiet_since: u64 },
+    /// A wait proved the step's work done under a token that ends with
+    /// the step (a job's turn is over), and nothing else is in flight.
+    Step,
+    /// Only waits hold the token, for work that should have ended long
+    /// ago: work that waits on another process (see `Settle::Stalled`).
+    Stalled,
+}
+
+/// What a token that ran out leaves for the request of the next: what
+/// its work ran, whether some of it is not proven done yet, and where a
+/// renewed lent token's queue is predicted to end (ns; 0: none).
+#[derive(Debug, Default)]
+pub(super) struct Renewal {
+    pub(super) ran: Vec<gemini_protocol::Span>,
+    pub(super) in_flight: bool,
+    pub(super) queue_end: u64,
+}
+
+/// What a transition did.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// Done (a grant installed, a token closed or given back).
+    Done,
+    /// Nothing: the token was not in the phase the transition leaves (a
+    /// call came in, the token went meanwhile, the wait is not stalled).
+    Unchanged,
+    /// The token ran out and ended: ask for the next with this report.
+    Renew(Renewal),
+}
+
+/// Moves `g`'s token (ordinal `dev`) by `t`. The one place a token is
+/// installed, closed or given back; `_slow` is `g.slow`'s guard.
+pub(super) fn transition(
+    _slow: &MutexGuard<'_, ()>,
+    st: &'static State,
+    dev: usize,
+    g: &'static Gate,
+    t: Transition,
+) -> Outcome {
+    match t {
+        Transition::Grant {
+            grant,
+            first,
+            launch_ctx,
+        } => {
+            install(st, dev, g, grant, first, launch_ctx);
+            Outcome::Done
+        }
+        Transition::Close => {
+            // (A token past its deadline is closed already, but a wait may
+            // still announce its end.)
+            if g.phase() == Phase::Free || g.deadline.swap(0, Ordering::SeqCst) == 0 {
+                return Outcome::Unchanged;
+            }
+            Outcome::Done
+        }
+        Transition::End(why) => end(st, dev, g, why),
+    }
+}
+
+/// [`Transition::End`].
+fn end(st: &State, dev: usize, g: &'static Gate, why: End) -> Outcome {
+    // A launch renews even with no token (the process's first, or one
+    // the watcher gave back meanwhile): it asks, with what ran since.
+    if g.phase() == Phase::Free && !matches!(why, End::RanOut) {
+        return Outcome::Unchanged;
+    }
+    // Closed to new launches first, by the protocol of `admission`.
+    let closed = match why {
+        // The launch that ran it out waits in the slow path; launches
+        // counted in before were admitted under the token, and their work
+        // is measured by their spans however late it runs.
+        End::RanOut => {
+            g.deadline.store(0, Ordering::SeqCst);
+            true
+        }
+        End::Idle { seen, .. } => withdraw(g, seen),
+        End::Step => withdraw(g, g.entered.load(Ordering::Acquire)),
+        // Only waits may be in flight: `stalled`, checked again after the
+        // swap, says so (a launch that slipped in keeps the token).
+        End::Stalled => {
+            let was = g.deadline.swap(0, Ordering::SeqCst);
+            let idle = st.settings.idle.as_nanos() as u64;
+            let stalled = watcher::stalled(g, now_ns(), idle.min(watcher::STALL_NS));
+            if !stalled {
+                g.deadline.store(was, Ordering::SeqCst);
+            }
+            stalled
+        }
+    };
+    if !closed {
+        return Outcome::Unchanged;
+    }
+    // The token's work waited for (within a bound), its spans closed.
+    let queue_end = match why {
+        // A lent token is renewed while its work still runs (see
+        // `settle_ahead`); any other first waits for the work launched
+        // under it, so that it is proven done and its time measured.
+        End::RanOut => settle_ahead(dev, g, now_ns()).unwrap_or_else(|| {
+            settle(dev, g, Settle::RanOut);
+            0
+        }),
+        End::Idle { quiet_since, .. } => {
+            if !settle(dev, g, Settle::Idle { quiet_since }) {
+                return Outcome::Unchanged;
+            }
+            0
+        }
+        End::Step => {
+            g.last_step.store(false, Ordering::Relaxed);
+            if !settle(dev, g, Settle::StepEnd) {
+                return Outcome::Unchanged;
+            }
+            0
+        }
+        End::Stalled => {
+            if !settle(dev, g, Settle::Stalled) {
+                return Outcome::Unchanged;
+            }
+            0
+        }
+    };
+    let (ran, in_flight) = g.take_report();
+    if let End::RanOut = why {
+        return Outcome::Renew(Renewal {
+            ran,
+            in_flight,
+            queue_end,
+        });
+    }
+    debug!(
+        "device {dev}: token given back ({why:?}), {} us measured{}",
+        measure::total_us(&ran),
+        if in_flight {
+            ", the work in flight"
+        } else {
+            ""
+        }
+    );
+    let device = st.physical(dev as u32);
+    let _ = st.call(
+        &Request::ReleaseToken {
+            device,
+            ran,
+            in_flight,
+        },
+        device,
+    );
+    Outcome::Done
+}
+
+/// Stops launches from using `g`'s token: from now on they take the slow
+/// path and wait for the caller, which holds `g.slow`. `false`, the token
+/// left as it was, where a call is in flight or one came in since
+/// `entered` calls had (it keeps the token after all).
+fn withdraw(g: &Gate, entered: u64) -> bool {
+    admission::withdraw(&g.deadline, &g.entered, &g.exited, entered)
+}
+
+/// A token the scheduler granted.
+pub(super) struct Grant {
+    pub(super) quota_us: u64,
+    pub(super) lent: bool,
+    /// It ends with the step under way (see `Gate::last_step`).
+    pub(super) last_step: bool,
+    /// When it was asked for (ns): from then to the grant none of this
+    /// process's work ran, unless a renewed lent token's queue ran on.
+    pub(super) asked: u64,
+    /// The predicted end of the work a renewed lent token left queued
+    /// (ns; 0: none).
+    pub(super) queue_end: u64,
+}
+
+/// [`Transition::Grant`].
+fn install(
+    st: &'static State,
+    dev: usize,
+    g: &'static Gate,
+    grant: Grant,
+    first: Option<u64>,
+    launch_ctx: *mut c_void,
+) {
+    let Grant {
+        quota_us,
+        lent,
+        last_step,
+        asked,
+        queue_end,
+    } = grant;
+    let t = now_ns();
+    // From the request to the grant none of our work ran (`settle`
+    // waited for it): not device time of the launches. A renewed
+    // lent token's work ran on meanwhile, until its predicted end.
+    g.blocked
+        .fetch_add(t.saturating_sub(asked.max(queue_end)), Ordering::Relaxed);
+    g.lent.store(lent, Ordering::Relaxed);
+    g.last_step.store(last_step, Ordering::Relaxed);
+    g.queued_end
+        .store(t.max(queue_end) + first.unwrap_or(0), Ordering::Relaxed);
+    g.unknown_launches
+        .store(u64::from(first.is_some()), Ordering::Relaxed);
+    if first.is_some() {
+        // A program that never waits is measured over its tokens.
+        g.begin_sample(t);
+    }
+    // The context the launch runs in: the current one, or the
+    // stream's (a CUkernel launched with none current).
+    let mut ctx = launch_ctx;
+    if ctx.is_null() {
+        // SAFETY: out-pointer to a local.
+        unsafe { driver::ctx_get_current(&mut ctx) };
+    }
+    if !ctx.is_null() {
+        g.ctx.store(ctx as usize, Ordering::Relaxed);
+        // A context the hook did not see made (a green context's, say)
+        // is waited for at token ends from now on too.
+        contexts::context_made(ctx, dev as i32);
+    }
+    let quota = quota_us * 1000;
+    // Work still running from an earlier token: its span ends apart from
+    // this token's (see `late`), before any launch under this one.
+    let renewed = queue_end != 0;
+    if late::close(g) && !renewed {
+        // That work has outlasted every prediction: the token
+        // admits nothing more (but the launch that asked) until
+        // a token's end has seen it done. Else each token would
+        // queue its quota on top of a queue that never drains.
+        g.queued_end.store(t + quota, Ordering::Relaxed);
+    }
+    // Stop launching early by the work usually still queued at the
+    // end, so the queue drains about when the token ends.
+    let early = g.overuse.load(Ordering::Relaxed).min(quota / 2);
+    g.quota_end.store(t + quota, Ordering::Relaxed);
+    g.granted_at.store(t, Ordering::Release);
+    g.deadline.store(t + quota - early, Ordering::SeqCst);
+    watcher::start_watcher(st);
+}
