@@ -334,7 +334,7 @@ fn probe_context(dev: i32, ctx: *mut c_void) -> Option<u64> {
     unsafe { crate::driver::ctx_pop(&mut popped) };
     let took = after?.saturating_sub(before?);
     crate::log::debug!(
-        "GPU ordinal {dev}: with no NVML, a context measured by a second one: {} MiB",
+        "GPU ordinal {dev}: a first context no other reading could measure, measured by a second one: {} MiB",
         took >> 20
     );
     Some(took)

@@ -43,7 +43,19 @@ pub(super) fn report_done(st: &State, dev: usize, g: &Gate) {
     if g.granted_at.load(Ordering::Acquire) != 0 || (!finished && lock(&g.ran).is_empty()) {
         return;
     }
-    report(st, dev, g);
+    // Taken and sent under the gate's lock, as a token's own report is
+    // (see `token`): else a token's end running meanwhile (which holds
+    // no token while it waits for its work) could report after this took
+    // the spans and before it sent them, saying nothing was in flight,
+    // and gem-schd would place them before the process's next token and
+    // refuse them. Skipped while a transition runs: the spans go with its
+    // report, or with the next.
+    let Ok(_slow) = g.slow.try_lock() else {
+        return;
+    };
+    if g.granted_at.load(Ordering::Acquire) == 0 {
+        report(st, dev, g);
+    }
 }
 
 /// This process was granted `g`'s token (under `g.slow`, before any
