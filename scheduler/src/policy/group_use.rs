@@ -128,14 +128,25 @@ pub(super) fn note_throttled(
     cap: Micros,
     now: Micros,
 ) {
-    let waiting: std::collections::BTreeSet<&GroupKey> = dev
-        .waiters
-        .iter()
-        .filter_map(|w| clients.get(&w.client).map(|c| &c.group))
-        .collect();
+    // The groups with a waiter (few: a Vec, not a set built per request).
+    let mut waiting: Vec<&GroupKey> = Vec::new();
+    for w in &dev.waiters {
+        if let Some(c) = clients.get(&w.client)
+            && !waiting.contains(&&c.group)
+        {
+            waiting.push(&c.group);
+        }
+    }
     for (key, g) in dev.groups.iter_mut() {
-        let max_util = limits(config, retired, key).max_util;
-        let held_back = waiting.contains(key) && g.eligible_at(now, max_util, cap) != Some(now);
+        let waits = waiting.contains(&key);
+        // Neither waiting nor throttled: nothing opens or closes.
+        if !waits && g.throttled_since.is_none() {
+            continue;
+        }
+        let held_back = waits && {
+            let max_util = limits(config, retired, key).max_util;
+            g.eligible_at(now, max_util, cap) != Some(now)
+        };
         match (held_back, g.throttled_since) {
             (true, None) => g.throttled_since = Some(now),
             (false, Some(since)) => {
