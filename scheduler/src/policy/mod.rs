@@ -423,6 +423,25 @@ impl Device {
         max_util: impl Fn(&GroupKey) -> f64,
         cap: Micros,
     ) -> Micros {
+        let charged = self.claim(group, (start, end), since, cap);
+        self.charge_credit(group, start, now, charged, max_util(group), cap);
+        charged
+    }
+
+    /// [`Device::charge`] without the `MaxUtil` credit: the usage, the
+    /// busy time and the refunds only. The spans of one report are claimed
+    /// one by one and their credit charged once, with
+    /// [`Device::charge_credit`]: charged span by span, the credit the
+    /// group earned while it held its token was added with the first span,
+    /// cut at the cap, and the spans after it were taken from a credit
+    /// that had lost it (a lone group capped at 0.8 got 0.57).
+    fn claim(
+        &mut self,
+        group: &GroupKey,
+        (start, end): (Micros, Micros),
+        since: Micros,
+        cap: Micros,
+    ) -> Micros {
         let settled = self.ledger.claim(group, start, end, since);
         for (other, s, e) in &settled.refunded {
             if let Some(g) = self.groups.get_mut(other) {
@@ -438,15 +457,32 @@ impl Device {
             Some(g) => g,
             None => self.groups.entry(group.clone()).or_default(),
         };
-        let limit = max_util(group);
         let mut charged = 0;
         for &(s, e) in &settled.charged {
             g.usage.add(s, e);
-            g.charge(s, now, e - s, limit, cap);
             self.busy.add(s, e);
             charged += e - s;
         }
         charged
+    }
+
+    /// Takes `used` µs of device time, from `from` on, out of `group`'s
+    /// `MaxUtil` credit (see `GroupUse::charge`).
+    fn charge_credit(
+        &mut self,
+        group: &GroupKey,
+        from: Micros,
+        now: Micros,
+        used: Micros,
+        max_util: f64,
+        cap: Micros,
+    ) {
+        if used == 0 {
+            return;
+        }
+        if let Some(g) = self.groups.get_mut(group) {
+            g.charge(from, now, used, max_util, cap);
+        }
     }
 }
 

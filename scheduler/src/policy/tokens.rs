@@ -123,6 +123,7 @@ impl Policy {
         let mut from = until.max(anchor);
         let mut clipped = None;
         let mut charged = 0;
+        let mut first = 0;
         for s in ran {
             // Rounding to µs on both sides is not an impossible report.
             if clipped.is_none()
@@ -152,18 +153,25 @@ impl Policy {
                 Some(&since) if s.start_us <= from && from > anchor => since,
                 _ => start,
             };
-            charged += dev.charge(
-                &c.group,
-                (start, end),
-                since,
-                now,
-                |k| limits(config, retired, k).max_util,
-                params.saved_credit(),
-            );
+            let claimed = dev.claim(&c.group, (start, end), since, params.saved_credit());
+            if claimed > 0 && charged == 0 {
+                first = start;
+            }
+            charged += claimed;
             from = end;
             c.charged_until.insert(device, end);
             c.stretch.insert(device, since);
         }
+        // The report's credit at once (see `Device::claim`).
+        let max_util = limits(config, retired, &c.group).max_util;
+        dev.charge_credit(
+            &c.group,
+            first,
+            now,
+            charged,
+            max_util,
+            params.saved_credit(),
+        );
         if let Some(what) = clipped
             && known
         {

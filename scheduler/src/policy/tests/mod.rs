@@ -66,6 +66,9 @@ struct SimClient {
     asked: Vec<Micros>,
     seq: u32,
     gone: bool,
+    /// Its token's work is reported in this many spans (a program that
+    /// waits after each batch of kernels): 1 by default.
+    pieces: Micros,
 }
 
 /// Events of the simulation: at `time`, `client` finished using its token.
@@ -150,6 +153,7 @@ impl Sim {
             asked: vec![],
             seq: 0,
             gone: false,
+            pieces: 1,
         });
         self.queue.push(Reverse((self.now, idx, WAKE)));
         idx
@@ -209,10 +213,18 @@ impl Sim {
             .map_or(0, |&(s, e)| if kind == DONE { e - s } else { 0 });
         // What it reports: the work of its last token, measured.
         let ran = match c.claims.last() {
-            Some(&(s, e)) if kind == DONE => vec![Span {
-                start_us: s,
-                end_us: e,
-            }],
+            // In `pieces` spans, a µs apart (its waits' returns).
+            Some(&(s, e)) if kind == DONE => {
+                let n = c.pieces.max(1);
+                let len = (e - s) / n;
+                (0..n)
+                    .map(|i| Span {
+                        start_us: s + i * len,
+                        end_us: if i + 1 == n { e } else { s + (i + 1) * len - 1 },
+                    })
+                    .filter(|sp| sp.end_us > sp.start_us)
+                    .collect()
+            }
             _ => vec![],
         };
         match c.demand {
