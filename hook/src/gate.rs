@@ -226,10 +226,9 @@ fn admit_at(
             _ => return Ok(InCall(None)),
         },
     };
+    // Counted in by the slow path, under the gate's lock.
     slow_path(dev, cost, launch_ctx)?;
     let g: &'static Gate = &state::get().gates[dev];
-    g.entered.fetch_add(1, Ordering::SeqCst);
-    g.open(now_ns());
     covers::note_launch(g, covers::stream_key(stream, per_thread));
     Ok(InCall(Some(g)))
 }
@@ -326,6 +325,15 @@ const UNKNOWN_LAUNCHES: u64 = 4;
 /// process keeps the token through it.
 const EARLY_RELEASE_NS: u64 = 500_000;
 
+/// Counts in the launch the slow path lets through, before the gate's
+/// lock is let go: counted in after it, a watcher that found the process
+/// quiet could give the token back in between (it saw no call in flight),
+/// and the launch would reach the driver with no token.
+fn count_in(g: &Gate) {
+    g.entered.fetch_add(1, Ordering::SeqCst);
+    g.open(now_ns());
+}
+
 #[cold]
 fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUresult> {
     let st = state::get();
@@ -346,7 +354,9 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     }
     if now < g.deadline.load(Ordering::Acquire) {
         if g.queue_ahead(now, cost) {
-            return Ok(()); // another thread got a token meanwhile
+            // Another thread got a token meanwhile.
+            count_in(g);
+            return Ok(());
         }
         // A token whose quota the queued work fills: it ends here.
         debug!(
@@ -446,6 +456,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
                 launch_ctx,
             };
             transition(&slow, st, dev, g, t);
+            count_in(g);
             debug!(
                 "device {dev}: {} for {quota_us} us (used {used_us} us, burst {burst_us} us, {} us per launch){}",
                 if lent { "lent token" } else { "token" },

@@ -5,7 +5,9 @@
 //! waits (independent programs of one group lose the gaps between their
 //! kernels to turns). The evidence:
 //! - `gem-launch --job NAME` (`GEMINI_JOB`);
-//! - torchrun's `TORCHELASTIC_RUN_ID` with a `WORLD_SIZE` over 1;
+//! - torchrun's `TORCHELASTIC_RUN_ID` with a `WORLD_SIZE` over 1, and its
+//!   rendezvous endpoint (`MASTER_ADDR`, `MASTER_PORT`): a torchrun with
+//!   static rendezvous sets the run id `none` for every job;
 //! - a Slurm step of more than one task (`SLURM_JOB_ID`, `SLURM_STEP_ID`,
 //!   `SLURM_STEP_NUM_TASKS` or `SLURM_NTASKS`);
 //! - an Open MPI or MPICH launch of more than one rank
@@ -37,7 +39,10 @@ pub fn declared(var: impl Fn(&str) -> Option<String>, parent: u32) -> Option<Str
     if let Some(run) = get("TORCHELASTIC_RUN_ID")
         && many("WORLD_SIZE")
     {
-        return Some(format!("torchrun:{run}"));
+        return Some(match (get("MASTER_ADDR"), get("MASTER_PORT")) {
+            (Some(addr), Some(port)) => format!("torchrun:{run}@{addr}:{port}"),
+            _ => format!("torchrun:{run}"),
+        });
     }
     if let (Some(job), Some(step)) = (get("SLURM_JOB_ID"), get("SLURM_STEP_ID"))
         && (many("SLURM_STEP_NUM_TASKS") || many("SLURM_NTASKS"))
@@ -91,6 +96,21 @@ mod tests {
             ]),
             Some("torchrun:r1".into())
         );
+        // Two torchruns with static rendezvous (run id `none`) on one
+        // host are two jobs: their rendezvous ports differ.
+        let static_rdzv = |port: &str| {
+            job(&[
+                ("TORCHELASTIC_RUN_ID", "none"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", port),
+            ])
+        };
+        assert_eq!(
+            static_rdzv("29500"),
+            Some("torchrun:none@127.0.0.1:29500".into())
+        );
+        assert_ne!(static_rdzv("29500"), static_rdzv("29501"));
         assert_eq!(
             job(&[
                 ("SLURM_JOB_ID", "812"),

@@ -86,7 +86,12 @@ pub(crate) fn enter<W: Word>(
 /// was, otherwise.
 pub(crate) fn withdraw<W: Word>(deadline: &W, entered: &W, exited: &W, seen: u64) -> bool {
     let was = deadline.swap_in(0);
-    if entered.get() != seen || exited.get() != seen {
+    // Out first, then in: a call (a wait counts in with no deadline to
+    // check) that came in and went out between the two reads would, read
+    // the other way round, bring `exited` up to `seen` while a launch
+    // counted in `seen` is still in flight.
+    let out = exited.get();
+    if out != seen || entered.get() != seen {
         deadline.set(was);
         return false;
     }
@@ -173,6 +178,66 @@ mod model {
     fn no_launch_reaches_the_driver_after_a_give_back() {
         check(2, |entered, deadline, now| {
             enter(entered, deadline, now, || true)
+        });
+    }
+
+    /// Runs a launch and a wait (which counts in and out with no deadline
+    /// to check, as `waits` does) beside a give-back that reads the calls
+    /// counted in as it starts (`End::Step`), with `withdraw`; fails where
+    /// the give-back returns true while the launch is in the driver.
+    fn check_beside_a_wait(withdraw: fn(&AtomicU64, &AtomicU64, &AtomicU64, u64) -> bool) {
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(move || {
+            let g = Arc::new(Gate::default());
+            g.deadline.set(100);
+            let in_driver = Arc::new(AtomicU64::new(0));
+            let launch = {
+                let (g, in_driver) = (g.clone(), in_driver.clone());
+                loom::thread::spawn(move || {
+                    if enter(&g.entered, &g.deadline, 10, || true) {
+                        in_driver.set(1);
+                        in_driver.set(0);
+                        g.exited.add(1);
+                    }
+                })
+            };
+            let wait = {
+                let g = g.clone();
+                loom::thread::spawn(move || {
+                    g.entered.add(1);
+                    g.exited.add(1);
+                })
+            };
+            let seen = g.entered.get();
+            if withdraw(&g.deadline, &g.entered, &g.exited, seen) {
+                assert_eq!(in_driver.get(), 0, "a give-back with a launch in flight");
+            }
+            launch.join().unwrap();
+            wait.join().unwrap();
+        });
+    }
+
+    /// The give-back reads the calls counted out before those counted in:
+    /// a wait that comes and goes between the two reads cannot make a
+    /// launch in flight look done.
+    #[test]
+    fn a_wait_beside_a_give_back_hides_no_launch_in_flight() {
+        check_beside_a_wait(|d, e, x, seen| withdraw(d, e, x, seen));
+    }
+
+    /// Read the other way round (in, then out), the wait's exit brings
+    /// `exited` up to `seen` while the launch is still in the driver.
+    #[test]
+    #[should_panic(expected = "a give-back with a launch in flight")]
+    fn reading_in_before_out_lets_a_wait_hide_a_launch() {
+        check_beside_a_wait(|deadline, entered, exited, seen| {
+            let was = deadline.swap_in(0);
+            if entered.get() != seen || exited.get() != seen {
+                deadline.set(was);
+                return false;
+            }
+            true
         });
     }
 

@@ -45,7 +45,7 @@ impl Gate {
 
     /// Whether a launch call is in flight now (entered, not returned):
     /// one may reach the driver after any proof made meanwhile.
-    fn launch_in_flight(&self) -> bool {
+    pub(super) fn launch_in_flight(&self) -> bool {
         let entered = self.entered.load(Ordering::SeqCst);
         let exited = self.exited.load(Ordering::SeqCst);
         let waiting = self.waiting_now.load(Ordering::SeqCst);
@@ -106,7 +106,10 @@ impl Gate {
     /// [`outstanding`]: Gate::outstanding
     pub(super) fn take_report(&self) -> (Vec<Span>, bool) {
         let mut ran = lock(&self.ran);
-        (std::mem::take(&mut *ran), self.outstanding())
+        // A launch in flight (counted in, not returned) may not have
+        // opened its span yet: its work is outstanding too.
+        let in_flight = self.outstanding() || self.launch_in_flight();
+        (std::mem::take(&mut *ran), in_flight)
     }
 
     /// [`Gate::take_report`], the spans only.

@@ -131,7 +131,19 @@ pub(super) fn transition(
         Transition::Close => {
             // (A token past its deadline is closed already, but a wait may
             // still announce its end.)
-            if g.phase() == Phase::Free || g.deadline.swap(0, Ordering::SeqCst) == 0 {
+            if g.phase() == Phase::Free {
+                return Outcome::Unchanged;
+            }
+            let was = g.deadline.swap(0, Ordering::SeqCst);
+            if was == 0 {
+                return Outcome::Unchanged;
+            }
+            // Only the wait that announces may be in flight: a launch that
+            // came in before the swap keeps the token open (read in the
+            // order `admission` says: out, then in).
+            let exited = g.exited.load(Ordering::SeqCst);
+            if g.entered.load(Ordering::SeqCst) != exited + 1 {
+                g.deadline.store(was, Ordering::SeqCst);
                 return Outcome::Unchanged;
             }
             Outcome::Done
@@ -152,8 +164,18 @@ fn end(st: &State, dev: usize, g: &'static Gate, why: End) -> Outcome {
         // The launch that ran it out waits in the slow path; launches
         // counted in before were admitted under the token, and their work
         // is measured by their spans however late it runs.
+        // The launches counted in before were admitted under the token:
+        // the end waits (briefly) until they have reached the driver, so
+        // that its synchronisation covers their work; one still in the
+        // driver past that (a full queue blocks a launch until work
+        // drains, or the caller is one of them, two launches of one
+        // multi-device call) is reported in flight.
         End::RanOut => {
             g.deadline.store(0, Ordering::SeqCst);
+            let until = now_ns() + LAUNCHES_DRAIN_NS;
+            while g.launch_in_flight() && now_ns() < until {
+                std::thread::yield_now();
+            }
             true
         }
         End::Idle { seen, .. } => withdraw(g, seen),
@@ -230,6 +252,11 @@ fn end(st: &State, dev: usize, g: &'static Gate, why: End) -> Outcome {
     );
     Outcome::Done
 }
+
+/// How long a token that ran out waits for the launches admitted under
+/// it to reach the driver (see [`End::RanOut`]): a launch call takes
+/// microseconds, unless the driver's queue is full.
+const LAUNCHES_DRAIN_NS: u64 = 1_000_000;
 
 /// Stops launches from using `g`'s token: from now on they take the slow
 /// path and wait for the caller, which holds `g.slow`. `false`, the token

@@ -27,6 +27,9 @@ const AT_CAP: f64 = 0.02;
 /// device while its kernels ran 0.64 of it.
 const HOLD_SLACK: f64 = 0.15;
 
+/// The most spans a report is charged span by span (see `charge_spans`).
+const MAX_REPORT_SPANS: usize = 64;
+
 /// How far (µs) a report may pass what can be (the time now, what the
 /// client was charged before, its token's grant) before it counts as
 /// impossible: the two sides round their clocks to µs.
@@ -100,6 +103,20 @@ impl Policy {
         if ran.is_empty() {
             return 0;
         }
+        // A hook sends at most 32 spans a report, the holder 64;
+        // more is charged as one span over all of them (the client's
+        // loss), so that no client has the ledger settle spans by the
+        // thousand.
+        let joined;
+        let ran = if ran.len() > MAX_REPORT_SPANS {
+            joined = [Span {
+                start_us: ran.iter().map(|s| s.start_us).min().unwrap_or(0),
+                end_us: ran.iter().map(|s| s.end_us).max().unwrap_or(0),
+            }];
+            &joined[..]
+        } else {
+            ran
+        };
         let Policy {
             clients,
             devices,

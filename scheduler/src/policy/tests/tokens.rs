@@ -444,6 +444,33 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
     );
 }
 
+/// A report of thousands of spans is charged as one span over all of
+/// them: a client cannot have the ledger settle its spans one by one by
+/// the thousand (a 256 KiB frame holds tens of thousands), and loses the
+/// gaps between them.
+#[test]
+fn a_report_of_too_many_spans_is_charged_as_one() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    hello(&mut p, 1, "a");
+    send(&mut p, 1, acquire(), 0);
+    // 5000 spans of 1 us, 2 us apart: 5 ms of work over 10 ms.
+    let ran: Vec<Span> = (0..5000)
+        .map(|i| Span {
+            start_us: i * 2,
+            end_us: i * 2 + 1,
+        })
+        .collect();
+    let req = Request::ReleaseToken {
+        device: 0,
+        ran,
+        in_flight: false,
+    };
+    send(&mut p, 1, req, 10 * MS);
+    let counters = p.counters(10 * MS);
+    let used = counters.iter().find(|x| x.group == "a").map(|x| x.used_us);
+    assert_eq!(used, Some(10 * MS - 1));
+}
+
 /// Two jobs spanning the same two GPUs (a rank per GPU): while one's turn
 /// is open, the other's rank on the second GPU is not served there, even
 /// on a free device, and the turn's own rank is served at once; once the
