@@ -274,12 +274,19 @@ pub fn context(
             let _ = crate::driver::ctx_destroy(ctx);
         }
     };
-    // Only while no context's size is known on the GPU: the probe makes
-    // a context of its own for a moment.
+    // Only with no NVML (with it, a context NVML does not list took
+    // nothing), and while no context's size is known on the GPU: the
+    // probe makes a context of its own for a moment. What it measures is
+    // not reported as the GPU's context size: beside other processes that
+    // allocate at the same moment it comes out high, and the scheduler
+    // keeps the largest size it heard for every later context.
+    let probed = std::cell::Cell::new(false);
     let probe = || {
-        (estimate == 0)
+        let took = (estimate == 0 && !crate::nvml_lib::available())
             .then(|| probe_context(dev, made()))
-            .flatten()
+            .flatten();
+        probed.set(took.is_some());
+        took
     };
     let (r, took) = around_if(ordinal, new, estimate, call, undo, probe);
     if r == CUDA_SUCCESS {
@@ -290,7 +297,7 @@ pub fn context(
             Object::Context(ctx)
         };
         keep(object, device, took);
-        if took > 0 {
+        if took > 0 && !probed.get() {
             memory::report_context(device, took);
         }
     }
