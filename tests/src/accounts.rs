@@ -11,6 +11,7 @@ impl Gemini {
         let Some(mut c) = self.schd.take() else {
             return false;
         };
+        self.wait_for_the_dead_to_be_gone();
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -23,6 +24,33 @@ impl Gemini {
         let _ = c.kill();
         let _ = c.wait();
         false
+    }
+
+    /// Waits (2 s at most) until the scheduler has seen every process
+    /// that joined it and has exited go: a test that kills its workloads
+    /// and ends at once stopped the scheduler before it charged the last
+    /// one's work, whose kernels then counted as run and uncharged.
+    fn wait_for_the_dead_to_be_gone(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            let log = self.log();
+            // (A restarted scheduler's accounts are not checked.)
+            if log.matches(" listening on ").count() != 1 {
+                return;
+            }
+            let gone = |pid: &str| log.contains(&format!("(pid {pid}) is gone"));
+            let waiting = log
+                .lines()
+                .filter_map(|l| l.split(" joined: pid ").nth(1)?.split(',').next())
+                .filter(|pid| !gone(pid))
+                .filter_map(|pid| pid.trim().parse::<i32>().ok())
+                // SAFETY: signal 0 only asks whether the process exists.
+                .any(|pid| unsafe { libc::kill(pid, 0) } != 0);
+            if !waiting || std::time::Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// Per group and GPU: the device time the simulator ran the group's
