@@ -67,11 +67,16 @@ pub fn reserve_physical(device: u32, bytes: u64) -> Result<u32, CUresult> {
             static TOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
             if !TOLD.swap(true, Ordering::Relaxed) {
                 crate::log::error!(
-                    "allocation of {bytes} bytes refused by gemini: {}; the program gets CUDA_ERROR_OUT_OF_MEMORY (further refusals are logged with GEMINI_LOG=1)",
+                    "allocation of {} refused by gemini: {}; the program gets CUDA_ERROR_OUT_OF_MEMORY (further refusals are logged with GEMINI_LOG=1)",
+                    gemini_protocol::units::format_size(bytes),
                     e.message
                 );
             } else {
-                crate::log::debug!("allocation of {bytes} bytes refused: {}", e.message);
+                crate::log::debug!(
+                    "allocation of {} refused: {}",
+                    gemini_protocol::units::format_size(bytes),
+                    e.message
+                );
             }
             Err(CUDA_ERROR_OUT_OF_MEMORY)
         }

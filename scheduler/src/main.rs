@@ -150,7 +150,9 @@ fn main() -> ExitCode {
 
 fn run(args: RunArgs, settings: Option<&Path>, ipc_dir: PathBuf) -> anyhow::Result<()> {
     let over = Overrides {
-        config: args.config,
+        // Absolute: `status` and the log name the file a user can open
+        // from anywhere.
+        config: args.config.map(|p| std::path::absolute(&p).unwrap_or(p)),
         ipc_dir: None,
         window: args.window,
         base_quota: args.base_quota,

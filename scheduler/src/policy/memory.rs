@@ -33,14 +33,17 @@ impl Policy {
                     limit,
                 }
             }
-            _ => error(
-                ErrorKind::OutOfMemory,
+            _ => error(ErrorKind::OutOfMemory, {
+                let size = gemini_protocol::units::format_size;
                 format!(
-                    "group {:?} would use {} bytes on device {device}, over its MemoryLimit of {limit} (in use: {used}, asked: {bytes})",
+                    "group {:?} would use {} on device {device}, over its MemoryLimit of {} (in use: {}, asked: {})",
                     group.shown(),
-                    used.saturating_add(bytes)
-                ),
-            ),
+                    size(used.saturating_add(bytes)),
+                    size(limit),
+                    size(used),
+                    size(bytes)
+                )
+            }),
         }
     }
 

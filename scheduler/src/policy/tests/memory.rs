@@ -36,6 +36,13 @@ fn memory_is_capped_per_group_across_processes() {
         },
     );
     assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory));
+    // In sizes a person reads, not bytes.
+    let Reply::Error(e) = &r else { unreachable!() };
+    assert!(
+        e.message.contains("would use 1.2 GiB on device 0, over its MemoryLimit of 1.0 GiB (in use: 600.0 MiB, asked: 600.0 MiB)"),
+        "{}",
+        e.message
+    );
     // Another group and another device are not affected.
     assert!(matches!(
         ask(

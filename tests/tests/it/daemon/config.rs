@@ -456,3 +456,42 @@ fn drop_in_files_add_and_remove_groups_live() {
     fs::remove_dir_all(&d).unwrap();
     s.wait_status(5.0, "the directory removed", |st| st.groups.is_empty());
 }
+
+/// `--config` given relative to where gem-schd was started: `status`
+/// names the file by its absolute path, which a user can open from
+/// anywhere (it showed `resource.conf`).
+#[test]
+fn a_relative_config_path_is_shown_absolute() {
+    let sim = SimEnv::default();
+    let conf = sim.path().join("resource.conf");
+    std::fs::write(&conf, "[a]\n").unwrap();
+    let ipc = sim.path().join("ipc");
+    let mut schd = sim.command(bin("gem-schd"));
+    schd.current_dir(sim.path())
+        .args(["--config", "resource.conf", "--ipc-dir"])
+        .arg(&ipc)
+        .env_remove("GEMINI_IPC_DIR")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = schd.spawn().unwrap();
+    let want = format!("config {}", conf.display());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut last = String::new();
+    while std::time::Instant::now() < deadline {
+        let out = sim
+            .command(bin("gem-schd"))
+            .arg("status")
+            .arg("--ipc-dir")
+            .arg(&ipc)
+            .output()
+            .unwrap();
+        last = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(last.contains(&want), "{last}");
+}

@@ -32,8 +32,8 @@ fn group_memory_limit_across_processes_and_release_on_kill() {
         "CUDA_ERROR_OUT_OF_MEMORY"
     );
     // Said once on stderr without GEMINI_LOG: the group, its limit, what
-    // it uses and what was asked (a user must tell the cap from a full
-    // GPU).
+    // it uses and what was asked, in sizes a person reads (a user must
+    // tell the cap from a full GPU).
     let err = String::from_utf8_lossy(&out.stderr);
     let told: Vec<&str> = err
         .lines()
@@ -41,10 +41,11 @@ fn group_memory_limit_across_processes_and_release_on_kill() {
         .collect();
     assert_eq!(told.len(), 1, "{err}");
     for part in [
+        "allocation of 600.0 MiB refused",
         "group \"a\"",
-        "MemoryLimit of 1073741824",
-        "in use: 629145600",
-        "asked: 629145600",
+        "MemoryLimit of 1.0 GiB",
+        "in use: 600.0 MiB",
+        "asked: 600.0 MiB",
     ] {
         assert!(told[0].contains(part), "{part:?} missing: {}", told[0]);
     }
