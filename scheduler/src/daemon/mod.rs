@@ -98,6 +98,8 @@ pub struct Daemon {
     gpus: HashMap<String, DeviceId>,
     /// The machine's GPUs' memory, by index (for `MemoryLimit` warnings).
     gpu_memory: Vec<(DeviceId, u64)>,
+    /// Where the `MemoryLimit`s add up past a GPU, as last said.
+    overcommit: Vec<String>,
     /// The driver's per-cgroup memory limits, where it has them.
     driver_limits: DriverLimits,
     /// A client asked to stop (and was allowed to).
@@ -137,11 +139,20 @@ pub fn nvml_gpus() -> Vec<(DeviceId, String, u64)> {
 }
 
 /// Says (as warnings) where the groups' `MemoryLimit`s add up to more than
-/// a GPU has (see `ResourceConfig::memory_overcommit`).
-fn warn_overcommit(config: &gemini_config::ResourceConfig, memory: &[(DeviceId, u64)]) {
-    for line in config.memory_overcommit(memory) {
-        warn!("{line}");
+/// a GPU has (see `ResourceConfig::memory_overcommit`), but what `said`
+/// says already (the last configuration's): a reload that changes
+/// something else does not repeat it. Returns what is to be said now.
+fn warn_overcommit(
+    config: &gemini_config::ResourceConfig,
+    memory: &[(DeviceId, u64)],
+    said: &[String],
+) -> Vec<String> {
+    let lines = config.memory_overcommit(memory);
+    for line in lines.iter().filter(|l| !said.contains(l)) {
+        // (The log says WARN: not "warning:" twice.)
+        warn!("{}", line.strip_prefix("warning: ").unwrap_or(line));
     }
+    lines
 }
 
 /// Number of NVIDIA GPUs the kernel driver lists (no CUDA library needed).
@@ -223,7 +234,7 @@ impl Daemon {
         driver_limits.apply(&config);
         let gpus = nvml_gpus();
         let gpu_memory: Vec<(DeviceId, u64)> = gpus.iter().map(|(i, _, m)| (*i, *m)).collect();
-        warn_overcommit(&config, &gpu_memory);
+        let overcommit = warn_overcommit(&config, &gpu_memory, &[]);
         Ok(Daemon {
             _ctx: ctx,
             sock,
@@ -253,6 +264,7 @@ impl Daemon {
             last_metrics: Instant::now(),
             asked: HashMap::new(),
             gpu_memory,
+            overcommit,
             gpus: gpus.into_iter().map(|(i, uuid, _)| (uuid, i)).collect(),
             driver_limits,
             stopping: false,

@@ -218,9 +218,7 @@ impl Daemon {
                 for c in &changes {
                     info!("{} reloaded: {c}", self.config_path.display());
                 }
-                if !changes.is_empty() {
-                    warn_overcommit(&cfg, &self.gpu_memory);
-                }
+                self.overcommit = warn_overcommit(&cfg, &self.gpu_memory, &self.overcommit);
                 self.config_error = None;
                 self.main_had_text = !emptied;
                 if let Some(m) = &self.metrics {

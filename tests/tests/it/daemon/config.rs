@@ -495,3 +495,43 @@ fn a_relative_config_path_is_shown_absolute() {
     let _ = child.wait();
     assert!(last.contains(&want), "{last}");
 }
+
+/// Where the groups' `MemoryLimit`s add up past a GPU (16 GiB here), the
+/// daemon warns once, at start, in a line that does not say "warning"
+/// twice; a reload that changes something else does not repeat it, and
+/// one that changes the sum says the new one.
+#[test]
+fn a_memory_overcommit_is_said_once_and_again_only_when_it_changes() {
+    let s = Gemini::daemon("[a]\nMemoryLimit=12GiB\n[b]\nMemoryLimit=12GiB\n");
+    let said = |s: &Gemini| {
+        s.log()
+            .lines()
+            .filter(|l| l.contains("cannot all have their limit"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let reloaded = |s: &Gemini, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !s.log().contains(what) {
+            assert!(Instant::now() < deadline, "no reload:\n{}", s.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let first = said(&s);
+    assert_eq!(first.len(), 1, "{}", s.log());
+    assert!(!first[0].contains("warning:"), "{}", first[0]);
+    save_like_an_editor(
+        &s.conf(),
+        "[a]\nMemoryLimit=12GiB\n[b]\nMemoryLimit=12GiB\nMinUtil=0.2\n",
+    );
+    reloaded(&s, "reloaded: [b] MinUtil");
+    assert_eq!(said(&s).len(), 1, "repeated:\n{}", s.log());
+    save_like_an_editor(
+        &s.conf(),
+        "[a]\nMemoryLimit=12GiB\n[b]\nMemoryLimit=10GiB\n",
+    );
+    reloaded(&s, "reloaded: [b] MemoryLimit");
+    let now = said(&s);
+    assert_eq!(now.len(), 2, "{}", s.log());
+    assert!(now[1].contains("22.0 GiB"), "{}", now[1]);
+}
