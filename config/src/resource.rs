@@ -70,6 +70,23 @@ impl fmt::Display for Latency {
         })
     }
 }
+/// Where a size is written with a unit in powers of 10 (`4gb`, `4G`,
+/// `512MB`: what GPU memory is seldom meant in), the same number in the
+/// unit of powers of 2 (`4GiB`), to suggest; `None` otherwise.
+fn decimal_size(text: &str) -> Option<String> {
+    let t = text.trim();
+    let digits = t.trim_end_matches(|c: char| c.is_ascii_alphabetic()).trim();
+    let unit = t[digits.len()..].trim().to_ascii_lowercase();
+    let binary = match unit.as_str() {
+        "k" | "kb" => "KiB",
+        "m" | "mb" => "MiB",
+        "g" | "gb" => "GiB",
+        "t" | "tb" => "TiB",
+        _ => return None,
+    };
+    Some(format!("{digits}{binary}"))
+}
+
 /// `MemoryLimit` when the key is absent: unlimited, so the group may use
 /// the GPU's whole memory, which is what a user who sets nothing expects
 /// (a fixed default was a trap: 1 GiB left a PyTorch job on a 141 GiB
@@ -475,6 +492,17 @@ fn parse_groups(
                 MEMORY_LIMIT => parse_size(&e.value).map(|v| {
                     cfg.memory_limit = v;
                     memory_line = Some(e.line);
+                    if let Some(binary) = decimal_size(&e.value) {
+                        warnings.push(Warning {
+                            at: at(e.line, &g.name),
+                            message: format!(
+                                "MemoryLimit={} is in powers of 10: {} bytes, {}; write {binary} for powers of 2",
+                                e.value.trim(),
+                                v,
+                                format_size(v)
+                            ),
+                        });
+                    }
                 }),
                 ALLOWED_USERS => parse_names(&e.value).map(|v| {
                     for name in v.iter().filter(|n| !user_exists(n)) {

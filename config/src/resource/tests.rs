@@ -495,3 +495,26 @@ fn memory_limits_past_a_gpu_s_memory_are_named() {
     );
     assert!(one.memory_overcommit(&[(0, 100 * gib)]).is_empty());
 }
+
+/// `4gb` is 4 × 10^9 bytes (3.7 GiB), which GPU memory is seldom meant
+/// in: the limit is taken as written, with a warning that says so and
+/// what to write for powers of 2. Units of powers of 2 draw none.
+#[test]
+fn a_memory_limit_in_powers_of_ten_draws_a_warning() {
+    let (cfg, w) =
+        parse("[a]\nMemoryLimit=4gb\n[b]\nMemoryLimit=512M\n[c]\nMemoryLimit=4GiB\n").unwrap();
+    assert_eq!(cfg.group("a").map(|g| g.memory_limit), Some(4_000_000_000));
+    let w: Vec<String> = w.iter().map(ToString::to_string).collect();
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(
+        w[0].contains(":2: [a]")
+            && w[0].contains(
+                "MemoryLimit=4gb is in powers of 10: 4000000000 bytes, 3.7 GiB; write 4GiB"
+            ),
+        "{w:?}"
+    );
+    assert!(
+        w[1].contains(":4: [b]") && w[1].contains("write 512MiB"),
+        "{w:?}"
+    );
+}
