@@ -179,16 +179,19 @@ impl Policy {
             c.charged_until.insert(device, end);
             c.stretch.insert(device, since);
         }
-        // The report's credit at once (see `Device::claim`).
-        let max_util = limits(config, retired, &c.group).max_util;
-        dev.charge_credit(
-            &c.group,
-            first,
-            now,
-            charged,
-            max_util,
-            params.saved_credit(),
-        );
+        // The report's credit at once (see `Device::claim`); a report that
+        // charged nothing (all clipped, or none ran) looks up no limits.
+        if charged > 0 {
+            let max_util = limits(config, retired, &c.group).max_util;
+            dev.charge_credit(
+                &c.group,
+                first,
+                now,
+                charged,
+                max_util,
+                params.saved_credit(),
+            );
+        }
         if let Some(what) = clipped
             && known
         {
