@@ -170,7 +170,11 @@ impl Policy {
     pub(super) fn turn_view(&mut self, device: DeviceId, now: Micros) -> TurnView {
         // No job declared (the common case): nothing to align, nothing to
         // compute.
-        if self.turns.is_empty() && self.clients.values().all(|c| c.job.is_none()) {
+        debug_assert_eq!(
+            self.ranks,
+            self.clients.values().filter(|c| c.job.is_some()).count()
+        );
+        if self.turns.is_empty() && self.ranks == 0 {
             return TurnView::default();
         }
         let mut used = self.recent_devices(now);

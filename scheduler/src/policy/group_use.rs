@@ -120,25 +120,17 @@ impl GroupUse {
 
 /// Opens or closes the groups' throttled periods on `dev`: throttled
 /// while a client waits and the group's `MaxUtil` credit holds it back.
+/// `waiting`: the groups with a waiter on `dev`.
 pub(super) fn note_throttled(
     dev: &mut Device,
-    clients: &BTreeMap<ClientId, Client>,
+    waiting: &[GroupKey],
     config: &ResourceConfig,
     retired: &BTreeMap<String, GroupConfig>,
     cap: Micros,
     now: Micros,
 ) {
-    // The groups with a waiter (few: a Vec, not a set built per request).
-    let mut waiting: Vec<&GroupKey> = Vec::new();
-    for w in &dev.waiters {
-        if let Some(c) = clients.get(&w.client)
-            && !waiting.contains(&&c.group)
-        {
-            waiting.push(&c.group);
-        }
-    }
     for (key, g) in dev.groups.iter_mut() {
-        let waits = waiting.contains(&key);
+        let waits = waiting.contains(key);
         // Neither waiting nor throttled: nothing opens or closes.
         if !waits && g.throttled_since.is_none() {
             continue;

@@ -81,8 +81,10 @@ enum GroupKey {
     Holder,
     /// A control connection (gem-launch, status): no time, no memory.
     Control,
-    /// A group of `resource.conf`.
-    Named(String),
+    /// A group of `resource.conf`. Shared, not copied: a key is cloned
+    /// into every waiter and compared on each request, and two clones of
+    /// one name compare by address.
+    Named(std::sync::Arc<str>),
 }
 
 impl GroupKey {
@@ -99,7 +101,7 @@ impl GroupKey {
         match self {
             GroupKey::Holder => HOLDER_SHOWN.to_string(),
             GroupKey::Control => "(control)".to_string(),
-            GroupKey::Named(n) => n.clone(),
+            GroupKey::Named(n) => n.to_string(),
         }
     }
 }
@@ -361,6 +363,8 @@ struct Client {
 #[derive(Debug, Clone)]
 struct Waiter {
     client: ClientId,
+    /// Its client's group (a shared key: cloned, not copied).
+    group: GroupKey,
     seq: u32,
     since: Micros,
     burst: Micros,
@@ -495,6 +499,9 @@ pub struct Policy {
     /// their last settings until the last one leaves.
     retired: BTreeMap<String, GroupConfig>,
     clients: BTreeMap<ClientId, Client>,
+    /// How many of `clients` declared a job: none (the common case), and
+    /// no request looks for turns.
+    ranks: usize,
     devices: BTreeMap<DeviceId, Device>,
     /// Bytes reserved per (group, device).
     memory: BTreeMap<(GroupKey, DeviceId), u64>,
@@ -591,6 +598,7 @@ impl Policy {
             released_at: BTreeMap::new(),
             peers: BTreeMap::new(),
             turns: BTreeMap::new(),
+            ranks: 0,
         }
     }
 
@@ -649,6 +657,9 @@ impl Policy {
         let Some(c) = self.clients.remove(&client) else {
             return;
         };
+        if c.job.is_some() {
+            self.ranks -= 1;
+        }
         for (device, bytes) in &c.memory {
             if let Some(m) = self.memory.get_mut(&(c.group.clone(), *device)) {
                 *m = m.saturating_sub(*bytes);

@@ -161,6 +161,9 @@ impl Policy {
                 }
                 self.report(client, device, &ran, in_flight, now, out);
                 self.note_back(client, device, now);
+                let Some(group) = self.clients.get(&client).map(|c| c.group.clone()) else {
+                    return;
+                };
                 let dev = self.devices.entry(device).or_default();
                 if let Some(old) = dev.waiters.iter_mut().find(|w| w.client == client) {
                     // A second request while one waits: answer the old one.
@@ -174,6 +177,7 @@ impl Policy {
                 } else {
                     dev.waiters.push(Waiter {
                         client,
+                        group,
                         seq,
                         since: now,
                         burst: burst_us,
@@ -384,8 +388,9 @@ impl Policy {
         }
         if let Some(c) = self.clients.get_mut(&client)
             && c.role == Role::Client
+            && c.job.replace(job).is_none()
         {
-            c.job = Some(job);
+            self.ranks += 1;
         }
     }
 
@@ -445,7 +450,7 @@ impl Policy {
                         ),
                     );
                 }
-                GroupKey::Named(group)
+                GroupKey::Named(group.into())
             }
             Role::Holder => GroupKey::Holder,
             Role::Control => GroupKey::Control,

@@ -39,6 +39,9 @@ const CLOCK_SLACK: Micros = 1_000;
 /// client), see `schedule`.
 type Rank = (u8, f64, Micros, ClientId);
 
+/// A group's (class, key) as ranked, and when it may run.
+type GroupRank = (u8, f64, Micros);
+
 impl Policy {
     /// `client` reports the work of its last token on `device` (`ran`,
     /// measured; `in_flight`: some of it still runs and is reported
@@ -346,24 +349,26 @@ impl Policy {
         {
             dev.groups.entry(c.group.clone()).or_default().revocations += 1;
         }
-        note_throttled(dev, clients, config, retired, params.saved_credit(), now);
+        // The groups with a waiter, gathered once (few: a Vec, not a set
+        // built per request).
+        let mut waiting_groups: Vec<GroupKey> = Vec::new();
+        for w in &dev.waiters {
+            if !waiting_groups.contains(&w.group) {
+                waiting_groups.push(w.group.clone());
+            }
+        }
+        let saved = params.saved_credit();
+        note_throttled(dev, &waiting_groups, config, retired, saved, now);
         if dev.token.is_some() || dev.waiters.is_empty() {
             return;
         }
-        let saved = params.saved_credit();
         // Every waiter's group has its use on the device.
-        for w in &dev.waiters {
-            if let Some(c) = clients.get(&w.client)
-                && !dev.groups.contains_key(&c.group)
-            {
-                dev.groups.insert(c.group.clone(), GroupUse::default());
+        for key in &waiting_groups {
+            if !dev.groups.contains_key(key) {
+                dev.groups.insert(key.clone(), GroupUse::default());
             }
         }
-        let waiting = |key: &GroupKey| {
-            dev.waiters
-                .iter()
-                .any(|w| clients.get(&w.client).is_some_and(|c| &c.group == key))
-        };
+        let waiting = |key: &GroupKey| waiting_groups.contains(key);
         // The level groups are entitled to where no bound binds: water
         // filling between the groups using the device.
         let using: Vec<(GroupKey, f64, f64)> = groups_using(dev, waiting, now, params.window)
@@ -415,30 +420,43 @@ impl Policy {
         // not chosen; `due`: the earliest time one of them ranked before
         // the chosen waiter is out of it.
         let mut ranked: Vec<(Rank, usize, Micros)> = Vec::new();
+        // Each waiting group's (class, key, eligible at), worked out once
+        // for all its waiters; `None`: never eligible (a group unknown to
+        // the file).
+        let mut of_group: Vec<(&GroupKey, Option<GroupRank>)> = Vec::new();
         for (i, w) in dev.waiters.iter().enumerate() {
-            let Some(c) = clients.get(&w.client) else {
-                continue;
-            };
             // A job spanning devices waits for its turn (a job owed time
             // too: it waits at most the turn and its drain, and is ranked
             // first once the turn is over; served at once, its ranks and
             // the turn's interleaved on both GPUs, and the jobs of two
             // groups at MinUtil 0.5 made half their steps).
-            if view.blocks(c.job.as_deref()) && !view.catch_up.contains(&w.client) {
+            if !view.blocked.is_empty()
+                && clients
+                    .get(&w.client)
+                    .is_none_or(|c| view.blocks(c.job.as_deref()))
+                && !view.catch_up.contains(&w.client)
+            {
                 continue;
             }
-            let Limits {
-                min_util, max_util, ..
-            } = limits(config, retired, &c.group);
-            let Some(g) = dev.groups.get_mut(&c.group) else {
-                continue;
+            let known = of_group.iter().find(|(k, _)| *k == &w.group).map(|r| r.1);
+            let rank = match known {
+                Some(rank) => rank,
+                None => {
+                    let Limits {
+                        min_util, max_util, ..
+                    } = limits(config, retired, &w.group);
+                    let rank = dev.groups.get_mut(&w.group).and_then(|g| {
+                        let at = g.eligible_at(now, max_util, saved)?;
+                        let (class, key) = rank_of(&w.group, g, min_util, max_util);
+                        Some((class, key, at))
+                    });
+                    of_group.push((&w.group, rank));
+                    rank
+                }
             };
-            // Never eligible: a group unknown to the file.
-            let Some(at) = g.eligible_at(now, max_util, saved) else {
-                continue;
-            };
-            let (class, key) = rank_of(&c.group, g, min_util, max_util);
-            ranked.push(((class, key, w.since, w.client), i, at));
+            if let Some((class, key, at)) = rank {
+                ranked.push(((class, key, w.since, w.client), i, at));
+            }
         }
         let before = |a: &Rank, b: &Rank| a.partial_cmp(b) == Some(std::cmp::Ordering::Less);
         // The job whose turn it is goes first, unless another group is
@@ -571,7 +589,7 @@ impl Policy {
         // that groups alternate and each waits about one token of each
         // other: with equal tokens a group entitled to 0.3 beside one of
         // 0.7 waited for two or three 100 ms tokens in a row (300 ms).
-        let chosen_group = clients.get(&dev.waiters[i].client).map(|c| &c.group);
+        let chosen_group = Some(&dev.waiters[i].group);
         let ent = entitlements(&using.iter().map(|u| (u.1, u.2)).collect::<Vec<_>>());
         let real = || {
             using
