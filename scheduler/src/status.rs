@@ -1,5 +1,6 @@
 //! The text form of `gem-schd status`.
 
+use crate::policy::HOLDER_SHOWN;
 use gemini_config::format_size;
 use gemini_protocol::StatusReport;
 use std::fmt::Write as _;
@@ -198,6 +199,30 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
                 g.waiting
             );
         }
+        // A reserved GPU is its reservations' groups': another group's
+        // processes on it wait, and say for whom.
+        let reserved: Vec<&gemini_protocol::ReservationStatus> = r
+            .reservations
+            .iter()
+            .filter(|x| x.devices.contains(&d.device))
+            .collect();
+        if let Some(first) = reserved.first() {
+            for g in d.groups.iter().filter(|g| {
+                g.waiting > 0
+                    && g.group != HOLDER_SHOWN
+                    && !reserved.iter().any(|x| x.group == g.group)
+            }) {
+                let until = match &first.manual {
+                    Some(m) => format!("user {} until {}", m.user, at(m.left_us as i128)),
+                    None => format!("pid {} until it ends", first.pid),
+                };
+                let _ = writeln!(
+                    s,
+                    "  {} waits: GPU {} is reserved for group {} ({until})",
+                    g.group, d.device, first.group
+                );
+            }
+        }
     }
     if !r.reservations.is_empty() || !r.queue.is_empty() {
         let _ = writeln!(s, "\nRESERVATIONS (gem-launch)");
@@ -343,6 +368,46 @@ pub(crate) mod tests {
                 && row.contains("(1h 5m), until "),
             "{row}"
         );
+    }
+
+    /// Another group's process waiting on a reserved GPU is told for whom
+    /// it waits; the reserving group's own waiters are not.
+    #[test]
+    fn a_group_kept_off_a_reserved_gpu_says_for_whom_it_waits() {
+        let mut report = driver_limited_job(0, vec![]);
+        let row = |group: &str| gemini_protocol::GroupDeviceStatus {
+            group: group.into(),
+            share: 0.0,
+            memory_used: 0,
+            memory_limit: u64::MAX,
+            waiting: 1,
+            contexts: 0,
+        };
+        report.devices = vec![gemini_protocol::DeviceStatus {
+            device: 1,
+            busy: 0.0,
+            holder: None,
+            waiting: 2,
+            groups: vec![row("job"), row("notebook")],
+        }];
+        report.reservations = vec![gemini_protocol::ReservationStatus {
+            client: 3,
+            pid: 0,
+            group: "job".into(),
+            gpus: gemini_protocol::GpuRequest::Count(1),
+            devices: vec![1],
+            for_us: 0,
+            manual: Some(gemini_protocol::ManualReservation {
+                user: "alice".into(),
+                left_us: 3_600_000_000,
+            }),
+        }];
+        let text = render(&report);
+        assert!(
+            text.contains("notebook waits: GPU 1 is reserved for group job (user alice until "),
+            "{text}"
+        );
+        assert!(!text.contains("job waits:"), "{text}");
     }
 
     /// The driver's limits are listed per group, GPU and cgroup, with the

@@ -209,9 +209,15 @@ impl Daemon {
                 ConfigWatch::none()
             }
         };
+        let gpus = nvml_gpus();
         let mut params = Params::from_settings(settings);
         if settings.devices.is_none() {
-            params.devices = detect_gpus();
+            // The kernel driver's list, or NVML's where /proc has none
+            // (some containers).
+            params.devices = match detect_gpus() {
+                0 => gpus.len() as u32,
+                n => n,
+            };
         }
         params.admin_uid = euid();
         let metrics = match settings.metrics {
@@ -232,7 +238,6 @@ impl Daemon {
         );
         let mut driver_limits = DriverLimits::start(ipc_dir);
         driver_limits.apply(&config);
-        let gpus = nvml_gpus();
         let gpu_memory: Vec<(DeviceId, u64)> = gpus.iter().map(|(i, _, m)| (*i, *m)).collect();
         let overcommit = warn_overcommit(&config, &gpu_memory, &[]);
         Ok(Daemon {

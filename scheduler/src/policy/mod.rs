@@ -639,7 +639,10 @@ impl Policy {
             Event::Reconfigure(cfg) => self.reconfigure(cfg),
             Event::Tick => {}
         }
-        self.expire_reservations(now, &mut out);
+        // A reservation that expired lets its devices' other groups go.
+        if self.expire_reservations(now, &mut out) {
+            only = None;
+        }
         match only {
             Some(d) => self.schedule(d, now, &mut out),
             None => self.schedule_all(now, &mut out),

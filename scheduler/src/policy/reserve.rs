@@ -3,8 +3,10 @@
 //! devices, and the queue of those waiting.
 //!
 //! A reservation *claims* its group's `MinUtil` of each device it holds
-//! (a group without a minimum claims the whole device); a device has room
-//! while its claims add up to at most 1. Among devices with room, the least
+//! (a group without a minimum claims the whole device, and one made
+//! without a program the whole device); a device has room while its
+//! claims add up to at most 1. A reserved device is its reservations':
+//! other groups' processes on it get no token until they end. Among devices with room, the least
 //! recently released are chosen first. Waiting launches are served strictly
 //! first come, first served. A reservation ends when its process ends.
 //!
@@ -58,6 +60,30 @@ struct Manual {
 }
 
 const EPSILON: f64 = 1e-9;
+
+/// The groups holding a reservation of `device`, each once: while there
+/// is any, only their processes (and the holder) get the device's tokens.
+pub(super) fn reserved_for(reservations: &[Reservation], device: DeviceId) -> Vec<&str> {
+    let mut groups: Vec<&str> = Vec::new();
+    for r in reservations.iter().filter(|r| r.devices.contains(&device)) {
+        if !groups.contains(&r.group.as_str()) {
+            groups.push(&r.group);
+        }
+    }
+    groups
+}
+
+/// What a reservation of `group` claims of each device it holds: its
+/// `MinUtil` for a program's launch (a group without one claims the
+/// whole device), the whole device for one made without a program
+/// (canhazgpu's `reserve`: the GPUs are the user's).
+fn claim_of(min_util: f64, manual: bool) -> f64 {
+    if min_util > 0.0 && !manual {
+        min_util
+    } else {
+        1.0
+    }
+}
 
 impl Policy {
     fn claimed(&self, device: DeviceId) -> f64 {
@@ -126,16 +152,12 @@ impl Policy {
                 ),
             ));
         };
-        let claim = if cfg.min_util > 0.0 {
-            cfg.min_util
-        } else {
-            1.0
-        };
+        let claim = claim_of(cfg.min_util, manual.is_some());
         let n = self.params.devices;
         if n == 0 {
             return answer(error(
                 ErrorKind::Unavailable,
-                "the scheduler knows no GPUs: set `devices` in gemini.toml (or --devices) where /proc/driver/nvidia/gpus is missing",
+                "the scheduler knows no GPUs (neither /proc/driver/nvidia/gpus nor NVML lists any): set `devices` in gemini.toml, or start gem-schd with --devices N",
             ));
         }
         let bad = match &gpus {
@@ -285,12 +307,15 @@ impl Policy {
         }
     }
 
-    /// Ends the reservations without a program that expired by `now`.
-    pub(super) fn expire_reservations(&mut self, now: Micros, out: &mut Vec<Action>) {
+    /// Ends the reservations without a program that expired by `now`;
+    /// says whether any did (their devices' waiters may go now).
+    pub(super) fn expire_reservations(&mut self, now: Micros, out: &mut Vec<Action>) -> bool {
         let expired = |r: &Reservation| r.manual.as_ref().is_some_and(|m| m.until <= now);
-        if !self.end_where(now, expired).is_empty() {
+        let any = !self.end_where(now, expired).is_empty();
+        if any {
             self.serve_queue(now, out);
         }
+        any
     }
 
     /// Ends the reservations `ends` picks, their devices released at
@@ -392,11 +417,7 @@ impl Policy {
         if until <= now {
             return Err("it has expired".into());
         }
-        let claim = if cfg.min_util > 0.0 {
-            cfg.min_util
-        } else {
-            1.0
-        };
+        let claim = claim_of(cfg.min_util, true);
         if let Some(&d) = devices.iter().find(|&&d| !self.has_room(d, claim)) {
             return Err(format!("GPU {d} has no room for it"));
         }

@@ -338,8 +338,16 @@ impl Policy {
             clients,
             config,
             retired,
+            reservations,
             ..
         } = self;
+        // A reserved device is its reservations' groups' (and the
+        // holder's, which hands it back at once): other groups wait.
+        let reserved = reserve::reserved_for(reservations, device);
+        let kept_out = |key: &GroupKey| {
+            key.name()
+                .is_some_and(|n| !reserved.is_empty() && !reserved.contains(&n))
+        };
         let Some(dev) = devices.get_mut(&device) else {
             return;
         };
@@ -368,6 +376,9 @@ impl Policy {
                 dev.groups.insert(key.clone(), GroupUse::default());
             }
         }
+        // A group kept out waits for nothing here until the reservation
+        // ends: others' tokens are not shortened for it.
+        waiting_groups.retain(|k| !kept_out(k));
         let waiting = |key: &GroupKey| waiting_groups.contains(key);
         // The level groups are entitled to where no bound binds: water
         // filling between the groups using the device.
@@ -441,6 +452,10 @@ impl Policy {
             let known = of_group.iter().find(|(k, _)| *k == &w.group).map(|r| r.1);
             let rank = match known {
                 Some(rank) => rank,
+                None if kept_out(&w.group) => {
+                    of_group.push((&w.group, None));
+                    None
+                }
                 None => {
                     let Limits {
                         min_util, max_util, ..

@@ -8,8 +8,10 @@ use gemini_tests::{Gemini, SimEnv, bin, field, now_ns, reports};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Two GPUs, which gem-schd learns from NVML (the simulator has no
+/// /proc/driver/nvidia/gpus).
 fn machine(conf: &str) -> Gemini {
-    Gemini::start_with(SimEnv::new(2, "16GiB"), conf, &["--devices", "2"])
+    Gemini::start_with(SimEnv::new(2, "16GiB"), conf, &[])
 }
 
 fn launch(g: &Gemini, args: &[&str], program: &[&str]) -> Command {
@@ -652,4 +654,81 @@ fn gpus_reserved_without_a_program_expire_or_are_released() {
     );
     assert_eq!(out.status.code(), Some(13));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at most 30 days"));
+}
+
+/// GPUs reserved for a group (`gem-launch reserve`, with the GPUs gem-schd
+/// learned from NVML) are that group's: another group's program on one
+/// of them gets no token and waits, and `gem-schd status` says for whom;
+/// once they are given back it runs.
+#[test]
+fn a_program_of_another_group_waits_on_a_reserved_gpu() {
+    let g = machine("[train]\n[notebook]\n");
+    let out = subcommand(
+        &g,
+        &[
+            "reserve",
+            "--group",
+            "train",
+            "--gpus",
+            "2",
+            "--duration",
+            "1h",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t0 = now_ns();
+    let notebook = launch(
+        &g,
+        &["--group", "notebook"],
+        &[
+            bin("gem-workload").to_str().unwrap(),
+            "--seconds",
+            "1",
+            "--kernel-us",
+            "500",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    g.wait_status(10.0, "notebook waits on GPU 0", |s| {
+        s.devices.iter().any(|d| {
+            d.device == 0
+                && d.groups
+                    .iter()
+                    .any(|r| r.group == "notebook" && r.waiting > 0)
+        })
+    });
+    let text = Command::new(bin("gem-schd"))
+        .args(["status", "--ipc-dir"])
+        .arg(g.ipc())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("notebook waits: GPU 0 is reserved for group train (user "),
+        "{text}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        g.sim.busy(0, t0, now_ns()).device,
+        0,
+        "nothing ran on the reserved GPU"
+    );
+    let out = subcommand(&g, &["release"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = notebook.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        g.sim.busy(0, t0, now_ns()).device > 0,
+        "it ran once released"
+    );
 }

@@ -288,3 +288,58 @@ fn a_reservation_without_a_program_expires_or_is_released_by_its_user() {
         assert_eq!(kind(&r[0].2), Some(ErrorKind::BadRequest), "{bad}");
     }
 }
+
+/// A GPU reserved with `gem-launch reserve` is its group's, as
+/// canhazgpu's: it takes the whole GPU whatever the group's `MinUtil`,
+/// another group's launch is placed elsewhere, and another group's
+/// process already on it gets no token (it waits) until the reservation
+/// ends; on the other GPU it runs as before.
+#[test]
+fn a_reserved_gpu_gives_other_groups_no_token_until_it_ends() {
+    const H: Micros = 3_600_000_000;
+    let mut p = two_gpus("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n");
+    assert_eq!(
+        reserve_for(&mut p, 1, 1000, GpuRequest::Count(1), H, 0),
+        vec![(1, 1, Reply::Reserved { devices: vec![0] })]
+    );
+    // b's launch asking for one GPU gets GPU 1: GPU 0 has no room left,
+    // though a claims only its MinUtil of a launch's GPU.
+    assert_eq!(
+        reserve(&mut p, 2, "b", GpuRequest::Count(1), false, 10),
+        vec![(2, 1, Reply::Reserved { devices: vec![1] })]
+    );
+    hello(&mut p, 10, "b");
+    hello(&mut p, 11, "a");
+    // b's process on GPU 0 waits; a's gets the token.
+    assert!(send(&mut p, 10, acquire(), 20).is_empty());
+    assert_eq!(
+        token(&send(&mut p, 11, acquire(), 30)).map(|t| t.0),
+        Some(11)
+    );
+    // a gives it back: still nothing for b while the reservation lasts.
+    let r = send(&mut p, 11, release_ran(30, 1_000), 1_000);
+    assert!(token(&r).is_none(), "{r:?}");
+    assert!(
+        replies(p.handle(Event::Tick, H / 2))
+            .iter()
+            .all(|r| r.0 != 10)
+    );
+    // On GPU 1 (not reserved by a) b runs.
+    let on_1 = Request::AcquireToken {
+        device: 1,
+        ran: vec![],
+        in_flight: false,
+        burst_us: 0,
+    };
+    assert!(matches!(
+        send(&mut p, 10, on_1, H / 2 + 1).as_slice(),
+        [(10, _, Reply::Token { device: 1, .. })]
+    ));
+    // The reservation expires: b's wait on GPU 0 ends with a token.
+    let r = replies(p.handle(Event::Tick, H));
+    assert!(
+        r.iter()
+            .any(|(c, _, reply)| *c == 10 && matches!(reply, Reply::Token { device: 0, .. })),
+        "{r:?}"
+    );
+}
