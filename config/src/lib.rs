@@ -17,5 +17,5 @@ pub use resource::{
 pub use gemini_protocol::units::{format_size, parse_size};
 pub use settings::{
     DEFAULT_HOOK, Overrides, RawSettings, RawSlurm, Settings, SettingsError, SlurmSettings,
-    load_settings, parse_settings,
+    load_settings, parse_log_level, parse_metrics, parse_settings,
 };

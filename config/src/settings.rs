@@ -162,6 +162,28 @@ pub struct SettingsError {
 
 const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 
+/// The address `metrics` (or `--metrics`) names, or what was expected.
+pub fn parse_metrics(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.trim().parse().map_err(|e| {
+        format!(
+            "expected an address and port such as \"127.0.0.1:9400\" or \"[::1]:9400\", got {text:?} ({e})"
+        )
+    })
+}
+
+/// `log_level` (or `--log-level`), lower-cased, or what was expected.
+pub fn parse_log_level(text: &str) -> Result<String, String> {
+    let level = text.to_ascii_lowercase();
+    if LOG_LEVELS.contains(&level.as_str()) {
+        Ok(level)
+    } else {
+        Err(format!(
+            "expected one of {}, got {text:?}",
+            LOG_LEVELS.join(", ")
+        ))
+    }
+}
+
 fn duration(file: &str, key: &str, text: &str) -> Result<Duration, SettingsError> {
     gemini_protocol::units::parse_duration(text).map_err(|e| SettingsError {
         file: file.into(),
@@ -210,21 +232,13 @@ impl RawSettings {
             devices: self.devices,
             ipc_group: self.ipc_group,
             metrics: match self.metrics {
-                Some(a) => Some(a.trim().parse().map_err(|e| {
-                    err(format!(
-                        "metrics: expected an address and port such as \"127.0.0.1:9400\" or \"[::1]:9400\", got {a:?} ({e})"
-                    ))
-                })?),
+                Some(a) => Some(parse_metrics(&a).map_err(|e| err(format!("metrics: {e}")))?),
                 None => None,
             },
             slurm: slurm_settings(file, self.slurm.unwrap_or_default())?,
         };
-        if !LOG_LEVELS.contains(&s.log_level.as_str()) {
-            return Err(err(format!(
-                "log_level: expected one of {}, got {:?}",
-                LOG_LEVELS.join(", "),
-                s.log_level
-            )));
+        if let Err(e) = parse_log_level(&s.log_level) {
+            return Err(err(format!("log_level: {e}")));
         }
         if s.min_quota.is_zero() {
             return Err(err("min_quota: must be longer than 0".into()));

@@ -18,7 +18,7 @@
 use clap::{Parser, Subcommand};
 use gemini_client::{Client, ClientError, Session};
 use gemini_protocol::{
-    GpuRequest, Reply, Request, Role,
+    ErrorKind, GpuRequest, Reply, Request, Role,
     endpoint::{locate_ipc_dir, settings_path},
     env,
 };
@@ -36,17 +36,37 @@ const EXIT_NO_SCHEDULER: i32 = 11;
 const EXIT_BAD_GROUP: i32 = 12;
 /// No GPU free (--nonblock) or none became free in time (--timeout).
 const EXIT_NO_GPU: i32 = 13;
+/// The scheduler refused the reservation as asked: more GPUs than the
+/// machine (or the group's `Devices`) has, GPUs that do not exist, a
+/// length out of range. Waiting would not help.
+const EXIT_REFUSED: i32 = 14;
+/// `release`: no reservation of yours to give back.
+const EXIT_NOTHING_RESERVED: i32 = 15;
 /// The command could not be run.
 const EXIT_NOT_EXECUTABLE: i32 = 126;
 /// The command was not found.
 const EXIT_NOT_FOUND: i32 = 127;
+
+/// The exit statuses, for every `--help`.
+const EXIT_HELP: &str = "Exit status:
+  the program's own, once it runs
+  2    bad usage, or a settings file that cannot say where the scheduler is
+  10   the hook library (libgemhook.so) was not found
+  11   no scheduler answers
+  12   the group is not defined (or none could be chosen)
+  13   no GPU free (--nonblock), or none became free in time (--timeout)
+  14   the scheduler refused the reservation as asked (more GPUs than there are, unknown GPU ids, a length out of range)
+  15   release: no reservation of yours to give back
+  126  the command is not executable
+  127  the command was not found";
 
 #[derive(Parser, Debug)]
 #[command(
     name = "gem-launch",
     version,
     about = "Run a program under gemini: its group's GPU share and memory cap, optionally on reserved GPUs",
-    after_help = "Exit status: the program's own; 10 hook library not found, 11 no scheduler, 12 unknown group, 13 no GPU free (or not in time), 126/127 command not executable/found, 2 bad usage.",
+    override_usage = "gem-launch [OPTIONS] -- COMMAND [ARGS]...\n       gem-launch reserve [--group G] (--gpus N | --gpu-ids 0,2) --duration 4h\n       gem-launch release [--gpu-ids 0,2]",
+    after_help = EXIT_HELP,
     subcommand_negates_reqs = true,
     args_conflicts_with_subcommands = true
 )]
@@ -96,6 +116,10 @@ enum Sub {
     /// Reserve GPUs for a stretch of time, without a program: yours until
     /// they expire by themselves or `gem-launch release` gives them back;
     /// `gem-schd status` lists them with your user
+    #[command(
+        override_usage = "gem-launch reserve [--group G] (--gpus N | --gpu-ids 0,2) --duration 4h [--nonblock | --timeout 30m]",
+        after_help = EXIT_HELP
+    )]
     Reserve {
         /// Group whose MinUtil the reservation claims [default: as for a launch]
         #[arg(long)]
@@ -117,6 +141,10 @@ enum Sub {
         timeout: Option<Duration>,
     },
     /// Give back GPUs reserved with `gem-launch reserve` before they expire
+    #[command(
+        override_usage = "gem-launch release [--gpu-ids 0,2]",
+        after_help = EXIT_HELP
+    )]
     Release {
         /// Only the reservations holding these GPUs, e.g. 0,2 [default: all of yours]
         #[arg(long, value_delimiter = ',')]
@@ -160,8 +188,30 @@ fn user_name() -> Option<String> {
     }
 }
 
+/// The arguments, or exit 2 with clap's message; where the program was
+/// not set apart with `--`, says so.
+fn parse_args() -> Args {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    match Args::try_parse_from(&argv) {
+        Ok(a) => a,
+        Err(e) => {
+            let forgot_dashes = matches!(
+                e.kind(),
+                clap::error::ErrorKind::UnknownArgument | clap::error::ErrorKind::InvalidSubcommand
+            ) && !argv.iter().any(|a| a == "--");
+            let _ = e.print();
+            if forgot_dashes {
+                eprintln!(
+                    "\ntip: put the program after `--`, so that its own options are not taken for gem-launch's:\n  gem-launch --group NAME -- PROGRAM [ARGS]..."
+                );
+            }
+            std::process::exit(e.exit_code());
+        }
+    }
+}
+
 fn main() {
-    let args = Args::parse();
+    let args = parse_args();
     let ipc = locate_ipc_dir(
         args.ipc_dir.as_deref().map(Path::as_os_str),
         settings_path(args.settings.as_deref().map(Path::as_os_str)).as_deref(),
@@ -205,8 +255,12 @@ fn main() {
     }) = &args.sub
     {
         let group = choose_group(group.clone(), &status);
-        let gpus = gpu_request(*gpus, gpu_ids.clone())
-            .unwrap_or_else(|| fail(2, "say how many GPUs (--gpus N) or which (--gpu-ids 0,2)"));
+        let gpus = gpu_request(*gpus, gpu_ids.clone()).unwrap_or_else(|| {
+            fail(
+                EXIT_BAD_SETTINGS,
+                "say how many GPUs (--gpus N) or which (--gpu-ids 0,2)",
+            )
+        });
         let duration_us = duration.as_micros().min(u64::MAX as u128) as u64;
         let ask = Request::ReserveFor {
             group: group.clone(),
@@ -380,7 +434,14 @@ fn reserve(
                 }
                 return devices;
             }
-            Ok((s, Reply::Error(e))) if s == seq => fail(EXIT_NO_GPU, e.message),
+            Ok((s, Reply::Error(e))) if s == seq => fail(
+                match e.kind {
+                    ErrorKind::UnknownGroup => EXIT_BAD_GROUP,
+                    ErrorKind::BadRequest => EXIT_REFUSED,
+                    _ => EXIT_NO_GPU,
+                },
+                e.message,
+            ),
             Ok((s, Reply::Status(st))) if Some(s) == status_seq => {
                 status_seq = None;
                 let expected = uptime + uptime_at.elapsed().as_micros() as u64;
@@ -425,7 +486,7 @@ fn release(ipc: &Path, devices: Vec<u32>) {
                 "gem-launch: no reservation of yours{} (see `gem-schd status`)",
                 if named { " holds those GPUs" } else { "" }
             );
-            std::process::exit(EXIT_NO_GPU);
+            std::process::exit(EXIT_NOTHING_RESERVED);
         }
         Ok(Reply::Released { devices }) => {
             let list: Vec<String> = devices.iter().map(u32::to_string).collect();

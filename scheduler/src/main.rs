@@ -21,13 +21,26 @@ use std::time::Duration;
 const EXIT_INVALID: u8 = 1;
 /// Exit code when the scheduler cannot be reached.
 const EXIT_UNREACHABLE: u8 = 3;
+/// Exit code for any other failure: gem-schd could not start (another
+/// runs in the IPC directory, the socket cannot be made) or do what was
+/// asked.
+const EXIT_FAILED: u8 = 4;
+
+/// The exit statuses, for `--help`.
+const EXIT_HELP: &str = "Exit status:
+  0  done
+  1  invalid resource.conf or settings (check, or at start)
+  2  bad usage
+  3  no scheduler answers (status, top, reload, shutdown)
+  4  any other failure: gem-schd could not start (another one runs in the IPC directory, the socket cannot be made) or do what was asked";
 
 #[derive(Parser, Debug)]
 #[command(
     name = "gem-schd",
     version,
     about = "gemini scheduler: guaranteed shares of GPU time and memory caps per group of CUDA processes",
-    long_about = "Runs the gemini token scheduler in the foreground (without a subcommand), or talks to a running one.\n\nGroups, their MinUtil/MaxUtil shares and MemoryLimit come from resource.conf, reloaded live when it is edited."
+    long_about = "Runs the gemini token scheduler in the foreground (without a subcommand), or talks to a running one.\n\nGroups, their MinUtil/MaxUtil shares and MemoryLimit come from resource.conf, reloaded live when it is edited.",
+    after_help = EXIT_HELP
 )]
 struct Cli {
     /// IPC directory holding the scheduler's socket [default: ipc_dir in the settings file, else /tmp/gemini/ipc]
@@ -51,32 +64,45 @@ struct RunArgs {
     #[arg(long, env = env::CONFIG, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Accounting window for shares, e.g. 10s
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", value_parser = duration_flag)]
     window: Option<String>,
     /// Token length before a client's bursts are known, e.g. 30ms
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", value_parser = duration_flag)]
     base_quota: Option<String>,
     /// Shortest token, e.g. 10ms
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", value_parser = duration_flag)]
     min_quota: Option<String>,
     /// Longest token, e.g. 100ms
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", value_parser = duration_flag)]
     max_quota: Option<String>,
     /// How long a token may be kept past its end before it is revoked, e.g. 1s
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", value_parser = duration_flag)]
     token_grace: Option<String>,
     /// error, warn, info, debug or trace
-    #[arg(long, value_name = "LEVEL")]
+    #[arg(long, value_name = "LEVEL", value_parser = gemini_config::parse_log_level)]
     log_level: Option<String>,
-    /// Number of GPUs gem-launch may reserve [default: as many as /proc/driver/nvidia/gpus lists]
+    /// Number of GPUs gem-launch may reserve [default: as many as /proc/driver/nvidia/gpus lists, else NVML]
     #[arg(long, value_name = "N")]
     devices: Option<u32>,
     /// Unix group whose members may connect (IPC dir 0750, socket 0770) [default: only this user]
     #[arg(long, value_name = "GROUP")]
     ipc_group: Option<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 [default: off]
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = metrics_flag)]
     metrics: Option<String>,
+}
+
+/// A duration flag (`--window 10s`), checked as the settings file's are,
+/// so that an error names the flag.
+fn duration_flag(text: &str) -> Result<String, String> {
+    gemini_protocol::units::parse_duration(text)
+        .map(|_| text.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// `--metrics ADDR`, checked as the settings file's `metrics` is.
+fn metrics_flag(text: &str) -> Result<String, String> {
+    gemini_config::parse_metrics(text).map(|_| text.to_string())
 }
 
 #[derive(Subcommand, Debug)]
@@ -141,8 +167,13 @@ fn main() -> ExitCode {
                 .is_some_and(|c| matches!(c, ClientError::Connect { .. } | ClientError::Timeout(_)))
             {
                 ExitCode::from(EXIT_UNREACHABLE)
+            } else if e.is::<gemini_scheduler::daemon::InvalidConfig>()
+                || e.is::<gemini_config::SettingsError>()
+                || e.is::<ReloadRefused>()
+            {
+                ExitCode::from(EXIT_INVALID)
             } else {
-                ExitCode::FAILURE
+                ExitCode::from(EXIT_FAILED)
             }
         }
     }
@@ -304,9 +335,21 @@ fn reload(ipc_dir: &std::path::Path) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Err(message) => anyhow::bail!("{message}"),
+        Err(message) => Err(ReloadRefused(message).into()),
     }
 }
+
+/// The scheduler kept its configuration: the file it reread is invalid.
+#[derive(Debug)]
+struct ReloadRefused(String);
+
+impl std::fmt::Display for ReloadRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ReloadRefused {}
 
 fn top(ipc_dir: &Path, interval: f64) -> anyhow::Result<()> {
     if !(interval.is_finite() && (0.1..=3600.0).contains(&interval)) {

@@ -155,6 +155,17 @@ fn warn_overcommit(
     lines
 }
 
+/// Why gem-schd did not start: its resource.conf is invalid (the error's
+/// context, so that the command exits with the status that says so).
+#[derive(Debug, Clone, Copy)]
+pub struct InvalidConfig;
+
+impl std::fmt::Display for InvalidConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("invalid configuration; gem-schd did not start")
+    }
+}
+
 /// Number of NVIDIA GPUs the kernel driver lists (no CUDA library needed).
 fn detect_gpus() -> u32 {
     std::fs::read_dir("/proc/driver/nvidia/gpus")
@@ -179,7 +190,7 @@ impl Daemon {
         let config_path = settings.config.clone();
         let (config, warnings) = load_resource(&config_path)
             .map_err(|e| anyhow::anyhow!("{e}"))
-            .context("invalid configuration; gem-schd did not start")?;
+            .context(InvalidConfig)?;
         for w in &warnings {
             warn!("{w}");
         }

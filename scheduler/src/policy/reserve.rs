@@ -156,7 +156,7 @@ impl Policy {
         let n = self.params.devices;
         if n == 0 {
             return answer(error(
-                ErrorKind::Unavailable,
+                ErrorKind::BadRequest,
                 "the scheduler knows no GPUs (neither /proc/driver/nvidia/gpus nor NVML lists any): set `devices` in gemini.toml, or start gem-schd with --devices N",
             ));
         }

@@ -635,9 +635,9 @@ fn gpus_reserved_without_a_program_expire_or_are_released() {
     );
     let out = waiting.wait_with_output().unwrap();
     assert_eq!(gpus_of(&out.stdout).split(',').count(), 2);
-    // Nothing left to release: said, exit 13.
+    // Nothing left to release: said, exit 15.
     let out = subcommand(&g, &["release", "--gpu-ids", "0"]);
-    assert_eq!(out.status.code(), Some(13));
+    assert_eq!(out.status.code(), Some(15));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no reservation of yours"));
     // A length out of range is refused with the scheduler's reason.
     let out = subcommand(
@@ -652,8 +652,68 @@ fn gpus_reserved_without_a_program_expire_or_are_released() {
             "40d",
         ],
     );
-    assert_eq!(out.status.code(), Some(13));
+    assert_eq!(out.status.code(), Some(14));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at most 30 days"));
+    // So is a request for more GPUs than there are, or for one that does
+    // not exist: 14 (refused as asked), not 13 (none free now).
+    for ask in [["--gpus", "3"], ["--gpu-ids", "5"]] {
+        let mut a = vec!["reserve", "--group", "a", "--duration", "1h"];
+        a.extend(ask);
+        let out = subcommand(&g, &a);
+        assert_eq!(
+            out.status.code(),
+            Some(14),
+            "{ask:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Usage: the exit statuses are listed in `--help`; a program not set
+/// apart with `--` gets a hint; a usage line does not show the flags
+/// the environment set (GEMINI_IPC_DIR) as if they were needed.
+#[test]
+fn usage_lists_exit_statuses_and_hints_at_the_missing_dashes() {
+    let help = Command::new(bin("gem-launch"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for code in ["10 ", "11 ", "12 ", "13 ", "14 ", "15 ", "126 ", "127 "] {
+        assert!(
+            help.lines().any(|l| l.trim_start().starts_with(code)),
+            "{code}: {help}"
+        );
+    }
+    let out = Command::new(bin("gem-launch"))
+        .args(["--group", "train", "python", "train.py"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("tip: put the program after `--`")
+            && err.contains("gem-launch --group NAME -- PROGRAM"),
+        "{err}"
+    );
+    let out = Command::new(bin("gem-launch"))
+        .env("GEMINI_IPC_DIR", "/tmp/nowhere")
+        .env("GEMINI_SETTINGS", "/dev/null")
+        .arg("reserve")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let usage = err
+        .lines()
+        .find(|l| l.starts_with("Usage:"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        !usage.contains("--ipc-dir")
+            && !usage.contains("--settings")
+            && usage.contains("--duration"),
+        "{usage}"
+    );
 }
 
 /// GPUs reserved for a group (`gem-launch reserve`, with the GPUs gem-schd

@@ -145,9 +145,31 @@ fn a_bad_metrics_address_stops_the_scheduler_at_start() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
+    // Bad usage, naming the flag (not the settings file, /dev/null here).
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("invalid value 'localhost' for '--metrics <ADDR>': expected an address and port such as \"127.0.0.1:9400\""),
+        "{err}"
+    );
+    assert!(!err.contains("/dev/null"), "{err}");
+    // The same address in the settings file names the file.
+    let settings = sim.path().join("gemini.toml");
+    std::fs::write(&settings, "metrics = \"localhost\"\n").unwrap();
+    let out = Command::new(bin("gem-schd"))
+        .env("GEMINI_SETTINGS", &settings)
+        .arg("--config")
+        .arg(&conf)
+        .arg("--ipc-dir")
+        .arg(sim.path().join("ipc"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("metrics: expected an address and port such as \"127.0.0.1:9400\""),
+        err.contains(&format!(
+            "{}: metrics: expected an address and port",
+            settings.display()
+        )),
         "{err}"
     );
 }
