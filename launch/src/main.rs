@@ -15,6 +15,8 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+mod status;
+
 use clap::{Parser, Subcommand};
 use gemini_client::{Client, ClientError, Session};
 use gemini_protocol::{
@@ -65,7 +67,7 @@ const EXIT_HELP: &str = "Exit status:
     name = "gem-launch",
     version,
     about = "Run a program under gemini: its group's GPU share and memory cap, optionally on reserved GPUs",
-    override_usage = "gem-launch [OPTIONS] -- COMMAND [ARGS]...\n       gem-launch reserve [--group G] (--gpus N | --gpu-ids 0,2) --duration 4h\n       gem-launch release [--gpu-ids 0,2]",
+    override_usage = "gem-launch [OPTIONS] -- COMMAND [ARGS]...\n       gem-launch reserve [--group G] (--gpus N | --gpu-ids 0,2) --duration 4h\n       gem-launch release [--gpu-ids 0,2]\n       gem-launch status [--json]",
     after_help = EXIT_HELP,
     subcommand_negates_reqs = true,
     args_conflicts_with_subcommands = true
@@ -139,6 +141,14 @@ enum Sub {
         /// Give up waiting after this long, e.g. 30m
         #[arg(long, value_parser = gemini_protocol::units::parse_duration)]
         timeout: Option<Duration>,
+    },
+    /// What you need to know: each GPU, who reserves it and until when,
+    /// what runs there and whose, the queue, and your own programs
+    #[command(after_help = EXIT_HELP)]
+    Status {
+        /// Print it as JSON
+        #[arg(long)]
+        json: bool,
     },
     /// Give back GPUs reserved with `gem-launch reserve` before they expire
     #[command(
@@ -220,6 +230,27 @@ fn main() {
 
     if let Some(Sub::Release { gpu_ids }) = &args.sub {
         release(&ipc, gpu_ids.clone().unwrap_or_default());
+        return;
+    }
+    if let Some(Sub::Status { json }) = &args.sub {
+        let mut session = Session::new(&ipc, Role::Control, "");
+        let st = match registered(&mut session).request(&Request::Status, Duration::from_secs(3)) {
+            Ok(Reply::Status(s)) => s,
+            Ok(other) => fail(
+                EXIT_NO_SCHEDULER,
+                format!("unexpected answer from the scheduler: {other:?}"),
+            ),
+            Err(e) => fail(EXIT_NO_SCHEDULER, e),
+        };
+        let v = status::view(&st, &user_name().unwrap_or_default());
+        if *json {
+            match serde_json::to_string_pretty(&v) {
+                Ok(text) => println!("{text}"),
+                Err(e) => fail(EXIT_NO_SCHEDULER, e),
+            }
+        } else {
+            print!("{}", status::render(&v));
+        }
         return;
     }
     // Before the scheduler is asked anything: a launch that cannot run

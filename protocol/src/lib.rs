@@ -30,7 +30,7 @@ pub use message::*;
 /// The protocol version this build speaks. Bump it on any change to the
 /// message enums: peers of another version are refused with
 /// [`ErrorKind::ProtocolMismatch`].
-pub const PROTOCOL_VERSION: u16 = 12;
+pub const PROTOCOL_VERSION: u16 = 13;
 
 /// Largest request frame the daemon accepts, in bytes. The daemon sets it
 /// as the socket's maximum message size, so a hostile peer cannot make it

@@ -502,6 +502,9 @@ pub struct ReservationStatus {
     pub devices: Vec<DeviceId>,
     /// How long it has held or waited, in microseconds.
     pub for_us: u64,
+    /// The user who asked (the connection's peer; empty where unknown).
+    #[serde(default)]
+    pub user: String,
     /// A reservation made without a program (`gem-launch reserve`): its
     /// user, and how long it has left (for one still waiting, its length).
     #[serde(default)]
@@ -583,8 +586,13 @@ pub struct DriverMemory {
 pub struct DeviceStatus {
     /// The device.
     pub device: DeviceId,
-    /// Share of the window during which the device was in use by anyone.
+    /// Share of `span_us` during which the device was in use by anyone.
     pub busy: f64,
+    /// What `busy` and every group's `share` on the device are measured
+    /// over: the last window, or less where the device's first work in
+    /// the window began later (µs).
+    #[serde(default)]
+    pub span_us: u64,
     /// Client holding the token now.
     pub holder: Option<ClientId>,
     /// Clients waiting for the token.
@@ -598,8 +606,8 @@ pub struct DeviceStatus {
 pub struct GroupDeviceStatus {
     /// The group (`(holder)` for the holder).
     pub group: String,
-    /// Share of device time used since the group became active on the
-    /// device (over at most the window).
+    /// Share of the device's `span_us` the group's work occupied: the
+    /// groups' shares add up to at most the device's `busy`.
     pub share: f64,
     /// Bytes reserved by the group's processes.
     pub memory_used: u64,
@@ -629,4 +637,15 @@ pub struct ClientStatus {
     /// The multi-GPU job it is a rank of, where one was declared.
     #[serde(default)]
     pub job: Option<String>,
+    /// Its user (the connection's peer; empty where unknown).
+    #[serde(default)]
+    pub user: String,
+    /// Its command line, as /proc shows it (cut to 120 bytes; empty where
+    /// unknown).
+    #[serde(default)]
+    pub command: String,
+    /// The devices it holds memory on, was granted a token of, or waits
+    /// for.
+    #[serde(default)]
+    pub devices: Vec<DeviceId>,
 }

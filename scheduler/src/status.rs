@@ -26,6 +26,16 @@ fn length(us: u64) -> String {
 }
 
 /// The wall-clock time `us` from now (negative: ago), UTC.
+/// `us` as seconds for a reader: 10 s, 3.2 s.
+fn seconds(us: u64) -> String {
+    let s = us as f64 / 1e6;
+    if s >= 9.95 {
+        format!("{s:.0} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
 fn at(us: i128) -> String {
     let now = std::time::SystemTime::now();
     let d = std::time::Duration::from_micros(us.unsigned_abs() as u64);
@@ -65,10 +75,15 @@ fn reservation(x: &gemini_protocol::ReservationStatus, what: &str) -> String {
             length(m.left_us)
         ),
         (None, _) => format!(
-            "pid {:<8} {:<16} {what} {gpus} for {:.0}s",
+            "pid {:<8} {:<16} {what} {gpus} for {:.0}s{}",
             x.pid,
             x.group,
-            x.for_us as f64 / 1e6
+            x.for_us as f64 / 1e6,
+            if x.user.is_empty() {
+                String::new()
+            } else {
+                format!("  (user {})", x.user)
+            }
         ),
     }
 }
@@ -150,9 +165,10 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
             .map_or("free".to_string(), |c| format!("client {c}"));
         let _ = writeln!(
             s,
-            "\nDEVICE {}  busy {}  token {}  waiting {}",
+            "\nDEVICE {}  busy {} over the last {}  token {}  waiting {}",
             d.device,
             pct(d.busy),
+            seconds(d.span_us),
             holder,
             d.waiting
         );
@@ -233,17 +249,36 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
         }
     }
     let _ = writeln!(s, "\n{} client(s)", r.clients.len());
-    for c in &r.clients {
+    if !r.clients.is_empty() {
         let _ = writeln!(
             s,
-            "  client {:<5} pid {:<8} {:?} {}{}",
+            "  {:<6} {:<8} {:<12} {:<8} {:<16} {:<6} COMMAND",
+            "CLIENT", "PID", "USER", "ROLE", "GROUP", "GPUS"
+        );
+    }
+    for c in &r.clients {
+        let gpus: Vec<String> = c.devices.iter().map(u32::to_string).collect();
+        let _ = writeln!(
+            s,
+            "  {:<6} {:<8} {:<12} {:<8} {:<16} {:<6} {}{}",
             c.id,
             c.pid,
-            c.role,
-            c.group,
+            if c.user.is_empty() { "-" } else { &c.user },
+            format!("{:?}", c.role).to_lowercase(),
+            if c.group.is_empty() { "-" } else { &c.group },
+            if gpus.is_empty() {
+                "-".to_string()
+            } else {
+                gpus.join(",")
+            },
+            if c.command.is_empty() {
+                "-"
+            } else {
+                &c.command
+            },
             c.job
                 .as_deref()
-                .map(|j| format!(" (job {j})"))
+                .map(|j| format!("  (job {j})"))
                 .unwrap_or_default()
         );
     }
@@ -336,6 +371,7 @@ pub(crate) mod tests {
         report.devices = vec![gemini_protocol::DeviceStatus {
             device: 1,
             busy: 0.0,
+            span_us: 10_000_000,
             holder: None,
             waiting: 0,
             groups: vec![],
@@ -347,6 +383,7 @@ pub(crate) mod tests {
             gpus: gemini_protocol::GpuRequest::Count(1),
             devices: vec![1],
             for_us: 65 * 60_000_000,
+            user: "alice".into(),
             manual: Some(gemini_protocol::ManualReservation {
                 user: "alice".into(),
                 left_us: 175 * 60_000_000 + 30_000_000,
@@ -386,6 +423,7 @@ pub(crate) mod tests {
         report.devices = vec![gemini_protocol::DeviceStatus {
             device: 1,
             busy: 0.0,
+            span_us: 10_000_000,
             holder: None,
             waiting: 2,
             groups: vec![row("job"), row("notebook")],
@@ -397,6 +435,7 @@ pub(crate) mod tests {
             gpus: gemini_protocol::GpuRequest::Count(1),
             devices: vec![1],
             for_us: 0,
+            user: "alice".into(),
             manual: Some(gemini_protocol::ManualReservation {
                 user: "alice".into(),
                 left_us: 3_600_000_000,

@@ -153,8 +153,9 @@ pub fn view(st: &StatusReport, history: &History, note: Option<&str>) -> Vec<Lin
         lines.push(Line::from(vec![
             Span::styled(format!("GPU {}", d.device), bold),
             Span::raw(format!(
-                "  busy {}  {}  waiting {}",
+                "  busy {} over {:.0} s  {}  waiting {}",
                 pct(d.busy),
+                d.span_us as f64 / 1e6,
                 d.holder
                     .map_or("token free".to_string(), |c| format!("token: client {c}")),
                 d.waiting
@@ -358,6 +359,7 @@ mod tests {
             vec![DeviceStatus {
                 device: 0,
                 busy: 0.5,
+                span_us: 10_000_000,
                 holder: None,
                 waiting: 0,
                 groups: vec![GroupDeviceStatus {

@@ -155,6 +155,30 @@ fn warn_overcommit(
     lines
 }
 
+/// `pid`'s command line as /proc shows it, its arguments joined by
+/// spaces, cut to 120 bytes (empty where it cannot be read).
+fn command_line(pid: u32) -> String {
+    const MAX: usize = 120;
+    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return String::new();
+    };
+    let args: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let mut line = args.join(" ");
+    if line.len() > MAX {
+        let mut end = MAX;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+        line.push('…');
+    }
+    line
+}
+
 /// Why gem-schd did not start: its resource.conf is invalid (the error's
 /// context, so that the command exits with the status that says so).
 #[derive(Debug, Clone, Copy)]
@@ -527,7 +551,10 @@ impl Daemon {
                 return;
             }
             Request::Status => {
-                let report = self.status_report();
+                let mut report = self.status_report();
+                for c in &mut report.clients {
+                    c.command = command_line(c.pid);
+                }
                 self.reply(client, seq, &Reply::Status(Box::new(report)));
                 return;
             }

@@ -444,6 +444,17 @@ impl Policy {
         now: Micros,
     ) -> (Vec<ReservationStatus>, Vec<ReservationStatus>) {
         let pid = |c: ClientId| self.clients.get(&c).map_or(0, |c| c.pid);
+        let user = |c: ClientId, manual: Option<&Manual>| {
+            manual.map_or_else(
+                || {
+                    self.peers
+                        .get(&c)
+                        .map(|p| p.user.clone())
+                        .unwrap_or_default()
+                },
+                |m| m.user.clone(),
+            )
+        };
         let held = self
             .reservations
             .iter()
@@ -454,6 +465,7 @@ impl Policy {
                 gpus: r.gpus.clone(),
                 devices: r.devices.clone(),
                 for_us: now.saturating_sub(r.since),
+                user: user(r.client, r.manual.as_ref()),
                 manual: r.manual.as_ref().map(|m| ManualReservation {
                     user: m.user.clone(),
                     left_us: m.until.saturating_sub(now),
@@ -470,6 +482,7 @@ impl Policy {
                 gpus: w.gpus.clone(),
                 devices: Vec::new(),
                 for_us: now.saturating_sub(w.since),
+                user: user(w.client, w.manual.as_ref()),
                 manual: w.manual.as_ref().map(|m| ManualReservation {
                     user: m.user.clone(),
                     left_us: m.duration,

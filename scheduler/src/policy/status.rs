@@ -26,7 +26,6 @@ impl Policy {
     pub fn status(&mut self, now: Micros) -> StatusReport {
         let (reservations, queue) = self.reservation_status(now);
         let window = self.params.window;
-        let span = now.clamp(1, window.max(1)) as f64;
         let mut groups: Vec<GroupStatus> = self
             .config
             .groups
@@ -50,6 +49,16 @@ impl Policy {
         let mut devices = Vec::new();
         for (&id, dev) in self.devices.iter_mut() {
             let mut rows = Vec::new();
+            // One span for the device's figures: from its first work in
+            // the window (a device busy for 3 s of a 10 s window shows
+            // 100 % over 3 s), so that the groups' shares add up to at
+            // most its busy share, and each is what `MinUtil` and
+            // `MaxUtil` are about.
+            let span = dev
+                .busy
+                .first_within(now, window)
+                .map_or(window, |first| now - first)
+                .max(1);
             let holder_group = dev
                 .token
                 .as_ref()
@@ -73,11 +82,7 @@ impl Policy {
                 rows.push(GroupDeviceStatus {
                     contexts: contexts.min(memory_used),
                     group: key.shown(),
-                    // Over the time since the group became active on the
-                    // device (at most a window), as the policy measures it
-                    // against MinUtil: a group started a second ago and
-                    // using all of it shows 100 %, not a tenth.
-                    share: g.share(now, window),
+                    share: g.usage.used(now, window) as f64 / span as f64,
                     memory_used,
                     memory_limit: limits(&self.config, &self.retired, key).memory_limit,
                     waiting,
@@ -92,7 +97,8 @@ impl Policy {
             ));
             devices.push(DeviceStatus {
                 device: id,
-                busy: dev.busy.used(now, window) as f64 / span,
+                busy: dev.busy.used(now, window) as f64 / span as f64,
+                span_us: span,
                 holder: dev.token.as_ref().map(|t| t.client),
                 waiting: dev.waiters.len() as u32,
                 groups: rows,
@@ -107,6 +113,7 @@ impl Policy {
                 devices.push(DeviceStatus {
                     device: id,
                     busy: 0.0,
+                    span_us: window,
                     holder: None,
                     waiting: 0,
                     groups: memory_only_rows(
@@ -129,6 +136,28 @@ impl Policy {
                 role: c.role,
                 group: c.group.name().unwrap_or_default().to_string(),
                 job: c.job.clone(),
+                user: self
+                    .peers
+                    .get(&id)
+                    .map(|p| p.user.clone())
+                    .unwrap_or_default(),
+                // The daemon reads it from /proc.
+                command: String::new(),
+                devices: c
+                    .memory
+                    .iter()
+                    .filter(|(_, b)| **b > 0)
+                    .map(|(d, _)| *d)
+                    .chain(c.granted.keys().copied())
+                    .chain(
+                        self.devices
+                            .iter()
+                            .filter(|(_, d)| d.waiters.iter().any(|w| w.client == id))
+                            .map(|(d, _)| *d),
+                    )
+                    .collect::<BTreeSet<DeviceId>>()
+                    .into_iter()
+                    .collect(),
             })
             .collect();
         StatusReport {

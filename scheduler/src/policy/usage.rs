@@ -95,6 +95,14 @@ impl Usage {
         }
     }
 
+    /// When the first time recorded within `[now - window, now]` began
+    /// (forgets older records); `None` where there is none.
+    pub fn first_within(&mut self, now: Micros, window: Micros) -> Option<Micros> {
+        self.used(now, window);
+        let cutoff = now.saturating_sub(window);
+        self.records.front().map(|&(s, _)| s.max(cutoff))
+    }
+
     /// Whether anything recorded ends within `[now - window, now]`
     /// (without trimming).
     pub fn recent(&self, now: Micros, window: Micros) -> bool {

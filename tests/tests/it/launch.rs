@@ -755,6 +755,8 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
     .stdout(Stdio::piped())
     .spawn()
     .unwrap();
+    // Killed if an assertion fails: it would wait for ever otherwise.
+    let mut notebook = Reaped(Some(notebook));
     g.wait_status(10.0, "notebook waits on GPU 0", |s| {
         s.devices.iter().any(|d| {
             d.device == 0
@@ -773,6 +775,35 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
         text.contains("notebook waits: GPU 0 is reserved for group train (user "),
         "{text}"
     );
+    // The user's view: both GPUs reserved for train by this user, the
+    // waiting program on GPU 0 with its command, and among their own.
+    let out = subcommand(&g, &["status"]);
+    let view = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{view}");
+    let gpu0 = view
+        .lines()
+        .find(|l| l.starts_with("0 "))
+        .unwrap_or_else(|| panic!("{view}"));
+    assert!(
+        gpu0.contains("train (") && gpu0.contains(" left)") && gpu0.contains("notebook "),
+        "{view}"
+    );
+    assert!(
+        view.lines()
+            .any(|l| l.starts_with("1 ") && l.contains("train (")),
+        "{view}"
+    );
+    let out = subcommand(&g, &["status", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mine = json["mine"].as_array().cloned().unwrap_or_default();
+    assert!(
+        mine.iter().any(|p| p["group"] == "notebook"
+            && p["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("gem-workload"))),
+        "{json}"
+    );
+    assert_eq!(json["gpus"][0]["reserved"][0]["group"], "train", "{json}");
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         g.sim.busy(0, t0, now_ns()).device,
@@ -785,10 +816,22 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = notebook.wait_with_output().unwrap();
+    let out = notebook.0.take().unwrap().wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
     assert!(
         g.sim.busy(0, t0, now_ns()).device > 0,
         "it ran once released"
     );
+}
+
+/// A child killed and reaped when dropped (a failed assertion included).
+struct Reaped(Option<std::process::Child>);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }

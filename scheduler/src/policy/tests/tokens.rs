@@ -45,15 +45,16 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     send(&mut p, 1, release_ran(handover, now), now);
     let st = p.status(now);
     let share = |g: &str| share_on_0(&st, g);
-    // Each share is over the time since its group became active: hi's
-    // first grant at 0, lo's at 20 ms.
+    // Both shares are over the device's span: from its first work, hi's
+    // at 0.
+    assert_eq!(st.devices[0].span_us, now);
     assert!(
         (share("hi") - (30 * MS - lead) as f64 / now as f64).abs() < 1e-9,
         "hi {}",
         share("hi")
     );
     assert!(
-        (share("lo") - (30 * MS + late) as f64 / (now - 20 * MS) as f64).abs() < 1e-9,
+        (share("lo") - (30 * MS + late) as f64 / now as f64).abs() < 1e-9,
         "lo {}",
         share("lo")
     );
@@ -119,10 +120,10 @@ fn work_in_flight_at_a_lent_renewal_is_charged_once_to_the_borrower() {
     // lo: 30 ms, then its two lent tokens back to back, t1 to t3 + 1 ms.
     let lo = 30 * MS + (t3 + MS - t1);
     assert!(
-        (share("lo") - lo as f64 / (now - 20 * MS) as f64).abs() < 1e-9,
+        (share("lo") - lo as f64 / now as f64).abs() < 1e-9,
         "lo {} against {}",
         share("lo"),
-        lo as f64 / (now - 20 * MS) as f64
+        lo as f64 / now as f64
     );
     let hi = 20 * MS + 11 * MS;
     assert!(
@@ -133,12 +134,11 @@ fn work_in_flight_at_a_lent_renewal_is_charged_once_to_the_borrower() {
     );
 }
 
-/// `status` shows a group's share over the time since it became active on
-/// the device, as the policy weighs it against MinUtil: a group that
-/// starts long after the scheduler and uses all its time shows 100 %, not
-/// a sliver of the window. Every GPU of the machine is listed before any
-/// program used it, and a group that left a device is no longer shown on
-/// it once a window has passed.
+/// `status` shows a device's figures over one span, from its first work
+/// in the window: a group that starts long after the scheduler and uses
+/// all its time shows 100 %, not a sliver of the window. Every GPU of the
+/// machine is listed before any program used it, and a group that left a
+/// device is no longer shown on it once a window has passed.
 #[test]
 fn status_counts_shares_from_the_group_start_lists_every_gpu_and_drops_rows_that_left() {
     let params = Params {
@@ -912,4 +912,40 @@ fn a_token_asked_ahead_is_declined_where_another_group_has_the_device() {
     let r = send(&mut p, 9, ahead(MS), 4 * MS);
     assert_eq!(r.len(), 1);
     assert_eq!(kind(&r[0].2), Some(ErrorKind::Unexpected), "{r:?}");
+}
+
+/// The groups' shares on a device are over the device's one span, so
+/// they add up to at most its busy share (never over 100 %), even where
+/// one group started long after the other.
+#[test]
+fn status_shares_of_a_device_add_up_to_at_most_its_busy_share() {
+    let mut p = Policy::new(Params::default(), config("[a]\n[b]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    // a alone from 0 to 4 s, then a and b in turns of 50 ms to 6 s.
+    let mut now = 0;
+    let mut last: [Option<Micros>; 3] = [None; 3];
+    while now < 6 * SEC {
+        let client = if now < 4 * SEC || (now / (50 * MS)).is_multiple_of(2) {
+            1
+        } else {
+            2
+        };
+        let req = match last[client as usize] {
+            Some(from) => acquire_ran(from, now),
+            None => acquire(),
+        };
+        send(&mut p, client, req, now);
+        last[client as usize] = Some(now);
+        now += 50 * MS;
+        // The token is given back with its work at the turn's end.
+        send(&mut p, client, release_ran(now - 50 * MS, now), now);
+        last[client as usize] = None;
+    }
+    let st = p.status(now);
+    let d = &st.devices[0];
+    let sum: f64 = d.groups.iter().map(|g| g.share).sum();
+    assert!(share_on_0(&st, "b") > 0.0, "{d:?}");
+    assert!(sum <= d.busy + 1e-9 && d.busy <= 1.0 + 1e-9, "{d:?}");
+    assert!(sum > 0.9, "{d:?}");
 }
