@@ -530,6 +530,33 @@ def timed_rows(g, nvml):
         return Result(f"NVML utilisation {u(h['0.5'])} / {u(h['1.0'])}; a job's first matmul at the held GPU {h['first_ms']:.1f} ms",
                       p and f"first matmul, no holder {p['first_ms']:.1f} ms", "0.50 / 1.00 ± 0.03", ok, None)
     rows.append(("holder at hold-util 0.5 / 1.0", (run_holder, judge_holder)))
+
+    # The holder with its defaults (--mem-threshold 0.5GB, --hold-util
+    # 0.5) and a short wait: its own CUDA context (518 MiB on an H200) is
+    # not others' memory, so it holds once the wait is over.
+    def run_holder_defaults(hooked, h):
+        if not hooked:
+            return {"util": nvml.mean_util(3) if nvml else None, "state": "no holder"}
+        env = g.env("", False, {"GEMINI_IPC_DIR": g.ipc})
+        hold = subprocess.Popen([f"{g.bin}/gem-holder", "run", "--wait-minutes", "0.05"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(6)
+            st = subprocess.run([f"{g.bin}/gem-holder", "status"], env=env, capture_output=True, text=True, timeout=30)
+            return {"util": nvml.mean_util(4) if nvml else None, "state": st.stdout.strip().replace("\n", "; ")[:160]}
+        finally:
+            subprocess.run([f"{g.bin}/gem-holder", "shutdown"], env=env, capture_output=True, timeout=30)
+            try:
+                hold.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                hold.kill()
+
+    def judge_holder_defaults(h, p):
+        u = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+        ok = "holding" in h["state"] and (h["util"] is None or abs(h["util"] - 0.5) <= 0.05)
+        return Result(f"NVML utilisation {u(h['util'])}; status: {h['state']}",
+                      p and f"no holder: {u(p['util'])}", "holding, 0.50 ± 0.05", ok, None)
+    rows.append(("holder with its defaults, --wait-minutes 0.05", (run_holder_defaults, judge_holder_defaults)))
     return rows
 
 
