@@ -34,13 +34,15 @@ const EXIT_BAD_SETTINGS: i32 = 2;
 const EXIT_NO_HOOK: i32 = 10;
 /// No scheduler answers.
 const EXIT_NO_SCHEDULER: i32 = 11;
-/// The group is not configured (or none could be chosen).
+/// The group is not configured, not open to this user, or none could be
+/// chosen.
 const EXIT_BAD_GROUP: i32 = 12;
 /// No GPU free (--nonblock) or none became free in time (--timeout).
 const EXIT_NO_GPU: i32 = 13;
 /// The scheduler refused the reservation as asked: more GPUs than the
 /// machine (or the group's `Devices`) has, GPUs that do not exist, a
-/// length out of range. Waiting would not help.
+/// length out of range, or anything else but "none free" and the group.
+/// Waiting would not help.
 const EXIT_REFUSED: i32 = 14;
 /// `release`: no reservation of yours to give back.
 const EXIT_NOTHING_RESERVED: i32 = 15;
@@ -55,7 +57,7 @@ const EXIT_HELP: &str = "Exit status:
   2    bad usage, or a settings file that cannot say where the scheduler is
   10   the hook library (libgemhook.so) was not found
   11   no scheduler answers
-  12   the group is not defined (or none could be chosen)
+  12   the group is not defined, not open to you, or none could be chosen
   13   no GPU free (--nonblock), or none became free in time (--timeout)
   14   the scheduler refused the reservation as asked (more GPUs than there are, unknown GPU ids, a length out of range)
   15   release: no reservation of yours to give back
@@ -467,9 +469,9 @@ fn reserve(
             }
             Ok((s, Reply::Error(e))) if s == seq => fail(
                 match e.kind {
-                    ErrorKind::UnknownGroup => EXIT_BAD_GROUP,
-                    ErrorKind::BadRequest => EXIT_REFUSED,
-                    _ => EXIT_NO_GPU,
+                    ErrorKind::Unavailable => EXIT_NO_GPU,
+                    ErrorKind::UnknownGroup | ErrorKind::PermissionDenied => EXIT_BAD_GROUP,
+                    _ => EXIT_REFUSED,
                 },
                 e.message,
             ),

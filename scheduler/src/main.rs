@@ -162,7 +162,8 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("gem-schd: {e:#}");
             // 3 means "no scheduler answers", and only that: a refused
-            // socket or an answer that cannot be read is a failure (1).
+            // socket or an answer that cannot be read is another failure
+            // (4); 1 is an invalid configuration.
             if e.downcast_ref::<ClientError>()
                 .is_some_and(|c| matches!(c, ClientError::Connect { .. } | ClientError::Timeout(_)))
             {

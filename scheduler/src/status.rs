@@ -25,7 +25,6 @@ fn length(us: u64) -> String {
     humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
 }
 
-/// The wall-clock time `us` from now (negative: ago), UTC.
 /// `us` as seconds for a reader: 10 s, 3.2 s.
 fn seconds(us: u64) -> String {
     let s = us as f64 / 1e6;
@@ -36,6 +35,7 @@ fn seconds(us: u64) -> String {
     }
 }
 
+/// The wall-clock time `us` from now (negative: ago), UTC.
 fn at(us: i128) -> String {
     let now = std::time::SystemTime::now();
     let d = std::time::Duration::from_micros(us.unsigned_abs() as u64);

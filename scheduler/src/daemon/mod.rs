@@ -156,7 +156,9 @@ fn warn_overcommit(
 }
 
 /// `pid`'s command line as /proc shows it, its arguments joined by
-/// spaces, cut to 120 bytes (empty where it cannot be read).
+/// spaces, cut to 120 bytes (empty where it cannot be read). Read once,
+/// when a process joins: reading it takes the process's mmap lock, which
+/// a busy CUDA process may hold a while.
 fn command_line(pid: u32) -> String {
     const MAX: usize = 120;
     let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
@@ -553,7 +555,9 @@ impl Daemon {
             Request::Status => {
                 let mut report = self.status_report();
                 for c in &mut report.clients {
-                    c.command = command_line(c.pid);
+                    if let Some(w) = self.watched.get(&c.pid) {
+                        c.command.clone_from(&w.command);
+                    }
                 }
                 self.reply(client, seq, &Reply::Status(Box::new(report)));
                 return;

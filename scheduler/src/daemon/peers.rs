@@ -43,6 +43,8 @@ pub(super) fn quiet_conns(conns: &HashMap<Vec<u8>, Conn>, now: Instant) -> Vec<V
 #[derive(Debug)]
 pub(super) struct Watched {
     pub(super) pidfd: Option<OwnedFd>,
+    /// Its command line, read once when it joined (for `status`).
+    pub(super) command: String,
 }
 
 pub(super) fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
@@ -136,7 +138,8 @@ impl Daemon {
                 None
             }
         };
-        self.watched.insert(pid, Watched { pidfd });
+        let command = super::command_line(pid);
+        self.watched.insert(pid, Watched { pidfd, command });
     }
 
     pub(super) fn poll_pids_without_fd(&mut self) {

@@ -15,7 +15,7 @@
 //! to its user, not to the connection: it ends when it expires, or when
 //! its user (or the daemon's user, or root) releases it.
 
-use super::{Action, Micros, Policy, error};
+use super::{Action, GroupKey, Micros, Policy, error};
 use gemini_protocol::{
     ClientId, DeviceId, ErrorKind, GpuRequest, ManualReservation, Reply, ReservationStatus,
 };
@@ -71,6 +71,14 @@ pub(super) fn reserved_for(reservations: &[Reservation], device: DeviceId) -> Ve
         }
     }
     groups
+}
+
+/// Whether `key`'s processes are kept off a device reserved for
+/// `reserved` (the groups holding a reservation of it; none: nobody is):
+/// a configured group that holds none of them. The holder is never kept
+/// out (it hands the device back at once).
+pub(super) fn kept_out(reserved: &[&str], key: &GroupKey) -> bool {
+    !reserved.is_empty() && key.name().is_some_and(|n| !reserved.contains(&n))
 }
 
 /// What a reservation of `group` claims of each device it holds: its

@@ -344,10 +344,7 @@ impl Policy {
         // A reserved device is its reservations' groups' (and the
         // holder's, which hands it back at once): other groups wait.
         let reserved = reserve::reserved_for(reservations, device);
-        let kept_out = |key: &GroupKey| {
-            key.name()
-                .is_some_and(|n| !reserved.is_empty() && !reserved.contains(&n))
-        };
+        let kept_out = |key: &GroupKey| reserve::kept_out(&reserved, key);
         let Some(dev) = devices.get_mut(&device) else {
             return;
         };
@@ -365,25 +362,29 @@ impl Policy {
                 waiting_groups.push(w.group.clone());
             }
         }
+        // A group kept off a reserved device waits for nothing here until
+        // the reservation ends: it is not throttled, not owed, and others'
+        // tokens are not shortened for it.
+        let (kept, waiting_groups): (Vec<GroupKey>, Vec<GroupKey>) =
+            waiting_groups.into_iter().partition(|k| kept_out(k));
         let saved = params.saved_credit();
         note_throttled(dev, &waiting_groups, config, retired, saved, now);
         if dev.token.is_some() || dev.waiters.is_empty() {
             return;
         }
-        // Every waiter's group has its use on the device.
-        for key in &waiting_groups {
+        // Every waiter's group has its use on the device (a kept-out one
+        // too: `status` shows it waiting there).
+        for key in waiting_groups.iter().chain(&kept) {
             if !dev.groups.contains_key(key) {
                 dev.groups.insert(key.clone(), GroupUse::default());
             }
         }
-        // A group kept out waits for nothing here until the reservation
-        // ends: others' tokens are not shortened for it.
-        waiting_groups.retain(|k| !kept_out(k));
         let waiting = |key: &GroupKey| waiting_groups.contains(key);
         // The level groups are entitled to where no bound binds: water
         // filling between the groups using the device.
         let using: Vec<(GroupKey, f64, f64)> = groups_using(dev, waiting, now, params.window)
             .into_iter()
+            .filter(|key| !kept_out(key))
             .map(|key| {
                 let l = limits(config, retired, key);
                 (key.clone(), l.min_util, l.max_util)
@@ -727,11 +728,14 @@ impl Policy {
         let cap = self.params.saved_credit();
         let mut next: Option<Micros> = None;
         let mut consider = |t: Micros| next = Some(next.map_or(t, |n: Micros| n.min(t)));
-        for dev in self.devices.values_mut() {
+        for (&device, dev) in self.devices.iter_mut() {
             if let Some(t) = &dev.token {
                 consider(t.expires_at);
                 continue;
             }
+            // Waiters kept off a reserved device wait for its end (an
+            // expiry, below, or an event), not for a tick.
+            let reserved = reserve::reserved_for(&self.reservations, device);
             // Held for a critical group: its waiters wait until then (or
             // until it asks, a request).
             if let Some(t) = dev
@@ -741,7 +745,11 @@ impl Policy {
                 consider(t);
                 continue;
             }
-            for w in &dev.waiters {
+            for w in dev
+                .waiters
+                .iter()
+                .filter(|w| !reserve::kept_out(&reserved, &w.group))
+            {
                 let Some(c) = self.clients.get(&w.client) else {
                     continue;
                 };

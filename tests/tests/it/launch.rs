@@ -8,10 +8,8 @@ use gemini_tests::{Gemini, SimEnv, bin, field, now_ns, reports};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Two GPUs, which gem-schd learns from NVML (the simulator has no
-/// /proc/driver/nvidia/gpus).
 fn machine(conf: &str) -> Gemini {
-    Gemini::start_with(SimEnv::new(2, "16GiB"), conf, &[])
+    Gemini::start_with(SimEnv::new(2, "16GiB"), conf, &["--devices", "2"])
 }
 
 fn launch(g: &Gemini, args: &[&str], program: &[&str]) -> Command {
@@ -722,7 +720,11 @@ fn usage_lists_exit_statuses_and_hints_at_the_missing_dashes() {
 /// once they are given back it runs.
 #[test]
 fn a_program_of_another_group_waits_on_a_reserved_gpu() {
-    let g = machine("[train]\n[notebook]\n");
+    // The simulator's 2 GPUs, learned from its NVML where the machine's
+    // kernel driver lists none (a GPU host's /proc would win).
+    let nvml_only = !std::path::Path::new("/proc/driver/nvidia/gpus").exists();
+    let flags: &[&str] = if nvml_only { &[] } else { &["--devices", "2"] };
+    let g = Gemini::start_with(SimEnv::new(2, "16GiB"), "[train]\n[notebook]\n", flags);
     let out = subcommand(
         &g,
         &[
@@ -816,8 +818,22 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = notebook.0.take().unwrap().wait_with_output().unwrap();
-    assert!(out.status.success(), "{out:?}");
+    // It runs, and ends, once they are given back (bounded: a wait that
+    // never ended would hang the suite).
+    let mut child = notebook.0.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the program still waits 30 s after the GPUs were given back");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
     assert!(
         g.sim.busy(0, t0, now_ns()).device > 0,
         "it ran once released"

@@ -298,8 +298,15 @@ fn a_reservation_without_a_program_expires_or_is_released_by_its_user() {
 fn a_reserved_gpu_gives_other_groups_no_token_until_it_ends() {
     const H: Micros = 3_600_000_000;
     let mut p = two_gpus("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n");
+    // b used GPU 0 before it was reserved.
+    hello(&mut p, 10, "b");
     assert_eq!(
-        reserve_for(&mut p, 1, 1000, GpuRequest::Count(1), H, 0),
+        token(&send(&mut p, 10, acquire(), 0)).map(|t| t.0),
+        Some(10)
+    );
+    send(&mut p, 10, release_ran(0, 5), 5);
+    assert_eq!(
+        reserve_for(&mut p, 1, 1000, GpuRequest::Count(1), H, 6),
         vec![(1, 1, Reply::Reserved { devices: vec![0] })]
     );
     // b's launch asking for one GPU gets GPU 1: GPU 0 has no room left,
@@ -308,17 +315,20 @@ fn a_reserved_gpu_gives_other_groups_no_token_until_it_ends() {
         reserve(&mut p, 2, "b", GpuRequest::Count(1), false, 10),
         vec![(2, 1, Reply::Reserved { devices: vec![1] })]
     );
-    hello(&mut p, 10, "b");
     hello(&mut p, 11, "a");
     // b's process on GPU 0 waits; a's gets the token.
     assert!(send(&mut p, 10, acquire(), 20).is_empty());
+    // A whole token, not one lent short as if b were owed the GPU.
     assert_eq!(
-        token(&send(&mut p, 11, acquire(), 30)).map(|t| t.0),
-        Some(11)
+        token(&send(&mut p, 11, acquire(), 30)).map(|t| (t.0, t.2)),
+        Some((11, false))
     );
     // a gives it back: still nothing for b while the reservation lasts.
     let r = send(&mut p, 11, release_ran(30, 1_000), 1_000);
     assert!(token(&r).is_none(), "{r:?}");
+    // Nothing to do until the reservation expires: no tick before (the
+    // daemon would spin on a deadline of now).
+    assert_eq!(p.next_deadline(2_000), Some(H + 6));
     assert!(
         replies(p.handle(Event::Tick, H / 2))
             .iter()
@@ -336,7 +346,7 @@ fn a_reserved_gpu_gives_other_groups_no_token_until_it_ends() {
         [(10, _, Reply::Token { device: 1, .. })]
     ));
     // The reservation expires: b's wait on GPU 0 ends with a token.
-    let r = replies(p.handle(Event::Tick, H));
+    let r = replies(p.handle(Event::Tick, H + 6));
     assert!(
         r.iter()
             .any(|(c, _, reply)| *c == 10 && matches!(reply, Reply::Token { device: 0, .. })),

@@ -209,7 +209,8 @@ fn a_user_refused_the_socket_is_told_and_the_program_gives_up() {
     status.arg("status").arg("--ipc-dir").arg(g.ipc());
     let out = as_nobody(status).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    // Not "no scheduler" (3): one answers, but not to this user (4).
+    assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(
         err.contains("permission denied on") && !err.contains("is gem-schd running"),
         "{err}"
