@@ -621,6 +621,11 @@ pub struct GroupDeviceStatus {
     /// context a process reported there ([`Request::ContextCost`]).
     #[serde(default)]
     pub contexts: u64,
+    /// Waiting while below its `MinUtil` as the scheduler weighs it (over
+    /// the time since the group became active on the device, which
+    /// `share` is not): its guarantee is short right now.
+    #[serde(default)]
+    pub short_of_min: bool,
 }
 
 /// One connection.

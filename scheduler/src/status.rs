@@ -413,6 +413,7 @@ pub(crate) mod tests {
     fn a_group_kept_off_a_reserved_gpu_says_for_whom_it_waits() {
         let mut report = driver_limited_job(0, vec![]);
         let row = |group: &str| gemini_protocol::GroupDeviceStatus {
+            short_of_min: false,
             group: group.into(),
             share: 0.0,
             memory_used: 0,

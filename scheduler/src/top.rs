@@ -175,7 +175,7 @@ pub fn view(st: &StatusReport, history: &History, note: Option<&str>) -> Vec<Lin
                 .map_or((0.0, 1.0), |c| (c.min_util, c.max_util));
             let colour = if holder {
                 Color::Blue
-            } else if min > 0.0 && g.share + 0.02 < min && g.waiting > 0 {
+            } else if g.short_of_min {
                 Color::Yellow
             } else {
                 Color::Green
@@ -363,6 +363,7 @@ mod tests {
                 holder: None,
                 waiting: 0,
                 groups: vec![GroupDeviceStatus {
+                    short_of_min: false,
                     group: "job".into(),
                     share: 0.5,
                     memory_used: 256 << 20,

@@ -79,7 +79,10 @@ impl Policy {
                     continue;
                 }
                 let contexts = contexts_of(&self.clients, &self.context_cost, key, id);
+                let min_util = limits(&self.config, &self.retired, key).min_util;
+                let short_of_min = waiting > 0 && min_util > 0.0 && g.share(now, window) < min_util;
                 rows.push(GroupDeviceStatus {
+                    short_of_min,
                     contexts: contexts.min(memory_used),
                     group: key.shown(),
                     share: g.usage.used(now, window) as f64 / span as f64,
@@ -192,6 +195,7 @@ fn memory_only_rows(
         .iter()
         .filter(|((key, dev), used)| *dev == id && **used > 0 && !shown(key))
         .map(|((key, _), &used)| GroupDeviceStatus {
+            short_of_min: false,
             group: key.shown(),
             share: 0.0,
             memory_used: used,

@@ -369,15 +369,16 @@ impl Policy {
             waiting_groups.into_iter().partition(|k| kept_out(k));
         let saved = params.saved_credit();
         note_throttled(dev, &waiting_groups, config, retired, saved, now);
-        if dev.token.is_some() || dev.waiters.is_empty() {
-            return;
-        }
-        // Every waiter's group has its use on the device (a kept-out one
-        // too: `status` shows it waiting there).
+        // Every waiter's group has its use on the device, while the token
+        // is held too (a kept-out one as well: `status` shows each waiting
+        // there).
         for key in waiting_groups.iter().chain(&kept) {
             if !dev.groups.contains_key(key) {
                 dev.groups.insert(key.clone(), GroupUse::default());
             }
+        }
+        if dev.token.is_some() || dev.waiters.is_empty() {
+            return;
         }
         let waiting = |key: &GroupKey| waiting_groups.contains(key);
         // The level groups are entitled to where no bound binds: water

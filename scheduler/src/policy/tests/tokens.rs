@@ -949,3 +949,36 @@ fn status_shares_of_a_device_add_up_to_at_most_its_busy_share() {
     assert!(sum <= d.busy + 1e-9 && d.busy <= 1.0 + 1e-9, "{d:?}");
     assert!(sum > 0.9, "{d:?}");
 }
+
+/// `status` says which waiting group is short of its `MinUtil` as the
+/// scheduler weighs it (since the group became active), not by its share
+/// of the device's span: a group that has just come is short, one without
+/// a minimum never is.
+#[test]
+fn status_says_which_waiting_group_is_short_of_its_minimum() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMinUtil=0.5\n[b]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    let mut now = 0;
+    while now < 4 * SEC {
+        send(&mut p, 2, acquire(), now);
+        now += 50 * MS;
+        send(&mut p, 2, release_ran(now - 50 * MS, now), now);
+    }
+    // b holds the GPU; a and another of b's wait.
+    assert!(token(&send(&mut p, 2, acquire(), now)).is_some());
+    assert!(send(&mut p, 1, acquire(), now + 1).is_empty());
+    hello(&mut p, 3, "b");
+    assert!(send(&mut p, 3, acquire(), now + 2).is_empty());
+    let st = p.status(now + 3);
+    let row = |g: &str| {
+        st.devices[0]
+            .groups
+            .iter()
+            .find(|r| r.group == g)
+            .cloned()
+            .unwrap_or_else(|| panic!("no row {g}: {st:?}"))
+    };
+    assert!(row("a").short_of_min, "{st:?}");
+    assert!(!row("b").short_of_min, "{st:?}");
+}
