@@ -123,7 +123,13 @@ impl Daemon {
         if let Some(conn) = self.ids.get(&client).and_then(|i| self.conns.get_mut(i)) {
             conn.pid = Some(pid);
         }
-        if pid == 0 || self.watched.contains_key(&pid) {
+        if pid == 0 {
+            return;
+        }
+        // Read at every join: a process that exec'd and joined again
+        // under its pid runs another command.
+        if let Some(w) = self.watched.get_mut(&pid) {
+            w.command = super::command_line(pid);
             return;
         }
         let pidfd = match pidfd_open(pid) {

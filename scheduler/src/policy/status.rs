@@ -49,6 +49,7 @@ impl Policy {
         let mut devices = Vec::new();
         for (&id, dev) in self.devices.iter_mut() {
             let mut rows = Vec::new();
+            let reserved = reserve::reserved_for(&self.reservations, id);
             // One span for the device's figures: from its first work in
             // the window (a device busy for 3 s of a 10 s window shows
             // 100 % over 3 s), so that the groups' shares add up to at
@@ -80,7 +81,12 @@ impl Policy {
                 }
                 let contexts = contexts_of(&self.clients, &self.context_cost, key, id);
                 let min_util = limits(&self.config, &self.retired, key).min_util;
-                let short_of_min = waiting > 0 && min_util > 0.0 && g.share(now, window) < min_util;
+                // (Not a group kept off a reserved GPU: nothing is owed
+                // to it there.)
+                let short_of_min = waiting > 0
+                    && min_util > 0.0
+                    && !reserve::kept_out(&reserved, key)
+                    && g.share(now, window) < min_util;
                 rows.push(GroupDeviceStatus {
                     short_of_min,
                     contexts: contexts.min(memory_used),

@@ -251,7 +251,12 @@ impl Policy {
         {
             return;
         }
-        if let Some(g) = dev.groups.get_mut(group) {
+        let window = self.params.window;
+        if let Some(g) = dev.groups.get_mut(group)
+            // A group that has not run here in the window (one that only
+            // waited, say) is not away from anything.
+            && !g.usage.is_empty(now, window)
+        {
             // Away since its token was passed on ahead of its report
             // (`quieting`), if it was.
             g.away_since.get_or_insert(now);

@@ -323,6 +323,13 @@ fn a_reserved_gpu_gives_other_groups_no_token_until_it_ends() {
         token(&send(&mut p, 11, acquire(), 30)).map(|t| (t.0, t.2)),
         Some((11, false))
     );
+    // b waits there, but is owed nothing: not short of its MinUtil.
+    let st = p.status(31);
+    let b = st.devices[0].groups.iter().find(|r| r.group == "b");
+    assert!(
+        b.is_some_and(|r| r.waiting == 1 && !r.short_of_min),
+        "{st:?}"
+    );
     // a gives it back: still nothing for b while the reservation lasts.
     let r = send(&mut p, 11, release_ran(30, 1_000), 1_000);
     assert!(token(&r).is_none(), "{r:?}");
