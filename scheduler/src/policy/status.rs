@@ -97,12 +97,34 @@ impl Policy {
                     waiting,
                 });
             }
+            // Groups waiting here that have not had the token yet: shown
+            // waiting, with nothing used.
+            let mut fresh: Vec<&GroupKey> = Vec::new();
+            for w in &dev.waiters {
+                if !dev.groups.contains_key(&w.group) && !fresh.contains(&&w.group) {
+                    fresh.push(&w.group);
+                }
+            }
+            for key in fresh {
+                let limits = limits(&self.config, &self.retired, key);
+                let memory_used = self.memory.get(&(key.clone(), id)).copied().unwrap_or(0);
+                rows.push(GroupDeviceStatus {
+                    group: key.shown(),
+                    share: 0.0,
+                    memory_used,
+                    memory_limit: limits.memory_limit,
+                    waiting: dev.waiters.iter().filter(|w| &w.group == key).count() as u32,
+                    contexts: contexts_of(&self.clients, &self.context_cost, key, id)
+                        .min(memory_used),
+                    short_of_min: limits.min_util > 0.0 && !reserve::kept_out(&reserved, key),
+                });
+            }
             rows.extend(memory_only_rows(
                 &self.memory,
                 |k| limits(&self.config, &self.retired, k).memory_limit,
                 |k| contexts_of(&self.clients, &self.context_cost, k, id),
                 id,
-                |k| dev.groups.contains_key(k),
+                |k| dev.groups.contains_key(k) || dev.waiters.iter().any(|w| &w.group == k),
             ));
             devices.push(DeviceStatus {
                 device: id,

@@ -251,12 +251,7 @@ impl Policy {
         {
             return;
         }
-        let window = self.params.window;
-        if let Some(g) = dev.groups.get_mut(group)
-            // A group that has not run here in the window (one that only
-            // waited, say) is not away from anything.
-            && !g.usage.is_empty(now, window)
-        {
+        if let Some(g) = dev.groups.get_mut(group) {
             // Away since its token was passed on ahead of its report
             // (`quieting`), if it was.
             g.away_since.get_or_insert(now);
@@ -374,16 +369,16 @@ impl Policy {
             waiting_groups.into_iter().partition(|k| kept_out(k));
         let saved = params.saved_credit();
         note_throttled(dev, &waiting_groups, config, retired, saved, now);
-        // Every waiter's group has its use on the device, while the token
-        // is held too (a kept-out one as well: `status` shows each waiting
-        // there).
+        if dev.token.is_some() || dev.waiters.is_empty() {
+            return;
+        }
+        // Every waiter's group has its use on the device (a kept-out one
+        // too). (Not while the token is held: a waiter that left before
+        // it was served would leave a group that never ran marked away.)
         for key in waiting_groups.iter().chain(&kept) {
             if !dev.groups.contains_key(key) {
                 dev.groups.insert(key.clone(), GroupUse::default());
             }
-        }
-        if dev.token.is_some() || dev.waiters.is_empty() {
-            return;
         }
         let waiting = |key: &GroupKey| waiting_groups.contains(key);
         // The level groups are entitled to where no bound binds: water
