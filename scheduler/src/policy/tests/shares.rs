@@ -460,3 +460,36 @@ fn a_group_that_waits_after_every_step_gets_as_much_as_one_that_never_waits() {
         );
     }
 }
+
+/// `status` never shows a capped group's SHARE above its `MaxUtil` by
+/// more than the documented bound: the credit it may save and overdraw
+/// (5 × `min_quota`) over the GPU's span, at every second of a run,
+/// beside an uncapped group and alone.
+#[test]
+fn status_shows_a_capped_share_within_its_documented_bound() {
+    for text in ["[c]\nMaxUtil=0.4\n", "[c]\nMaxUtil=0.4\n[u]\n"] {
+        let mut sim = Sim::new(text);
+        sim.add("c", Demand::Saturating);
+        if text.contains("[u]") {
+            sim.add("u", Demand::Saturating);
+        }
+        let min_quota = Params::default().min_quota;
+        for s in 1..=20 {
+            sim.run_until(s * SEC);
+            let st = sim.policy.status(sim.now);
+            let d = &st.devices[0];
+            let share = share_on_0(&st, "c");
+            let bound = 0.4 + (5 * min_quota) as f64 / d.span_us as f64;
+            assert!(
+                share <= bound + 1e-9,
+                "{text:?} at {s} s: {share:.4} > {bound:.4}"
+            );
+            let sum: f64 = d.groups.iter().map(|g| g.share).sum();
+            assert!(sum <= d.busy + 1e-9 && d.busy <= 1.0 + 1e-9, "{d:?}");
+            // And it gets its cap.
+            if s >= 2 {
+                assert!(share >= 0.38, "{text:?} at {s} s: {share:.4}");
+            }
+        }
+    }
+}
