@@ -54,6 +54,8 @@ pub struct QueueEntry {
     pub user: String,
     pub gpus: String,
     pub waiting_s: f64,
+    /// The waiting launch's command line.
+    pub command: String,
 }
 
 /// A program the scheduler knows.
@@ -125,6 +127,7 @@ pub fn view(st: &StatusReport, user: &str) -> UserView {
             user: x.user.clone(),
             gpus: asked(x),
             waiting_s: x.for_us as f64 / 1e6,
+            command: x.command.clone(),
         })
         .collect();
     UserView {
@@ -204,12 +207,17 @@ pub fn render(v: &UserView) -> String {
         for q in &v.queue {
             let _ = writeln!(
                 s,
-                "  {:<3} {:<16} {:<12} {:<12} waiting {}",
+                "  {:<3} {:<16} {:<12} {:<12} waiting {}{}",
                 q.position,
                 q.group,
                 if q.user.is_empty() { "-" } else { &q.user },
                 q.gpus,
-                length(q.waiting_s)
+                length(q.waiting_s),
+                if q.command.is_empty() {
+                    String::new()
+                } else {
+                    format!("  {}", q.command)
+                }
             );
         }
     }
@@ -280,6 +288,7 @@ mod tests {
                 devices: vec![0],
                 for_us: 60_000_000,
                 user: "alice".into(),
+                command: String::new(),
                 manual: Some(ManualReservation {
                     user: "alice".into(),
                     left_us: 3 * 3_600_000_000 + 300_000_000,
@@ -293,6 +302,7 @@ mod tests {
                 devices: vec![],
                 for_us: 5_000_000,
                 user: "bob".into(),
+                command: "gem-launch --gpus 2 -- jupyter lab".into(),
                 manual: None,
             }],
             driver_limits: false,
@@ -316,7 +326,9 @@ mod tests {
         let gpu1 = text.lines().find(|l| l.starts_with("1 ")).unwrap();
         assert!(gpu1.contains("0% of 6s"), "{text}");
         assert!(
-            text.contains("  1   notebook         bob          2 GPU(s)     waiting 5s"),
+            text.contains(
+                "  1   notebook         bob          2 GPU(s)     waiting 5s  gem-launch --gpus 2 -- jupyter lab"
+            ),
             "{text}"
         );
         assert!(

@@ -505,6 +505,10 @@ pub struct ReservationStatus {
     /// The user who asked (the connection's peer; empty where unknown).
     #[serde(default)]
     pub user: String,
+    /// The asking process's command line (`gem-launch … -- PROGRAM`; empty
+    /// where unknown).
+    #[serde(default)]
+    pub command: String,
     /// A reservation made without a program (`gem-launch reserve`): its
     /// user, and how long it has left (for one still waiting, its length).
     #[serde(default)]

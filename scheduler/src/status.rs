@@ -75,7 +75,7 @@ fn reservation(x: &gemini_protocol::ReservationStatus, what: &str) -> String {
             length(m.left_us)
         ),
         (None, _) => format!(
-            "pid {:<8} {:<16} {what} {gpus} for {:.0}s{}",
+            "pid {:<8} {:<16} {what} {gpus} for {:.0}s{}{}",
             x.pid,
             x.group,
             x.for_us as f64 / 1e6,
@@ -83,6 +83,11 @@ fn reservation(x: &gemini_protocol::ReservationStatus, what: &str) -> String {
                 String::new()
             } else {
                 format!("  (user {})", x.user)
+            },
+            if x.command.is_empty() {
+                String::new()
+            } else {
+                format!("  {}", x.command)
             }
         ),
     }
@@ -384,6 +389,7 @@ pub(crate) mod tests {
             devices: vec![1],
             for_us: 65 * 60_000_000,
             user: "alice".into(),
+            command: String::new(),
             manual: Some(gemini_protocol::ManualReservation {
                 user: "alice".into(),
                 left_us: 175 * 60_000_000 + 30_000_000,
@@ -437,6 +443,7 @@ pub(crate) mod tests {
             devices: vec![1],
             for_us: 0,
             user: "alice".into(),
+            command: String::new(),
             manual: Some(gemini_protocol::ManualReservation {
                 user: "alice".into(),
                 left_us: 3_600_000_000,

@@ -559,6 +559,15 @@ impl Daemon {
                         c.command.clone_from(&w.command);
                     }
                 }
+                for x in report
+                    .reservations
+                    .iter_mut()
+                    .chain(report.queue.iter_mut())
+                {
+                    if let Some(w) = self.watched.get(&x.pid) {
+                        x.command.clone_from(&w.command);
+                    }
+                }
                 self.reply(client, seq, &Reply::Status(Box::new(report)));
                 return;
             }

@@ -474,6 +474,8 @@ impl Policy {
                 devices: r.devices.clone(),
                 for_us: now.saturating_sub(r.since),
                 user: user(r.client, r.manual.as_ref()),
+                // The daemon reads it.
+                command: String::new(),
                 manual: r.manual.as_ref().map(|m| ManualReservation {
                     user: m.user.clone(),
                     left_us: m.until.saturating_sub(now),
@@ -491,6 +493,7 @@ impl Policy {
                 devices: Vec::new(),
                 for_us: now.saturating_sub(w.since),
                 user: user(w.client, w.manual.as_ref()),
+                command: String::new(),
                 manual: w.manual.as_ref().map(|m| ManualReservation {
                     user: m.user.clone(),
                     left_us: m.duration,

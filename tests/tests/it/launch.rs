@@ -616,7 +616,14 @@ fn gpus_reserved_without_a_program_expire_or_are_released() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    g.wait_status(5.0, "the launch waits", |s| s.queue.len() == 1);
+    let st = g.wait_status(5.0, "the launch waits", |s| s.queue.len() == 1);
+    // The queue names who waits and with what command.
+    assert!(
+        st.queue[0].command.contains("gem-launch") && st.queue[0].command.contains("--gpus 2"),
+        "{:?}",
+        st.queue[0]
+    );
+    assert!(!st.queue[0].user.is_empty(), "{:?}", st.queue[0]);
     g.wait_status(5.0, "the 1 s reservation expired", |s| {
         s.reservations.iter().all(|r| !r.devices.contains(&1))
     });
