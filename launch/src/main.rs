@@ -234,27 +234,6 @@ fn main() {
         release(&ipc, gpu_ids.clone().unwrap_or_default());
         return;
     }
-    if let Some(Sub::Status { json }) = &args.sub {
-        let mut session = Session::new(&ipc, Role::Control, "");
-        let st = match registered(&mut session).request(&Request::Status, Duration::from_secs(3)) {
-            Ok(Reply::Status(s)) => s,
-            Ok(other) => fail(
-                EXIT_NO_SCHEDULER,
-                format!("unexpected answer from the scheduler: {other:?}"),
-            ),
-            Err(e) => fail(EXIT_NO_SCHEDULER, e),
-        };
-        let v = status::view(&st, &user_name().unwrap_or_default());
-        if *json {
-            match serde_json::to_string_pretty(&v) {
-                Ok(text) => println!("{text}"),
-                Err(e) => fail(EXIT_NO_SCHEDULER, e),
-            }
-        } else {
-            print!("{}", status::render(&v));
-        }
-        return;
-    }
     // Before the scheduler is asked anything: a launch that cannot run
     // fails first.
     let hook = args.sub.is_none().then(|| match args.hook.clone().or_else(find_hook) {
@@ -278,6 +257,18 @@ fn main() {
         Err(e) => fail(EXIT_NO_SCHEDULER, e),
     };
 
+    if let Some(Sub::Status { json }) = &args.sub {
+        let v = status::view(&status, &user_name().unwrap_or_default());
+        if *json {
+            match serde_json::to_string_pretty(&v) {
+                Ok(text) => println!("{text}"),
+                Err(e) => fail(EXIT_NO_SCHEDULER, e),
+            }
+        } else {
+            print!("{}", status::render(&v));
+        }
+        return;
+    }
     if let Some(Sub::Reserve {
         group,
         gpus,

@@ -138,15 +138,9 @@ pub fn view(st: &StatusReport, user: &str) -> UserView {
     }
 }
 
-/// A length for a reader: 45s, 12m, 3h 5m, 2d 4h.
+/// `s` seconds for a reader: `45s`, `12m 3s`, `3h 5m`.
 fn length(s: f64) -> String {
-    let s = s.max(0.0) as u64;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m", s / 60),
-        3600..86_400 => format!("{}h {}m", s / 3600, s % 3600 / 60),
-        _ => format!("{}d {}h", s / 86_400, s % 86_400 / 3600),
-    }
+    gemini_protocol::units::format_length(std::time::Duration::from_secs_f64(s.max(0.0)))
 }
 
 /// When `s` seconds from now is, in UTC.

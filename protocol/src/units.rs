@@ -74,6 +74,14 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     })
 }
 
+/// Formats a length for humans, in whole seconds (whole minutes past an
+/// hour): `42s`, `5m 3s`, `2h 55m`.
+pub fn format_length(d: Duration) -> String {
+    let secs = d.as_secs();
+    let secs = if secs >= 3600 { secs / 60 * 60 } else { secs };
+    humantime::format_duration(Duration::from_secs(secs)).to_string()
+}
+
 /// Formats bytes for humans, in binary units (`1.5 GiB`).
 pub fn format_size(bytes: u64) -> String {
     if bytes == u64::MAX {

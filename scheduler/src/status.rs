@@ -17,12 +17,9 @@ fn gpus(devices: Option<&[u32]>) -> String {
     }
 }
 
-/// A length for humans, in whole seconds (whole minutes past an hour):
-/// `42s`, `5m 3s`, `2h 55m`.
+/// A length of `us` µs for humans (`42s`, `5m 3s`, `2h 55m`).
 fn length(us: u64) -> String {
-    let secs = us / 1_000_000;
-    let secs = if secs >= 3600 { secs / 60 * 60 } else { secs };
-    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+    gemini_protocol::units::format_length(std::time::Duration::from_micros(us))
 }
 
 /// `us` as seconds for a reader: 10 s, 3.2 s.
@@ -368,6 +365,25 @@ pub(crate) mod tests {
         }
     }
 
+    /// alice's `gem-launch reserve` of GPU 1 for group `job`, held for
+    /// `for_us` with `left_us` to go.
+    fn alices_reservation(for_us: u64, left_us: u64) -> gemini_protocol::ReservationStatus {
+        gemini_protocol::ReservationStatus {
+            client: 3,
+            pid: 0,
+            group: "job".into(),
+            gpus: gemini_protocol::GpuRequest::Count(1),
+            devices: vec![1],
+            for_us,
+            user: "alice".into(),
+            command: String::new(),
+            manual: Some(gemini_protocol::ManualReservation {
+                user: "alice".into(),
+                left_us,
+            }),
+        }
+    }
+
     /// A reservation made without a program is listed with its user, since
     /// when and until when, under its GPU and with the reservations.
     #[test]
@@ -381,20 +397,10 @@ pub(crate) mod tests {
             waiting: 0,
             groups: vec![],
         }];
-        report.reservations = vec![gemini_protocol::ReservationStatus {
-            client: 3,
-            pid: 0,
-            group: "job".into(),
-            gpus: gemini_protocol::GpuRequest::Count(1),
-            devices: vec![1],
-            for_us: 65 * 60_000_000,
-            user: "alice".into(),
-            command: String::new(),
-            manual: Some(gemini_protocol::ManualReservation {
-                user: "alice".into(),
-                left_us: 175 * 60_000_000 + 30_000_000,
-            }),
-        }];
+        report.reservations = vec![alices_reservation(
+            65 * 60_000_000,
+            175 * 60_000_000 + 30_000_000,
+        )];
         let text = render(&report);
         assert!(
             text.contains("reserved for group job: user alice until ")
@@ -435,20 +441,7 @@ pub(crate) mod tests {
             waiting: 2,
             groups: vec![row("job"), row("notebook")],
         }];
-        report.reservations = vec![gemini_protocol::ReservationStatus {
-            client: 3,
-            pid: 0,
-            group: "job".into(),
-            gpus: gemini_protocol::GpuRequest::Count(1),
-            devices: vec![1],
-            for_us: 0,
-            user: "alice".into(),
-            command: String::new(),
-            manual: Some(gemini_protocol::ManualReservation {
-                user: "alice".into(),
-                left_us: 3_600_000_000,
-            }),
-        }];
+        report.reservations = vec![alices_reservation(0, 3_600_000_000)];
         let text = render(&report);
         assert!(
             text.contains("notebook waits: GPU 1 is reserved for group job (user alice until "),

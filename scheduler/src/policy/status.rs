@@ -67,11 +67,7 @@ impl Policy {
                 .map(|c| &c.group);
             for (key, g) in dev.groups.iter_mut() {
                 let memory_used = self.memory.get(&(key.clone(), id)).copied().unwrap_or(0);
-                let waiting = dev
-                    .waiters
-                    .iter()
-                    .filter(|w| self.clients.get(&w.client).is_some_and(|c| &c.group == key))
-                    .count() as u32;
+                let waiting = dev.waiters.iter().filter(|w| &w.group == key).count() as u32;
                 let idle = g.usage.is_empty(now, window);
                 // A group that left the device (nothing used in the
                 // window, no memory, not waiting, not holding) is no longer
@@ -158,6 +154,13 @@ impl Policy {
             }
         }
         devices.sort_by_key(|d| d.device);
+        // The devices each client waits for, in one pass over the waiters.
+        let mut waits_on: BTreeMap<ClientId, Vec<DeviceId>> = BTreeMap::new();
+        for (&d, dev) in &self.devices {
+            for w in &dev.waiters {
+                waits_on.entry(w.client).or_default().push(d);
+            }
+        }
         let clients = self
             .clients
             .iter()
@@ -180,12 +183,7 @@ impl Policy {
                     .filter(|(_, b)| **b > 0)
                     .map(|(d, _)| *d)
                     .chain(c.granted.keys().copied())
-                    .chain(
-                        self.devices
-                            .iter()
-                            .filter(|(_, d)| d.waiters.iter().any(|w| w.client == id))
-                            .map(|(d, _)| *d),
-                    )
+                    .chain(waits_on.get(&id).into_iter().flatten().copied())
                     .collect::<BTreeSet<DeviceId>>()
                     .into_iter()
                     .collect(),

@@ -246,7 +246,7 @@ impl Policy {
             return;
         };
         let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| &c.group == group);
-        if dev.waiters.iter().any(|w| of_group(&w.client))
+        if dev.waiters.iter().any(|w| &w.group == group)
             || dev.token.as_ref().is_some_and(|t| of_group(&t.client))
         {
             return;
@@ -606,7 +606,7 @@ impl Policy {
         // that groups alternate and each waits about one token of each
         // other: with equal tokens a group entitled to 0.3 beside one of
         // 0.7 waited for two or three 100 ms tokens in a row (300 ms).
-        let chosen_group = Some(&dev.waiters[i].group);
+        let chosen_group = &dev.waiters[i].group;
         let ent = entitlements(&using.iter().map(|u| (u.1, u.2)).collect::<Vec<_>>());
         let real = || {
             using
@@ -614,8 +614,8 @@ impl Policy {
                 .zip(&ent)
                 .filter(|((k, ..), _)| *k != GroupKey::Holder)
         };
-        let others_wait = real().any(|((k, ..), _)| Some(k) != chosen_group && waiting(k));
-        let mine = real().find(|((k, ..), _)| Some(k) == chosen_group);
+        let others_wait = real().any(|((k, ..), _)| k != chosen_group && waiting(k));
+        let mine = real().find(|((k, ..), _)| k == chosen_group);
         let top = real().map(|(_, &e)| e).reduce(f64::max);
         let turn_share = mine
             .map(|(_, &e)| e)
@@ -751,13 +751,10 @@ impl Policy {
                 .iter()
                 .filter(|w| !reserve::kept_out(&reserved, &w.group))
             {
-                let Some(c) = self.clients.get(&w.client) else {
-                    continue;
-                };
-                let max_util = limits(&self.config, &self.retired, &c.group).max_util;
+                let max_util = limits(&self.config, &self.retired, &w.group).max_util;
                 if let Some(t) = dev
                     .groups
-                    .get(&c.group)
+                    .get(&w.group)
                     .and_then(|g| g.eligible_at(now, max_util, cap))
                 {
                     consider(t.max(now));

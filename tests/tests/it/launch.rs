@@ -537,6 +537,17 @@ fn subcommand(g: &Gemini, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// [`subcommand`] that must succeed (its stderr shown where it did not).
+fn succeeds(g: &Gemini, args: &[&str]) -> std::process::Output {
+    let out = subcommand(g, args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// canhazgpu's `reserve --gpus 2 --duration 4h`, then `release`: GPUs
 /// reserved without a program stay the user's after `gem-launch` exits
 /// and across a restart of the scheduler,
@@ -546,14 +557,9 @@ fn subcommand(g: &Gemini, args: &[&str]) -> std::process::Output {
 #[test]
 fn gpus_reserved_without_a_program_expire_or_are_released() {
     let mut g = machine("[a]\n");
-    let out = subcommand(
+    let out = succeeds(
         &g,
         &["reserve", "--group", "a", "--gpus", "1", "--duration", "4h"],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -594,7 +600,7 @@ fn gpus_reserved_without_a_program_expire_or_are_released() {
     );
     // A one-second reservation of GPU 1: a launch asking for both waits
     // until it expires (and for GPU 0, released below).
-    let out = subcommand(
+    succeeds(
         &g,
         &[
             "reserve",
@@ -605,11 +611,6 @@ fn gpus_reserved_without_a_program_expire_or_are_released() {
             "--duration",
             "1s",
         ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
     let p = show_gpus("0");
     let waiting = launch(&g, &["--group", "a", "--gpus", "2"], &args(&p))
@@ -628,12 +629,7 @@ fn gpus_reserved_without_a_program_expire_or_are_released() {
         s.reservations.iter().all(|r| !r.devices.contains(&1))
     });
     // Released early by its user: the waiting launch gets both GPUs.
-    let out = subcommand(&g, &["release"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeds(&g, &["release"]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "GPU(s) 0 given back"
@@ -732,7 +728,7 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
     let nvml_only = !std::path::Path::new("/proc/driver/nvidia/gpus").exists();
     let flags: &[&str] = if nvml_only { &[] } else { &["--devices", "2"] };
     let g = Gemini::start_with(SimEnv::new(2, "16GiB"), "[train]\n[notebook]\n", flags);
-    let out = subcommand(
+    succeeds(
         &g,
         &[
             "reserve",
@@ -743,11 +739,6 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
             "--duration",
             "1h",
         ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
     let t0 = now_ns();
     let notebook = launch(
@@ -819,12 +810,7 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
         0,
         "nothing ran on the reserved GPU"
     );
-    let out = subcommand(&g, &["release"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(&g, &["release"]);
     // It runs, and ends, once they are given back (bounded: a wait that
     // never ended would hang the suite).
     let mut child = notebook.0.take().unwrap();
