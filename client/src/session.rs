@@ -4,6 +4,7 @@
 //! memory it holds, and repeats the request.
 
 use crate::client::{Client, ClientError};
+use gemini_protocol::roundtrip::{RoundTrip, sample_of};
 use gemini_protocol::{ErrorKind, HeldMemory, Reply, Request, Role};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -31,6 +32,7 @@ pub struct Session {
     role: Role,
     group: String,
     client: Option<Client>,
+    rtt: RoundTrip,
 }
 
 impl Session {
@@ -41,7 +43,14 @@ impl Session {
             role,
             group: group.to_string(),
             client: None,
+            rtt: RoundTrip::new(),
         }
+    }
+
+    /// The round trip measured on this session's requests answered at
+    /// once (µs; 0: none yet), as token requests carry it.
+    pub fn rtt_us(&self) -> u32 {
+        self.rtt.us()
     }
 
     /// The registered connection, connecting and saying hello (with
@@ -85,7 +94,14 @@ impl Session {
                 Ok(c) => c,
                 Err(refused) => return Ok(refused),
             };
-            match c.request(req, timeout) {
+            let sent = std::time::Instant::now();
+            let reply = c.request(req, timeout);
+            if let Ok(r) = &reply
+                && let Some(ns) = sample_of(req, r, sent.elapsed().as_nanos() as u64)
+            {
+                self.rtt.sample(ns);
+            }
+            match reply {
                 Ok(Reply::Error(e)) if e.kind == ErrorKind::NotRegistered => self.reset(),
                 Err(e) => {
                     // A new connection next time: the scheduler may have

@@ -321,6 +321,7 @@ impl Engine {
                 ran,
                 in_flight,
                 burst_us: batch * kernel_ns / 1000,
+                rtt_us: sched.rtt_us(),
             };
             match sched.call(&req, Duration::from_secs(5), &[]) {
                 Ok(Reply::Token { .. }) => {}

@@ -203,8 +203,14 @@ impl State {
     }
 
     fn roundtrip(&self, req: &Request, device: u32) -> Result<Reply, Failure> {
+        let sent = Instant::now();
         let seq = self.send(req).map_err(Failure::Refused)?;
-        self.wait_for(seq, device)
+        let reply = self.wait_for(seq, device)?;
+        let elapsed = sent.elapsed().as_nanos() as u64;
+        if let Some(ns) = gemini_protocol::roundtrip::sample_of(req, &reply, elapsed) {
+            self.rtt.sample(ns);
+        }
+        Ok(reply)
     }
 
     /// Waits for the reply to `seq` (a request about `device`), checking

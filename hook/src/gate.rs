@@ -51,6 +51,7 @@ mod admission;
 mod ahead;
 mod contexts;
 mod late;
+mod leads;
 mod learn;
 mod measure;
 mod settle;
@@ -235,11 +236,12 @@ fn admit_at(
 
 impl Gate {
     /// Whether the process usually stays quiet after its waits long enough
-    /// to give the token back as a wait returns: `EARLY_RELEASE_NS` or
-    /// more (or the idle threshold, if shorter), so that another group
+    /// to give the token back as a wait returns: `leads::early_release`
+    /// or more (or the idle threshold, if shorter), so that another group
     /// uses the GPU for the gap.
-    fn quiet_after_waits(&self, idle: u64) -> bool {
-        self.gap_avg.load(Ordering::Relaxed) >= idle.min(EARLY_RELEASE_NS)
+    fn quiet_after_waits(&self, st: &State) -> bool {
+        let idle = st.settings.idle.as_nanos() as u64;
+        self.gap_avg.load(Ordering::Relaxed) >= idle.min(leads::early_release(leads::rtt(st)))
     }
 
     /// Launches admitted so far.
@@ -319,12 +321,6 @@ const UNKNOWN_GRAPH: u64 = u64::MAX;
 /// MaxUtil of 0.3 then made it pay back for 2.7 s.
 const UNKNOWN_LAUNCHES: u64 = 4;
 
-/// Quiet time after waits from which a process gives its token back as a
-/// wait returns. A gap this long is worth lending (a release and a grant
-/// take a few round trips of tens of µs); a shorter one is not, and the
-/// process keeps the token through it.
-const EARLY_RELEASE_NS: u64 = 500_000;
-
 /// Counts in the launch the slow path lets through, before the gate's
 /// lock is let go: counted in after it, a watcher that found the process
 /// quiet could give the token back in between (it saw no call in flight),
@@ -350,7 +346,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     if g.ahead_taken.swap(0, Ordering::AcqRel) != 0 {
         // The watcher took a grant asked ahead while this launch waited
         // for it: asked too late by that much.
-        ahead::learn(g, now.saturating_sub(entered), now);
+        ahead::learn(g, leads::rtt(st), now.saturating_sub(entered), now);
     }
     if now < g.deadline.load(Ordering::Acquire) {
         if g.queue_ahead(now, cost) {
@@ -400,6 +396,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
         ran,
         in_flight,
         burst_us,
+        rtt_us: st.rtt.us(),
     };
     // A token asked for ahead of this return (see `ahead`) is waited for
     // instead of asking again; a scheduler that forgot it is asked anew.
@@ -419,7 +416,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
                 g.keep_ran(ran);
             }
             let t = now_ns();
-            ahead::learn(g, t.saturating_sub(now), t);
+            ahead::learn(g, leads::rtt(st), t.saturating_sub(now), t);
             reply
         }
         None => {

@@ -318,6 +318,10 @@ pub struct State {
     /// The job the process is a rank of: declared by its launcher, or
     /// the first NCCL communicator it made (said in every hello).
     pub job: Mutex<Option<String>>,
+    /// The round trip to the scheduler, measured on the requests it
+    /// answers at once (see `gemini_protocol::roundtrip`): every lead that
+    /// hides one is derived from it.
+    pub rtt: gemini_protocol::roundtrip::RoundTrip,
 }
 
 /// What the driver keeps for one object: a context, a limit of one, a
@@ -408,6 +412,7 @@ pub fn get() -> &'static State {
         reserved: Mutex::new(HashMap::new()),
         driver_held: Mutex::new(HashMap::new()),
         measuring: Mutex::new(()),
+        rtt: gemini_protocol::roundtrip::RoundTrip::new(),
         vmm: Mutex::new(Vmm::default()),
         host_pools: Mutex::new(HashSet::new()),
         driver_objects: Mutex::new(HashMap::new()),

@@ -248,6 +248,7 @@ mod tests {
             device: d,
             busy,
             span_us: 6_000_000,
+            rtt_us: 0,
             holder: None,
             waiting: 0,
             groups: vec![],

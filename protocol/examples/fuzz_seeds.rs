@@ -30,6 +30,7 @@ fn main() -> std::io::Result<()> {
             }],
             in_flight: false,
             burst_us: 30_000,
+            rtt_us: 100,
         },
         Request::ReleaseToken {
             device: 1,
@@ -43,6 +44,7 @@ fn main() -> std::io::Result<()> {
         Request::AcquireTokenAhead {
             device: 0,
             burst_us: 800,
+            rtt_us: 100,
         },
         Request::ReserveMemory {
             device: 0,
@@ -100,6 +102,7 @@ fn main() -> std::io::Result<()> {
             quota_us: 30_000,
             lent: false,
             last_step: false,
+            held_us: 0,
         },
         Reply::Memory {
             device: 0,

@@ -132,6 +132,7 @@ mod tests {
                 }],
                 in_flight: true,
                 burst_us: 9_000,
+                rtt_us: 100,
             },
             Request::ReleaseToken {
                 device: 3,
@@ -148,6 +149,7 @@ mod tests {
             Request::AcquireTokenAhead {
                 device: 2,
                 burst_us: 800,
+                rtt_us: 100,
             },
             Request::ReserveMemory {
                 device: 0,
@@ -217,6 +219,7 @@ mod tests {
                 quota_us: 10_000,
                 lent: true,
                 last_step: false,
+                held_us: 0,
             },
             Reply::Done,
             Reply::Error(ErrorReply {
@@ -263,6 +266,7 @@ mod tests {
                 }],
                 in_flight: false,
                 burst_us: 20_000,
+                rtt_us: 100,
             },
         );
         assert!(frame.len() <= 28, "{} bytes", frame.len());

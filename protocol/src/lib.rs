@@ -21,6 +21,7 @@ pub mod endpoint;
 pub mod env;
 pub mod job;
 pub mod message;
+pub mod roundtrip;
 pub mod units;
 
 pub use codec::{CodecError, decode_reply, decode_request, encode_reply, encode_request};
@@ -30,7 +31,7 @@ pub use message::*;
 /// The protocol version this build speaks. Bump it on any change to the
 /// message enums: peers of another version are refused with
 /// [`ErrorKind::ProtocolMismatch`].
-pub const PROTOCOL_VERSION: u16 = 13;
+pub const PROTOCOL_VERSION: u16 = 14;
 
 /// Largest request frame the daemon accepts, in bytes. The daemon sets it
 /// as the socket's maximum message size, so a hostile peer cannot make it

@@ -108,6 +108,9 @@ pub enum Request {
         in_flight: bool,
         /// Predicted length of the next burst, in microseconds.
         burst_us: u64,
+        /// The client's token round trip, measured
+        /// ([`crate::roundtrip`]), in microseconds; 0: not measured yet.
+        rtt_us: u32,
     },
     /// Give the token of `device` back before it expires (the program went
     /// idle), reporting the device time its work occupied since its last
@@ -288,6 +291,8 @@ pub enum Request {
         device: DeviceId,
         /// Predicted length of the next burst, in microseconds.
         burst_us: u64,
+        /// As in [`Request::AcquireToken`].
+        rtt_us: u32,
     },
 }
 
@@ -320,6 +325,10 @@ pub enum Reply {
         /// step. So the job's ranks stop together, between two
         /// collectives, and none spins through the next job's turn.
         last_step: bool,
+        /// How long the request waited in the scheduler for this grant
+        /// (µs): the client's time from its request to this reply, less
+        /// this, is a round trip ([`crate::roundtrip`]).
+        held_us: u64,
     },
     /// The group's memory on a device after the request.
     Memory {
@@ -603,6 +612,10 @@ pub struct DeviceStatus {
     pub waiting: u32,
     /// Per-group figures on this device.
     pub groups: Vec<GroupDeviceStatus>,
+    /// The token round trip its clients measure and report (µs; 0: none
+    /// reported yet): the leads that hide it are derived from it.
+    #[serde(default)]
+    pub rtt_us: u64,
 }
 
 /// One group on one device.

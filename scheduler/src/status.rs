@@ -167,12 +167,16 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
             .map_or("free".to_string(), |c| format!("client {c}"));
         let _ = writeln!(
             s,
-            "\nDEVICE {}  busy {} over the last {}  token {}  waiting {}",
+            "\nDEVICE {}  busy {} over the last {}  token {}  waiting {}{}",
             d.device,
             pct(d.busy),
             seconds(d.span_us),
             holder,
-            d.waiting
+            d.waiting,
+            match d.rtt_us {
+                0 => String::new(),
+                us => format!("  round trip {us} µs"),
+            }
         );
         for x in r
             .reservations
@@ -393,6 +397,7 @@ pub(crate) mod tests {
             device: 1,
             busy: 0.0,
             span_us: 10_000_000,
+            rtt_us: 150,
             holder: None,
             waiting: 0,
             groups: vec![],
@@ -405,6 +410,13 @@ pub(crate) mod tests {
         assert!(
             text.contains("reserved for group job: user alice until ")
                 && text.contains("(2h 55m left)"),
+            "{text}"
+        );
+        // The device line says the round trip its leads are derived from.
+        assert!(
+            text.contains(
+                "DEVICE 1  busy 0.0% over the last 10 s  token free  waiting 0  round trip 150 µs"
+            ),
             "{text}"
         );
         let row = text
@@ -437,6 +449,7 @@ pub(crate) mod tests {
             device: 1,
             busy: 0.0,
             span_us: 10_000_000,
+            rtt_us: 150,
             holder: None,
             waiting: 2,
             groups: vec![row("job"), row("notebook")],

@@ -360,6 +360,7 @@ mod tests {
                 device: 0,
                 busy: 0.5,
                 span_us: 10_000_000,
+                rtt_us: 150,
                 holder: None,
                 waiting: 0,
                 groups: vec![GroupDeviceStatus {

@@ -271,6 +271,7 @@ pub fn load(duration: Duration, clients: usize) -> LoadReport {
                             ran: std::mem::take(&mut ran),
                             in_flight: false,
                             burst_us: 0,
+                            rtt_us: 100,
                         },
                         t,
                     ) {

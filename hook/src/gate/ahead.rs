@@ -5,7 +5,7 @@
 //! trip and the wake-ups on both sides: 0.2-0.3 ms of every 1 ms decode
 //! step alone on the simulator, 0.3-0.4 ms on an H200 (`gem-bench --only
 //! latency`, `make test-gpu`). Instead the idle watcher asks for the next
-//! token `ASK_LEAD_NS` before the process is predicted to launch again
+//! token a lead (`lead`) before the process is predicted to launch again
 //! (the end of its wait plus its usual quiet gap, which leans short), and
 //! the launch takes the grant that is already there.
 //!
@@ -18,33 +18,26 @@
 
 use super::*;
 
-/// How long before the predicted launch the token is asked for, at
-/// first: a token round trip (116 µs median, 216 µs p99 in `make bench`)
-/// and the watcher's wake-up. With 0.3 ms the request left 0.2 ms before
-/// the launch at the median on the 2-core test VM, and the launch still
-/// waited 43 µs for the grant; with 0.5 ms, 20 µs. Then learned (see
-/// [`learn`]) within [`ASK_LEAD_MIN_NS`, `ASK_LEAD_MAX_NS`]: on a
-/// faster host less of the device is kept waiting for the process.
-pub(super) const ASK_LEAD_NS: u64 = 500_000;
-pub(super) const ASK_LEAD_MIN_NS: u64 = 150_000;
-pub(super) const ASK_LEAD_MAX_NS: u64 = 1_000_000;
-
-/// How long the watcher waits for the grant of a request it sent ahead
-/// (it holds the device's slow path meanwhile: a launch waits for the
-/// same grant either way). One poll of the socket, which returns as the
-/// grant comes.
-const ASK_WAIT_NS: u64 = 1_000_000;
+/// How long before the predicted launch the token is asked for, in round
+/// trips `r` (see `leads`): at first three (the request's, the watcher's
+/// wake-up to send it, and the grant's wake-up to take it; with a fixed
+/// 0.3 ms on the 2-core test VM the launch still waited 43 µs for the
+/// grant at the median, with 0.5 ms, 20 µs). Then learned (see
+/// [`learn`]) between one round trip, less than which no grant can come
+/// in time, and six: on a faster host less of the device is kept waiting
+/// for the process.
+fn lead(g: &Gate, r: u64) -> u64 {
+    match g.ahead_lead.load(Ordering::Relaxed) {
+        0 => 3 * r,
+        lead => lead.clamp(r, 6 * r),
+    }
+}
 
 /// A launch that waited longer than this for a grant asked ahead found
-/// the request sent too late.
-const LATE_NS: u64 = 20_000;
-
-/// The lead now (ns).
-fn lead(g: &Gate) -> u64 {
-    match g.ahead_lead.load(Ordering::Relaxed) {
-        0 => ASK_LEAD_NS,
-        lead => lead,
-    }
+/// the request sent too late (an eighth of a round trip: less is the
+/// jitter of the wake-ups).
+fn late(r: u64) -> u64 {
+    r / 8
 }
 
 /// A launch found the grant of a request sent ahead after waiting
@@ -55,20 +48,17 @@ fn lead(g: &Gate) -> u64 {
 /// shrinks it by a sixteenth, so that it settles where a grant is rarely
 /// late, keeping the device reserved for the process as briefly as that
 /// allows.
-pub(super) fn learn(g: &Gate, waited: u64, now: u64) {
-    let lead = lead(g);
+pub(super) fn learn(g: &Gate, r: u64, waited: u64, now: u64) {
+    let lead = lead(g, r);
     let since_ask = now.saturating_sub(g.ahead_sent.load(Ordering::Relaxed));
-    let next = if waited <= LATE_NS {
+    let next = if waited <= late(r) {
         lead - lead / 16
     } else if since_ask <= 2 * lead {
         lead + waited
     } else {
         lead
     };
-    g.ahead_lead.store(
-        next.clamp(ASK_LEAD_MIN_NS, ASK_LEAD_MAX_NS),
-        Ordering::Relaxed,
-    );
+    g.ahead_lead.store(next.clamp(r, 6 * r), Ordering::Relaxed);
 }
 
 /// A token was given back as the wait that ended at `wait_exit` returned:
@@ -85,7 +75,9 @@ pub(super) fn plan(st: &State, g: &Gate, wait_exit: u64) {
     if !st.settings.ask_ahead || gap == 0 || !known || g.ahead_seq.load(Ordering::Acquire) != 0 {
         return;
     }
-    let at = (wait_exit + gap).saturating_sub(lead(g)).max(1);
+    let at = (wait_exit + gap)
+        .saturating_sub(lead(g, leads::rtt(st)))
+        .max(1);
     g.ahead_at.store(at, Ordering::Release);
 }
 
@@ -122,6 +114,7 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
             let req = Request::AcquireTokenAhead {
                 device,
                 burst_us: g.burst_avg.load(Ordering::Relaxed),
+                rtt_us: st.rtt.us(),
             };
             if let Ok(seq) = st.ask(&req) {
                 g.ahead_sent.store(now_ns(), Ordering::Relaxed);
@@ -135,8 +128,12 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
                 // it: a critical decode's kernels ran 8-16 % more than it
                 // was charged (`latency::a_critical_groups_steps_overlap_at_most_a_lent_token_of_training`).
                 // A grant the scheduler holds back (another group's token)
-                // is looked for at the next wake-ups.
-                return take(&slow, st, dev, g, seq, ASK_WAIT_NS);
+                // is looked for at the next wake-ups. Waited for up to
+                // twice the lead (the watcher holds the device's slow path
+                // meanwhile, but a launch would wait for the same grant);
+                // each poll returns as the grant comes.
+                let wait = 2 * lead(g, leads::rtt(st));
+                return take(&slow, st, dev, g, seq, wait);
             }
         }
         return false;
@@ -206,25 +203,30 @@ mod tests {
 
     #[test]
     fn the_lead_grows_by_a_late_grant_and_shrinks_by_one_in_time() {
+        // A round trip of 150 µs: the lead starts at 450 µs.
+        let r = 150_000;
         let g = Gate::default();
-        assert_eq!(lead(&g), ASK_LEAD_NS);
-        // Sent 0.6 ms before a launch that then waited 0.1 ms: too late.
+        assert_eq!(lead(&g, r), 450_000);
+        // Sent 0.55 ms before a launch that then waited 0.1 ms: too late.
         g.ahead_sent.store(1_000_000, Ordering::Relaxed);
-        learn(&g, 100_000, 1_700_000);
-        assert_eq!(lead(&g), ASK_LEAD_NS + 100_000);
-        // Held by the scheduler for 5 ms (another group's token): no lesson.
-        learn(&g, 4_000_000, 6_000_000);
-        assert_eq!(lead(&g), ASK_LEAD_NS + 100_000);
-        // In time: a sixteenth less each time, down to the floor.
-        learn(&g, 0, 6_000_000);
-        assert_eq!(lead(&g), 600_000 - 600_000 / 16);
+        learn(&g, r, 100_000, 1_650_000);
+        assert_eq!(lead(&g, r), 550_000);
+        // Held by the scheduler for 4 ms (another group's token): no lesson.
+        learn(&g, r, 4_000_000, 6_000_000);
+        assert_eq!(lead(&g, r), 550_000);
+        // Late by less than an eighth of a round trip: in time. A
+        // sixteenth less each time, down to one round trip.
+        learn(&g, r, r / 8, 6_000_000);
+        assert_eq!(lead(&g, r), 550_000 - 550_000 / 16);
         for _ in 0..100 {
-            learn(&g, 0, 6_000_000);
+            learn(&g, r, 0, 6_000_000);
         }
-        assert_eq!(lead(&g), ASK_LEAD_MIN_NS);
-        // And never past the ceiling, however late.
+        assert_eq!(lead(&g, r), r);
+        // And never past six round trips, however late.
         g.ahead_sent.store(5_000_000, Ordering::Relaxed);
-        learn(&g, 3_000_000, 5_100_000);
-        assert_eq!(lead(&g), ASK_LEAD_MAX_NS);
+        learn(&g, r, 3_000_000, 5_100_000);
+        assert_eq!(lead(&g, r), 6 * r);
+        // The bounds follow the round trip: a host three times faster.
+        assert_eq!(lead(&g, r / 3), 2 * r);
     }
 }

@@ -14,7 +14,7 @@ impl Gate {
         }
         if self.ahead_taken.swap(0, Ordering::AcqRel) != 0 {
             // The token asked ahead was there before this launch.
-            super::ahead::learn(self, 0, now);
+            super::ahead::learn(self, super::leads::rtt(st), 0, now);
         }
         let gap = now.saturating_sub(exit).min(gap_cap(st));
         self.gap_last.store(gap, Ordering::Relaxed);

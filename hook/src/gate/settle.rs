@@ -147,11 +147,6 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
     true
 }
 
-/// How long before a renewed lent token's queue is predicted to drain its
-/// renewal is asked for: a token round trip (116 µs median, 216 µs p99 in
-/// `make bench`) and the wake-up.
-const RENEW_LEAD_NS: u64 = 300_000;
-
 /// Ends a lent token (the caller holds `g.slow`) without waiting for its
 /// work: its work goes on into the next token, and is charged once a
 /// wait proves it done, to the time it ran (see `measure`). Returns the
@@ -169,13 +164,12 @@ pub(super) fn settle_ahead(dev: usize, g: &'static Gate, now: u64) -> Option<u64
     if g.granted_at.load(Ordering::Acquire) == 0 {
         return None;
     }
-    // Asked for when the queue is about to drain, not as soon as it is
-    // full: a token granted with most of the work still queued would only
-    // admit more behind it, past the time it is lent for.
-    let wake = g
-        .queued_end
-        .load(Ordering::Relaxed)
-        .saturating_sub(RENEW_LEAD_NS);
+    // Asked for when the queue is about to drain (`leads::renew` before),
+    // not as soon as it is full: a token granted with most of the work
+    // still queued would only admit more behind it, past the time it is
+    // lent for.
+    let lead = super::leads::renew(super::leads::rtt(state::get()));
+    let wake = g.queued_end.load(Ordering::Relaxed).saturating_sub(lead);
     if wake > now {
         std::thread::sleep(Duration::from_nanos(wake - now));
     }

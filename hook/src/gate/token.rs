@@ -172,7 +172,10 @@ fn end(st: &State, dev: usize, g: &'static Gate, why: End) -> Outcome {
         // multi-device call) is reported in flight.
         End::RanOut => {
             g.deadline.store(0, Ordering::SeqCst);
-            let until = now_ns() + LAUNCHES_DRAIN_NS;
+            // A launch call takes microseconds; one in the driver for
+            // as long as a stalled wait (`STALL_NS`) is blocked on a
+            // full queue.
+            let until = now_ns() + watcher::STALL_NS;
             while g.launch_in_flight() && now_ns() < until {
                 std::thread::yield_now();
             }
@@ -252,11 +255,6 @@ fn end(st: &State, dev: usize, g: &'static Gate, why: End) -> Outcome {
     );
     Outcome::Done
 }
-
-/// How long a token that ran out waits for the launches admitted under
-/// it to reach the driver (see [`End::RanOut`]): a launch call takes
-/// microseconds, unless the driver's queue is full.
-const LAUNCHES_DRAIN_NS: u64 = 1_000_000;
 
 /// Stops launches from using `g`'s token: from now on they take the slow
 /// path and wait for the caller, which holds `g.slow`. `false`, the token

@@ -62,8 +62,7 @@ impl Drop for Waiting {
             super::watcher::end_step(st, dev, g);
             return;
         }
-        let idle = st.settings.idle.as_nanos() as u64;
-        if g.granted_at.load(Ordering::Relaxed) != 0 && g.quiet_after_waits(idle) {
+        if g.granted_at.load(Ordering::Relaxed) != 0 && g.quiet_after_waits(st) {
             // This process usually goes quiet now: let the watcher give the
             // token back at once.
             let (m, cv) = &st.kick;
@@ -111,10 +110,7 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
     g.waiting_now.fetch_add(1, Ordering::SeqCst);
     g.waits.fetch_add(1, Ordering::SeqCst);
     g.entered.fetch_add(1, Ordering::SeqCst);
-    if blocks
-        && g.deadline.load(Ordering::Relaxed) != 0
-        && g.quiet_after_waits(st.settings.idle.as_nanos() as u64)
-    {
+    if blocks && g.deadline.load(Ordering::Relaxed) != 0 && g.quiet_after_waits(st) {
         quieting(st, dev, g);
     }
     Waiting {
@@ -125,16 +121,12 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
     }
 }
 
-/// Work left shorter than this when a wait begins is not announced (see
-/// [`quieting`]): the scheduler passes the device on `HANDOVER_LEAD`
-/// (200 µs) before the announced end, after the notice's round trip
-/// (about 100 µs, 216 µs at p99 in `make bench`), so less work than that
-/// would be handed over at once. At 1 ms, a decode step's 0.8 ms of work
-/// was never announced, and the device idled for the hand-back after
-/// every step (about 0.2 ms): the framework-like training beside it kept
-/// 0.86 of its steps, and 0.91 at 400 µs (`gem-bench --only latency`,
-/// 2026-11-27; `docs/benchmarks.md`, "Design decisions").
-const QUIET_NOTICE_MIN_NS: u64 = 400_000;
+// Work left shorter than `leads::quiet_notice` when a wait begins is not
+// announced (see [`quieting`]). With a fixed 1 ms, a decode step's 0.8 ms
+// of work was never announced, and the device idled for the hand-back
+// after every step (about 0.2 ms): the framework-like training beside it
+// kept 0.86 of its steps, and 0.91 at 400 µs (`gem-bench --only latency`;
+// `docs/benchmarks.md`, "Design decisions").
 
 /// A wait begins in a process that usually goes quiet after its waits:
 /// if this wait is the only call in flight and the work queued under the
@@ -147,7 +139,7 @@ const QUIET_NOTICE_MIN_NS: u64 = 400_000;
 fn quieting(st: &'static State, dev: usize, g: &'static Gate) {
     let now = now_ns();
     let end = g.queued_end.load(Ordering::Relaxed);
-    if end < now + QUIET_NOTICE_MIN_NS
+    if end < now + super::leads::quiet_notice(super::leads::rtt(st))
         || g.entered.load(Ordering::Acquire) != g.exited.load(Ordering::Acquire) + 1
     {
         return;

@@ -150,7 +150,7 @@ fn watch(st: &'static State) {
             let wait_exit = g.wait_exit.load(Ordering::Relaxed);
             // (Not a token asked ahead that the process has not used yet.)
             let unused = g.ahead_taken.load(Ordering::Acquire) != 0;
-            let predicted = !busy && wait_exit != 0 && g.quiet_after_waits(idle) && !unused;
+            let predicted = !busy && wait_exit != 0 && g.quiet_after_waits(st) && !unused;
             if !predicted && (busy || entered != seen[dev].0) {
                 seen[dev] = (entered, now);
                 continue;

@@ -129,18 +129,23 @@ pub const CRITICAL_LEND_MAX: Micros = 2_000;
 /// its past absences) a token lent meanwhile ends, so that the work
 /// queued under it has drained when it comes: on a real GPU the critical
 /// group's kernels would otherwise time-slice with that work (2.6× its
-/// step, measured on an H200 without gemini).
-pub const CRITICAL_MARGIN: Micros = 300;
-/// Shortest token lent just before a latency-critical group's return.
-pub const CRITICAL_MIN_QUOTA: Micros = 200;
+/// step, measured on an H200 without gemini). A round trip and a half
+/// (see [`Device::rtt`]); the shortest token lent then is one round trip.
+pub fn critical_margin(rtt: Micros) -> Micros {
+    rtt + rtt / 2
+}
+
 /// How long before a lent token's end the device may pass to the next
-/// holder (at most a quarter of the token). The borrower's hook queues
-/// only work that ends within its token, so the next holder's first
-/// launches queue behind the borrower's last ones, instead of reaching an
-/// idle device a scheduler tick, a message and a wake-up (100-300 µs)
+/// holder (at most a quarter of the token), and before an announced end
+/// (`Quieting`): one round trip (see [`Device::rtt`]). The borrower's
+/// hook queues only work that ends within its token, so the next holder's
+/// first launches queue behind the borrower's last ones, instead of
+/// reaching an idle device a scheduler tick, a message and a wake-up
 /// after the token's end. Measured by the shapes of `make bench`: one
 /// process per group with short CPU gaps lost that much at every return.
-pub const HANDOVER_LEAD: Micros = 200;
+pub fn handover_lead(rtt: Micros) -> Micros {
+    rtt
+}
 /// The longest absence from the device that a group is owed. Time away
 /// counts in the span its share is taken over, so a group that comes back
 /// from a gap between bursts (a data loader's, an optimizer's CPU work) is
@@ -408,9 +413,35 @@ struct Device {
     /// about to come back (see `schedule`): the waiters' launches would
     /// not end before it.
     hold_until: Option<Micros>,
+    /// Its clients' token round trip, as they measure and report it
+    /// (ns, folded leaning long; 0: none reported yet): see
+    /// [`Device::rtt`].
+    rtt_ns: u64,
 }
 
 impl Device {
+    /// A client on the device reported its round trip (µs; 0: it has
+    /// measured none yet).
+    fn note_rtt(&mut self, rtt_us: u32) {
+        if rtt_us != 0 {
+            self.rtt_ns = gemini_protocol::roundtrip::fold(self.rtt_ns, rtt_us as u64 * 1000);
+        }
+    }
+
+    /// The token round trip on this device (µs): a message, a wake-up on
+    /// each side. Every lead that hides one is derived from it: how early
+    /// a lent or announced token passes the device on (one round trip),
+    /// how long before a latency-critical group's return a token lent
+    /// meanwhile ends (one and a half), the shortest token lent then
+    /// (one). At most, and before any client reported one, 200 µs
+    /// (`MAX_SAMPLE_NS`, see `gemini_protocol::roundtrip`).
+    fn rtt(&self) -> Micros {
+        let ns = match self.rtt_ns {
+            0 => gemini_protocol::roundtrip::MAX_SAMPLE_NS,
+            ns => ns,
+        };
+        (ns / 1000).max(1)
+    }
     /// Charges `group` the device time `[start, end)` its work occupied,
     /// work outstanding since `since` (at or before `start`), as the
     /// ledger settles it against what other groups claimed (see

@@ -148,6 +148,7 @@ impl Policy {
                 ran,
                 in_flight,
                 burst_us,
+                rtt_us,
             } => {
                 if role == Role::Control {
                     reply(error(
@@ -165,6 +166,7 @@ impl Policy {
                     return;
                 };
                 let dev = self.devices.entry(device).or_default();
+                dev.note_rtt(rtt_us);
                 if let Some(old) = dev.waiters.iter_mut().find(|w| w.client == client) {
                     // A second request while one waits: answer the old one.
                     let old_seq = std::mem::replace(&mut old.seq, seq);
@@ -184,7 +186,11 @@ impl Policy {
                     });
                 }
             }
-            Request::AcquireTokenAhead { device, burst_us } => {
+            Request::AcquireTokenAhead {
+                device,
+                burst_us,
+                rtt_us,
+            } => {
                 if role != Role::Client {
                     reply(error(
                         ErrorKind::Unexpected,
@@ -203,6 +209,7 @@ impl Policy {
                     ran: Vec::new(),
                     in_flight: true,
                     burst_us,
+                    rtt_us,
                 };
                 self.request(client, seq, req, now, out);
             }

@@ -129,6 +129,7 @@ impl Policy {
                 holder: dev.token.as_ref().map(|t| t.client),
                 waiting: dev.waiters.len() as u32,
                 groups: rows,
+                rtt_us: dev.rtt_ns / 1000,
             });
         }
         // Every GPU the machine has is listed, used yet or not, and every
@@ -150,6 +151,7 @@ impl Policy {
                         id,
                         |_| false,
                     ),
+                    rtt_us: 0,
                 });
             }
         }

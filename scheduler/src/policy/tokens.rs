@@ -260,7 +260,7 @@ impl Policy {
 
     /// The holder of `device`'s token waits for its last work, predicted
     /// to end in `done_in` µs, and will go quiet after it: the token
-    /// expires `HANDOVER_LEAD` before that end, so the next holder's
+    /// expires `handover_lead` before that end, so the next holder's
     /// launches queue behind the work instead of reaching an idle device
     /// after the holder's wait returns and it reports (charged then, in
     /// full). Its group is away from then on, unless another of its
@@ -278,10 +278,11 @@ impl Policy {
         let Some(dev) = self.devices.get_mut(&device) else {
             return;
         };
+        let lead = handover_lead(dev.rtt());
         let Some(token) = dev.token.as_mut().filter(|t| t.client == client) else {
             return;
         };
-        let at = now.saturating_add(done_in.saturating_sub(HANDOVER_LEAD));
+        let at = now.saturating_add(done_in.saturating_sub(lead));
         token.expires_at = token.expires_at.min(at);
         token.ends = true;
         let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| &c.group == group);
@@ -655,8 +656,8 @@ impl Policy {
                 quota = quota.min(CRITICAL_LEND_MAX);
             }
             if let Some(b) = critical_back {
-                let ends = b.saturating_sub(now + CRITICAL_MARGIN);
-                quota = quota.min(ends.max(CRITICAL_MIN_QUOTA));
+                let ends = b.saturating_sub(now + critical_margin(dev.rtt()));
+                quota = quota.min(ends.max(dev.rtt()));
             }
         }
         // In its job's turn, a token ends with the turn; after it, with
@@ -696,11 +697,11 @@ impl Policy {
         c.anchor.entry(device).or_insert(now);
         // A lent token's work fits in it (its hook keeps the queue within
         // the quota): it is over at its end, and the group owed the device
-        // gets it a little before (HANDOVER_LEAD), without waiting for the
+        // gets it a little before (`handover_lead`), without waiting for the
         // borrower to wake up and report (charged when it does). Others
         // keep the grace for draining their queued work.
         let expires_at = if lent {
-            now + quota - HANDOVER_LEAD.min(quota / 4)
+            now + quota - handover_lead(dev.rtt()).min(quota / 4)
         } else {
             now + quota + params.grace
         };
@@ -717,6 +718,7 @@ impl Policy {
                 quota_us: quota,
                 lent,
                 last_step,
+                held_us: now.saturating_sub(w.since),
             },
         });
         let job = c.job.clone();

@@ -97,6 +97,7 @@ fn holder_poll_reports_activity_and_unanswered_demands_time_out() {
                 ran: vec![],
                 in_flight: false,
                 burst_us: 0,
+                rtt_us: RTT as u32,
             },
         },
         1_000,
@@ -216,6 +217,7 @@ fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
         ran: vec![],
         in_flight: false,
         burst_us: burst,
+        rtt_us: RTT as u32,
     };
     let r = replies(p.handle(
         Event::Request {
@@ -235,6 +237,7 @@ fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
                 quota_us: 2_000,
                 lent: false,
                 last_step: false,
+                held_us: 0,
             }
         )]
     );
@@ -259,6 +262,7 @@ fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
                 ran: ran(0, 2_000),
                 in_flight: false,
                 burst_us: 2_000,
+                rtt_us: RTT as u32,
             },
         },
         2_000,

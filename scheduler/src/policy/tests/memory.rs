@@ -225,6 +225,7 @@ fn a_group_with_devices_is_refused_time_and_memory_elsewhere() {
         ran: vec![],
         in_flight: false,
         burst_us: 0,
+        rtt_us: RTT as u32,
     };
     let r = ask(&mut p, 1, acquire(0));
     assert_eq!(kind(&r), Some(ErrorKind::PermissionDenied), "{r:?}");
@@ -271,6 +272,7 @@ fn requests_before_hello_and_bad_devices_are_refused() {
             ran: vec![],
             in_flight: false,
             burst_us: 0,
+            rtt_us: RTT as u32,
         },
     );
     assert_eq!(kind(&r), Some(ErrorKind::NotRegistered));
@@ -304,6 +306,7 @@ fn disconnect_while_holding_the_token_frees_the_device() {
                 ran: vec![],
                 in_flight: false,
                 burst_us: 0,
+                rtt_us: RTT as u32,
             },
         },
         0,
@@ -325,6 +328,7 @@ fn disconnect_while_holding_the_token_frees_the_device() {
                 ran: vec![],
                 in_flight: false,
                 burst_us: 0,
+                rtt_us: RTT as u32,
             },
         },
         10,

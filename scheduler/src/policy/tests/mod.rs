@@ -19,6 +19,8 @@ mod tokens;
 
 const SEC: Micros = 1_000_000;
 const MS: Micros = 1_000;
+/// The token round trip every simulated client reports (µs).
+const RTT: Micros = 200;
 
 fn config(text: &str) -> ResourceConfig {
     parse_resource(text, Path::new("/etc/gemini/resource.conf"))
@@ -277,6 +279,7 @@ impl Sim {
                             ran,
                             in_flight: false,
                             burst_us: left,
+                            rtt_us: RTT as u32,
                         },
                     );
                 }
@@ -297,6 +300,7 @@ impl Sim {
                         ran,
                         in_flight: false,
                         burst_us: burst,
+                        rtt_us: RTT as u32,
                     },
                 );
             }
@@ -453,6 +457,7 @@ fn take_turns(
             ran: ran(now - u, now),
             in_flight: false,
             burst_us: burst,
+            rtt_us: RTT as u32,
         };
         for a in p.handle(
             Event::Request {
@@ -550,6 +555,7 @@ fn acquire_ran(start: Micros, end: Micros) -> Request {
         ran: ran(start, end),
         in_flight: false,
         burst_us: 0,
+        rtt_us: RTT as u32,
     }
 }
 

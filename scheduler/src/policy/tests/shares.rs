@@ -318,6 +318,7 @@ fn quota_follows_predicted_burst_within_bounds() {
             ran: vec![],
             in_flight: false,
             burst_us: burst,
+            rtt_us: RTT as u32,
         };
         match p
             .handle(

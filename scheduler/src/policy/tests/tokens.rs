@@ -19,12 +19,12 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     // lo's next token is lent, min_quota long (hi's absences unknown).
     let r = send(&mut p, 2, acquire_ran(20 * MS, 50 * MS), 50 * MS);
     assert_eq!(token(&r), Some((2, params.min_quota, true)));
-    // hi comes back and waits; at the lent token's end (HANDOVER_LEAD
+    // hi comes back and waits; at the lent token's end (`handover_lead`
     // before it, so hi's launches queue behind lo's last ones), not a
     // grace later, the device is hi's, although lo has not reported yet.
     assert!(send(&mut p, 1, acquire(), 55 * MS).is_empty());
     let end = 50 * MS + params.min_quota;
-    let lead = HANDOVER_LEAD.min(params.min_quota / 4);
+    let lead = handover_lead(RTT).min(params.min_quota / 4);
     assert!(lead > 0);
     let handover = end - lead;
     assert_eq!(p.next_deadline(55 * MS), Some(handover));
@@ -60,6 +60,50 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     );
 }
 
+/// How early the device passes on follows the round trip the clients
+/// report, not a constant: on a host of 50 µs round trips, 50 µs before a
+/// lent token's end; of 120 µs, 120 µs before. A longer one, and none
+/// reported, count as the longest (`MAX_SAMPLE_NS`), and a quarter of
+/// the token is the most, as always.
+#[test]
+fn a_lent_token_passes_on_one_reported_round_trip_before_its_end() {
+    let params = Params::default();
+    let handover = |rtt_us: u32| {
+        let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
+        hello(&mut p, 1, "hi");
+        hello(&mut p, 2, "lo");
+        let with_rtt = |r: Request| match r {
+            Request::AcquireToken {
+                device,
+                ran,
+                in_flight,
+                burst_us,
+                ..
+            } => Request::AcquireToken {
+                device,
+                ran,
+                in_flight,
+                burst_us,
+                rtt_us,
+            },
+            other => other,
+        };
+        send(&mut p, 1, with_rtt(acquire()), 0);
+        send(&mut p, 2, with_rtt(acquire()), 0);
+        send(&mut p, 1, release_ran(0, 20 * MS), 20 * MS);
+        let r = send(&mut p, 2, with_rtt(acquire_ran(20 * MS, 50 * MS)), 50 * MS);
+        assert_eq!(token(&r), Some((2, params.min_quota, true)));
+        send(&mut p, 1, with_rtt(acquire()), 55 * MS);
+        let end = 50 * MS + params.min_quota;
+        end - p.next_deadline(55 * MS).expect("a hand-over is due")
+    };
+    assert_eq!(handover(50), 50);
+    assert_eq!(handover(120), 120);
+    let most = (gemini_protocol::roundtrip::MAX_SAMPLE_NS / 1000).min(params.min_quota / 4);
+    assert_eq!(handover(600), most);
+    assert_eq!(handover(0), most);
+}
+
 /// A lent token is renewed while its last work still runs: the hook
 /// reports that work once it is done, however many tokens later. It is
 /// charged to the borrower once, and not to the group that comes back
@@ -87,6 +131,7 @@ fn work_in_flight_at_a_lent_renewal_is_charged_once_to_the_borrower() {
         ran: vec![],
         in_flight: true,
         burst_us: 0,
+        rtt_us: RTT as u32,
     };
     let t2 = t1 + q - MS;
     assert_eq!(
@@ -316,7 +361,7 @@ fn overuse_beyond_the_credit_cap_does_not_pause_an_uncapped_group() {
 }
 
 /// A holder that waits for its last work and will go quiet after it
-/// (`Quieting`) has its token end `HANDOVER_LEAD` before that work does:
+/// (`Quieting`) has its token end `handover_lead` before that work does:
 /// the waiting group gets the device then, not after the holder's wait
 /// returns and it reports; the report charges the holder in full, and the
 /// next holder is charged from the end of that work.
@@ -331,6 +376,7 @@ fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
         ran: vec![],
         in_flight: false,
         burst_us: 30 * MS,
+        rtt_us: RTT as u32,
     };
     let granted = |r: &[(ClientId, u32, Reply)], who: ClientId| {
         r.iter()
@@ -349,7 +395,7 @@ fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
         MS,
     );
     assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
-    let handover = 21 * MS - HANDOVER_LEAD;
+    let handover = 21 * MS - handover_lead(RTT);
     assert_eq!(p.next_deadline(2 * MS), Some(handover));
     assert!(p.handle(Event::Tick, handover - 1).is_empty());
     assert!(granted(&replies(p.handle(Event::Tick, handover)), 2));
@@ -695,6 +741,7 @@ fn on(device: DeviceId) -> Request {
         ran: vec![],
         in_flight: false,
         burst_us: 0,
+        rtt_us: RTT as u32,
     }
 }
 
@@ -886,6 +933,7 @@ fn a_token_asked_ahead_is_declined_where_another_group_has_the_device() {
     let ahead = |burst_us| Request::AcquireTokenAhead {
         device: 0,
         burst_us,
+        rtt_us: RTT as u32,
     };
     // A free device: granted.
     let r = send(&mut p, 1, ahead(20 * MS), 0);

@@ -107,6 +107,7 @@ pub(crate) fn policy_throughput(t: &mut Table) {
                     ran: vec![],
                     in_flight: false,
                     burst_us: 0,
+                    rtt_us: 100,
                 },
             },
             0,
@@ -126,6 +127,7 @@ pub(crate) fn policy_throughput(t: &mut Table) {
             }],
             in_flight: false,
             burst_us: 0,
+            rtt_us: 100,
         };
         let acts = p.handle(
             Event::Request {
@@ -171,6 +173,7 @@ pub(crate) fn scheduler_rss(t: &mut Table) {
                 ran: vec![],
                 in_flight: false,
                 burst_us: 0,
+                rtt_us: 100,
             },
             Duration::from_secs(30),
         )

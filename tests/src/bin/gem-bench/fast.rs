@@ -76,6 +76,7 @@ pub(crate) fn fast_path(t: &mut Table) {
                 ran: ran_1us(),
                 in_flight: false,
                 burst_us: 0,
+                rtt_us: 100,
             },
             Duration::from_secs(2),
         );

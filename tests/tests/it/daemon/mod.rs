@@ -182,6 +182,7 @@ fn tokens_and_memory_through_the_daemon() {
         ran: vec![],
         in_flight: false,
         burst_us: 20_000,
+        rtt_us: 100,
     };
     assert_eq!(
         a.request(&acquire, T).unwrap(),
@@ -190,9 +191,11 @@ fn tokens_and_memory_through_the_daemon() {
             quota_us: 20_000,
             lent: false,
             last_step: false,
+            held_us: 0,
         }
     );
     // b waits while a holds the token...
+    let asked = std::time::Instant::now();
     let seq = b.send(&acquire).unwrap();
     assert!(
         b.recv(Duration::from_millis(5)).is_err(),
@@ -217,17 +220,24 @@ fn tokens_and_memory_through_the_daemon() {
         Reply::Done
     );
     let (s2, r) = b.recv(T).unwrap();
-    assert_eq!(
-        (s2, r),
-        (
-            seq,
-            Reply::Token {
-                device: 0,
-                quota_us: 20_000,
-                lent: false,
-                last_step: false,
-            }
-        )
+    let waited = asked.elapsed().as_micros() as u64;
+    // The grant says how long the scheduler held b's request: some of the
+    // 5 ms and more that b waited, never more than all of it (the rest
+    // was the round trip).
+    let Reply::Token {
+        device: 0,
+        quota_us: 20_000,
+        lent: false,
+        last_step: false,
+        held_us,
+    } = r
+    else {
+        panic!("{r:?}");
+    };
+    assert_eq!(s2, seq);
+    assert!(
+        held_us > 0 && held_us <= waited,
+        "held {held_us} µs of {waited}"
     );
     let r = a
         .request(
@@ -305,6 +315,7 @@ fn garbage_and_foreign_versions_get_error_replies_and_the_daemon_lives() {
                 ran: vec![],
                 in_flight: false,
                 burst_us: 0,
+                rtt_us: 100,
             },
             T,
         )
@@ -415,6 +426,7 @@ fn helper_client_process() {
                 ran: vec![],
                 in_flight: false,
                 burst_us: 100_000,
+                rtt_us: 100,
             },
             T,
         )
@@ -491,6 +503,7 @@ fn settings_file_and_flags_are_applied() {
                 ran: vec![],
                 in_flight: false,
                 burst_us: 10_000_000,
+                rtt_us: 100,
             },
             T,
         )
@@ -502,6 +515,7 @@ fn settings_file_and_flags_are_applied() {
             quota_us: 50_000,
             lent: false,
             last_step: false,
+            held_us: 0,
         }
     );
 }
@@ -548,6 +562,7 @@ fn a_quieting_holder_passes_the_token_on_at_the_announced_end() {
         ran: vec![],
         in_flight: false,
         burst_us: 100_000,
+        rtt_us: 100,
     };
     assert!(matches!(
         hi.request(&acquire, T).unwrap(),
