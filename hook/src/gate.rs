@@ -22,7 +22,8 @@
 //! idle (a CPU gap between iterations).
 //!
 //! The gate also learns how long the process stays quiet after its waits
-//! return. When that is predictably at least 0.5 ms (a data loader's or
+//! return. When that is predictably at least two and a half round trips
+//! to the scheduler (`leads::early_release`; a data loader's or
 //! an optimizer's CPU work after every step), the watcher is woken as the
 //! wait returns and gives the token back at once, at the end of the
 //! burst, instead of holding an idle device through the gap; the

@@ -4,36 +4,55 @@
 //! request counts less the time the scheduler held it for the grant
 //! (`Reply::Token { held_us }`); a request the scheduler answers as it
 //! reads it (a token given back, a wait's end announced, memory) counts
-//! whole. A hello does not count: the connection's own set-up is in it. It sends the estimate with each token request, and the
-//! scheduler keeps one per device from them.
-//!
-//! Every lead that hides a round trip is derived from it, on both sides:
-//! how early a lent token is renewed, asked ahead, or passes the device
-//! on, and what a quiet gap or an announced end must exceed to be worth a
-//! message. On a host whose round trip is 30 µs they shrink with it,
-//! instead of holding values tuned on one machine.
+//! whole. A hello does not count: the connection's own set-up is in it.
+//! The client sends its estimate with each token request, and the
+//! scheduler averages them per device ([`fold`]).
 //!
 //! The estimate is the 90th percentile of the last [`SAMPLES`] round
 //! trips: a lead must cover the slower ones, and one in a hundred that
 //! waited for another thread's poll of the socket (1 ms and more on the
 //! 2-core test VM, where the median is 80 µs) must not move it.
 //!
-//! A sample over [`MAX_SAMPLE_NS`] counts as that, so that no lead grows
-//! past those of a 200 µs round trip (the 99th percentile of the test
-//! VM's token round trip, `make bench`). Leads that grew with the round
-//! trips of a loaded 2-core host (1-2 ms while the test suite ran) made
-//! hand-overs overlap by as much: a 2 ms CPU gap was no longer lent, and
-//! the next holder's span, begun at its early grant behind the last
-//! holder's queued work, took that work's time in the ledger (a group's
-//! kernels ran 52 ms more than it was charged over 2 s). The scheduler
-//! averages what its clients report, per device ([`fold`]).
+//! Every lead that hides a round trip is derived from it, on both sides
+//! ([`basis`]): how early a lent token is renewed, asked ahead or passes
+//! the device on, what a quiet gap or an announced end must exceed to be
+//! worth a message, the shortest lent token. Each is the value it had as
+//! a constant, tuned on the test VM, scaled by the round trip over
+//! [`MAX_NS`], the 99th percentile there (`make bench`). The round trip
+//! they are derived from is kept within [`MIN_NS`, `MAX_NS`]:
+//! - below, a lead would be shorter than the timers that must meet it:
+//!   `gem-schd` times deadlines under 1 ms in slices of `MIN_NS`, and a
+//!   client's sleep overshoots by its timer slack (50 µs by default);
+//! - above, leads grown with the round trips of a loaded 2-core host
+//!   (1-2 ms while the test suite ran) made hand-overs overlap by as
+//!   much: a 2 ms CPU gap was no longer lent, and the next holder's span,
+//!   begun at its early grant behind the last holder's queued work, took
+//!   that work's time in the ledger (a group's kernels ran 52 ms more
+//!   than it was charged over 2 s).
+//!
+//! So a faster host gets leads down to half their former values, and no
+//! host gets longer ones.
 
 use crate::{Reply, Request};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The longest sample taken as it is (ns): see the module doc.
-pub const MAX_SAMPLE_NS: u64 = 200_000;
+/// The longest round trip leads are derived from, and the longest sample
+/// taken as it is (ns): see the module doc.
+pub const MAX_NS: u64 = 200_000;
+
+/// The shortest round trip leads are derived from (ns): see the module
+/// doc.
+pub const MIN_NS: u64 = 100_000;
+
+/// The round trip leads are derived from, given the estimate `est_ns` (0:
+/// none yet, and then the longest, as the constants were).
+pub fn basis(est_ns: u64) -> u64 {
+    match est_ns {
+        0 => MAX_NS,
+        ns => ns.clamp(MIN_NS, MAX_NS),
+    }
+}
 
 /// How many of the latest samples the estimate is taken from.
 pub const SAMPLES: usize = 32;
@@ -43,7 +62,7 @@ pub const SAMPLES: usize = 32;
 /// it is): an average that moves by an eighth of each difference. Never 0
 /// after a sample.
 pub fn fold(est_ns: u64, sample_ns: u64) -> u64 {
-    let s = sample_ns.clamp(1, MAX_SAMPLE_NS);
+    let s = sample_ns.clamp(1, MAX_NS);
     let est = if est_ns == 0 {
         s
     } else if s >= est_ns {
@@ -61,9 +80,10 @@ pub fn fold(est_ns: u64, sample_ns: u64) -> u64 {
 /// nor a hello.
 pub fn sample_of(req: &Request, reply: &Reply, elapsed_ns: u64) -> Option<u64> {
     match reply {
-        Reply::Token { held_us, .. } => {
-            Some(elapsed_ns.saturating_sub(held_us.saturating_mul(1000)))
-        }
+        // A grant held longer than the client waited answers another
+        // request than the one timed (it superseded a waiting one, whose
+        // arrival the hold is counted from): no sample.
+        Reply::Token { held_us, .. } => elapsed_ns.checked_sub(held_us.saturating_mul(1000)),
         Reply::Error(_) => None,
         _ => matches!(
             req,
@@ -101,7 +121,7 @@ impl RoundTrip {
     pub fn sample(&self, ns: u64) {
         let mut g = self.samples.lock().unwrap_or_else(|e| e.into_inner());
         let (ring, taken) = &mut *g;
-        ring[*taken % SAMPLES] = ns.clamp(1, MAX_SAMPLE_NS);
+        ring[*taken % SAMPLES] = ns.clamp(1, MAX_NS);
         *taken += 1;
         let n = (*taken).min(SAMPLES);
         let mut sorted = *ring;
@@ -165,6 +185,7 @@ mod tests {
             held_us: 30_000,
         };
         assert_eq!(sample_of(&ask, &grant, 30_090_000), Some(90_000));
+        assert_eq!(sample_of(&ask, &grant, 20_000_000), None);
         let release = Request::ReleaseToken {
             device: 0,
             ran: vec![],
@@ -184,11 +205,19 @@ mod tests {
     }
 
     #[test]
+    fn leads_are_derived_from_a_round_trip_within_their_bounds() {
+        assert_eq!(basis(0), MAX_NS);
+        assert_eq!(basis(30_000), MIN_NS);
+        assert_eq!(basis(150_000), 150_000);
+        assert_eq!(basis(900_000), MAX_NS);
+    }
+
+    #[test]
     fn a_stall_counts_as_the_longest_round_trip() {
         let r = RoundTrip::new();
         r.sample(5_000_000_000);
-        assert_eq!(r.ns(), MAX_SAMPLE_NS);
-        assert_eq!(fold(0, 5_000_000_000), MAX_SAMPLE_NS);
+        assert_eq!(r.ns(), MAX_NS);
+        assert_eq!(fold(0, 5_000_000_000), MAX_NS);
     }
 
     #[test]

@@ -19,25 +19,25 @@
 use super::*;
 
 /// How long before the predicted launch the token is asked for, in round
-/// trips `r` (see `leads`): at first three (the request's, the watcher's
-/// wake-up to send it, and the grant's wake-up to take it; with a fixed
-/// 0.3 ms on the 2-core test VM the launch still waited 43 µs for the
-/// grant at the median, with 0.5 ms, 20 µs). Then learned (see
-/// [`learn`]) between one round trip, less than which no grant can come
-/// in time, and six: on a faster host less of the device is kept waiting
-/// for the process.
+/// trips `r` (see `leads`): at first two and a half (0.5 ms at 200 µs:
+/// the request's round trip, the watcher's wake-up to send it and the
+/// grant's to take it; with 0.3 ms on the 2-core test VM the launch still
+/// waited 43 µs for the grant at the median, with 0.5 ms, 20 µs). Then
+/// learned (see [`learn`]) between three quarters of one, the median
+/// round trip, less than which no grant comes in time, and five: on a
+/// faster host less of the device is kept waiting for the process.
 fn lead(g: &Gate, r: u64) -> u64 {
     match g.ahead_lead.load(Ordering::Relaxed) {
-        0 => 3 * r,
-        lead => lead.clamp(r, 6 * r),
+        0 => 5 * r / 2,
+        lead => lead.clamp(3 * r / 4, 5 * r),
     }
 }
 
 /// A launch that waited longer than this for a grant asked ahead found
-/// the request sent too late (an eighth of a round trip: less is the
-/// jitter of the wake-ups).
+/// the request sent too late: a tenth of a round trip (20 µs at 200 µs);
+/// less is the jitter of the wake-ups.
 fn late(r: u64) -> u64 {
-    r / 8
+    r / 10
 }
 
 /// A launch found the grant of a request sent ahead after waiting
@@ -58,7 +58,8 @@ pub(super) fn learn(g: &Gate, r: u64, waited: u64, now: u64) {
     } else {
         lead
     };
-    g.ahead_lead.store(next.clamp(r, 6 * r), Ordering::Relaxed);
+    g.ahead_lead
+        .store(next.clamp(3 * r / 4, 5 * r), Ordering::Relaxed);
 }
 
 /// A token was given back as the wait that ended at `wait_exit` returned:
@@ -128,11 +129,12 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
                 // it: a critical decode's kernels ran 8-16 % more than it
                 // was charged (`latency::a_critical_groups_steps_overlap_at_most_a_lent_token_of_training`).
                 // A grant the scheduler holds back (another group's token)
-                // is looked for at the next wake-ups. Waited for up to
-                // twice the lead (the watcher holds the device's slow path
-                // meanwhile, but a launch would wait for the same grant);
-                // each poll returns as the grant comes.
-                let wait = 2 * lead(g, leads::rtt(st));
+                // is looked for at the next wake-ups. Waited for up to the
+                // longest lead, five round trips (1 ms at 200 µs: the
+                // watcher holds the device's slow path meanwhile, but a
+                // launch would wait for the same grant); each poll returns
+                // as the grant comes.
+                let wait = 5 * leads::rtt(st);
                 return take(&slow, st, dev, g, seq, wait);
             }
         }
@@ -203,30 +205,31 @@ mod tests {
 
     #[test]
     fn the_lead_grows_by_a_late_grant_and_shrinks_by_one_in_time() {
-        // A round trip of 150 µs: the lead starts at 450 µs.
-        let r = 150_000;
+        // At a round trip of 200 µs, the values the lead had as constants:
+        // 0.5 ms at first, within 0.15-1 ms.
+        let r = 200_000;
         let g = Gate::default();
-        assert_eq!(lead(&g, r), 450_000);
-        // Sent 0.55 ms before a launch that then waited 0.1 ms: too late.
+        assert_eq!(lead(&g, r), 500_000);
+        // Sent 0.6 ms before a launch that then waited 0.1 ms: too late.
         g.ahead_sent.store(1_000_000, Ordering::Relaxed);
-        learn(&g, r, 100_000, 1_650_000);
-        assert_eq!(lead(&g, r), 550_000);
+        learn(&g, r, 100_000, 1_700_000);
+        assert_eq!(lead(&g, r), 600_000);
         // Held by the scheduler for 4 ms (another group's token): no lesson.
         learn(&g, r, 4_000_000, 6_000_000);
-        assert_eq!(lead(&g, r), 550_000);
-        // Late by less than an eighth of a round trip: in time. A
-        // sixteenth less each time, down to one round trip.
-        learn(&g, r, r / 8, 6_000_000);
-        assert_eq!(lead(&g, r), 550_000 - 550_000 / 16);
+        assert_eq!(lead(&g, r), 600_000);
+        // Late by no more than a tenth of a round trip: in time. A
+        // sixteenth less each time, down to the floor.
+        learn(&g, r, r / 10, 6_000_000);
+        assert_eq!(lead(&g, r), 600_000 - 600_000 / 16);
         for _ in 0..100 {
             learn(&g, r, 0, 6_000_000);
         }
-        assert_eq!(lead(&g, r), r);
-        // And never past six round trips, however late.
+        assert_eq!(lead(&g, r), 150_000);
+        // And never past the ceiling, however late.
         g.ahead_sent.store(5_000_000, Ordering::Relaxed);
         learn(&g, r, 3_000_000, 5_100_000);
-        assert_eq!(lead(&g, r), 6 * r);
-        // The bounds follow the round trip: a host three times faster.
-        assert_eq!(lead(&g, r / 3), 2 * r);
+        assert_eq!(lead(&g, r), 1_000_000);
+        // The bounds follow the round trip: on a host twice as fast, half.
+        assert_eq!(lead(&g, r / 2), 500_000);
     }
 }

@@ -7,7 +7,9 @@ use super::*;
 /// How long past the predicted end of its work a wait holds a token
 /// before it counts as stalled (or the idle threshold, if shorter): the
 /// prediction leans long, so a wait this much longer waits for something
-/// else than this process's launches.
+/// else than this process's launches. Also how long a token's end waits
+/// for the launches admitted under it to reach the driver (`End::RanOut`):
+/// a launch call in the driver that long is blocked on a full queue.
 pub(super) const STALL_NS: u64 = 1_000_000;
 
 /// Whether `g`'s token is held by waits alone, for work that should

@@ -37,8 +37,10 @@ use tracing::{debug, error, info, warn};
 /// Longest sleep of the loop (signals, pid checks without pidfd).
 const MAX_POLL: Duration = Duration::from_millis(250);
 /// How often the daemon looks for messages while it waits for a deadline
-/// less than a millisecond away.
-const SLICE: Duration = Duration::from_micros(100);
+/// less than a millisecond away: the shortest round trip leads are
+/// derived from (`gemini_protocol::roundtrip::MIN_NS`), as no hand-over
+/// is timed finer.
+const SLICE: Duration = Duration::from_nanos(gemini_protocol::roundtrip::MIN_NS);
 /// How often the metrics' gauges are rebuilt from the status.
 const METRICS_REFRESH: Duration = Duration::from_secs(1);
 

@@ -14,7 +14,7 @@
 //! - while no turn is open, the waiters are ranked as on any device; a
 //!   job granted a token on one of its devices opens its turn on all of
 //!   them for that token's length (on the leader's record); its ranks'
-//!   tokens in the turn end with it (at least [`LENT_MIN_QUOTA`], not the
+//!   tokens in the turn end with it (at least [`lent_min_quota`], not the
 //!   usual 10 ms floor: a rank that went on stepping past the end left
 //!   its peer's next collective spinning);
 //! - during the turn its ranks are served first on its devices (unless

@@ -117,9 +117,12 @@ struct Limits {
 /// Shortest token the holder is given (its kernels are short so a real
 /// client never waits long behind one).
 pub const HOLDER_MIN_QUOTA: Micros = 100;
-/// Shortest token lent while a group owed time is away (each costs the
-/// borrower a round trip to renew).
-pub const LENT_MIN_QUOTA: Micros = 1_000;
+/// Shortest token lent while a group owed time is away: five round trips
+/// (1 ms at 200 µs, see [`Device::rtt`]), as each costs the borrower one
+/// to renew.
+pub fn lent_min_quota(rtt: Micros) -> Micros {
+    5 * rtt
+}
 /// Longest token another group gets while a latency-critical group
 /// (`Latency=critical`) is active on the device and not asking: about the
 /// longest the critical group waits when it comes back, with the work
@@ -130,14 +133,16 @@ pub const CRITICAL_LEND_MAX: Micros = 2_000;
 /// queued under it has drained when it comes: on a real GPU the critical
 /// group's kernels would otherwise time-slice with that work (2.6× its
 /// step, measured on an H200 without gemini). A round trip and a half
-/// (see [`Device::rtt`]); the shortest token lent then is one round trip.
+/// (0.3 ms at 200 µs, see [`Device::rtt`]); the shortest token lent then
+/// is one round trip.
 pub fn critical_margin(rtt: Micros) -> Micros {
     rtt + rtt / 2
 }
 
 /// How long before a lent token's end the device may pass to the next
 /// holder (at most a quarter of the token), and before an announced end
-/// (`Quieting`): one round trip (see [`Device::rtt`]). The borrower's
+/// (`Quieting`): one round trip (0.2 ms at 200 µs, see [`Device::rtt`]).
+/// The borrower's
 /// hook queues only work that ends within its token, so the next holder's
 /// first launches queue behind the borrower's last ones, instead of
 /// reaching an idle device a scheduler tick, a message and a wake-up
@@ -414,8 +419,7 @@ struct Device {
     /// not end before it.
     hold_until: Option<Micros>,
     /// Its clients' token round trip, as they measure and report it
-    /// (ns, folded leaning long; 0: none reported yet): see
-    /// [`Device::rtt`].
+    /// (ns, averaged; 0: none reported yet): see [`Device::rtt`].
     rtt_ns: u64,
 }
 
@@ -428,19 +432,19 @@ impl Device {
         }
     }
 
-    /// The token round trip on this device (µs): a message, a wake-up on
-    /// each side. Every lead that hides one is derived from it: how early
-    /// a lent or announced token passes the device on (one round trip),
-    /// how long before a latency-critical group's return a token lent
-    /// meanwhile ends (one and a half), the shortest token lent then
-    /// (one). At most, and before any client reported one, 200 µs
-    /// (`MAX_SAMPLE_NS`, see `gemini_protocol::roundtrip`).
+    /// The round trip the device's leads are derived from (µs): its
+    /// clients' average estimate within 100-200 µs, or 200 µs before any
+    /// reported one (`gemini_protocol::roundtrip::basis`). Every lead that
+    /// hides a round trip is the value it had as a constant scaled by it
+    /// over 200 µs: how early a lent or announced token passes the device
+    /// on ([`handover_lead`]), how long before a latency-critical group's
+    /// return a token lent meanwhile ends ([`critical_margin`]), the
+    /// shortest token lent then (one round trip) and the shortest lent
+    /// token ([`lent_min_quota`]). The bounds keep one client's report,
+    /// true or not, from moving another group's margins by more than
+    /// half.
     fn rtt(&self) -> Micros {
-        let ns = match self.rtt_ns {
-            0 => gemini_protocol::roundtrip::MAX_SAMPLE_NS,
-            ns => ns,
-        };
-        (ns / 1000).max(1)
+        gemini_protocol::roundtrip::basis(self.rtt_ns) / 1000
     }
     /// Charges `group` the device time `[start, end)` its work occupied,
     /// work outstanding since `since` (at or before `start`), as the

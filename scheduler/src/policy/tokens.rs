@@ -515,7 +515,7 @@ impl Policy {
         // above). The lent token ends about when such a group usually
         // comes back (the earliest, learned from their past absences, and
         // not before a capped one may run again; `back`), within
-        // [LENT_MIN_QUOTA, min_quota].
+        // [lent_min_quota, min_quota].
         let (mut lent, mut back) = (false, None::<Micros>);
         // A latency-critical group active here and within its room, not
         // asking now: whoever is chosen gets a short token (at most
@@ -649,7 +649,7 @@ impl Policy {
             let short = params.min_quota.max(floor);
             let to_return = back.map_or(short, |t| {
                 t.saturating_sub(now)
-                    .clamp(LENT_MIN_QUOTA.min(short), short)
+                    .clamp(lent_min_quota(dev.rtt()).min(short), short)
             });
             quota = quota.min(to_return);
             if critical_owed {
@@ -665,10 +665,10 @@ impl Policy {
         let mut last_step = false;
         if turn_waits && let Some((_, until)) = &view.owner {
             quota = if now < *until {
-                quota.min(until.saturating_sub(now).max(LENT_MIN_QUOTA))
+                quota.min(until.saturating_sub(now).max(lent_min_quota(dev.rtt())))
             } else {
                 last_step = true;
-                quota.min(LENT_MIN_QUOTA)
+                quota.min(lent_min_quota(dev.rtt()))
             };
         }
         // A capped group ranked before this one waits for its credit: the

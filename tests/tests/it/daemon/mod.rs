@@ -549,7 +549,8 @@ fn removed_ipc_dir_is_recreated_and_clients_keep_working() {
 }
 
 /// `Quieting` through the daemon: the waiting client's token comes at the
-/// announced end (less `HANDOVER_LEAD`), without the holder's report.
+/// announced end (less the hand-over lead, one round trip), without the
+/// holder's report.
 #[test]
 fn a_quieting_holder_passes_the_token_on_at_the_announced_end() {
     let s = Gemini::daemon("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n");

@@ -146,7 +146,8 @@ fn a_wait_before_a_cpu_gap_announces_its_end_and_one_before_more_work_does_not()
     );
     // A process descheduled between a wait and its next launch looks
     // quiet after its waits for a while (one such stall moves the learned
-    // gap past 0.5 ms): judged only where the host let it run.
+    // gap past the lending threshold): judged only where the host let it
+    // run.
     let cpu = CpuTimes::now();
     let without = announced(&training("0"));
     if cpu.counts("announcements of a process that never pauses") {
