@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release sim-env test test-loom test-timesliced test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist fuzz soak install uninstall lint fmt clean
+.PHONY: all setup build release sim-env test test-loom test-timesliced test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist deb test-deb fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -111,6 +111,17 @@ test-gpu:
 # (README.md, "From the release tarball"): target/dist/gemini-VERSION-ARCH-linux.tar.gz.
 dist: release
 	scripts/dist.sh $(RELEASE_DIR) $(TARGET_DIR)/dist
+
+# A Debian package of the release build (scripts/deb.sh, dpkg-deb):
+# binaries, hook, systemd units, docs, /etc/gemini/resource.conf as a
+# conffile; target/deb/gemini_VERSION_ARCH.deb.
+deb: release
+	scripts/deb.sh $(RELEASE_DIR) $(TARGET_DIR)/deb
+
+# Builds the package and installs, upgrades, runs, removes and purges it
+# on this machine with dpkg (as root; skips, saying why, otherwise).
+test-deb: release
+	scripts/test-deb.sh "$$(scripts/deb.sh $(RELEASE_DIR) $(TARGET_DIR)/deb)"
 
 # Coverage-guided fuzzing (cargo fuzz, libFuzzer) of the protocol decoder
 # and the two config parsers, from the committed corpus in fuzz/corpus.

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# `make test-deb`: builds the Debian package (`make deb`) and checks it the
+# way an operator uses it, with dpkg on this machine (as root; it skips,
+# saying why, without root or dpkg):
+#   - its control data (package, version, dependencies) and conffile;
+#   - installed: the binaries run (--version), the hook and the units are
+#     in place, /etc/gemini/resource.conf is the example;
+#   - the operator edits resource.conf; an upgrade (the same package at a
+#     higher version) keeps the edit and replaces the binaries;
+#   - the installed gem-schd starts from the installed files and reads
+#     the edited configuration;
+#   - removed: the binaries go, resource.conf stays; purged: it goes.
+#
+#   scripts/test-deb.sh DEB
+set -euo pipefail
+deb=${1:?usage: scripts/test-deb.sh DEB}
+fail() { echo "test-deb: FAIL: $*" >&2; exit 1; }
+if [ "$(id -u)" != 0 ] || ! command -v dpkg >/dev/null 2>&1; then
+    echo "test-deb: skipped: needs root and dpkg (it installs the package on this machine)"
+    exit 0
+fi
+if dpkg -s gemini >/dev/null 2>&1; then
+    fail "a gemini package is installed already; remove it first (dpkg -P gemini)"
+fi
+work=$(mktemp -d)
+ipc=$(mktemp -d)
+schd=""
+cleanup() {
+    [ -n "$schd" ] && kill "$schd" 2>/dev/null || true
+    dpkg -P gemini >/dev/null 2>&1 || true
+    rm -rf "$work" "$ipc"
+}
+trap cleanup EXIT
+
+info=$(dpkg-deb -f "$deb")
+echo "$info" | grep -q '^Package: gemini$' || fail "control: no Package: gemini"$'\n'"$info"
+echo "$info" | grep -q '^Depends: .*libglib' || fail "control: glib missing from Depends"$'\n'"$info"
+[ "$(dpkg-deb --ctrl-tarfile "$deb" | tar -xOf - ./conffiles)" = /etc/gemini/resource.conf ] \
+    || fail "resource.conf is not a conffile"
+contents=$(dpkg-deb -c "$deb")
+for f in ./usr/bin/gem-schd ./usr/bin/gem-holder ./usr/bin/gem-launch ./usr/bin/gem-slurm \
+    ./usr/lib/libgemhook.so ./usr/lib/systemd/system/gem-schd.service \
+    ./usr/lib/systemd/system/gem-holder.service ./usr/share/doc/gemini/README.md \
+    ./etc/gemini/resource.conf; do
+    echo "$contents" | grep -q " $f\( \|$\)" || fail "$f is not in the package"
+done
+echo "$contents" | awk '{print $2}' | grep -qv '^root/root$' && fail "files not owned by root"
+echo "test-deb: control data, conffile and contents ok"
+
+dpkg -i "$deb" >/dev/null || fail "dpkg -i failed"
+for b in gem-schd gem-holder gem-launch gem-slurm; do
+    /usr/bin/$b --version | grep -q "^$b " || fail "/usr/bin/$b --version"
+done
+grep -q "ExecStart=/usr/bin/gem-schd" /usr/lib/systemd/system/gem-schd.service || fail "the unit does not run /usr/bin/gem-schd"
+cmp -s /etc/gemini/resource.conf examples/resource.conf || fail "/etc/gemini/resource.conf is not the example"
+echo "test-deb: installed ok"
+
+# The operator's edit, then an upgrade: the same files at a higher version.
+printf '\n[test-deb-edit]\nMaxUtil=0.5\n' >> /etc/gemini/resource.conf
+dpkg-deb -R "$deb" "$work/pkg"
+version=$(dpkg-deb -f "$deb" Version)
+sed -i "s/^Version: .*/Version: $version+upgrade1/" "$work/pkg/DEBIAN/control"
+dpkg-deb --root-owner-group -b "$work/pkg" "$work/next.deb" >/dev/null
+dpkg -i --force-confold "$work/next.deb" >/dev/null || fail "the upgrade failed"
+[ "$(dpkg-query -W -f='${Version}' gemini)" = "$version+upgrade1" ] || fail "not upgraded"
+grep -q '^\[test-deb-edit\]$' /etc/gemini/resource.conf || fail "the upgrade lost the operator's edit of resource.conf"
+echo "test-deb: upgraded, the edit kept"
+
+# The installed scheduler runs from the installed files and reads it.
+GEMINI_SETTINGS=/dev/null /usr/bin/gem-schd --ipc-dir "$ipc" --config /etc/gemini/resource.conf >"$work/schd.log" 2>&1 &
+schd=$!
+for _ in $(seq 50); do
+    out=$(GEMINI_SETTINGS=/dev/null /usr/bin/gem-schd --ipc-dir "$ipc" status 2>/dev/null) && break
+    sleep 0.1
+done
+echo "${out:-}" | grep -q 'test-deb-edit' || fail "the installed gem-schd does not show the edited group: ${out:-}"$'\n'"$(cat "$work/schd.log")"
+kill "$schd"; wait "$schd" 2>/dev/null || true; schd=""
+echo "test-deb: the installed gem-schd runs with the edited resource.conf"
+
+dpkg -r gemini >/dev/null || fail "dpkg -r failed"
+[ ! -e /usr/bin/gem-schd ] && [ ! -e /usr/lib/libgemhook.so ] || fail "binaries left after removal"
+grep -q '^\[test-deb-edit\]$' /etc/gemini/resource.conf || fail "removal lost resource.conf"
+dpkg -P gemini >/dev/null || fail "dpkg -P failed"
+[ ! -e /etc/gemini/resource.conf ] || fail "purge left resource.conf"
+echo "test-deb: removal keeps the configuration, purge deletes it; all ok"
