@@ -121,7 +121,7 @@ deb: release
 # Builds the package and installs, upgrades, runs, removes and purges it
 # on this machine with dpkg (as root; skips, saying why, otherwise).
 test-deb: release
-	scripts/test-deb.sh "$$(scripts/deb.sh $(RELEASE_DIR) $(TARGET_DIR)/deb)"
+	scripts/test-deb.sh $(RELEASE_DIR) $(TARGET_DIR)/deb
 
 # Coverage-guided fuzzing (cargo fuzz, libFuzzer) of the protocol decoder
 # and the two config parsers, from the committed corpus in fuzz/corpus.

@@ -11,13 +11,15 @@
 #                             the operator's edits, a removal keeps it,
 #                             only a purge deletes it
 #
-# Its maintainer scripts, where systemd runs: installed, gem-schd is
-# enabled and started; upgraded, gem-schd (and gem-holder, if it ran) is
-# restarted; removed, both are stopped and disabled. Without systemd (a
-# container) they do nothing of that, and say so.
+# Its maintainer scripts follow what debhelper's dh_installsystemd
+# writes: installed, gem-schd is enabled (also in an image built without
+# systemd running, through deb-systemd-helper) and, where systemd runs,
+# started; upgraded, restarted (and gem-holder, if it ran); removed,
+# both are stopped and gem-schd's unit masked until a reinstall or purge.
 #
 #   scripts/deb.sh RELEASE_DIR OUT_DIR
 set -euo pipefail
+umask 022
 release=${1:?usage: scripts/deb.sh RELEASE_DIR OUT_DIR}
 out=${2:?usage: scripts/deb.sh RELEASE_DIR OUT_DIR}
 cd "$(dirname "$0")/.."
@@ -28,23 +30,29 @@ done
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 arch=$(dpkg --print-architecture)
-case "$(command -v file >/dev/null && file -b "$release/gem-schd")" in
-    *aarch64*) arch=arm64 ;;
-esac
 stage=$out/gemini_${version}_$arch
 rm -rf "$stage"
 mkdir -p "$stage"
 make -s install DESTDIR="$(cd "$stage" && pwd)" PREFIX=/usr RELEASE_DIR="$release" >/dev/null
 
 # Depends: the packages that hold the shared libraries the binaries and
-# the hook load (glib, pcre2, libstdc++, libc), as this machine names them.
-libs=$(for f in "$stage"/usr/bin/* "$stage"/usr/lib/libgemhook.so; do
-    ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
-done | sort -u)
-depends=$(for l in $libs; do
-    dpkg -S "$l" 2>/dev/null || dpkg -S "$(readlink -f "$l")" 2>/dev/null || true
-done | cut -d: -f1 | sort -u | paste -sd, | sed 's/,/, /g')
-[ -n "$depends" ] || { echo "deb: could not tell which packages hold the binaries' libraries" >&2; exit 1; }
+# the hook load (glib, pcre2, libstdc++, libc), as this machine names them,
+# and libc6 at least as new as the newest glibc symbol version they use.
+libs=""
+for f in "$stage"/usr/bin/* "$stage"/usr/lib/libgemhook.so; do
+    linked=$(ldd "$f") || { echo "deb: ldd $f failed: $linked" >&2; exit 1; }
+    libs+=$(awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' <<<"$linked")$'\n'
+done
+packages=""
+for l in $(sort -u <<<"$libs"); do
+    owner=$(dpkg -S "$l" 2>/dev/null || dpkg -S "$(readlink -f "$l")" 2>/dev/null || true)
+    owner=$(grep -v '^diversion by' <<<"$owner" | head -1 | cut -d: -f1)
+    [ -n "$owner" ] || { echo "deb: no package holds $l, which the binaries load: install it from a package, or use make dist" >&2; exit 1; }
+    packages+="$owner"$'\n'
+done
+glibc=$(for f in "$stage"/usr/bin/* "$stage"/usr/lib/libgemhook.so; do objdump -T "$f"; done |
+    grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
+depends=$(sort -u <<<"$packages" | grep -v '^$' | sed "s/^libc6\$/libc6 (>= $glibc)/" | paste -sd, | sed 's/,/, /g')
 
 size=$(du -sk "$stage" | cut -f1)
 mkdir -p "$stage/DEBIAN"
@@ -65,21 +73,43 @@ Description: GPU sharing with guarantees for unmodified CUDA programs
  /etc/gemini/resource.conf.
 EOF
 echo /etc/gemini/resource.conf > "$stage/DEBIAN/conffiles"
+cat > "$stage/usr/share/doc/gemini/copyright" <<'EOF'
+Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: gemini
+
+Files: *
+Copyright: the gemini developers
+License: Apache-2.0
+ On Debian systems, the full text of the Apache License 2.0 is in
+ /usr/share/common-licenses/Apache-2.0.
+EOF
 
 cat > "$stage/DEBIAN/postinst" <<'EOF'
 #!/bin/sh
-# Installed: gem-schd enabled and started. Upgraded: the running services
-# restarted with the new binaries (programs under the hook reconnect).
+# As dh_installsystemd writes it. Installed: gem-schd enabled and
+# started. Upgraded (or installed again after a removal): restarted with
+# the new binaries; gem-holder restarted if it ran. Programs under the
+# hook register again with the new scheduler.
 set -e
-if [ "$1" = configure ]; then
-    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
-        systemctl daemon-reload || true
-        if [ -z "$2" ]; then
-            systemctl enable gem-schd.service >/dev/null 2>&1 || true
-            systemctl start gem-schd.service || true
+if [ "$1" = configure ] || [ "$1" = abort-upgrade ] || [ "$1" = abort-deconfigure ] || [ "$1" = abort-remove ]; then
+    if command -v deb-systemd-helper >/dev/null 2>&1; then
+        deb-systemd-helper unmask gem-schd.service >/dev/null || true
+        # was-enabled is true for a first installation: it is enabled.
+        if deb-systemd-helper --quiet was-enabled gem-schd.service; then
+            deb-systemd-helper enable gem-schd.service >/dev/null || true
         else
-            systemctl try-restart gem-schd.service gem-holder.service || true
+            deb-systemd-helper update-state gem-schd.service >/dev/null || true
         fi
+    elif [ -d /run/systemd/system ] && [ -z "$2" ]; then
+        systemctl enable gem-schd.service >/dev/null 2>&1 || true
+    fi
+    if [ -d /run/systemd/system ]; then
+        systemctl --system daemon-reload >/dev/null || true
+        if [ -n "$2" ]; then action=restart; else action=start; fi
+        systemctl $action gem-schd.service || true
+        systemctl try-restart gem-holder.service || true
+    elif [ -n "$2" ]; then
+        echo "gemini: systemd is not running; restart gem-schd yourself (gem-schd shutdown, then start it again): programs started from now on load the new hook"
     else
         echo "gemini: systemd is not running; start the scheduler with: gem-schd --config /etc/gemini/resource.conf"
     fi
@@ -88,25 +118,30 @@ exit 0
 EOF
 cat > "$stage/DEBIAN/prerm" <<'EOF'
 #!/bin/sh
-# Removed: the services stopped and disabled. Upgraded: left running; the
-# new package's postinst restarts them.
+# Removed: the services stopped (programs under the hook then wait for a
+# scheduler; drain them first). Upgraded: left running; the new
+# package's postinst restarts them.
 set -e
-if [ "$1" = remove ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+if [ "$1" = remove ] && [ -d /run/systemd/system ]; then
     systemctl stop gem-holder.service gem-schd.service || true
-    systemctl disable gem-holder.service gem-schd.service >/dev/null 2>&1 || true
 fi
 exit 0
 EOF
 cat > "$stage/DEBIAN/postrm" <<'EOF'
 #!/bin/sh
-# The configuration stays on removal (dpkg keeps the conffile); a purge
-# deletes it with the directory if nothing else is left there.
+# Removed: gem-schd's unit masked until the package comes back (dpkg keeps
+# the conffile). Purged: its enablement forgotten; dpkg deletes the
+# conffile and /etc/gemini if nothing else is left there.
 set -e
-if [ "$1" = purge ]; then
-    rmdir /etc/gemini 2>/dev/null || true
+if [ "$1" = remove ] && command -v deb-systemd-helper >/dev/null 2>&1; then
+    deb-systemd-helper mask gem-schd.service >/dev/null || true
 fi
-if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
-    systemctl daemon-reload || true
+if [ "$1" = purge ] && command -v deb-systemd-helper >/dev/null 2>&1; then
+    deb-systemd-helper purge gem-schd.service >/dev/null || true
+    deb-systemd-helper unmask gem-schd.service >/dev/null || true
+fi
+if [ -d /run/systemd/system ]; then
+    systemctl --system daemon-reload >/dev/null || true
 fi
 exit 0
 EOF

@@ -11,17 +11,25 @@
 #     the edited configuration;
 #   - removed: the binaries go, resource.conf stays; purged: it goes.
 #
-#   scripts/test-deb.sh DEB
+#   scripts/test-deb.sh RELEASE_DIR OUT_DIR
 set -euo pipefail
-deb=${1:?usage: scripts/test-deb.sh DEB}
+release=${1:?usage: scripts/test-deb.sh RELEASE_DIR OUT_DIR}
+outdir=${2:?usage: scripts/test-deb.sh RELEASE_DIR OUT_DIR}
+cd "$(dirname "$0")/.."
 fail() { echo "test-deb: FAIL: $*" >&2; exit 1; }
-if [ "$(id -u)" != 0 ] || ! command -v dpkg >/dev/null 2>&1; then
+if [ "$(id -u)" != 0 ] || ! command -v dpkg-deb >/dev/null 2>&1; then
     echo "test-deb: skipped: needs root and dpkg (it installs the package on this machine)"
     exit 0
 fi
+# Never over an installation of the operator's: the test edits, removes
+# and purges what it installed.
 if dpkg -s gemini >/dev/null 2>&1; then
-    fail "a gemini package is installed already; remove it first (dpkg -P gemini)"
+    fail "a gemini package is installed already; this test would remove it (dpkg -P gemini first)"
 fi
+for f in /etc/gemini/resource.conf /usr/bin/gem-schd /usr/lib/libgemhook.so; do
+    [ ! -e "$f" ] || fail "$f exists (make install?); this test would take it over and delete it"
+done
+deb=$(scripts/deb.sh "$release" "$outdir") || fail "make deb failed"
 work=$(mktemp -d)
 ipc=$(mktemp -d)
 schd=""
@@ -33,18 +41,19 @@ cleanup() {
 trap cleanup EXIT
 
 info=$(dpkg-deb -f "$deb")
-echo "$info" | grep -q '^Package: gemini$' || fail "control: no Package: gemini"$'\n'"$info"
-echo "$info" | grep -q '^Depends: .*libglib' || fail "control: glib missing from Depends"$'\n'"$info"
+grep -q '^Package: gemini$' <<<"$info" || fail "control: no Package: gemini"$'\n'"$info"
+grep -q '^Depends: .*libglib' <<<"$info" || fail "control: glib missing from Depends"$'\n'"$info"
+grep -q '^Depends: .*libc6 (>= 2\.[0-9]*)' <<<"$info" || fail "control: Depends lacks libc6's version"$'\n'"$info"
 [ "$(dpkg-deb --ctrl-tarfile "$deb" | tar -xOf - ./conffiles)" = /etc/gemini/resource.conf ] \
     || fail "resource.conf is not a conffile"
 contents=$(dpkg-deb -c "$deb")
 for f in ./usr/bin/gem-schd ./usr/bin/gem-holder ./usr/bin/gem-launch ./usr/bin/gem-slurm \
     ./usr/lib/libgemhook.so ./usr/lib/systemd/system/gem-schd.service \
     ./usr/lib/systemd/system/gem-holder.service ./usr/share/doc/gemini/README.md \
-    ./etc/gemini/resource.conf; do
-    echo "$contents" | grep -q " $f\( \|$\)" || fail "$f is not in the package"
+    ./usr/share/doc/gemini/copyright ./etc/gemini/resource.conf; do
+    grep -q " $f\( \|$\)" <<<"$contents" || fail "$f is not in the package"
 done
-echo "$contents" | awk '{print $2}' | grep -qv '^root/root$' && fail "files not owned by root"
+awk '{print $2}' <<<"$contents" | grep -qv '^root/root$' && fail "files not owned by root"
 echo "test-deb: control data, conffile and contents ok"
 
 dpkg -i "$deb" >/dev/null || fail "dpkg -i failed"
@@ -53,6 +62,11 @@ for b in gem-schd gem-holder gem-launch gem-slurm; do
 done
 grep -q "ExecStart=/usr/bin/gem-schd" /usr/lib/systemd/system/gem-schd.service || fail "the unit does not run /usr/bin/gem-schd"
 cmp -s /etc/gemini/resource.conf examples/resource.conf || fail "/etc/gemini/resource.conf is not the example"
+# Enabled at installation, systemd running or not (as debhelper does it).
+wants=/etc/systemd/system/multi-user.target.wants/gem-schd.service
+if command -v deb-systemd-helper >/dev/null 2>&1; then
+    [ -L "$wants" ] || fail "gem-schd.service is not enabled after installation"
+fi
 echo "test-deb: installed ok"
 
 # The operator's edit, then an upgrade: the same files at a higher version.
@@ -73,8 +87,10 @@ for _ in $(seq 50); do
     out=$(GEMINI_SETTINGS=/dev/null /usr/bin/gem-schd --ipc-dir "$ipc" status 2>/dev/null) && break
     sleep 0.1
 done
-echo "${out:-}" | grep -q 'test-deb-edit' || fail "the installed gem-schd does not show the edited group: ${out:-}"$'\n'"$(cat "$work/schd.log")"
-kill "$schd"; wait "$schd" 2>/dev/null || true; schd=""
+grep -q 'test-deb-edit' <<<"${out:-}" || fail "the installed gem-schd does not show the edited group: ${out:-}"$'\n'"$(cat "$work/schd.log")"
+kill "$schd" 2>/dev/null || true
+wait "$schd" 2>/dev/null || true
+schd=""
 echo "test-deb: the installed gem-schd runs with the edited resource.conf"
 
 dpkg -r gemini >/dev/null || fail "dpkg -r failed"
@@ -82,4 +98,5 @@ dpkg -r gemini >/dev/null || fail "dpkg -r failed"
 grep -q '^\[test-deb-edit\]$' /etc/gemini/resource.conf || fail "removal lost resource.conf"
 dpkg -P gemini >/dev/null || fail "dpkg -P failed"
 [ ! -e /etc/gemini/resource.conf ] || fail "purge left resource.conf"
+[ ! -L "$wants" ] || fail "purge left gem-schd.service enabled"
 echo "test-deb: removal keeps the configuration, purge deletes it; all ok"
