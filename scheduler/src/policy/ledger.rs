@@ -15,6 +15,11 @@
 //!   and a time-slicing device ran the later work in the overlap at most
 //!   for a slice's part of it.
 //!
+//! - An estimate (what a process that died without reporting may have
+//!   run, see `Policy::gone`) takes only time no measured claim has, now
+//!   or when one is reported later: a measured claim takes its time from
+//!   an estimate, whatever lies within what.
+//!
 //! The ledger keeps the claims of the last window, disjoint, and settles
 //! each new one against them: the time it is charged, and the time
 //! another group was charged before and is now refunded.
@@ -35,6 +40,8 @@ struct Claim {
     /// every report, and a name cloned into each took a third of the
     /// daemon's memory under load.
     group: u32,
+    /// An estimate, not a measurement (see the module doc).
+    estimated: bool,
 }
 
 impl Claim {
@@ -77,15 +84,32 @@ impl Ledger {
         id
     }
 
-    /// Settles `group`'s claim of `[start, end)` (see the module doc), of
-    /// work outstanding since `since` (at or before `start`: work queued
-    /// behind the group's own, reported apart from it).
+    /// Settles `group`'s measured claim of `[start, end)` (see the module
+    /// doc), of work outstanding since `since` (at or before `start`: work
+    /// queued behind the group's own, reported apart from it).
     pub(super) fn claim(
         &mut self,
         group: &GroupKey,
         start: Micros,
         end: Micros,
         since: Micros,
+    ) -> Settled {
+        self.settle(group, start, end, since, false)
+    }
+
+    /// Settles `group`'s estimated claim of `[start, end)`: it is charged
+    /// only time no measured claim has (see the module doc).
+    pub(super) fn estimate(&mut self, group: &GroupKey, start: Micros, end: Micros) -> Settled {
+        self.settle(group, start, end, start, true)
+    }
+
+    fn settle(
+        &mut self,
+        group: &GroupKey,
+        start: Micros,
+        end: Micros,
+        since: Micros,
+        estimated: bool,
     ) -> Settled {
         let since = since.min(start);
         let group = self.id(group);
@@ -97,7 +121,9 @@ impl Ledger {
         // its own).
         match self.claims.back_mut() {
             Some(last) if last.end > start => {}
-            Some(last) if last.end == start && last.group == group => {
+            Some(last)
+                if last.end == start && last.group == group && last.estimated == estimated =>
+            {
                 last.end = end;
                 last.until = last.until.max(end);
                 out.charged.push((start, end));
@@ -110,6 +136,7 @@ impl Ledger {
                     since,
                     until: end,
                     group,
+                    estimated,
                 });
                 out.charged.push((start, end));
                 return out;
@@ -126,6 +153,7 @@ impl Ledger {
             since,
             until: end,
             group,
+            estimated,
         };
         let mut at = start;
         for c in old {
@@ -142,7 +170,12 @@ impl Ledger {
                 out.charged.push((at, c.start));
             }
             let (s, e) = (c.start.max(start), c.end.min(end));
-            if c.group == group || !c.yields_to(since, end) {
+            let takes = match (estimated, c.estimated) {
+                (true, _) => false,
+                (false, true) => true,
+                (false, false) => c.yields_to(since, end),
+            };
+            if c.group == group || !takes {
                 // Ours already, or the other work's (see the module doc).
                 new.push(Claim {
                     start: s,
@@ -167,8 +200,11 @@ impl Ledger {
         }
         // Neighbours of one group and one start are one claim.
         new.dedup_by(|b, a| {
-            let join =
-                a.end == b.start && a.group == b.group && a.since == b.since && a.until == b.until;
+            let join = a.end == b.start
+                && a.group == b.group
+                && a.since == b.since
+                && a.until == b.until
+                && a.estimated == b.estimated;
             if join {
                 a.end = b.end;
             }
@@ -319,6 +355,31 @@ mod tests {
         let s = l.claim(&g("h"), 10, 20, 1);
         assert_eq!(s.charged, [(10, 20)]);
         assert_eq!(s.refunded, [(g("a"), 10, 20)]);
+    }
+
+    /// A process that died without reporting is charged an estimate of
+    /// what it may have run; time another group's report measures is that
+    /// group's, whether it came before the estimate or after it, and
+    /// whatever lies within what.
+    #[test]
+    fn an_estimate_takes_only_time_no_measurement_has() {
+        let mut l = Ledger::default();
+        // b measured 10-40; the dead a is estimated 20-30 (inside it):
+        // nothing of it is a's.
+        l.claim(&g("b"), 10, 40, 10);
+        let s = l.estimate(&g("a"), 20, 30);
+        assert!(s.charged.is_empty() && s.refunded.is_empty(), "{s:?}");
+        // Estimated first, 50-80; c then reports 60-70, inside it: c's,
+        // and a refunded.
+        assert_eq!(l.estimate(&g("a"), 50, 80).charged, [(50, 80)]);
+        let s = l.claim(&g("c"), 60, 70, 60);
+        assert_eq!(s.charged, [(60, 70)]);
+        assert_eq!(s.refunded, [(g("a"), 60, 70)]);
+        // One around both: the estimate's time is d's; c's, inside d's,
+        // stays c's (the rule between measured claims).
+        let s = l.claim(&g("d"), 45, 85, 45);
+        assert_eq!(s.charged, [(45, 60), (70, 85)]);
+        assert_eq!(s.refunded, [(g("a"), 50, 60), (g("a"), 70, 80)]);
     }
 
     #[test]

@@ -452,17 +452,18 @@ impl Device {
     /// `ledger`): its usage over the window, its `MaxUtil` credit and the
     /// device's busy time; a group charged before for time that was
     /// `group`'s is refunded. `max_util` gives each group's `MaxUtil`.
-    /// Returns the time charged.
-    fn charge(
+    /// Returns the time charged. For an estimate (what a process that
+    /// died without reporting may have run), only time no measured claim
+    /// has, now or later (see `ledger`).
+    fn charge_estimate(
         &mut self,
         group: &GroupKey,
         (start, end): (Micros, Micros),
-        since: Micros,
         now: Micros,
         max_util: impl Fn(&GroupKey) -> f64,
         cap: Micros,
     ) -> Micros {
-        let charged = self.claim(group, (start, end), since, cap);
+        let charged = self.claim(group, (start, end), start, cap, true);
         self.charge_credit(group, start, now, charged, max_util(group), cap);
         charged
     }
@@ -480,8 +481,13 @@ impl Device {
         (start, end): (Micros, Micros),
         since: Micros,
         cap: Micros,
+        estimated: bool,
     ) -> Micros {
-        let settled = self.ledger.claim(group, start, end, since);
+        let settled = if estimated {
+            self.ledger.estimate(group, start, end)
+        } else {
+            self.ledger.claim(group, start, end, since)
+        };
         for (other, s, e) in &settled.refunded {
             if let Some(g) = self.groups.get_mut(other) {
                 g.refund(*s, *e, cap);
@@ -730,10 +736,9 @@ impl Policy {
                     .saturating_add(self.params.grace),
             );
             let (config, retired) = (&self.config, &self.retired);
-            dev.charge(
+            dev.charge_estimate(
                 &c.group,
                 (from, until),
-                until,
                 now,
                 |k| limits(config, retired, k).max_util,
                 self.params.saved_credit(),

@@ -173,7 +173,7 @@ impl Policy {
                 Some(&since) if s.start_us <= from && from > anchor => since,
                 _ => start,
             };
-            let claimed = dev.claim(&c.group, (start, end), since, params.saved_credit());
+            let claimed = dev.claim(&c.group, (start, end), since, params.saved_credit(), false);
             if claimed > 0 && charged == 0 {
                 first = start;
             }
