@@ -29,8 +29,20 @@ use super::*;
 fn lead(g: &Gate, r: u64) -> u64 {
     match g.ahead_lead.load(Ordering::Relaxed) {
         0 => 5 * r / 2,
-        lead => lead.clamp(3 * r / 4, 5 * r),
+        lead => within(lead, r),
     }
+}
+
+/// `lead` within its bounds for the round trip `r`: three quarters of
+/// one to [`longest`].
+fn within(lead: u64, r: u64) -> u64 {
+    lead.clamp(3 * r / 4, longest(r))
+}
+
+/// The longest lead for the round trip `r`: five of them (1 ms at 200
+/// µs).
+fn longest(r: u64) -> u64 {
+    5 * r
 }
 
 /// A launch that waited longer than this for a grant asked ahead found
@@ -58,8 +70,7 @@ pub(super) fn learn(g: &Gate, r: u64, waited: u64, now: u64) {
     } else {
         lead
     };
-    g.ahead_lead
-        .store(next.clamp(3 * r / 4, 5 * r), Ordering::Relaxed);
+    g.ahead_lead.store(within(next, r), Ordering::Relaxed);
 }
 
 /// A token was given back as the wait that ended at `wait_exit` returned:
@@ -130,11 +141,10 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
                 // was charged (`latency::a_critical_groups_steps_overlap_at_most_a_lent_token_of_training`).
                 // A grant the scheduler holds back (another group's token)
                 // is looked for at the next wake-ups. Waited for up to the
-                // longest lead, five round trips (1 ms at 200 µs: the
-                // watcher holds the device's slow path meanwhile, but a
-                // launch would wait for the same grant); each poll returns
-                // as the grant comes.
-                let wait = 5 * leads::rtt(st);
+                // longest lead (the watcher holds the device's slow path
+                // meanwhile, but a launch would wait for the same grant);
+                // each poll returns as the grant comes.
+                let wait = longest(leads::rtt(st));
                 return take(&slow, st, dev, g, seq, wait);
             }
         }

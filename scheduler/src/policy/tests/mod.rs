@@ -550,12 +550,17 @@ fn acquire() -> Request {
 /// A token request for device 0 reporting work that ran from `start` to
 /// `end`.
 fn acquire_ran(start: Micros, end: Micros) -> Request {
+    acquire_reporting(start, end, RTT as u32)
+}
+
+/// [`acquire_ran`] from a client whose round trip is `rtt_us`.
+fn acquire_reporting(start: Micros, end: Micros, rtt_us: u32) -> Request {
     Request::AcquireToken {
         device: 0,
         ran: ran(start, end),
         in_flight: false,
         burst_us: 0,
-        rtt_us: RTT as u32,
+        rtt_us,
     }
 }
 

@@ -72,28 +72,17 @@ fn a_lent_token_passes_on_one_reported_round_trip_before_its_end() {
         let mut p = Policy::new(params, config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"));
         hello(&mut p, 1, "hi");
         hello(&mut p, 2, "lo");
-        let with_rtt = |r: Request| match r {
-            Request::AcquireToken {
-                device,
-                ran,
-                in_flight,
-                burst_us,
-                ..
-            } => Request::AcquireToken {
-                device,
-                ran,
-                in_flight,
-                burst_us,
-                rtt_us,
-            },
-            other => other,
-        };
-        send(&mut p, 1, with_rtt(acquire()), 0);
-        send(&mut p, 2, with_rtt(acquire()), 0);
+        send(&mut p, 1, acquire_reporting(0, 0, rtt_us), 0);
+        send(&mut p, 2, acquire_reporting(0, 0, rtt_us), 0);
         send(&mut p, 1, release_ran(0, 20 * MS), 20 * MS);
-        let r = send(&mut p, 2, with_rtt(acquire_ran(20 * MS, 50 * MS)), 50 * MS);
+        let r = send(
+            &mut p,
+            2,
+            acquire_reporting(20 * MS, 50 * MS, rtt_us),
+            50 * MS,
+        );
         assert_eq!(token(&r), Some((2, params.min_quota, true)));
-        send(&mut p, 1, with_rtt(acquire()), 55 * MS);
+        send(&mut p, 1, acquire_reporting(0, 0, rtt_us), 55 * MS);
         let end = 50 * MS + params.min_quota;
         end - p.next_deadline(55 * MS).expect("a hand-over is due")
     };
