@@ -3,6 +3,7 @@
 //! the queue, and the user's own programs. `gem-schd status` and `top`
 //! stay the operator's views.
 
+use gemini_protocol::units::format_gpus;
 use gemini_protocol::{GpuRequest, ReservationStatus, Role, StatusReport};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -220,17 +221,12 @@ pub fn render(v: &UserView) -> String {
     } else {
         let _ = writeln!(s, "\nYOUR PROGRAMS ({})", v.user);
         for p in &v.mine {
-            let gpus: Vec<String> = p.gpus.iter().map(u32::to_string).collect();
             let _ = writeln!(
                 s,
                 "  pid {:<8} {:<16} GPU {:<6} {}",
                 p.pid,
                 p.group,
-                if gpus.is_empty() {
-                    "-".to_string()
-                } else {
-                    gpus.join(",")
-                },
+                format_gpus(&p.gpus),
                 p.command
             );
         }

@@ -82,6 +82,17 @@ pub fn format_length(d: Duration) -> String {
     humantime::format_duration(Duration::from_secs(secs)).to_string()
 }
 
+/// Formats a list of GPUs for a table: `0,2`, or `-` for none.
+pub fn format_gpus(gpus: &[u32]) -> String {
+    if gpus.is_empty() {
+        return "-".to_string();
+    }
+    gpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Formats bytes for humans, in binary units (`1.5 GiB`).
 pub fn format_size(bytes: u64) -> String {
     if bytes == u64::MAX {
@@ -103,6 +114,13 @@ pub fn format_size(bytes: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_gpu_list_is_comma_separated_and_none_is_a_dash() {
+        assert_eq!(format_gpus(&[]), "-");
+        assert_eq!(format_gpus(&[0, 2]), "0,2");
+    }
+
     use super::*;
 
     #[test]

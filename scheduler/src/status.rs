@@ -3,6 +3,7 @@
 use crate::policy::HOLDER_SHOWN;
 use gemini_config::format_size;
 use gemini_protocol::StatusReport;
+use gemini_protocol::units::format_gpus;
 use std::fmt::Write as _;
 
 fn pct(x: f64) -> String {
@@ -263,7 +264,6 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
         );
     }
     for c in &r.clients {
-        let gpus: Vec<String> = c.devices.iter().map(u32::to_string).collect();
         let _ = writeln!(
             s,
             "  {:<6} {:<8} {:<12} {:<8} {:<16} {:<6} {}{}",
@@ -272,11 +272,7 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
             if c.user.is_empty() { "-" } else { &c.user },
             format!("{:?}", c.role).to_lowercase(),
             if c.group.is_empty() { "-" } else { &c.group },
-            if gpus.is_empty() {
-                "-".to_string()
-            } else {
-                gpus.join(",")
-            },
+            format_gpus(&c.devices),
             if c.command.is_empty() {
                 "-"
             } else {
