@@ -4,7 +4,8 @@
 //! another request is kept until that one is asked for.
 
 use gemini_protocol::{
-    CodecError, Reply, Request, decode_reply, encode_request, scheduler_endpoint,
+    CodecError, ErrorKind, PROTOCOL_VERSION, Reply, Request, decode_reply_versioned,
+    encode_request_as, scheduler_endpoint,
 };
 use std::collections::HashMap;
 use std::path::Path;
@@ -50,6 +51,9 @@ pub struct Client {
     seq: u32,
     /// Replies received but not yet asked for, by sequence number.
     stash: HashMap<u32, Result<Reply, CodecError>>,
+    /// The protocol version requests are written in: ours, or an older
+    /// scheduler's once one answers in its own.
+    version: u16,
 }
 
 impl std::fmt::Debug for Client {
@@ -58,6 +62,7 @@ impl std::fmt::Debug for Client {
             .field("endpoint", &self.endpoint)
             .field("seq", &self.seq)
             .field("stashed", &self.stash.len())
+            .field("version", &self.version)
             .finish()
     }
 }
@@ -95,13 +100,29 @@ impl Client {
             endpoint,
             seq: 0,
             stash: HashMap::new(),
+            version: PROTOCOL_VERSION,
         })
+    }
+
+    /// The protocol version requests are written in.
+    pub fn version(&self) -> u16 {
+        self.version
+    }
+
+    /// Writes requests in our own version again (before a hello to a
+    /// scheduler that may have been upgraded): an older one answers in its
+    /// own, and the client speaks that from then on.
+    pub fn speak_newest(&mut self) {
+        self.version = PROTOCOL_VERSION;
     }
 
     /// Sends `req`; returns its sequence number.
     pub fn send(&mut self, req: &Request) -> Result<u32, ClientError> {
-        self.seq = self.seq.wrapping_add(1);
-        self.sock.send(encode_request(self.seq, req), 0)?;
+        // Never 0: that is what a scheduler answers when it cannot read
+        // the request's number.
+        self.seq = self.seq.wrapping_add(1).max(1);
+        self.sock
+            .send(encode_request_as(self.version, self.seq, req), 0)?;
         Ok(self.seq)
     }
 
@@ -112,17 +133,27 @@ impl Client {
     }
 
     /// Moves every reply that has arrived into the stash, waiting up to
-    /// `wait` for the first. A reply that cannot be read (another protocol
-    /// version, damaged) has no sequence number to go by: it answers
-    /// `seq`. True if anything arrived.
+    /// `wait` for the first. A reply in an older version this build speaks
+    /// makes the client speak that version from then on. A reply that
+    /// cannot be read (a version this build does not speak, damaged) has
+    /// no sequence number to go by: it answers `seq`. True if anything
+    /// arrived.
     fn receive(&mut self, wait: Duration, seq: u32) -> Result<bool, ClientError> {
         let ms = wait.as_millis().min(i64::MAX as u128) as i64;
         if self.sock.poll(zmq::POLLIN, ms)? == 0 {
             return Ok(false);
         }
         while let Ok(frame) = self.sock.recv_bytes(zmq::DONTWAIT) {
-            match decode_reply(&frame) {
-                Ok((s, r)) => self.stash.insert(s, Ok(r)),
+            match decode_reply_versioned(&frame) {
+                Ok((version, s, r)) => {
+                    self.version = self.version.min(version);
+                    // A scheduler that cannot read our version cannot read
+                    // our sequence number either (0.1.0 answers 0): its
+                    // refusal answers the request waited for.
+                    let unread = s == 0
+                        && matches!(&r, Reply::Error(e) if e.kind == ErrorKind::ProtocolMismatch);
+                    self.stash.insert(if unread { seq } else { s }, Ok(r))
+                }
                 Err(e) => self.stash.insert(seq, Err(e)),
             };
         }
@@ -172,8 +203,21 @@ impl Client {
     }
 
     /// Sends `req` and waits for its reply (replies to earlier requests
-    /// are kept for them).
+    /// are kept for them). A scheduler of an older version refuses the
+    /// first request in ours, answering in its own: the request is sent
+    /// again in that.
     pub fn request(&mut self, req: &Request, timeout: Duration) -> Result<Reply, ClientError> {
+        let version = self.version;
+        let reply = self.request_once(req, timeout)?;
+        if self.version != version
+            && matches!(&reply, Reply::Error(e) if e.kind == ErrorKind::ProtocolMismatch)
+        {
+            return self.request_once(req, timeout);
+        }
+        Ok(reply)
+    }
+
+    fn request_once(&mut self, req: &Request, timeout: Duration) -> Result<Reply, ClientError> {
         let seq = self.send(req)?;
         let deadline = Instant::now() + timeout;
         loop {
@@ -202,4 +246,59 @@ pub fn reload(ipc_dir: &Path) -> Result<Result<(), String>, ClientError> {
             other => Err(format!("unexpected answer to reload: {other:?}")),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use gemini_protocol::{ErrorReply, Role, codec::frame_version, encode_reply_as};
+
+    /// A scheduler of protocol 14 (the previous release) refuses a request
+    /// in ours, answering in 14: the client sends it again in 14, and
+    /// speaks 14 from then on, until told to try its own again.
+    #[test]
+    fn a_client_speaks_an_older_schedulers_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = zmq::Context::new();
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router
+            .bind(&scheduler_endpoint(dir.path()).unwrap())
+            .unwrap();
+        let old = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                let frames = router.recv_multipart(0).unwrap();
+                let body = &frames[1];
+                let version = frame_version(body).unwrap();
+                seen.push(version);
+                let reply = if version == 14 {
+                    let (seq, _) = gemini_protocol::decode_request(body).unwrap();
+                    (seq, Reply::Done)
+                } else {
+                    // As 0.1.0 does: it cannot read the number either.
+                    (
+                        0,
+                        Reply::Error(ErrorReply {
+                            kind: ErrorKind::ProtocolMismatch,
+                            message: "peer speaks v15, this build speaks v14".into(),
+                        }),
+                    )
+                };
+                let frame = encode_reply_as(14, reply.0, &reply.1);
+                router.send_multipart([&frames[0][..], &frame], 0).unwrap();
+            }
+            seen
+        });
+        let mut c = Client::connect(dir.path()).unwrap();
+        assert_eq!(c.version(), PROTOCOL_VERSION);
+        let hello = crate::hello(Role::Client, "a", &[], None);
+        let t = Duration::from_secs(5);
+        assert_eq!(c.request(&hello, t).unwrap(), Reply::Done);
+        assert_eq!(c.version(), 14);
+        assert_eq!(c.request(&Request::Status, t).unwrap(), Reply::Done);
+        assert_eq!(old.join().unwrap(), [PROTOCOL_VERSION, 14, 14]);
+        c.speak_newest();
+        assert_eq!(c.version(), PROTOCOL_VERSION);
+    }
 }

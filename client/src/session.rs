@@ -22,6 +22,7 @@ pub fn hello(role: Role, group: &str, held: &[HeldMemory], job: Option<&str>) ->
         pid: std::process::id(),
         held: held.to_vec(),
         job: job.map(str::to_string),
+        build: gemini_protocol::BUILD.into(),
     }
 }
 

@@ -3,14 +3,18 @@
 //! thread is kept until that thread looks). Created on first use, never in
 //! a load-time constructor. Handles the scheduler being absent at start
 //! (a clear message, then wait, up to `GEMINI_CONNECT_TIMEOUT`), being
-//! restarted (the new one does not know us: say hello again with the memory
-//! we hold, then repeat the request), and refusing us (unknown group,
-//! protocol mismatch: one line on stderr, then every gated call fails).
+//! restarted or upgraded (the new one does not know us: say hello again
+//! with the memory we hold, then repeat the request), being older (it
+//! answers in its protocol version: speak that), speaking a version this
+//! build does not (one line on stderr, then wait as for an absent one, so
+//! nothing runs ungated and installing a matching gem-schd lets the program
+//! go on), and refusing us (unknown group: one line on stderr, then every
+//! gated call fails).
 
 use crate::log::{debug, error};
 use crate::state::{State, lock};
 use gemini_client::{Client, ClientError};
-use gemini_protocol::{CodecError, ErrorKind, HeldMemory, Reply, Request, Role};
+use gemini_protocol::{CodecError, ErrorKind, ErrorReply, HeldMemory, Reply, Request, Role};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -82,6 +86,13 @@ impl State {
         g.as_mut()?.take(seq, wait).ok().flatten()
     }
 
+    /// The protocol version the connection speaks.
+    fn speaks(&self) -> u16 {
+        lock(&self.conn)
+            .as_ref()
+            .map_or(gemini_protocol::PROTOCOL_VERSION, Client::version)
+    }
+
     fn held_memory(&self) -> Vec<HeldMemory> {
         lock(&self.reserved)
             .iter()
@@ -116,10 +127,16 @@ impl State {
         // registered"). The back-off keeps a long wait from filling the
         // socket's queue, which would block the send.
         let mut warned = false;
+        let mut told_version = false;
         let mut seq = 0;
         let mut next_send = Instant::now();
         let mut resend_after = Duration::from_secs(1);
-        loop {
+        // A scheduler upgraded since we last spoke may speak our version
+        // again; an older one answers in its own, which we then speak.
+        if let Some(c) = lock(&self.conn).as_mut() {
+            c.speak_newest();
+        }
+        'hello: loop {
             if Instant::now() >= next_send {
                 seq = self.send(&hello)?;
                 next_send = Instant::now() + resend_after;
@@ -143,10 +160,56 @@ impl State {
                         self.registered.store(true, Ordering::Release);
                         return Ok(());
                     }
+                    Some(Ok(Reply::Error(e)))
+                        if e.kind == ErrorKind::ProtocolMismatch
+                            && self.speaks() < gemini_protocol::PROTOCOL_VERSION =>
+                    {
+                        // An older scheduler, which answered in its
+                        // version: say hello again in it, now.
+                        debug!(
+                            "the scheduler speaks protocol v{}; speaking it",
+                            self.speaks()
+                        );
+                        next_send = Instant::now();
+                        continue 'hello;
+                    }
+                    Some(Ok(Reply::Error(ErrorReply {
+                        kind: ErrorKind::ProtocolMismatch,
+                        message,
+                    }))) => {
+                        if !std::mem::replace(&mut told_version, true) {
+                            error!(
+                                "{message}; CUDA launches and allocations wait until a gem-schd that speaks this libgemhook.so's protocol answers"
+                            );
+                        }
+                        warned = true;
+                        break;
+                    }
+                    Some(Err(CodecError::VersionMismatch { peer, .. })) => {
+                        // Neither of us speaks the other's version: wait,
+                        // gated, as for an absent scheduler (below).
+                        if !std::mem::replace(&mut told_version, true) {
+                            error!(
+                                "the scheduler at {} speaks gemini protocol v{peer}, which this libgemhook.so ({}, protocol v{} to v{}) does not; CUDA launches and allocations wait until a gem-schd that speaks it answers{} (install matching versions; `gem-schd status` lists this process as refused)",
+                                self.settings
+                                    .ipc_dir
+                                    .join(gemini_protocol::SCHEDULER_SOCKET)
+                                    .display(),
+                                gemini_protocol::BUILD,
+                                gemini_protocol::OLDEST_PROTOCOL,
+                                gemini_protocol::PROTOCOL_VERSION,
+                                match self.settings.connect_timeout {
+                                    Some(t) => format!(" (up to {t:?}, GEMINI_CONNECT_TIMEOUT)"),
+                                    None => String::new(),
+                                }
+                            );
+                        }
+                        warned = true;
+                        break;
+                    }
                     Some(Ok(Reply::Error(e))) => {
                         let what = match e.kind {
                             ErrorKind::UnknownGroup => "unknown group",
-                            ErrorKind::ProtocolMismatch => "protocol mismatch",
                             _ => "refused by the scheduler",
                         };
                         error!(
@@ -225,10 +288,15 @@ impl State {
         let mut warned = false;
         loop {
             match self.take(seq) {
-                Some(Ok(Reply::Error(e))) if e.kind == ErrorKind::NotRegistered => {
+                Some(Ok(Reply::Error(e))) if forgets_us(&e) => {
                     return Err(Failure::Forgotten);
                 }
                 Some(Ok(r)) => return Ok(r),
+                Some(Err(CodecError::VersionMismatch { .. })) => {
+                    // Replaced by a scheduler of a version we do not
+                    // speak: registering again waits for one we do.
+                    return Err(Failure::Forgotten);
+                }
                 Some(Err(e)) => {
                     error!("unreadable answer from the scheduler: {e}");
                     return Err(Failure::Refused(self.refuse(CUDA_ERROR_NOT_PERMITTED)));
@@ -237,7 +305,10 @@ impl State {
             }
             if let Some(p) = ping {
                 match self.take(p) {
-                    Some(Ok(Reply::Error(e))) if e.kind == ErrorKind::NotRegistered => {
+                    Some(Ok(Reply::Error(e))) if forgets_us(&e) => {
+                        return Err(Failure::Forgotten);
+                    }
+                    Some(Err(CodecError::VersionMismatch { .. })) => {
                         return Err(Failure::Forgotten);
                     }
                     Some(_) => {
@@ -328,7 +399,11 @@ impl State {
             }
         };
         match taken {
-            Ok(Reply::Error(e)) if e.kind == ErrorKind::NotRegistered => {
+            Ok(Reply::Error(e)) if forgets_us(&e) => {
+                self.registered.store(false, Ordering::Release);
+                Some(None)
+            }
+            Err(CodecError::VersionMismatch { .. }) => {
                 self.registered.store(false, Ordering::Release);
                 Some(None)
             }
@@ -353,6 +428,17 @@ impl State {
             }
         }
     }
+}
+
+/// The scheduler answering `e` does not know this connection: it
+/// restarted, or it was replaced by one of an older protocol version that
+/// did not read the request. Registering again (in its version) and
+/// repeating the request is the answer to both.
+fn forgets_us(e: &gemini_protocol::ErrorReply) -> bool {
+    matches!(
+        e.kind,
+        ErrorKind::NotRegistered | ErrorKind::ProtocolMismatch
+    )
 }
 
 /// The scheduler refused this group a GPU (`Devices=`): said once per

@@ -258,6 +258,8 @@ mod tests {
             user: user.into(),
             command: format!("python {group}.py"),
             devices,
+            protocol: gemini_protocol::PROTOCOL_VERSION,
+            build: gemini_protocol::BUILD.into(),
         };
         StatusReport {
             server: "test".into(),
@@ -297,6 +299,8 @@ mod tests {
                 manual: None,
             }],
             driver_limits: false,
+            refused: Vec::new(),
+            protocol: gemini_protocol::PROTOCOL_VERSION,
         }
     }
 

@@ -21,6 +21,7 @@ fn main() -> std::io::Result<()> {
                 bytes: 1 << 30,
             }],
             job: None,
+            build: gemini_protocol::BUILD.into(),
         },
         Request::AcquireToken {
             device: 0,

@@ -1,7 +1,12 @@
 //! Frames: `b"GM"`, the protocol version (u16, little endian), then the
-//! postcard encoding of an [`Envelope`].
+//! postcard encoding of an [`Envelope`]. Frames of every version from
+//! [`OLDEST_PROTOCOL`] to [`PROTOCOL_VERSION`] are read (older ones through
+//! [`crate::legacy`]); the `_as` encoders write one for a peer of an older
+//! version.
 
-use crate::{Envelope, MAX_FRAME_BYTES, MAX_REPLY_BYTES, PROTOCOL_VERSION, Reply, Request};
+use crate::{
+    Envelope, MAX_FRAME_BYTES, MAX_REPLY_BYTES, OLDEST_PROTOCOL, PROTOCOL_VERSION, Reply, Request,
+};
 use serde::{Serialize, de::DeserializeOwned};
 
 const MAGIC: [u8; 2] = *b"GM";
@@ -16,14 +21,14 @@ pub enum CodecError {
     /// Not a gemini frame at all.
     #[error("frame does not start with the gemini magic \"GM\"")]
     BadMagic,
-    /// A gemini frame of another protocol version.
+    /// A gemini frame of a protocol version this build does not speak.
     #[error(
-        "protocol mismatch: peer speaks gemini protocol v{peer}, this build speaks v{ours}; install matching versions of gem-schd and libgemhook.so"
+        "protocol mismatch: peer speaks gemini protocol v{peer}, this build speaks v{OLDEST_PROTOCOL} to v{ours}; install a gem-schd and libgemhook.so that share a version"
     )]
     VersionMismatch {
         /// The peer's version.
         peer: u16,
-        /// Ours.
+        /// Ours (the newest this build speaks).
         ours: u16,
     },
     /// Larger than the limit ([`MAX_FRAME_BYTES`] for a request,
@@ -35,21 +40,47 @@ pub enum CodecError {
     Body(String),
 }
 
-fn encode<T: Serialize>(seq: u32, body: &T) -> Vec<u8> {
-    let header = || {
-        let mut out = Vec::with_capacity(64);
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-        out
-    };
+/// Whether this build speaks protocol `version`.
+pub fn spoken(version: u16) -> bool {
+    (OLDEST_PROTOCOL..=PROTOCOL_VERSION).contains(&version)
+}
+
+/// A frame's header for `version`.
+pub(crate) fn header(version: u16) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&version.to_le_bytes());
+    out
+}
+
+/// `body` as it is, under a header of `version`: the bytes of every
+/// message whose shape `version` shares with ours.
+pub(crate) fn encode_as<T: Serialize>(version: u16, seq: u32, body: &T) -> Vec<u8> {
     // Encoding into a Vec cannot fail for these types (no maps with
     // non-string keys, no unsized sequences); should it ever, the
     // header-only frame goes out and the peer reports it as malformed.
-    postcard::to_extend(&Envelope { seq, body }, header()).unwrap_or_else(|_| header())
+    postcard::to_extend(&Envelope { seq, body }, header(version))
+        .unwrap_or_else(|_| header(version))
 }
 
-/// Checks the size and header and returns the body.
-fn split(frame: &[u8], limit: usize) -> Result<&[u8], CodecError> {
+/// Decodes all of `bytes` as one `T`.
+pub(crate) fn take_all<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    let (v, rest): (T, &[u8]) =
+        postcard::take_from_bytes(bytes).map_err(|e| CodecError::Body(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(CodecError::Body(format!("{} trailing bytes", rest.len())));
+    }
+    Ok(v)
+}
+
+/// Decodes a body in the current shape.
+pub(crate) fn decode_current<T: DeserializeOwned>(body: &[u8]) -> Result<(u32, T), CodecError> {
+    let env: Envelope<T> = take_all(body)?;
+    Ok((env.seq, env.body))
+}
+
+/// Checks the size and header; returns the version and the body.
+fn split(frame: &[u8], limit: usize) -> Result<(u16, &[u8]), CodecError> {
     if frame.len() > limit {
         return Err(CodecError::TooLarge(frame.len(), limit));
     }
@@ -60,51 +91,97 @@ fn split(frame: &[u8], limit: usize) -> Result<&[u8], CodecError> {
         return Err(CodecError::BadMagic);
     }
     let peer = u16::from_le_bytes([frame[2], frame[3]]);
-    if peer != PROTOCOL_VERSION {
+    if !spoken(peer) {
         return Err(CodecError::VersionMismatch {
             peer,
             ours: PROTOCOL_VERSION,
         });
     }
-    Ok(&frame[HEADER..])
+    Ok((peer, &frame[HEADER..]))
 }
 
-fn decode<T: DeserializeOwned>(frame: &[u8], limit: usize) -> Result<(u32, T), CodecError> {
-    let body = split(frame, limit)?;
-    let (env, rest): (Envelope<T>, &[u8]) =
-        postcard::take_from_bytes(body).map_err(|e| CodecError::Body(e.to_string()))?;
-    if !rest.is_empty() {
-        return Err(CodecError::Body(format!("{} trailing bytes", rest.len())));
-    }
-    Ok((env.seq, env.body))
+/// The protocol version in a frame's header, whether spoken or not.
+pub fn frame_version(frame: &[u8]) -> Option<u16> {
+    (frame.len() >= HEADER && frame[..2] == MAGIC).then(|| u16::from_le_bytes([frame[2], frame[3]]))
 }
 
-/// Encodes a request frame.
+/// Encodes a request frame in our version.
 pub fn encode_request(seq: u32, req: &Request) -> Vec<u8> {
-    encode(seq, req)
+    encode_as(PROTOCOL_VERSION, seq, req)
 }
 
-/// Encodes a reply frame.
+/// Encodes a request frame for a peer of `version` (ours where this build
+/// does not speak it).
+pub fn encode_request_as(version: u16, seq: u32, req: &Request) -> Vec<u8> {
+    if spoken(version) && version < PROTOCOL_VERSION {
+        crate::legacy::encode_request(version, seq, req)
+    } else {
+        encode_request(seq, req)
+    }
+}
+
+/// Encodes a reply frame in our version.
 pub fn encode_reply(seq: u32, reply: &Reply) -> Vec<u8> {
-    encode(seq, reply)
+    encode_as(PROTOCOL_VERSION, seq, reply)
 }
 
-/// Decodes a request frame into its sequence number and request.
+/// Encodes a reply frame for a peer of `version`: the version its request
+/// came in (ours where this build does not speak it).
+pub fn encode_reply_as(version: u16, seq: u32, reply: &Reply) -> Vec<u8> {
+    if spoken(version) && version < PROTOCOL_VERSION {
+        crate::legacy::encode_reply(version, seq, reply)
+    } else {
+        encode_reply(seq, reply)
+    }
+}
+
+/// Decodes a request frame of any version spoken into its version,
+/// sequence number and request.
+pub fn decode_request_versioned(frame: &[u8]) -> Result<(u16, u32, Request), CodecError> {
+    let (version, body) = split(frame, MAX_FRAME_BYTES)?;
+    let (seq, req) = if version == PROTOCOL_VERSION {
+        decode_current(body)?
+    } else {
+        crate::legacy::decode_request(version, body)?
+    };
+    Ok((version, seq, req))
+}
+
+/// Decodes a reply frame of any version spoken into its version, sequence
+/// number and reply.
+pub fn decode_reply_versioned(frame: &[u8]) -> Result<(u16, u32, Reply), CodecError> {
+    let (version, body) = split(frame, MAX_REPLY_BYTES)?;
+    let (seq, reply) = if version == PROTOCOL_VERSION {
+        decode_current(body)?
+    } else {
+        crate::legacy::decode_reply(version, body)?
+    };
+    Ok((version, seq, reply))
+}
+
+/// Decodes a request frame of any version spoken into its sequence number
+/// and request.
 pub fn decode_request(frame: &[u8]) -> Result<(u32, Request), CodecError> {
-    decode(frame, MAX_FRAME_BYTES)
+    decode_request_versioned(frame).map(|(_, seq, req)| (seq, req))
 }
 
-/// Decodes a reply frame into its sequence number and reply.
+/// Decodes a reply frame of any version spoken into its sequence number
+/// and reply.
 pub fn decode_reply(frame: &[u8]) -> Result<(u32, Reply), CodecError> {
-    decode(frame, MAX_REPLY_BYTES)
+    decode_reply_versioned(frame).map(|(_, seq, reply)| (seq, reply))
 }
 
-/// The sequence number of a frame whose header is valid, even if its body
-/// is not, so a malformed request can still be answered in order. Postcard
-/// encodes the `u32` as a varint at the start of the body.
+/// The sequence number of a gemini frame, even if its body cannot be
+/// read, so a malformed request, or one of a version not spoken, can still
+/// be answered in order. Every version so far starts its body with it, a
+/// `u32` postcard writes as a varint.
 pub fn peek_seq(frame: &[u8]) -> Option<u32> {
-    let body = split(frame, MAX_FRAME_BYTES).ok()?;
-    postcard::take_from_bytes::<u32>(body).ok().map(|(s, _)| s)
+    if frame.len() > MAX_FRAME_BYTES || frame.len() < HEADER || frame[..2] != MAGIC {
+        return None;
+    }
+    postcard::take_from_bytes::<u32>(&frame[HEADER..])
+        .ok()
+        .map(|(s, _)| s)
 }
 
 #[cfg(test)]
@@ -123,6 +200,7 @@ mod tests {
                     bytes: 1 << 30,
                 }],
                 job: None,
+                build: crate::BUILD.into(),
             },
             Request::AcquireToken {
                 device: 0,
@@ -286,6 +364,103 @@ mod tests {
     }
 
     #[test]
+    fn a_version_below_the_oldest_spoken_is_refused() {
+        let mut frame = encode_request(1, &Request::Status);
+        frame[2..4].copy_from_slice(&(OLDEST_PROTOCOL - 1).to_le_bytes());
+        assert_eq!(
+            decode_request(&frame),
+            Err(CodecError::VersionMismatch {
+                peer: OLDEST_PROTOCOL - 1,
+                ours: PROTOCOL_VERSION
+            })
+        );
+        assert_eq!(frame_version(&frame), Some(OLDEST_PROTOCOL - 1));
+        // Its number is still read, to answer it in order.
+        assert_eq!(peek_seq(&frame), Some(1));
+    }
+
+    /// Frames written by gemini 0.1.0 (protocol 14), kept as that build
+    /// wrote them: `R` lines are `all_requests()` in order (each with its
+    /// index as sequence number), `S` a status reply with one client, `W`
+    /// a welcome, `T` a token grant.
+    fn v14_frames(kind: &str) -> Vec<Vec<u8>> {
+        include_str!("../tests/data/v14-frames.txt")
+            .lines()
+            .filter_map(|l| l.strip_prefix(kind)?.strip_prefix(' '))
+            .map(|hex| {
+                (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Every request of gemini 0.1.0 is read as what it meant (its hello
+    /// without a build), and written for a peer of 14 byte for byte as
+    /// 0.1.0 wrote it.
+    #[test]
+    fn requests_of_the_previous_release_are_read_and_written_as_it_did() {
+        let frames = v14_frames("R");
+        let requests = all_requests();
+        assert_eq!(frames.len(), requests.len());
+        for (i, (frame, mut req)) in frames.iter().zip(requests).enumerate() {
+            let seq = i as u32;
+            let (version, s, got) = decode_request_versioned(frame).unwrap();
+            assert_eq!((version, s), (14, seq));
+            assert_eq!(peek_seq(frame), Some(seq));
+            assert_eq!(
+                encode_request_as(14, seq, &req),
+                *frame,
+                "request {i}: {req:?}"
+            );
+            if let Request::Hello { build, .. } = &mut req {
+                assert!(!build.is_empty());
+                build.clear();
+            }
+            assert_eq!(got, req, "request {i}");
+        }
+    }
+
+    /// A status report goes to a peer of 14 without what 14 lacks (the
+    /// refused peers, each client's version), and comes from a scheduler
+    /// of 14 with its clients marked as of 14; other replies are the same
+    /// bytes in both versions.
+    #[test]
+    fn replies_of_the_previous_release_are_read_and_written_as_it_did() {
+        let status = &v14_frames("S")[0];
+        let (version, seq, reply) = decode_reply_versioned(status).unwrap();
+        assert_eq!((version, seq), (14, 7));
+        let Reply::Status(mut report) = reply.clone() else {
+            panic!("{reply:?}");
+        };
+        assert_eq!(report.clients.len(), 1);
+        assert_eq!(report.clients[0].command, "python train.py");
+        assert_eq!(report.clients[0].protocol, 14);
+        assert_eq!(report.clients[0].build, "0.1.0");
+        assert_eq!(report.protocol, 14);
+        assert_eq!(report.groups[0].name, "train");
+        assert_eq!(encode_reply_as(14, 7, &reply), *status);
+        // What 14 cannot carry is left out, not sent in a shape it
+        // misreads.
+        report.refused.push(crate::RefusedPeer {
+            pid: 9,
+            user: "bob".into(),
+            protocol: 7,
+            ago_us: 1,
+        });
+        report.clients[0].build = "9.9.9".into();
+        assert_eq!(encode_reply_as(14, 7, &Reply::Status(report)), *status);
+        for kind in ["W", "T"] {
+            let frame = &v14_frames(kind)[0];
+            let (version, seq, reply) = decode_reply_versioned(frame).unwrap();
+            assert_eq!(version, 14);
+            assert_eq!(encode_reply_as(14, seq, &reply), *frame, "{reply:?}");
+            assert_eq!(decode_reply(&encode_reply(seq, &reply)), Ok((seq, reply)));
+        }
+    }
+
+    #[test]
     fn garbage_is_an_error_not_a_panic() {
         assert_eq!(decode_request(b""), Err(CodecError::TooShort(0)));
         assert_eq!(decode_request(b"hello world"), Err(CodecError::BadMagic));
@@ -360,6 +535,8 @@ mod tests {
             reservations: vec![],
             queue: vec![],
             driver_limits: false,
+            refused: vec![],
+            protocol: crate::PROTOCOL_VERSION,
         };
         let reply = Reply::Status(Box::new(report));
         let frame = encode_reply(7, &reply);

@@ -11,27 +11,43 @@
 //!
 //! A frame is a 4-byte header — the magic `GM` and the little-endian
 //! protocol version — followed by a postcard-encoded [`Envelope`]. The
-//! version is checked before the body is decoded, so two builds that speak
-//! different versions always recognise each other and refuse cleanly
-//! instead of misreading each other's bytes.
+//! version is checked before the body is decoded, so two builds always
+//! recognise each other's version before reading a byte of the body. Each
+//! build speaks its own version and every older one [`legacy`] keeps (the
+//! previous release's at least): it reads a frame by its version and
+//! answers in that version, and a client speaks an older scheduler's
+//! version once it hears it. A version neither side speaks is refused
+//! cleanly instead of misread.
 
 pub mod clock;
 pub mod codec;
 pub mod endpoint;
 pub mod env;
 pub mod job;
+pub mod legacy;
 pub mod message;
 pub mod roundtrip;
 pub mod units;
 
-pub use codec::{CodecError, decode_reply, decode_request, encode_reply, encode_request};
+pub use codec::{
+    CodecError, decode_reply, decode_reply_versioned, decode_request, decode_request_versioned,
+    encode_reply, encode_reply_as, encode_request, encode_request_as,
+};
 pub use endpoint::{DEFAULT_IPC_DIR, EndpointError, SCHEDULER_SOCKET, scheduler_endpoint};
 pub use message::*;
 
 /// The protocol version this build speaks. Bump it on any change to the
-/// message enums: peers of another version are refused with
-/// [`ErrorKind::ProtocolMismatch`].
-pub const PROTOCOL_VERSION: u16 = 14;
+/// messages, keeping the previous version's shape of each message that
+/// changed in [`legacy`] (see docs/protocol.md for the rule).
+pub const PROTOCOL_VERSION: u16 = 15;
+
+/// The oldest protocol version this build still speaks ([`legacy`]).
+/// Peers of a version below it, or above [`PROTOCOL_VERSION`], are
+/// refused with [`ErrorKind::ProtocolMismatch`].
+pub const OLDEST_PROTOCOL: u16 = 14;
+
+/// This build's gemini release, as peers tell it in their hello.
+pub const BUILD: &str = env!("CARGO_PKG_VERSION");
 
 /// Largest request frame the daemon accepts, in bytes. The daemon sets it
 /// as the socket's maximum message size, so a hostile peer cannot make it

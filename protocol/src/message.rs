@@ -91,6 +91,10 @@ pub enum Request {
         /// declares it (see [`crate::job`]); `None`: none. Only a job's
         /// ranks take their GPUs in turns.
         job: Option<String>,
+        /// The peer's gemini release ([`crate::BUILD`]; empty from a peer
+        /// of protocol 14, which did not send it), shown in `gem-schd
+        /// status` so an operator sees who still runs an old hook.
+        build: String,
     },
     /// Ask for the token of `device`. `ran` is the device time the
     /// client's work occupied since its last report on this device, as
@@ -494,6 +498,26 @@ pub struct StatusReport {
     /// too (its per-cgroup limits, R615 drivers), or the hook alone.
     #[serde(default)]
     pub driver_limits: bool,
+    /// Peers refused for speaking a protocol version this scheduler does
+    /// not (they wait, gated, for one that does).
+    #[serde(default)]
+    pub refused: Vec<RefusedPeer>,
+    /// The newest protocol version the scheduler speaks.
+    #[serde(default)]
+    pub protocol: u16,
+}
+
+/// A peer refused for its protocol version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedPeer {
+    /// Its process (0 where the transport does not say).
+    pub pid: u32,
+    /// Its user (empty where unknown).
+    pub user: String,
+    /// The protocol version it speaks.
+    pub protocol: u16,
+    /// How long since it was last refused, in microseconds.
+    pub ago_us: u64,
 }
 
 /// A reservation, held or waiting.
@@ -670,4 +694,11 @@ pub struct ClientStatus {
     /// for.
     #[serde(default)]
     pub devices: Vec<DeviceId>,
+    /// The protocol version it speaks.
+    #[serde(default)]
+    pub protocol: u16,
+    /// Its gemini release, as its hello said (for a peer of protocol 14,
+    /// which did not say, the release that spoke it).
+    #[serde(default)]
+    pub build: String,
 }

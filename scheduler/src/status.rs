@@ -259,20 +259,21 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
     if !r.clients.is_empty() {
         let _ = writeln!(
             s,
-            "  {:<6} {:<8} {:<12} {:<8} {:<16} {:<6} COMMAND",
-            "CLIENT", "PID", "USER", "ROLE", "GROUP", "GPUS"
+            "  {:<6} {:<8} {:<12} {:<8} {:<16} {:<6} {:<8} COMMAND",
+            "CLIENT", "PID", "USER", "ROLE", "GROUP", "GPUS", "VERSION"
         );
     }
     for c in &r.clients {
         let _ = writeln!(
             s,
-            "  {:<6} {:<8} {:<12} {:<8} {:<16} {:<6} {}{}",
+            "  {:<6} {:<8} {:<12} {:<8} {:<16} {:<6} {:<8} {}{}",
             c.id,
             c.pid,
             if c.user.is_empty() { "-" } else { &c.user },
             format!("{:?}", c.role).to_lowercase(),
             if c.group.is_empty() { "-" } else { &c.group },
             format_gpus(&c.devices),
+            if c.build.is_empty() { "-" } else { &c.build },
             if c.command.is_empty() {
                 "-"
             } else {
@@ -283,6 +284,42 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
                 .map(|j| format!("  (job {j})"))
                 .unwrap_or_default()
         );
+    }
+    let older: Vec<String> = r
+        .clients
+        .iter()
+        .filter(|c| c.protocol != 0 && c.protocol < r.protocol)
+        .map(|c| c.pid.to_string())
+        .collect();
+    if !older.is_empty() {
+        let _ = writeln!(
+            s,
+            "  {} client(s) speak an older protocol and are served in it: pid {}; they run the newer hook once restarted",
+            older.len(),
+            older.join(", ")
+        );
+    }
+    if !r.refused.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nREFUSED: this gem-schd speaks protocol v{} to v{}; these wait, gated, for one that speaks theirs",
+            gemini_protocol::OLDEST_PROTOCOL,
+            gemini_protocol::PROTOCOL_VERSION
+        );
+        for p in &r.refused {
+            let _ = writeln!(
+                s,
+                "  pid {} (user {}) speaks v{}, last tried {} ago",
+                if p.pid == 0 {
+                    "?".to_string()
+                } else {
+                    p.pid.to_string()
+                },
+                if p.user.is_empty() { "?" } else { &p.user },
+                p.protocol,
+                length(p.ago_us)
+            );
+        }
     }
     s
 }
@@ -317,6 +354,8 @@ pub(crate) mod tests {
             reservations: vec![],
             queue: vec![],
             driver_limits: false,
+            refused: Vec::new(),
+            protocol: gemini_protocol::PROTOCOL_VERSION,
         };
         let text = render(&report);
         let row = |name: &str| {
@@ -362,6 +401,8 @@ pub(crate) mod tests {
             reservations: vec![],
             queue: vec![],
             driver_limits: true,
+            refused: Vec::new(),
+            protocol: gemini_protocol::PROTOCOL_VERSION,
         }
     }
 

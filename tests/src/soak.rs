@@ -252,6 +252,7 @@ pub fn load(duration: Duration, clients: usize) -> LoadReport {
                     pid: std::process::id(),
                     held: vec![],
                     job: None,
+                    build: gemini_protocol::BUILD.into(),
                 };
                 let ok = matches!(c.request(&hello, t), Ok(Reply::Welcome { .. }));
                 barrier.wait();

@@ -20,9 +20,9 @@ use crate::policy::{Action, Event, Micros, Params, Peer, Policy};
 use anyhow::{Context as _, bail};
 use gemini_config::{Settings, diff, load_resource};
 use gemini_protocol::{
-    ClientId, CodecError, DeviceId, ErrorKind, ErrorReply, GpuRequest, MAX_FRAME_BYTES, Reply,
-    Request, Role, codec::peek_seq, decode_request, encode_reply, endpoint::scheduler_socket_path,
-    scheduler_endpoint,
+    ClientId, CodecError, DeviceId, ErrorKind, ErrorReply, GpuRequest, MAX_FRAME_BYTES,
+    PROTOCOL_VERSION, Reply, Request, Role, codec::peek_seq, decode_request_versioned,
+    encode_reply_as, endpoint::scheduler_socket_path, scheduler_endpoint,
 };
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -54,7 +54,17 @@ struct Conn {
     pid: Option<u32>,
     /// When its last message came.
     last_seen: Instant,
+    /// The protocol version of its last request, which its replies are
+    /// written in.
+    version: u16,
+    /// Its gemini release, as its hello said.
+    build: String,
 }
+
+/// How long a peer refused for its protocol version stays in the status
+/// after its last try (a hook waiting for a scheduler it can speak to says
+/// hello again at most every 32 s).
+const REFUSED_SHOWN: Duration = Duration::from_secs(120);
 
 /// The running daemon.
 pub struct Daemon {
@@ -80,6 +90,10 @@ pub struct Daemon {
     /// The reservations as last written to the state file (`None`: not
     /// written yet).
     saved_reservations: Option<saved::SavedState>,
+    /// The memory as last written to its state file, and when it was
+    /// last looked at.
+    saved_memory: Option<Vec<saved::SavedMemory>>,
+    last_memory_save: Instant,
     reload_due: Option<Instant>,
     /// resource.conf itself had content at the last good load (groups may
     /// come from its drop-in files alone).
@@ -106,6 +120,8 @@ pub struct Daemon {
     driver_limits: DriverLimits,
     /// A client asked to stop (and was allowed to).
     stopping: bool,
+    /// Peers refused for their protocol version: the version, and when.
+    refused: HashMap<ClientId, (u16, Instant)>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -296,6 +312,9 @@ impl Daemon {
             watch,
             last_watch_check: Instant::now(),
             saved_reservations: None,
+            saved_memory: None,
+            last_memory_save: Instant::now(),
+            refused: HashMap::new(),
             reload_due: None,
             main_had_text: !main_is_empty(&settings.config),
             stop,
@@ -344,6 +363,7 @@ impl Daemon {
     /// Runs until shutdown is asked or a signal arrives.
     pub fn run(mut self) -> anyhow::Result<()> {
         self.restore_reservations();
+        self.restore_memory();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.now();
             let mut timeout = MAX_POLL;
@@ -407,10 +427,13 @@ impl Daemon {
             let actions = self.policy.handle(Event::Tick, now);
             self.send_actions(actions);
             self.save_reservations();
+            self.save_memory(false);
             self.driver_limits.poll();
             self.refresh_metrics();
         }
         info!("gem-schd stopping");
+        // What each process holds, for the next gem-schd (an upgrade).
+        self.save_memory(true);
         // What each group was charged, for the record (and for the tests'
         // check that no kernel ran outside its group's tokens).
         let now = self.now();
@@ -476,8 +499,20 @@ impl Daemon {
             }
             None => self.connected(identity, delimited, cred),
         };
-        match decode_request(&body) {
-            Ok((seq, req)) => {
+        match decode_request_versioned(&body) {
+            Ok((version, seq, req)) => {
+                if let Some(conn) = self.ids.get(&client).and_then(|i| self.conns.get_mut(i)) {
+                    conn.version = version;
+                    if let Request::Hello { build, .. } = &req {
+                        conn.build = if build.is_empty() {
+                            gemini_protocol::legacy::release_of(version)
+                                .unwrap_or_default()
+                                .to_string()
+                        } else {
+                            build.clone()
+                        };
+                    }
+                }
                 let t = Instant::now();
                 self.on_request(client, seq, req);
                 if let Some(m) = &self.metrics {
@@ -486,7 +521,10 @@ impl Daemon {
             }
             Err(e) => {
                 let kind = match e {
-                    CodecError::VersionMismatch { .. } => ErrorKind::ProtocolMismatch,
+                    CodecError::VersionMismatch { peer, .. } => {
+                        self.refused_peer(client, peer);
+                        ErrorKind::ProtocolMismatch
+                    }
                     _ => ErrorKind::Malformed,
                 };
                 warn!("client {client}: {e}");
@@ -522,6 +560,8 @@ impl Daemon {
                 cred,
                 pid: None,
                 last_seen: Instant::now(),
+                version: PROTOCOL_VERSION,
+                build: String::new(),
             },
         );
         if let Some(c) = cred {
@@ -560,7 +600,12 @@ impl Daemon {
                     if let Some(w) = self.watched.get(&c.pid) {
                         c.command.clone_from(&w.command);
                     }
+                    if let Some(conn) = self.conn(c.id) {
+                        c.protocol = conn.version;
+                        c.build.clone_from(&conn.build);
+                    }
                 }
+                report.refused = self.refused_peers();
                 for x in report
                     .reservations
                     .iter_mut()
@@ -577,7 +622,18 @@ impl Daemon {
                 self.asked.insert((client, seq), Instant::now());
                 None
             }
-            Request::Hello { pid, .. } => Some(pid),
+            Request::Hello { pid, role, .. } => {
+                // A process that had memory restored for it says hello
+                // itself, with what it holds now: its stand-in goes.
+                if role == Role::Client {
+                    let pid = self
+                        .conn(client)
+                        .and_then(|c| c.cred)
+                        .map_or(pid, |c| c.pid);
+                    self.drop_stand_in(pid);
+                }
+                Some(pid)
+            }
             Request::Shutdown => {
                 info!("shutdown requested by {}", self.peer(client));
                 None
@@ -603,6 +659,45 @@ impl Daemon {
             warn!("client {client} (pid {claimed}) refused: {}", e.message);
         }
         self.send_actions(actions);
+    }
+
+    /// Notes a peer refused for speaking protocol `version`, for the status.
+    fn refused_peer(&mut self, client: ClientId, version: u16) {
+        let now = Instant::now();
+        self.refused
+            .retain(|_, (_, at)| now.duration_since(*at) < REFUSED_SHOWN);
+        // Bounded whatever peers do: the oldest goes first.
+        if self.refused.len() >= 256
+            && let Some(oldest) = self
+                .refused
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(c, _)| *c)
+        {
+            self.refused.remove(&oldest);
+        }
+        self.refused.insert(client, (version, now));
+    }
+
+    /// The peers refused for their version lately, for the status.
+    fn refused_peers(&self) -> Vec<gemini_protocol::RefusedPeer> {
+        let now = Instant::now();
+        let mut out: Vec<gemini_protocol::RefusedPeer> = self
+            .refused
+            .iter()
+            .filter(|(_, (_, at))| now.duration_since(*at) < REFUSED_SHOWN)
+            .map(|(&client, &(protocol, at))| {
+                let cred = self.conn(client).and_then(|c| c.cred);
+                gemini_protocol::RefusedPeer {
+                    pid: cred.map_or(0, |c| c.pid),
+                    user: cred.map(|c| peer_of(c).user).unwrap_or_default(),
+                    protocol,
+                    ago_us: now.duration_since(at).as_micros() as u64,
+                }
+            })
+            .collect();
+        out.sort_by_key(|r| r.ago_us);
+        out
     }
 
     fn conn(&self, client: ClientId) -> Option<&Conn> {
@@ -677,8 +772,11 @@ impl Daemon {
             return;
         };
         debug!("client {client} #{seq} <- {reply:?}");
-        let delimited = self.conns.get(identity).is_some_and(|c| c.delimited);
-        let body = encode_reply(seq, reply);
+        let (delimited, version) = self
+            .conns
+            .get(identity)
+            .map_or((false, PROTOCOL_VERSION), |c| (c.delimited, c.version));
+        let body = encode_reply_as(version, seq, reply);
         let result = if delimited {
             self.sock
                 .send_multipart([identity.as_slice(), &[], &body], zmq::DONTWAIT)

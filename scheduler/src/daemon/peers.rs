@@ -219,6 +219,8 @@ mod tests {
             cred: None,
             pid,
             last_seen: t0,
+            version: PROTOCOL_VERSION,
+            build: String::new(),
         };
         let mut conns = HashMap::new();
         conns.insert(b"status".to_vec(), conn(1, None));

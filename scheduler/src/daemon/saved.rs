@@ -1,5 +1,7 @@
-//! GPU reservations kept across a restart of the daemon, in a state file
-//! beside the socket.
+//! What a restart of the daemon must not lose, in state files beside the
+//! socket: the GPU reservations (since when included), and the memory each
+//! hooked process holds (until it says hello to the new daemon itself,
+//! which an idle process does only at its next CUDA call).
 
 use super::*;
 
@@ -15,6 +17,10 @@ pub(super) struct SavedReservation {
     pub(super) devices: Vec<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) manual: Option<SavedManual>,
+    /// When it was made, µs since the Unix epoch (0: not said, by a
+    /// gemini before 0.2.0: counted from the restore).
+    #[serde(default)]
+    pub(super) since_unix_us: u64,
 }
 
 /// A reservation made without a program (`gem-launch reserve`).
@@ -29,15 +35,64 @@ pub(super) struct SavedManual {
 /// What the state file was last written from: the run reservations and
 /// those made without a program.
 pub(super) type SavedState = (
-    Vec<(ClientId, String, Vec<u32>)>,
-    Vec<(String, Vec<u32>, u32, String, u64)>,
+    Vec<(ClientId, String, Vec<u32>, i64)>,
+    Vec<(String, Vec<u32>, u32, String, u64, i64)>,
 );
+
+/// The memory a hooked process holds, as the state file keeps it across a
+/// restart: restored under a stand-in for the process until the process
+/// says hello again (with what it holds then) or ends.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(super) struct SavedMemory {
+    pub(super) pid: u32,
+    pub(super) start_time: u64,
+    pub(super) group: String,
+    /// `(device, bytes)`.
+    pub(super) held: Vec<(u32, u64)>,
+}
+
+/// How often the memory state file is brought up to date (and at the
+/// daemon's stop): a crash loses at most this much of it, and a process
+/// says what it holds at its next call all the same.
+const MEMORY_SAVE_EVERY: Duration = Duration::from_secs(1);
 
 /// Seconds since the Unix epoch now.
 fn unix_now() -> u64 {
+    unix_now_us() / 1_000_000
+}
+
+/// Microseconds since the Unix epoch now.
+fn unix_now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// How long before now `since_unix_us` was (0: unknown, none).
+fn held_before(since_unix_us: u64) -> Micros {
+    if since_unix_us == 0 {
+        0
+    } else {
+        unix_now_us().saturating_sub(since_unix_us)
+    }
+}
+
+/// The memory state file, beside the socket.
+pub(super) fn memory_path(ipc_dir: &Path) -> PathBuf {
+    ipc_dir.join("memory.json")
+}
+
+/// Writes `value` as JSON to `path`, aside then renamed: never half a file.
+fn write_state<T: serde::Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let bytes = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The identity of the stand-in connection for process `pid`'s memory.
+pub(super) fn memory_stand_in(pid: u32) -> Vec<u8> {
+    format!("restored-memory:{pid}").into_bytes()
 }
 
 /// The state file of the reservations, beside the socket.
@@ -81,9 +136,9 @@ impl Daemon {
                 match self.policy.restore_manual(
                     &r.group,
                     r.devices.clone(),
-                    m.uid,
-                    m.user.clone(),
+                    (m.uid, m.user.clone()),
                     now + left,
+                    held_before(r.since_unix_us),
                     now,
                 ) {
                     Ok(()) => info!(
@@ -120,6 +175,8 @@ impl Daemon {
                     cred: None,
                     pid: Some(r.pid),
                     last_seen: Instant::now(),
+                    version: gemini_protocol::PROTOCOL_VERSION,
+                    build: String::new(),
                 },
             );
             self.ids.insert(id, identity);
@@ -146,6 +203,7 @@ impl Daemon {
                 pid: r.pid,
                 held: Vec::new(),
                 job: None,
+                build: gemini_protocol::BUILD.into(),
             };
             let _ = self.policy.handle(
                 Event::Request {
@@ -178,6 +236,8 @@ impl Daemon {
                 )
             });
             if restored {
+                self.policy
+                    .backdate_reservation(id, held_before(r.since_unix_us));
                 info!(
                     "reservation of GPU(s) {:?} by pid {} (group {:?}) restored",
                     r.devices, r.pid, r.group
@@ -204,9 +264,15 @@ impl Daemon {
             return;
         }
         let (held, manual) = &state;
+        let clock = self.now();
+        let unix = unix_now();
+        let since_unix = |since: i64| {
+            let ago = (clock as i64).saturating_sub(since).max(0) as u64;
+            unix_now_us().saturating_sub(ago).max(1)
+        };
         let mut now: Vec<SavedReservation> = held
             .iter()
-            .filter_map(|(client, group, devices)| {
+            .filter_map(|(client, group, devices, since)| {
                 let pid = self.conn(*client).and_then(|c| c.pid)?;
                 Some(SavedReservation {
                     pid,
@@ -214,35 +280,176 @@ impl Daemon {
                     group: group.clone(),
                     devices: devices.clone(),
                     manual: None,
+                    since_unix_us: since_unix(*since),
                 })
             })
             .collect();
-        let clock = self.now();
-        let unix = unix_now();
         now.extend(
-            manual
-                .iter()
-                .map(|(group, devices, uid, user, until)| SavedReservation {
+            manual.iter().map(
+                |(group, devices, uid, user, until, since)| SavedReservation {
                     pid: 0,
                     start_time: 0,
                     group: group.clone(),
                     devices: devices.clone(),
+                    since_unix_us: since_unix(*since),
                     manual: Some(SavedManual {
                         uid: *uid,
                         user: user.clone(),
                         until_unix: unix + until.saturating_sub(clock).div_ceil(1_000_000),
                     }),
-                }),
+                },
+            ),
         );
         let path = reservations_path(&self.ipc_dir);
-        let tmp = path.with_extension("json.tmp");
-        let written = serde_json::to_vec_pretty(&now)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
-            .and_then(|()| std::fs::rename(&tmp, &path));
-        match written {
+        match write_state(&path, &now) {
             Ok(()) => self.saved_reservations = Some(state),
             Err(e) => warn!("cannot write {}: {e}", path.display()),
         }
+    }
+
+    /// Writes the memory each hooked process holds to its state file, at
+    /// most every [`MEMORY_SAVE_EVERY`] (`now`: at once), when it changed.
+    pub(super) fn save_memory(&mut self, now: bool) {
+        if !now && self.last_memory_save.elapsed() < MEMORY_SAVE_EVERY {
+            return;
+        }
+        self.last_memory_save = Instant::now();
+        let mut held: Vec<SavedMemory> = self
+            .policy
+            .client_memory()
+            .into_iter()
+            .filter_map(|(pid, group, held)| {
+                Some(SavedMemory {
+                    pid,
+                    start_time: process_start_time(pid)?,
+                    group,
+                    held,
+                })
+            })
+            .collect();
+        held.sort_by_key(|m| m.pid);
+        if self.saved_memory.as_ref() == Some(&held) {
+            return;
+        }
+        let path = memory_path(&self.ipc_dir);
+        match write_state(&path, &held) {
+            Ok(()) => self.saved_memory = Some(held),
+            Err(e) => warn!("cannot write {}: {e}", path.display()),
+        }
+    }
+
+    /// Takes back the memory the hooked processes of a previous daemon on
+    /// this directory held, for those that still run: each under a
+    /// stand-in connection that says hello for it with what it held, until
+    /// it says hello itself or ends. Without this, a process idle across
+    /// the restart would be counted at nothing until its next call, and
+    /// its group could allocate past its `MemoryLimit` meanwhile.
+    pub(super) fn restore_memory(&mut self) {
+        let path = memory_path(&self.ipc_dir);
+        let saved: Vec<SavedMemory> = match std::fs::read(&path) {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(v) => v,
+                Err(e) => {
+                    warn!("{}: unreadable ({e}); no memory restored", path.display());
+                    return;
+                }
+            },
+            Err(_) => return,
+        };
+        for m in saved {
+            if m.pid == 0 || process_start_time(m.pid) != Some(m.start_time) {
+                continue;
+            }
+            let identity = memory_stand_in(m.pid);
+            if self.conns.contains_key(&identity) {
+                continue;
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            self.conns.insert(
+                identity.clone(),
+                Conn {
+                    id,
+                    delimited: false,
+                    cred: None,
+                    pid: Some(m.pid),
+                    last_seen: Instant::now(),
+                    version: gemini_protocol::PROTOCOL_VERSION,
+                    build: "(restored)".into(),
+                },
+            );
+            self.ids.insert(id, identity);
+            let now = self.now();
+            // Admitted as the scheduler's own user: the group admitted the
+            // process when it first said hello.
+            let _ = self.policy.handle(
+                Event::Connected {
+                    client: id,
+                    peer: Peer {
+                        uid: euid(),
+                        pid: m.pid,
+                        user: "(restored)".into(),
+                        groups: Vec::new(),
+                        cgroups: Vec::new(),
+                    },
+                },
+                now,
+            );
+            let hello = Request::Hello {
+                role: Role::Client,
+                group: m.group.clone(),
+                pid: m.pid,
+                held: m
+                    .held
+                    .iter()
+                    .map(|&(device, bytes)| gemini_protocol::HeldMemory { device, bytes })
+                    .collect(),
+                job: None,
+                build: String::new(),
+            };
+            let actions = self.policy.handle(
+                Event::Request {
+                    client: id,
+                    seq: 0,
+                    req: hello,
+                },
+                now,
+            );
+            if actions.iter().any(|a| {
+                matches!(
+                    a,
+                    Action::Reply {
+                        reply: Reply::Welcome { .. },
+                        ..
+                    }
+                )
+            }) {
+                info!(
+                    "memory of pid {} (group {:?}) restored: {:?} (device, bytes)",
+                    m.pid, m.group, m.held
+                );
+                self.watch(id, m.pid);
+            } else {
+                warn!(
+                    "memory of pid {} (group {:?}) could not be restored: {actions:?}",
+                    m.pid, m.group
+                );
+                self.drop_stand_in(m.pid);
+            }
+        }
+        self.save_memory(true);
+    }
+
+    /// Drops the stand-in for process `pid`'s memory, if any: the process
+    /// said hello itself, with what it holds now.
+    pub(super) fn drop_stand_in(&mut self, pid: u32) {
+        let Some(c) = self.conns.remove(&memory_stand_in(pid)) else {
+            return;
+        };
+        self.ids.remove(&c.id);
+        let actions = self
+            .policy
+            .handle(Event::Disconnected { client: c.id }, self.now());
+        self.send_actions(actions);
     }
 }

@@ -779,11 +779,35 @@ impl Policy {
         self.clients.get(&id).map(|c| c.group.shown())
     }
 
+    /// The memory each hooked process holds, as `(pid, group, [(device,
+    /// bytes)])`, for the daemon's state file (the holder's is not kept:
+    /// it says hello again at once, and gives memory back on demand).
+    pub fn client_memory(&self) -> Vec<ProcessMemory> {
+        self.clients
+            .values()
+            .filter(|c| c.role == Role::Client)
+            .filter_map(|c| {
+                let held: Vec<(DeviceId, u64)> = c
+                    .memory
+                    .iter()
+                    .filter(|(_, b)| **b > 0)
+                    .map(|(&d, &b)| (d, b))
+                    .collect();
+                let group = c.group.name()?.to_string();
+                (!held.is_empty()).then_some((c.pid, group, held))
+            })
+            .collect()
+    }
+
     /// Process ids of registered clients, for the liveness check.
     pub fn client_pids(&self) -> impl Iterator<Item = (ClientId, u32)> + '_ {
         self.clients.iter().map(|(&id, c)| (id, c.pid))
     }
 }
+
+/// What a hooked process holds: its pid, its group, and `(device,
+/// bytes)` for each device it holds memory on.
+pub type ProcessMemory = (u32, String, Vec<(DeviceId, u64)>);
 
 #[cfg(test)]
 mod tests;

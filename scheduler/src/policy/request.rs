@@ -34,6 +34,7 @@ impl Policy {
                 pid,
                 held,
                 job,
+                build: _,
             } => {
                 // The kernel's word wins over the claim.
                 let pid = self.peer(client).map_or(pid, |p| p.pid);

@@ -32,8 +32,19 @@ pub struct Reservation {
     devices: Vec<DeviceId>,
     claim: f64,
     since: Micros,
+    /// How long it was held before this scheduler started (by the one
+    /// before, restored from its state file).
+    before: Micros,
     /// Made without a program: whose, and until when.
     manual: Option<Manual>,
+}
+
+impl Reservation {
+    /// When it was made, on this scheduler's clock (negative: before it
+    /// started).
+    fn held_since(&self) -> i64 {
+        self.since as i64 - self.before.min(i64::MAX as u64) as i64
+    }
 }
 
 /// A launch waiting for devices.
@@ -233,6 +244,7 @@ impl Policy {
                 devices: devices.clone(),
                 claim,
                 since: now,
+                before: 0,
                 manual: manual.map(|m| m.granted(now)),
             });
             return answer(Reply::Reserved { devices });
@@ -310,6 +322,7 @@ impl Policy {
                 devices,
                 claim: w.claim,
                 since: now,
+                before: 0,
                 manual: w.manual.map(|m| m.granted(now)),
             });
         }
@@ -379,19 +392,20 @@ impl Policy {
         Reply::Released { devices: freed }
     }
 
-    /// The reservations held, as `(client, group, devices)`, in the order
-    /// they were made (for the daemon's state file).
-    pub fn held_reservations(&self) -> Vec<(ClientId, String, Vec<DeviceId>)> {
+    /// The reservations held, as `(client, group, devices, since)`, in
+    /// the order they were made (for the daemon's state file); `since` is
+    /// on this scheduler's clock, negative for one held before it started.
+    pub fn held_reservations(&self) -> Vec<(ClientId, String, Vec<DeviceId>, i64)> {
         self.reservations
             .iter()
             .filter(|r| r.manual.is_none())
-            .map(|r| (r.client, r.group.clone(), r.devices.clone()))
+            .map(|r| (r.client, r.group.clone(), r.devices.clone(), r.held_since()))
             .collect()
     }
 
     /// The reservations made without a program, as `(group, devices, uid,
-    /// user, until)` (for the daemon's state file).
-    pub fn manual_reservations(&self) -> Vec<(String, Vec<DeviceId>, u32, String, Micros)> {
+    /// user, until, since)` (for the daemon's state file).
+    pub fn manual_reservations(&self) -> Vec<(String, Vec<DeviceId>, u32, String, Micros, i64)> {
         self.reservations
             .iter()
             .filter_map(|r| {
@@ -402,23 +416,35 @@ impl Policy {
                     m.uid,
                     m.user.clone(),
                     m.until,
+                    r.held_since(),
                 ))
             })
             .collect()
     }
 
+    /// Counts the time the previous scheduler held `client`'s restored
+    /// reservation (`before`, µs) in how long it has been held.
+    pub fn backdate_reservation(&mut self, client: ClientId, before: Micros) {
+        for r in self.reservations.iter_mut().filter(|r| r.client == client) {
+            r.before = before;
+        }
+    }
+
     /// Takes back a reservation made without a program that a previous
-    /// daemon held, until `until` (this scheduler's clock), if it has not
-    /// expired, its group exists and its devices have room (as they had).
+    /// daemon held (made by `owner`: uid and user name; held for `before`
+    /// µs before this scheduler started), until `until` (this scheduler's
+    /// clock), if it has not expired, its group exists and its devices
+    /// have room (as they had).
     pub fn restore_manual(
         &mut self,
         group: &str,
         devices: Vec<DeviceId>,
-        uid: u32,
-        user: String,
+        owner: (u32, String),
         until: Micros,
+        before: Micros,
         now: Micros,
     ) -> Result<(), String> {
+        let (uid, user) = owner;
         let Some(cfg) = self.config.groups.get(group) else {
             return Err(format!("group {group:?} is no longer defined"));
         };
@@ -436,6 +462,7 @@ impl Policy {
             devices,
             claim,
             since: now,
+            before,
             manual: Some(Manual {
                 uid,
                 user,
@@ -472,7 +499,7 @@ impl Policy {
                 group: r.group.clone(),
                 gpus: r.gpus.clone(),
                 devices: r.devices.clone(),
-                for_us: now.saturating_sub(r.since),
+                for_us: now.saturating_sub(r.since).saturating_add(r.before),
                 user: user(r.client, r.manual.as_ref()),
                 // The daemon reads it.
                 command: String::new(),

@@ -189,6 +189,9 @@ impl Policy {
                     .collect::<BTreeSet<DeviceId>>()
                     .into_iter()
                     .collect(),
+                // The daemon knows each connection's version and build.
+                protocol: 0,
+                build: String::new(),
             })
             .collect();
         StatusReport {
@@ -204,6 +207,8 @@ impl Policy {
             queue,
             // The daemon fills in the driver's side.
             driver_limits: false,
+            refused: Vec::new(),
+            protocol: gemini_protocol::PROTOCOL_VERSION,
         }
     }
 }

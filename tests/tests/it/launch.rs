@@ -358,7 +358,11 @@ fn reservations_and_the_queue_survive_a_scheduler_restart() {
         .spawn()
         .unwrap();
     g.wait_status(5.0, "a launch queued", |s| s.queue.len() == 1);
+    // Held a second before the first restart: a restored reservation
+    // counted from its restore would show less.
+    std::thread::sleep(Duration::from_secs(1));
     for how in ["kill -9", "shutdown"] {
+        let held_for = g.status().reservations[0].for_us;
         if how == "shutdown" {
             let out = Command::new(bin("gem-schd"))
                 .arg("shutdown")
@@ -375,9 +379,15 @@ fn reservations_and_the_queue_survive_a_scheduler_restart() {
         }
         g.kill_scheduler();
         g.start_scheduler();
-        g.wait_status(5.0, "the reservation restored", |s| {
+        let st = g.wait_status(5.0, "the reservation restored", |s| {
             s.reservations.len() == 1 && s.reservations[0].devices == [0]
         });
+        // Held since it was made, not since the restart.
+        assert!(
+            st.reservations[0].for_us >= held_for,
+            "after {how}: held {} µs, before the restart {held_for} µs",
+            st.reservations[0].for_us
+        );
         let out = launch(
             &g,
             &["--group", "a", "--gpus", "1", "--nonblock"],

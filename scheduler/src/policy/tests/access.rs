@@ -45,6 +45,7 @@ fn hello_as(p: &mut Policy, client: ClientId, role: Role, group: &str) -> Vec<Ac
                 pid: 7,
                 held: vec![],
                 job: None,
+                build: gemini_protocol::BUILD.into(),
             },
         },
         0,

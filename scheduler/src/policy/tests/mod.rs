@@ -122,6 +122,7 @@ impl Sim {
                     pid: 1000 + idx as u32,
                     held: vec![],
                     job: None,
+                    build: gemini_protocol::BUILD.into(),
                 },
             },
             self.now,
@@ -395,6 +396,7 @@ fn hello_job(p: &mut Policy, client: ClientId, group: &str, job: Option<&str>) -
         pid: client as u32,
         held: vec![],
         job: job.map(str::to_string),
+        build: gemini_protocol::BUILD.into(),
     };
     let acts = p.handle(
         Event::Request {
@@ -496,6 +498,7 @@ fn hello_holder(p: &mut Policy, client: ClientId) {
         pid: 9,
         held: vec![],
         job: None,
+        build: gemini_protocol::BUILD.into(),
     };
     let acts = p.handle(
         Event::Request {
@@ -599,6 +602,7 @@ fn control(p: &mut Policy, client: ClientId) {
         pid: client as u32,
         held: vec![],
         job: None,
+        build: gemini_protocol::BUILD.into(),
     };
     p.handle(
         Event::Request {

@@ -303,6 +303,7 @@ fn quota_follows_predicted_burst_within_bounds() {
         pid: 1,
         held: vec![],
         job: None,
+        build: gemini_protocol::BUILD.into(),
     };
     p.handle(
         Event::Request {

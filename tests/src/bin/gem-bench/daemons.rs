@@ -89,6 +89,7 @@ pub(crate) fn policy_throughput(t: &mut Table) {
             pid: c as u32,
             held: vec![],
             job: None,
+            build: gemini_protocol::BUILD.into(),
         };
         p.handle(
             Event::Request {

@@ -133,6 +133,7 @@ pub(crate) fn client_of(g: &Gemini, group: &str) -> Client {
         pid: std::process::id(),
         held: vec![],
         job: None,
+        build: gemini_protocol::BUILD.into(),
     };
     assert!(matches!(
         c.request(&hello, Duration::from_secs(5)),

@@ -89,6 +89,7 @@ fn helper_hello_as_user() {
             pid: std::process::id(),
             held: vec![],
             job: None,
+            build: gemini_protocol::BUILD.into(),
         };
         c.request(&req, T)
     });

@@ -30,6 +30,7 @@ fn hello(c: &mut Client, group: &str) -> Reply {
         pid: std::process::id(),
         held: vec![],
         job: None,
+        build: gemini_protocol::BUILD.into(),
     };
     c.request(&req, T).unwrap()
 }
@@ -352,6 +353,91 @@ fn garbage_and_foreign_versions_get_error_replies_and_the_daemon_lives() {
     ));
 }
 
+/// A peer of the previous release's protocol (14) is served in it: its
+/// hello and requests are read, its replies written in 14, and the status
+/// lists it with its version. A peer of a version not spoken is refused,
+/// and listed as refused.
+#[test]
+fn a_peer_of_the_previous_protocol_is_served_and_an_unknown_one_listed() {
+    let s = Gemini::daemon("[a]\nMemoryLimit=1GiB\n");
+    let mut old = s.client();
+    let hello14 = gemini_protocol::encode_request_as(
+        14,
+        1,
+        &Request::Hello {
+            role: Role::Client,
+            group: "a".into(),
+            pid: std::process::id(),
+            held: vec![],
+            job: None,
+            build: "ignored in 14".into(),
+        },
+    );
+    assert_eq!(gemini_protocol::codec::frame_version(&hello14), Some(14));
+    old.send_raw(&hello14).unwrap();
+    let (seq, r) = old.recv(T).unwrap();
+    assert_eq!(seq, 1);
+    assert!(matches!(r, Reply::Welcome { .. }), "{r:?}");
+    // The answer came in 14: the client now speaks it.
+    assert_eq!(old.version(), 14);
+    let r = old
+        .request(
+            &Request::ReserveMemory {
+                device: 0,
+                bytes: 512 << 20,
+            },
+            T,
+        )
+        .unwrap();
+    assert!(
+        matches!(r, Reply::Memory { used, .. } if used == 512 << 20),
+        "{r:?}"
+    );
+    // Its status request is answered in the shape 14 reads.
+    assert!(matches!(
+        old.request(&Request::Status, T).unwrap(),
+        Reply::Status(_)
+    ));
+
+    let mut foreign = s.client();
+    let mut frame = encode_request(5, &Request::Status);
+    frame[2..4].copy_from_slice(&(gemini_protocol::OLDEST_PROTOCOL - 1).to_le_bytes());
+    foreign.send_raw(&frame).unwrap();
+    let (_, r) = foreign.recv(T).unwrap();
+    assert_eq!(error_kind(&r), Some(ErrorKind::ProtocolMismatch));
+
+    let st = s.status();
+    let me = st
+        .clients
+        .iter()
+        .find(|c| c.role == Role::Client)
+        .unwrap_or_else(|| panic!("{st:#?}"));
+    assert_eq!((me.protocol, me.build.as_str()), (14, "0.1.0"));
+    assert_eq!(st.groups[0].name, "a");
+    assert_eq!(st.refused.len(), 1, "{:?}", st.refused);
+    assert_eq!(st.refused[0].protocol, gemini_protocol::OLDEST_PROTOCOL - 1);
+    assert_eq!(st.refused[0].pid, std::process::id());
+    let out = Command::new(schd_bin())
+        .args(["status", "--ipc-dir"])
+        .arg(s.ipc())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("1 client(s) speak an older protocol and are served in it: pid")
+            && text.contains(&format!(
+                "speaks v{}, last tried",
+                gemini_protocol::OLDEST_PROTOCOL - 1
+            )),
+        "{text}"
+    );
+    let row = text
+        .lines()
+        .find(|l| l.contains(" client ") && l.contains(" a "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(row.contains(" 0.1.0 "), "{row}");
+}
+
 #[test]
 fn dead_client_releases_token_and_memory() {
     let s = Gemini::daemon("[a]\nMemoryLimit=1GiB\n");
@@ -400,7 +486,72 @@ fn dead_client_releases_token_and_memory() {
     assert!(matches!(r, Reply::Memory { .. }), "{r:?}");
 }
 
-/// Not a test: the client process of `dead_client_releases_token_and_memory`.
+/// A process that holds memory and makes no CUDA call across a restart of
+/// the scheduler (a graceful one, as `systemctl restart` or an upgrade, and
+/// a kill -9) keeps its memory counted against its group: the new
+/// scheduler takes it back from its state file before the process says
+/// anything, so the group cannot allocate past its `MemoryLimit`
+/// meanwhile. It is released when the process ends. (Before, it counted
+/// as nothing until the process's next call.)
+#[test]
+fn an_idle_processs_memory_is_kept_across_a_restart() {
+    let mut s = Gemini::daemon("[a]\nMemoryLimit=1GiB\n");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "daemon::helper_client_process",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("GEM_TEST_HELPER_IPC", s.ipc())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let held = |st: &StatusReport| {
+        st.devices
+            .first()
+            .and_then(|d| d.groups.iter().find(|g| g.group == "a"))
+            .map_or(0, |g| g.memory_used)
+    };
+    s.wait_status(5.0, "helper registered", |st| held(st) == 1 << 30);
+    for how in ["shutdown", "kill -9"] {
+        if how == "shutdown" {
+            let out = Command::new(schd_bin())
+                .args(["shutdown", "--ipc-dir"])
+                .arg(s.ipc())
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+            s.wait_scheduler();
+        } else {
+            // The state file is brought up to date every second.
+            std::thread::sleep(Duration::from_millis(1500));
+            s.kill_scheduler();
+        }
+        s.start_scheduler();
+        let st = s.status();
+        assert_eq!(held(&st), 1 << 30, "after {how}: {st:#?}\n{}", s.log());
+        let mut c = s.client();
+        hello(&mut c, "a");
+        let r = c
+            .request(
+                &Request::ReserveMemory {
+                    device: 0,
+                    bytes: 1 << 20,
+                },
+                T,
+            )
+            .unwrap();
+        assert_eq!(error_kind(&r), Some(ErrorKind::OutOfMemory), "after {how}");
+        c.request(&Request::Goodbye, T).unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    s.wait_status(5.0, "the memory released", |st| held(st) == 0);
+}
+
+/// Not a test: the client process of `dead_client_releases_token_and_memory`
+/// and `an_idle_processs_memory_is_kept_across_a_restart`.
 #[test]
 #[ignore = "helper process, run by another test"]
 fn helper_client_process() {

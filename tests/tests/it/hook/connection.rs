@@ -72,6 +72,63 @@ fn a_request_lost_with_a_killed_scheduler_is_asked_again() {
     finish(w);
 }
 
+/// A scheduler that speaks a protocol version this hook does not (one two
+/// releases apart, say) is waited for as an absent one: the program says
+/// so once on stderr, launches nothing meanwhile (it never runs
+/// ungated), and goes on when a scheduler it can speak to answers. (It
+/// used to fail every launch and allocation.)
+#[test]
+fn a_scheduler_of_an_unspoken_version_is_waited_for_gated() {
+    let _serial = serial();
+    let mut g = Gemini::start(SimEnv::default(), "[a]\nMaxUtil=0.5\n");
+    g.kill_scheduler();
+    let endpoint = gemini_protocol::scheduler_endpoint(&g.ipc()).unwrap();
+    let socket = g.ipc().join(gemini_protocol::SCHEDULER_SOCKET);
+    let _ = std::fs::remove_file(&socket);
+    let ctx = zmq::Context::new();
+    let foreign = ctx.socket(zmq::ROUTER).unwrap();
+    foreign.bind(&endpoint).unwrap();
+    let t0 = now_ns();
+    let w = spawn(rust(&g, "a", &["--seconds", "1", "--kernel-us", "500"]));
+    // Every request gets an answer of protocol 99 for two seconds.
+    let mut answered = 0;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        if foreign.poll(zmq::POLLIN, 50).unwrap() == 0 {
+            continue;
+        }
+        let frames = foreign.recv_multipart(0).unwrap();
+        let mut reply = b"GM".to_vec();
+        reply.extend_from_slice(&99u16.to_le_bytes());
+        reply.extend_from_slice(&[1, 2, 3]);
+        foreign.send_multipart([&frames[0][..], &reply], 0).unwrap();
+        answered += 1;
+    }
+    drop(foreign);
+    let _ = std::fs::remove_file(&socket);
+    let t1 = now_ns();
+    assert!(answered > 0, "the hook never asked");
+    g.start_scheduler();
+    let out = finish(w);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("speaks gemini protocol v99").count(),
+        1,
+        "said once: {err}"
+    );
+    assert!(
+        err.contains("wait until a gem-schd that speaks it answers"),
+        "{err}"
+    );
+    // Nothing ran while only the foreign scheduler answered.
+    let before = g.sim.busy(0, t0, t1).share(pid_of(&out));
+    assert_eq!(
+        before, 0.0,
+        "ran ungated before a scheduler it speaks to answered"
+    );
+    assert!(field(&reports(&out.stdout)[0], "kernels") > 0);
+}
+
 #[test]
 fn unknown_or_missing_group_fails_cleanly_with_one_line() {
     let g = Gemini::start(SimEnv::default(), "[a]\n");
