@@ -9,7 +9,7 @@ PREFIX ?= /usr/local
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),target)
 RELEASE_DIR = $(TARGET_DIR)/release
 
-.PHONY: all setup build release sim-env test test-loom test-timesliced test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist deb test-deb fuzz soak install uninstall lint fmt clean
+.PHONY: all setup build release sim-env test test-loom test-timesliced test-slurm test-prometheus test-aarch64 demo bench chart test-gpu dist deb test-deb test-upgrade fuzz soak install uninstall lint fmt clean
 
 # Seconds per fuzz target for `make fuzz`.
 FUZZ_SECONDS ?= 30
@@ -122,6 +122,14 @@ deb: release
 # on this machine with dpkg (as root; skips, saying why, otherwise).
 test-deb: release
 	scripts/test-deb.sh $(RELEASE_DIR) $(TARGET_DIR)/deb
+
+# Upgrading under running jobs (scripts/test-upgrade.sh): builds the
+# previous release (scripts/releases.txt) and runs its hook and workload
+# against this gem-schd, restarts gem-schd under load, runs this hook
+# under the previous gem-schd, and (as root with dpkg) installs the
+# previous .deb and then this one under a running workload.
+test-upgrade: release
+	scripts/test-upgrade.sh $(RELEASE_DIR) $(TARGET_DIR)/upgrade
 
 # Coverage-guided fuzzing (cargo fuzz, libFuzzer) of the protocol decoder
 # and the two config parsers, from the committed corpus in fuzz/corpus.

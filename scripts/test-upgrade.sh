@@ -1,0 +1,318 @@
+#!/usr/bin/env bash
+# `make test-upgrade`: upgrading gemini under running jobs, on the driver
+# simulator. It builds the previous release (scripts/releases.txt, tag
+# vVERSION) and, with a hooked workload running in a group capped at
+# MaxUtil 0.4 with 1 GiB allocated, checks at every step that the
+# workload's kernels keep running gated (its group's share of the GPU
+# stays near 0.4: ungated it would take all of it), that its memory stays
+# charged to its group, and that it ends without a failed CUDA call:
+#
+#   1. the previous release's hook and workload, under the previous
+#      gem-schd; that gem-schd replaced by this one (an upgrade); this
+#      one restarted gracefully (systemctl restart), then killed (-9)
+#      and started;
+#   2. this release's hook and workload under the previous gem-schd
+#      (a hook newer than its scheduler speaks the scheduler's version);
+#   3. as root with dpkg: the previous release's .deb installed, its hook
+#      and workload running, this release's .deb installed over it and
+#      gem-schd restarted, and a second workload started with the new
+#      hook beside the first.
+#
+# Each restart prints how long the scheduler was away and how long the
+# workload took to be back in its status.
+#
+#   scripts/test-upgrade.sh RELEASE_DIR WORK_DIR
+set -euo pipefail
+new=$(cd "${1:?usage: scripts/test-upgrade.sh RELEASE_DIR WORK_DIR}" && pwd)
+mkdir -p "${2:?usage: scripts/test-upgrade.sh RELEASE_DIR WORK_DIR}"
+work=$(cd "$2" && pwd)
+cd "$(dirname "$0")/.."
+root=$(pwd)
+say() { echo "test-upgrade: $*"; }
+fail() {
+    echo "test-upgrade: FAIL: $*" >&2
+    if [ -f "$work/sim/schd.log" ]; then
+        echo "--- the last of gem-schd's log:" >&2
+        tail -n 30 "$work/sim/schd.log" >&2
+    fi
+    exit 1
+}
+
+for f in gem-schd gem-workload libgemhook.so libfakecuda.so; do
+    [ -e "$new/$f" ] || fail "$new/$f is missing: run make release first"
+done
+
+# The previous release: the newest in scripts/releases.txt older than ours.
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+read -r prev_version prev_commit prev_protocol < <(
+    grep -v '^#' scripts/releases.txt |
+        awk -v v="$version" '$1 != v' |
+        sort -V -r | head -n 1
+) || true
+[ -n "${prev_version:-}" ] || fail "scripts/releases.txt names no release older than $version"
+if git rev-parse -q --verify "refs/tags/v$prev_version^{commit}" >/dev/null; then
+    tagged=$(git rev-parse "v$prev_version^{commit}")
+    [ "$tagged" = "$prev_commit" ] || fail "tag v$prev_version is $tagged, scripts/releases.txt says $prev_commit"
+fi
+git cat-file -e "$prev_commit^{commit}" 2>/dev/null ||
+    fail "commit $prev_commit (v$prev_version) is not in this clone (a shallow clone? git fetch --unshallow --tags)"
+
+# Its build, kept between runs while the commit is the same.
+prev=$work/prev
+prev_rel=$prev/target/release
+if [ "$(cat "$prev/commit" 2>/dev/null)" != "$prev_commit" ] || [ ! -x "$prev_rel/gem-schd" ]; then
+    say "building gemini $prev_version ($prev_commit) in $prev"
+    rm -rf "$prev/src"
+    mkdir -p "$prev/src"
+    git archive "$prev_commit" | tar -x -C "$prev/src"
+    (cd "$prev/src" && CARGO_TARGET_DIR="$prev/target" cargo build --release --workspace --quiet) ||
+        fail "the build of $prev_version failed"
+    echo "$prev_commit" >"$prev/commit"
+fi
+"$prev_rel/gem-schd" --version | grep -q "$prev_version" || fail "$prev_rel/gem-schd is not $prev_version"
+
+# One simulated GPU; the simulator (test equipment, not what is upgraded)
+# is this build's.
+sim=$work/sim
+rm -rf "$sim"
+mkdir -p "$sim/lib" "$sim/state" "$sim/ipc"
+for n in libcuda.so.1 libcuda.so libnvidia-ml.so.1 libnccl.so.2; do
+    ln -sf "$new/libfakecuda.so" "$sim/lib/$n"
+done
+export GEMINI_SETTINGS=/dev/null LD_LIBRARY_PATH=$sim/lib FAKECUDA_DIR=$sim/state
+export FAKECUDA_DEVICES=1 FAKECUDA_MEM=16GiB GEMINI_IPC_DIR=$sim/ipc
+unset GEMINI_GROUP_NAME GEMINI_CONNECT_TIMEOUT
+conf=$sim/resource.conf
+printf '[capped]\nMaxUtil=0.4\nMemoryLimit=4GiB\n' >"$conf"
+
+schd=""
+workloads=()
+installed=""
+cleanup() {
+    for p in "${workloads[@]}" $schd; do kill -9 "$p" 2>/dev/null || true; done
+    if [ -n "$installed" ]; then
+        dpkg -P gemini >/dev/null 2>&1 || true
+    fi
+}
+trap cleanup EXIT
+
+now() { date +%s.%N; }
+status_json() { "$new/gem-schd" status --json --ipc-dir "$GEMINI_IPC_DIR" 2>/dev/null; }
+
+# Starts gem-schd from $1 (a directory of binaries) and waits until it
+# answers; sets $schd to its pid and $up to how long that took (s).
+start_schd() {
+    local t0
+    t0=$(now)
+    "$1/gem-schd" --config "$conf" --ipc-dir "$GEMINI_IPC_DIR" >>"$sim/schd.log" 2>&1 </dev/null &
+    schd=$!
+    for _ in $(seq 200); do
+        if status_json >/dev/null; then
+            up=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
+            return 0
+        fi
+        sleep 0.05
+    done
+    fail "gem-schd from $1 did not come up"
+}
+
+# Stops gem-schd: `graceful` as systemd does (SIGTERM), or `kill -9`.
+stop_schd() {
+    if [ "$1" = graceful ]; then kill -TERM "$schd"; else kill -9 "$schd"; fi
+    wait "$schd" 2>/dev/null || true
+    schd=""
+}
+
+# Starts a workload: $1 the hook, $2 gem-workload, $3 seconds, $4 its
+# output file. Sets $wl to its pid.
+start_workload() {
+    LD_PRELOAD=$1 GEMINI_GROUP_NAME=capped "$2" --mem 1GiB --kernel-us 1000 --seconds "$3" \
+        >"$4" 2>"$4.err" </dev/null &
+    wl=$!
+    workloads+=("$wl")
+}
+
+# Checks the status against what the workloads must show. Arguments:
+# what (for messages), then pid=BUILD for each workload (BUILD: the
+# release its status row must show), and optionally share=LO:HI (the
+# group's share of the GPU) and gib=N (the least memory the group holds,
+# N GiB; by default 1 GiB a workload).
+check() {
+    local what=$1
+    shift
+    status_json >"$sim/status.json" || fail "$what: no status"
+    python3 - "$sim/status.json" "$what" "$@" <<'PYEOF' || fail "$what"
+import json, sys
+what, args = sys.argv[2], sys.argv[3:]
+st = json.load(open(sys.argv[1]))
+share = None
+gib = None
+want = {}
+for a in args:
+    k, v = a.split("=", 1)
+    if k == "share":
+        share = tuple(float(x) for x in v.split(":"))
+    elif k == "gib":
+        gib = int(v)
+    else:
+        want[int(k)] = v
+if gib is None:
+    gib = len(want)
+errors = []
+clients = {c["pid"]: c for c in st["clients"]}
+for pid, build in want.items():
+    c = clients.get(pid)
+    if c is None:
+        errors.append(f"pid {pid} is not among the clients: {sorted(clients)}")
+    elif c.get("build") != build:
+        errors.append(f"pid {pid} shows release {c.get('build')!r}, expected {build!r}")
+dev = st["devices"][0] if st["devices"] else {"groups": [], "busy": 0}
+g = next((g for g in dev["groups"] if g["group"] == "capped"), None)
+used = g["memory_used"] if g else 0
+if used < gib << 30:
+    errors.append(f"group capped holds {used} bytes, expected at least {gib} GiB")
+if share is not None:
+    s = g["share"] if g else 0.0
+    if not share[0] <= s <= share[1]:
+        errors.append(f"group capped's share {s:.3f} is outside {share[0]}-{share[1]} (busy {dev['busy']:.3f})")
+line = f"{what}: share {g['share'] if g else 0:.3f}, busy {dev['busy']:.3f}, memory {used >> 20} MiB, clients " + ", ".join(
+    f"{c['pid']} ({c.get('build') or '-'}, protocol {c.get('protocol')})" for c in st["clients"] if c["role"] == "Client")
+print("test-upgrade: " + line)
+if errors:
+    print("\n".join(errors), file=sys.stderr)
+    sys.exit(1)
+PYEOF
+}
+
+# Waits until every pid given is among the clients again after a restart;
+# sets $back to how long that took (s) from $1, when the scheduler went
+# away.
+back_after() {
+    local since=$1
+    shift
+    for _ in $(seq 200); do
+        if status_json | python3 -c '
+import json, sys
+st = json.load(sys.stdin)
+# A stand-in holding the memory of a process until it says hello is not it.
+pids = {c["pid"] for c in st["clients"] if c["role"] == "Client" and c.get("build") != "(restored)"}
+sys.exit(0 if all(int(p) in pids for p in sys.argv[1:]) else 1)' "$@" 2>/dev/null; then
+            back=$(awk -v a="$since" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
+            return 0
+        fi
+        sleep 0.05
+    done
+    fail "the workload(s) $* did not come back within 10 s of the restart"
+}
+
+# Waits for a workload to end and checks it ran without a failed call and
+# kept to its cap over its whole run: $4 is the least share it must have
+# had (0.2 by default: half its cap, allowing for the restarts; less for
+# one that shared its group's cap).
+finish() {
+    local pid=$1 out=$2 what=$3 least=${4:-0.2}
+    wait "$pid" || fail "$what: the workload failed: $(cat "$out.err")"
+    local left=() p
+    for p in "${workloads[@]}"; do [ "$p" = "$pid" ] || left+=("$p"); done
+    workloads=("${left[@]}")
+    python3 - "$out" "$what" "$least" <<'PYEOF' || fail "$what: $(cat "$out")"
+import re, sys
+line = open(sys.argv[1]).read()
+kv = dict(re.findall(r"(\w+)=(\S+)", line))
+kernels, us, secs = int(kv["kernels"]), int(kv["kernel_us"]), float(kv["seconds"])
+share = kernels * us / 1e6 / secs
+print(f"test-upgrade: {sys.argv[2]}: {kernels} kernels in {secs:.1f} s, {share:.3f} of the GPU")
+if kv["alloc_error"] != "0" or int(kv["allocated"]) < 1 << 30:
+    sys.exit(f"allocation: {kv['allocated']} bytes, error {kv['alloc_error']}")
+if not float(sys.argv[3]) <= share <= 0.45:
+    sys.exit(f"ran {share:.3f} of the GPU over its run, capped at 0.4 (at least {sys.argv[3]} expected)")
+PYEOF
+}
+
+# A restart under load: stops gem-schd ($1: graceful or kill -9), starts
+# the one in $2, checks the workloads ($4…: pid=BUILD) come back with
+# their memory and hold their share. $3 is what to call the step; where
+# the scheduler stopped is of this release ($RESTORES), the memory must be
+# counted from the first status on, before any workload says hello.
+restart() {
+    local how=$1 bin=$2 label=$3
+    shift 3
+    local t0 pids=()
+    for a in "$@"; do pids+=("${a%%=*}"); done
+    t0=$(now)
+    stop_schd "$how"
+    start_schd "$bin"
+    if [ "${RESTORES:-}" = 1 ]; then
+        check "$label, first status" "gib=${#pids[@]}"
+    fi
+    back_after "$t0" "${pids[@]}"
+    say "$label: gem-schd answered after ${up} s, the workload was back after ${back} s"
+    sleep 5
+    check "$label, 5 s on" "$@" share=0.3:0.5
+}
+
+say "1. gemini $prev_version's hook and workload; its gem-schd upgraded to $version, then restarted"
+start_schd "$prev_rel"
+start_workload "$prev_rel/libgemhook.so" "$prev_rel/gem-workload" 30 "$sim/old.out"
+old=$wl
+sleep 5
+check "under gem-schd $prev_version" "$old=$prev_version" share=0.3:0.5
+restart graceful "$new" "upgraded to $version" "$old=$prev_version"
+RESTORES=1 restart graceful "$new" "restarted" "$old=$prev_version"
+# The memory state is written every second.
+sleep 1.5
+RESTORES=1 restart kill "$new" "killed and started" "$old=$prev_version"
+finish "$old" "$sim/old.out" "$prev_version workload"
+stop_schd graceful
+
+say "2. gemini $version's hook and workload under gem-schd $prev_version"
+start_schd "$prev_rel"
+start_workload "$new/libgemhook.so" "$new/gem-workload" 8 "$sim/new.out"
+sleep 5
+# A scheduler of protocol $prev_protocol lists every client as of its own
+# release: this one speaks it.
+check "under gem-schd $prev_version" "$wl=$prev_version" share=0.3:0.5
+finish "$wl" "$sim/new.out" "$version workload under $prev_version"
+stop_schd graceful
+
+say "3. the .deb of $prev_version, then of $version, installed under a running workload"
+if [ "$(id -u)" != 0 ] || ! command -v dpkg-deb >/dev/null 2>&1; then
+    say "3. skipped: needs root and dpkg (it installs the packages on this machine)"
+    say "passed (1 and 2)"
+    exit 0
+fi
+if dpkg -s gemini >/dev/null 2>&1; then
+    fail "a gemini package is installed already; this test would remove it (dpkg -P gemini first)"
+fi
+for f in /etc/gemini/resource.conf /usr/bin/gem-schd /usr/lib/libgemhook.so; do
+    [ ! -e "$f" ] || fail "$f exists (make install?); this test would take it over and delete it"
+done
+old_deb=$(cd "$prev/src" && CARGO_TARGET_DIR="$prev/target" scripts/deb.sh "$prev_rel" "$prev/deb") ||
+    fail "the .deb of $prev_version could not be built"
+new_deb=$(scripts/deb.sh "$new" "$work/deb") || fail "the .deb of $version could not be built"
+systemd_runs() { [ -d /run/systemd/system ]; }
+# gem-schd as its package starts it where systemd runs; this test runs
+# its own from the installed files, on the simulator.
+stop_service() { if systemd_runs; then systemctl stop gem-schd gem-holder 2>/dev/null || true; fi; }
+installed=1
+dpkg -i "$old_deb" >"$work/dpkg.log" 2>&1 || fail "dpkg -i $old_deb: $(cat "$work/dpkg.log")"
+stop_service
+/usr/bin/gem-schd --version | grep -q "$prev_version" || fail "the installed gem-schd is not $prev_version"
+start_schd /usr/bin
+start_workload /usr/lib/libgemhook.so "$prev_rel/gem-workload" 24 "$sim/deb-old.out"
+old=$wl
+sleep 5
+check "installed $prev_version" "$old=$prev_version" share=0.3:0.5
+dpkg -i "$new_deb" >"$work/dpkg.log" 2>&1 || fail "dpkg -i $new_deb over $prev_version: $(cat "$work/dpkg.log")"
+stop_service
+/usr/bin/gem-schd --version | grep -q "$version" || fail "the installed gem-schd is not $version after the upgrade"
+restart graceful /usr/bin "package upgraded to $version" "$old=$prev_version"
+start_workload /usr/lib/libgemhook.so "$new/gem-workload" 8 "$sim/deb-new.out"
+sleep 5
+check "a $version workload beside the $prev_version one" "$old=$prev_version" "$wl=$version" share=0.3:0.5
+finish "$wl" "$sim/deb-new.out" "$version workload, installed hook" 0.1
+finish "$old" "$sim/deb-old.out" "$prev_version workload across the package upgrade" 0.1
+stop_schd graceful
+dpkg -P gemini >/dev/null 2>&1 || fail "dpkg -P gemini failed"
+installed=""
+say "passed"
