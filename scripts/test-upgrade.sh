@@ -12,7 +12,8 @@
 #      one restarted gracefully (systemctl restart), then killed (-9)
 #      and started;
 #   2. this release's hook and workload under the previous gem-schd
-#      (a hook newer than its scheduler speaks the scheduler's version);
+#      (a hook newer than its scheduler speaks the scheduler's version),
+#      which is then upgraded (the hook speaks its own version again);
 #   3. as root with dpkg: the previous release's .deb installed, its hook
 #      and workload running, this release's .deb installed over it and
 #      gem-schd restarted, and a second workload started with the new
@@ -44,11 +45,13 @@ done
 
 # The previous release: the newest in scripts/releases.txt older than ours.
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-read -r prev_version prev_commit prev_protocol < <(
-    grep -v '^#' scripts/releases.txt |
-        awk -v v="$version" '$1 != v' |
-        sort -V -r | head -n 1
-) || true
+older() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$1" ]; }
+prev_version=""
+while read -r v c p; do
+    if older "$v" "$version" && { [ -z "$prev_version" ] || older "$prev_version" "$v"; }; then
+        prev_version=$v prev_commit=$c prev_protocol=$p
+    fi
+done < <(grep -v '^#' scripts/releases.txt)
 [ -n "${prev_version:-}" ] || fail "scripts/releases.txt names no release older than $version"
 if git rev-parse -q --verify "refs/tags/v$prev_version^{commit}" >/dev/null; then
     tagged=$(git rev-parse "v$prev_version^{commit}")
@@ -69,7 +72,7 @@ if [ "$(cat "$prev/commit" 2>/dev/null)" != "$prev_commit" ] || [ ! -x "$prev_re
         fail "the build of $prev_version failed"
     echo "$prev_commit" >"$prev/commit"
 fi
-"$prev_rel/gem-schd" --version | grep -q "$prev_version" || fail "$prev_rel/gem-schd is not $prev_version"
+[[ "$("$prev_rel/gem-schd" --version)" == *"$prev_version"* ]] || fail "$prev_rel/gem-schd is not $prev_version"
 
 # One simulated GPU; the simulator (test equipment, not what is upgraded)
 # is this build's.
@@ -89,7 +92,7 @@ schd=""
 workloads=()
 installed=""
 cleanup() {
-    for p in "${workloads[@]}" $schd; do kill -9 "$p" 2>/dev/null || true; done
+    for p in ${workloads[@]+"${workloads[@]}"} $schd; do kill -9 "$p" 2>/dev/null || true; done
     if [ -n "$installed" ]; then
         dpkg -P gemini >/dev/null 2>&1 || true
     fi
@@ -135,8 +138,9 @@ start_workload() {
 # Checks the status against what the workloads must show. Arguments:
 # what (for messages), then pid=BUILD for each workload (BUILD: the
 # release its status row must show), and optionally share=LO:HI (the
-# group's share of the GPU) and gib=N (the least memory the group holds,
-# N GiB; by default 1 GiB a workload).
+# group's share of the GPU) and mem=BYTES (what the group must hold,
+# exactly; without it, at least 1 GiB a workload). It leaves the group's
+# memory in $memory.
 check() {
     local what=$1
     shift
@@ -146,18 +150,16 @@ import json, sys
 what, args = sys.argv[2], sys.argv[3:]
 st = json.load(open(sys.argv[1]))
 share = None
-gib = None
+exact = None
 want = {}
 for a in args:
     k, v = a.split("=", 1)
     if k == "share":
         share = tuple(float(x) for x in v.split(":"))
-    elif k == "gib":
-        gib = int(v)
+    elif k == "mem":
+        exact = int(v)
     else:
         want[int(k)] = v
-if gib is None:
-    gib = len(want)
 errors = []
 clients = {c["pid"]: c for c in st["clients"]}
 for pid, build in want.items():
@@ -169,8 +171,11 @@ for pid, build in want.items():
 dev = st["devices"][0] if st["devices"] else {"groups": [], "busy": 0}
 g = next((g for g in dev["groups"] if g["group"] == "capped"), None)
 used = g["memory_used"] if g else 0
-if used < gib << 30:
-    errors.append(f"group capped holds {used} bytes, expected at least {gib} GiB")
+if exact is not None and used != exact:
+    errors.append(f"group capped holds {used} bytes, expected {exact} (as before the restart)")
+if exact is None and used < len(want) << 30:
+    errors.append(f"group capped holds {used} bytes, expected at least {len(want)} GiB")
+open(sys.argv[1] + ".memory", "w").write(str(used))
 if share is not None:
     s = g["share"] if g else 0.0
     if not share[0] <= s <= share[1]:
@@ -182,6 +187,7 @@ if errors:
     print("\n".join(errors), file=sys.stderr)
     sys.exit(1)
 PYEOF
+    memory=$(cat "$sim/status.json.memory")
 }
 
 # Waits until every pid given is among the clients again after a restart;
@@ -213,8 +219,8 @@ finish() {
     local pid=$1 out=$2 what=$3 least=${4:-0.2}
     wait "$pid" || fail "$what: the workload failed: $(cat "$out.err")"
     local left=() p
-    for p in "${workloads[@]}"; do [ "$p" = "$pid" ] || left+=("$p"); done
-    workloads=("${left[@]}")
+    for p in ${workloads[@]+"${workloads[@]}"}; do [ "$p" = "$pid" ] || left+=("$p"); done
+    workloads=(${left[@]+"${left[@]}"})
     python3 - "$out" "$what" "$least" <<'PYEOF' || fail "$what: $(cat "$out")"
 import re, sys
 line = open(sys.argv[1]).read()
@@ -231,24 +237,32 @@ PYEOF
 
 # A restart under load: stops gem-schd ($1: graceful or kill -9), starts
 # the one in $2, checks the workloads ($4…: pid=BUILD) come back with
-# their memory and hold their share. $3 is what to call the step; where
-# the scheduler stopped is of this release ($RESTORES), the memory must be
-# counted from the first status on, before any workload says hello.
+# their memory and hold their share. $3 is what to call the step. Where
+# the scheduler stopped is of this release ($RESTORES), the workloads are
+# stopped (SIGSTOP) across the restart, so they say nothing to the new
+# scheduler until it has answered a status: their memory must be counted
+# all the same, exactly as before, from what the old one saved.
 restart() {
     local how=$1 bin=$2 label=$3
     shift 3
-    local t0 pids=()
+    local t0 pids=() before
     for a in "$@"; do pids+=("${a%%=*}"); done
+    check "$label, before"
+    before=$memory
+    if [ "${RESTORES:-}" = 1 ]; then
+        kill -STOP "${pids[@]}"
+    fi
     t0=$(now)
     stop_schd "$how"
     start_schd "$bin"
     if [ "${RESTORES:-}" = 1 ]; then
-        check "$label, first status" "gib=${#pids[@]}"
+        check "$label, first status, workloads stopped" "mem=$before"
+        kill -CONT "${pids[@]}"
     fi
     back_after "$t0" "${pids[@]}"
     say "$label: gem-schd answered after ${up} s, the workload was back after ${back} s"
     sleep 5
-    check "$label, 5 s on" "$@" share=0.3:0.5
+    check "$label, 5 s on" "$@" share=0.3:0.5 "mem=$before"
 }
 
 say "1. gemini $prev_version's hook and workload; its gem-schd upgraded to $version, then restarted"
@@ -267,12 +281,20 @@ stop_schd graceful
 
 say "2. gemini $version's hook and workload under gem-schd $prev_version"
 start_schd "$prev_rel"
-start_workload "$new/libgemhook.so" "$new/gem-workload" 8 "$sim/new.out"
+start_workload "$new/libgemhook.so" "$new/gem-workload" 16 "$sim/new.out"
 sleep 5
 # A scheduler of protocol $prev_protocol lists every client as of its own
 # release: this one speaks it.
 check "under gem-schd $prev_version" "$wl=$prev_version" share=0.3:0.5
-finish "$wl" "$sim/new.out" "$version workload under $prev_version"
+# That scheduler upgraded: the hook speaks its own version again.
+restart graceful "$new" "upgraded to $version under it" "$wl=$version"
+python3 - "$sim/status.json" "$wl" <<'PYEOF' || fail "the $version hook still speaks protocol $prev_protocol to gem-schd $version"
+import json, sys
+st = json.load(open(sys.argv[1]))
+c = next(c for c in st["clients"] if c["pid"] == int(sys.argv[2]))
+sys.exit(0 if c["protocol"] == st["protocol"] else 1)
+PYEOF
+finish "$wl" "$sim/new.out" "$version workload under $prev_version, then $version"
 stop_schd graceful
 
 say "3. the .deb of $prev_version, then of $version, installed under a running workload"
@@ -297,7 +319,7 @@ stop_service() { if systemd_runs; then systemctl stop gem-schd gem-holder 2>/dev
 installed=1
 dpkg -i "$old_deb" >"$work/dpkg.log" 2>&1 || fail "dpkg -i $old_deb: $(cat "$work/dpkg.log")"
 stop_service
-/usr/bin/gem-schd --version | grep -q "$prev_version" || fail "the installed gem-schd is not $prev_version"
+[[ "$(/usr/bin/gem-schd --version)" == *"$prev_version"* ]] || fail "the installed gem-schd is not $prev_version"
 start_schd /usr/bin
 start_workload /usr/lib/libgemhook.so "$prev_rel/gem-workload" 24 "$sim/deb-old.out"
 old=$wl
@@ -305,7 +327,7 @@ sleep 5
 check "installed $prev_version" "$old=$prev_version" share=0.3:0.5
 dpkg -i "$new_deb" >"$work/dpkg.log" 2>&1 || fail "dpkg -i $new_deb over $prev_version: $(cat "$work/dpkg.log")"
 stop_service
-/usr/bin/gem-schd --version | grep -q "$version" || fail "the installed gem-schd is not $version after the upgrade"
+[[ "$(/usr/bin/gem-schd --version)" == *"$version"* ]] || fail "the installed gem-schd is not $version after the upgrade"
 restart graceful /usr/bin "package upgraded to $version" "$old=$prev_version"
 start_workload /usr/lib/libgemhook.so "$new/gem-workload" 8 "$sim/deb-new.out"
 sleep 5

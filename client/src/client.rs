@@ -109,6 +109,17 @@ impl Client {
         self.version
     }
 
+    /// Writes requests in protocol `version` from now on (ours where this
+    /// build does not speak it): what talking to an older scheduler comes
+    /// to, for tests that stand for an older peer.
+    pub fn speak(&mut self, version: u16) {
+        self.version = if gemini_protocol::codec::spoken(version) {
+            version
+        } else {
+            PROTOCOL_VERSION
+        };
+    }
+
     /// Writes requests in our own version again (before a hello to a
     /// scheduler that may have been upgraded): an older one answers in its
     /// own, and the client speaks that from then on.
@@ -133,8 +144,8 @@ impl Client {
     }
 
     /// Moves every reply that has arrived into the stash, waiting up to
-    /// `wait` for the first. A reply in an older version this build speaks
-    /// makes the client speak that version from then on. A reply that
+    /// `wait` for the first. A refusal in an older version this build
+    /// speaks makes the client speak that version from then on. A reply that
     /// cannot be read (a version this build does not speak, damaged) has
     /// no sequence number to go by: it answers `seq`. True if anything
     /// arrived.
@@ -146,16 +157,28 @@ impl Client {
         while let Ok(frame) = self.sock.recv_bytes(zmq::DONTWAIT) {
             match decode_reply_versioned(&frame) {
                 Ok((version, s, r)) => {
-                    self.version = self.version.min(version);
+                    let refused =
+                        matches!(&r, Reply::Error(e) if e.kind == ErrorKind::ProtocolMismatch);
+                    // Only a refusal in an older version says what the
+                    // scheduler speaks: a late answer of the one before an
+                    // upgrade does not.
+                    if refused {
+                        self.version = self.version.min(version);
+                    }
                     // A scheduler that cannot read our version cannot read
                     // our sequence number either (0.1.0 answers 0): its
-                    // refusal answers the request waited for.
-                    let unread = s == 0
-                        && matches!(&r, Reply::Error(e) if e.kind == ErrorKind::ProtocolMismatch);
-                    self.stash.insert(if unread { seq } else { s }, Ok(r))
+                    // refusal answers the request waited for, unless that
+                    // has its answer already.
+                    if refused && s == 0 {
+                        self.stash.entry(seq).or_insert(Ok(r));
+                    } else {
+                        self.stash.insert(s, Ok(r));
+                    }
                 }
-                Err(e) => self.stash.insert(seq, Err(e)),
-            };
+                Err(e) => {
+                    self.stash.entry(seq).or_insert(Err(e));
+                }
+            }
         }
         if self.stash.len() > STASH_MAX {
             let now = self.seq;
@@ -267,12 +290,12 @@ mod tests {
             .unwrap();
         let old = std::thread::spawn(move || {
             let mut seen = Vec::new();
-            for _ in 0..3 {
+            for _ in 0..4 {
                 let frames = router.recv_multipart(0).unwrap();
                 let body = &frames[1];
                 let version = frame_version(body).unwrap();
                 seen.push(version);
-                let reply = if version == 14 {
+                let reply = if version == 14 || seen.len() == 4 {
                     let (seq, _) = gemini_protocol::decode_request(body).unwrap();
                     (seq, Reply::Done)
                 } else {
@@ -297,8 +320,15 @@ mod tests {
         assert_eq!(c.request(&hello, t).unwrap(), Reply::Done);
         assert_eq!(c.version(), 14);
         assert_eq!(c.request(&Request::Status, t).unwrap(), Reply::Done);
-        assert_eq!(old.join().unwrap(), [PROTOCOL_VERSION, 14, 14]);
         c.speak_newest();
         assert_eq!(c.version(), PROTOCOL_VERSION);
+        // An answer in 14 that is no refusal (a late one, from before an
+        // upgrade) does not make it speak 14 again.
+        assert_eq!(c.request(&Request::Status, t).unwrap(), Reply::Done);
+        assert_eq!(c.version(), PROTOCOL_VERSION);
+        assert_eq!(
+            old.join().unwrap(),
+            [PROTOCOL_VERSION, 14, 14, PROTOCOL_VERSION]
+        );
     }
 }

@@ -302,9 +302,8 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
     if !r.refused.is_empty() {
         let _ = writeln!(
             s,
-            "\nREFUSED: this gem-schd speaks protocol v{} to v{}; these wait, gated, for one that speaks theirs",
-            gemini_protocol::OLDEST_PROTOCOL,
-            gemini_protocol::PROTOCOL_VERSION
+            "\nREFUSED: these speak a protocol this gem-schd (protocol v{}) does not; they wait, gated, for one that speaks theirs",
+            r.protocol
         );
         for p in &r.refused {
             let _ = writeln!(

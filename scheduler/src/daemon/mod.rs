@@ -21,8 +21,11 @@ use anyhow::{Context as _, bail};
 use gemini_config::{Settings, diff, load_resource};
 use gemini_protocol::{
     ClientId, CodecError, DeviceId, ErrorKind, ErrorReply, GpuRequest, MAX_FRAME_BYTES,
-    PROTOCOL_VERSION, Reply, Request, Role, codec::peek_seq, decode_request_versioned,
-    encode_reply_as, endpoint::scheduler_socket_path, scheduler_endpoint,
+    PROTOCOL_VERSION, Reply, Request, Role,
+    codec::{frame_version, peek_seq, spoken},
+    decode_request_versioned, encode_reply_as,
+    endpoint::scheduler_socket_path,
+    scheduler_endpoint,
 };
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -499,8 +502,16 @@ impl Daemon {
             }
             None => self.connected(identity, delimited, cred),
         };
+        // Answered in the version it spoke, even where the body cannot be
+        // read (a Malformed error in another version would be unreadable).
+        if let Some(version) = frame_version(&body).filter(|v| spoken(*v))
+            && let Some(conn) = self.ids.get(&client).and_then(|i| self.conns.get_mut(i))
+        {
+            conn.version = version;
+        }
         match decode_request_versioned(&body) {
             Ok((version, seq, req)) => {
+                self.refused.remove(&client);
                 if let Some(conn) = self.ids.get(&client).and_then(|i| self.conns.get_mut(i)) {
                     conn.version = version;
                     if let Request::Hello { build, .. } = &req {
@@ -622,18 +633,7 @@ impl Daemon {
                 self.asked.insert((client, seq), Instant::now());
                 None
             }
-            Request::Hello { pid, role, .. } => {
-                // A process that had memory restored for it says hello
-                // itself, with what it holds now: its stand-in goes.
-                if role == Role::Client {
-                    let pid = self
-                        .conn(client)
-                        .and_then(|c| c.cred)
-                        .map_or(pid, |c| c.pid);
-                    self.drop_stand_in(pid);
-                }
-                Some(pid)
-            }
+            Request::Hello { pid, .. } => Some(pid),
             Request::Shutdown => {
                 info!("shutdown requested by {}", self.peer(client));
                 None
@@ -647,6 +647,18 @@ impl Daemon {
             .handle(Event::Request { client, seq, req }, self.now());
         // A hello refused for another reason than a permission (logged
         // with every refusal below): an unknown group, say.
+        // A process that had its memory restored says hello itself, with
+        // what it holds now: once it is welcome, its stand-in goes. (The
+        // kernel's pid, where the transport gives it, as the policy takes.)
+        if let Some(claimed) = hello_pid
+            && self.policy.is_process(client)
+            && actions.iter().any(|a| {
+                matches!(a, Action::Reply { client: c, reply: Reply::Welcome { .. }, .. } if *c == client)
+            })
+        {
+            let pid = self.conn(client).and_then(|c| c.cred).map_or(claimed, |c| c.pid);
+            self.drop_stand_in(pid);
+        }
         if let Some(claimed) = hello_pid
             && let Some(e) = actions.iter().find_map(|a| match a {
                 Action::Reply {

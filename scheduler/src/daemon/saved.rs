@@ -90,9 +90,19 @@ fn write_state<T: serde::Serialize>(path: &Path, value: &T) -> std::io::Result<(
     std::fs::rename(&tmp, path)
 }
 
+/// The identity of a stand-in connection (for a process, after a
+/// restart): a zero byte first, which ZeroMQ refuses to a peer choosing its
+/// own routing id, so no peer can speak as a stand-in (whose rights are
+/// the scheduler's); longer than the 5 bytes of the ids ZeroMQ generates.
+fn stand_in(name: &str) -> Vec<u8> {
+    let mut id = vec![0];
+    id.extend_from_slice(name.as_bytes());
+    id
+}
+
 /// The identity of the stand-in connection for process `pid`'s memory.
 pub(super) fn memory_stand_in(pid: u32) -> Vec<u8> {
-    format!("restored-memory:{pid}").into_bytes()
+    stand_in(&format!("restored-memory:{pid}"))
 }
 
 /// The state file of the reservations, beside the socket.
@@ -166,7 +176,7 @@ impl Daemon {
             self.next_id += 1;
             // A connection of no peer stands for the process: replies to
             // it are dropped, and its end is seen through the pid.
-            let identity = format!("restored:{}", r.pid).into_bytes();
+            let identity = stand_in(&format!("restored:{}", r.pid));
             self.conns.insert(
                 identity.clone(),
                 Conn {
@@ -390,7 +400,9 @@ impl Daemon {
                         pid: m.pid,
                         user: "(restored)".into(),
                         groups: Vec::new(),
-                        cgroups: Vec::new(),
+                        // A group bound to cgroups takes only their
+                        // processes: the process's own, read now.
+                        cgroups: peers::cgroups_of(m.pid),
                     },
                 },
                 now,

@@ -799,6 +799,14 @@ impl Policy {
             .collect()
     }
 
+    /// Whether `id` is a registered hooked process (not the holder or a
+    /// tool).
+    pub fn is_process(&self, id: ClientId) -> bool {
+        self.clients
+            .get(&id)
+            .is_some_and(|c| c.role == Role::Client)
+    }
+
     /// Process ids of registered clients, for the liveness check.
     pub fn client_pids(&self) -> impl Iterator<Item = (ClientId, u32)> + '_ {
         self.clients.iter().map(|(&id, c)| (id, c.pid))

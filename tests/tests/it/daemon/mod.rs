@@ -378,8 +378,8 @@ fn a_peer_of_the_previous_protocol_is_served_and_an_unknown_one_listed() {
     let (seq, r) = old.recv(T).unwrap();
     assert_eq!(seq, 1);
     assert!(matches!(r, Reply::Welcome { .. }), "{r:?}");
-    // The answer came in 14: the client now speaks it.
-    assert_eq!(old.version(), 14);
+    // From here on, it speaks 14 as 0.1.0 did.
+    old.speak(14);
     let r = old
         .request(
             &Request::ReserveMemory {
@@ -398,6 +398,19 @@ fn a_peer_of_the_previous_protocol_is_served_and_an_unknown_one_listed() {
         old.request(&Request::Status, T).unwrap(),
         Reply::Status(_)
     ));
+
+    // A frame of 14 that cannot be read is answered in 14, which a 0.1.0
+    // hook reads (an answer in 15 it could not, and would give up).
+    let ctx = zmq::Context::new();
+    let raw = ctx.socket(zmq::DEALER).unwrap();
+    raw.connect(&gemini_protocol::scheduler_endpoint(&s.ipc()).unwrap())
+        .unwrap();
+    raw.send(&b"GM\x0e\x00\x03\xff\xff\xff"[..], 0).unwrap();
+    assert_eq!(raw.poll(zmq::POLLIN, 3000).unwrap(), 1);
+    let reply = raw.recv_bytes(0).unwrap();
+    assert_eq!(gemini_protocol::codec::frame_version(&reply), Some(14));
+    let (seq, r) = gemini_protocol::decode_reply(&reply).unwrap();
+    assert_eq!((seq, error_kind(&r)), (3, Some(ErrorKind::Malformed)));
 
     let mut foreign = s.client();
     let mut frame = encode_request(5, &Request::Status);
@@ -492,10 +505,13 @@ fn dead_client_releases_token_and_memory() {
 /// scheduler takes it back from its state file before the process says
 /// anything, so the group cannot allocate past its `MemoryLimit`
 /// meanwhile. It is released when the process ends. (Before, it counted
-/// as nothing until the process's next call.)
+/// as nothing until the process's next call.) The group is bound to the
+/// process's cgroup, as a Slurm job's is, and no peer can speak as the
+/// stand-in that holds the memory (a routing id of its name once could).
 #[test]
 fn an_idle_processs_memory_is_kept_across_a_restart() {
-    let mut s = Gemini::daemon("[a]\nMemoryLimit=1GiB\n");
+    let mine = gemini_tests::own_cgroup();
+    let mut s = Gemini::daemon(&format!("[a]\nMemoryLimit=1GiB\nCgroups={mine}\n"));
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -544,6 +560,24 @@ fn an_idle_processs_memory_is_kept_across_a_restart() {
             .unwrap();
         assert_eq!(error_kind(&r), Some(ErrorKind::OutOfMemory), "after {how}");
         c.request(&Request::Goodbye, T).unwrap();
+        // A peer naming itself as a stand-in was once taken for it, and its
+        // goodbye dropped the restored memory.
+        let ctx = zmq::Context::new();
+        let spoof = ctx.socket(zmq::DEALER).unwrap();
+        spoof
+            .set_identity(format!("restored-memory:{}", child.id()).as_bytes())
+            .unwrap();
+        spoof
+            .connect(&gemini_protocol::scheduler_endpoint(&s.ipc()).unwrap())
+            .unwrap();
+        spoof.send(encode_request(1, &Request::Goodbye), 0).unwrap();
+        assert_eq!(spoof.poll(zmq::POLLIN, 3000).unwrap(), 1);
+        let _ = spoof.recv_bytes(0).unwrap();
+        assert_eq!(
+            held(&s.status()),
+            1 << 30,
+            "after {how} and a spoofed goodbye"
+        );
     }
     child.kill().unwrap();
     child.wait().unwrap();
