@@ -57,8 +57,14 @@ if git rev-parse -q --verify "refs/tags/v$prev_version^{commit}" >/dev/null; the
     tagged=$(git rev-parse "v$prev_version^{commit}")
     [ "$tagged" = "$prev_commit" ] || fail "tag v$prev_version is $tagged, scripts/releases.txt says $prev_commit"
 fi
-git cat-file -e "$prev_commit^{commit}" 2>/dev/null ||
-    fail "commit $prev_commit (v$prev_version) is not in this clone (a shallow clone? git fetch --unshallow --tags)"
+if ! git cat-file -e "$prev_commit^{commit}" 2>/dev/null; then
+    # A shallow clone (CI's, say): fetch that commit from where it came.
+    say "commit $prev_commit (v$prev_version) is not in this clone; fetching it"
+    git fetch --quiet --depth 1 origin "$prev_commit" 2>/dev/null ||
+        git fetch --quiet --unshallow --tags origin 2>/dev/null || true
+    git cat-file -e "$prev_commit^{commit}" 2>/dev/null ||
+        fail "commit $prev_commit (v$prev_version) is not in this clone and could not be fetched (git fetch --unshallow --tags)"
+fi
 
 # Its build, kept between runs while the commit is the same.
 prev=$work/prev
