@@ -95,7 +95,7 @@ pub struct Daemon {
     saved_reservations: Option<saved::SavedState>,
     /// The memory as last written to its state file, and when it was
     /// last looked at.
-    saved_memory: Option<Vec<saved::SavedMemory>>,
+    saved_memory: Option<Vec<crate::policy::ProcessMemory>>,
     last_memory_save: Instant,
     reload_due: Option<Instant>,
     /// resource.conf itself had content at the last good load (groups may

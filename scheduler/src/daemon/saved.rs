@@ -324,26 +324,27 @@ impl Daemon {
             return;
         }
         self.last_memory_save = Instant::now();
-        let mut held: Vec<SavedMemory> = self
-            .policy
-            .client_memory()
-            .into_iter()
+        // Compared before the process start times are read from /proc: a
+        // scheduler of many processes reads them only when memory moved.
+        let mut now_held = self.policy.client_memory();
+        now_held.sort_by_key(|m| m.0);
+        if self.saved_memory.as_ref() == Some(&now_held) {
+            return;
+        }
+        let held: Vec<SavedMemory> = now_held
+            .iter()
             .filter_map(|(pid, group, held)| {
                 Some(SavedMemory {
-                    pid,
-                    start_time: process_start_time(pid)?,
-                    group,
-                    held,
+                    pid: *pid,
+                    start_time: process_start_time(*pid)?,
+                    group: group.clone(),
+                    held: held.clone(),
                 })
             })
             .collect();
-        held.sort_by_key(|m| m.pid);
-        if self.saved_memory.as_ref() == Some(&held) {
-            return;
-        }
         let path = memory_path(&self.ipc_dir);
         match write_state(&path, &held) {
-            Ok(()) => self.saved_memory = Some(held),
+            Ok(()) => self.saved_memory = Some(now_held),
             Err(e) => warn!("cannot write {}: {e}", path.display()),
         }
     }
