@@ -358,6 +358,11 @@ struct Client {
     /// Devices where work of a token it gave back still runs (it said
     /// `in_flight`), until its [`Request::LateUsage`] or next report.
     in_flight: BTreeSet<DeviceId>,
+    /// Devices where it held memory when it said hello: it ran there
+    /// under a previous scheduler (this one restarted under it), and its
+    /// first report there may hold work of that scheduler's last token
+    /// that ran after this one started. Taken by that first report.
+    restored: BTreeSet<DeviceId>,
     /// The multi-GPU job it is a rank of, as declared (see `gang`).
     job: Option<String>,
     /// Per device, the turn of its job (by the turn's end) in which it

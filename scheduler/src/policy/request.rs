@@ -486,6 +486,11 @@ impl Policy {
                 clipped: 0,
                 stretch: BTreeMap::new(),
                 in_flight: BTreeSet::new(),
+                restored: if role == Role::Control {
+                    BTreeSet::new()
+                } else {
+                    held.iter().map(|h| h.device).collect()
+                },
                 job: None,
                 turn_done: BTreeMap::new(),
                 launch_floor: 0,

@@ -136,8 +136,17 @@ impl Policy {
         // under it) may report what it ran before: clipped, not said.
         let known = c.anchor.contains_key(&device) || c.charged_until.contains_key(&device);
         let until = c.charged_until.get(&device).copied().unwrap_or(0);
-        // No token granted whose work is unreported: nothing can have run.
-        let anchor = c.anchor.get(&device).copied().unwrap_or(now);
+        // No token granted whose work is unreported: nothing can have run,
+        // unless the client ran here under the scheduler before this one,
+        // whose last token may have run on after this one started (its
+        // first report here: from this scheduler's start, the spans of
+        // before it rebased to 0).
+        let restored = c.restored.remove(&device) && !known;
+        let anchor = c
+            .anchor
+            .get(&device)
+            .copied()
+            .unwrap_or(if restored { 0 } else { now });
         let dev = devices.entry(device).or_default();
         dev.ledger.forget_before(horizon);
         let mut from = until.max(anchor);

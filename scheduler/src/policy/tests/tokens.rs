@@ -1030,3 +1030,45 @@ fn status_says_which_waiting_group_is_short_of_its_minimum() {
     assert!(row("a").short_of_min, "{st:?}");
     assert!(!row("b").short_of_min, "{st:?}");
 }
+
+/// A process that holds memory when it says hello ran under a previous
+/// scheduler: this one restarted (or was upgraded) under it. What it
+/// reports having run after this scheduler started and before its first
+/// token here ran under the token the previous one granted, and is
+/// charged to its group (it used to be clipped, so a capped group ran up
+/// to a token uncharged after every restart). A process that held nothing
+/// cannot have run here before its first token: the same report is
+/// clipped.
+#[test]
+fn work_under_the_previous_schedulers_token_is_charged_after_a_restart() {
+    let mut p = Policy::new(Params::default(), config("[a]\n[b]\n"));
+    let back = Request::Hello {
+        role: Role::Client,
+        group: "a".into(),
+        pid: 1,
+        held: vec![HeldMemory {
+            device: 0,
+            bytes: 1 << 20,
+        }],
+        job: None,
+        build: gemini_protocol::BUILD.into(),
+    };
+    assert!(matches!(
+        send(&mut p, 1, back, 50 * MS)[..],
+        [(1, _, Reply::Welcome { .. })]
+    ));
+    hello(&mut p, 2, "b");
+    send(&mut p, 1, acquire_ran(10 * MS, 30 * MS), 50 * MS);
+    send(&mut p, 2, acquire_ran(32 * MS, 48 * MS), 50 * MS);
+    let used = |p: &Policy, group: &str| {
+        p.counters(50 * MS)
+            .iter()
+            .find(|c| c.group == group && c.device == 0)
+            .map_or(0, |c| c.used_us)
+    };
+    assert_eq!(used(&p, "a"), 20 * MS);
+    assert_eq!(used(&p, "b"), 0);
+    // Only the first report: the next one is held to its token as ever.
+    send(&mut p, 1, release_ran(5 * MS, 9 * MS), 60 * MS);
+    assert_eq!(used(&p, "a"), 20 * MS);
+}
