@@ -342,6 +342,10 @@ impl Daemon {
                 })
             })
             .collect();
+        // What was written, to compare with next time: a process whose
+        // start time could not be read now (it ended, or /proc failed for
+        // a moment) is not, so it is tried again.
+        now_held.retain(|m| held.iter().any(|h| h.pid == m.0));
         let path = memory_path(&self.ipc_dir);
         match write_state(&path, &held) {
             Ok(()) => self.saved_memory = Some(now_held),

@@ -472,6 +472,8 @@ impl Policy {
                 *g = g.saturating_add(h.bytes);
             }
         }
+        // Memory held at hello: it ran there under the scheduler before.
+        let restored = memory.keys().copied().collect();
         self.clients.insert(
             client,
             Client {
@@ -486,11 +488,7 @@ impl Policy {
                 clipped: 0,
                 stretch: BTreeMap::new(),
                 in_flight: BTreeSet::new(),
-                restored: if role == Role::Control {
-                    BTreeSet::new()
-                } else {
-                    held.iter().map(|h| h.device).collect()
-                },
+                restored,
                 job: None,
                 turn_done: BTreeMap::new(),
                 launch_floor: 0,

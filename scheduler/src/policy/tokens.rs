@@ -141,12 +141,12 @@ impl Policy {
         // whose last token may have run on after this one started (its
         // first report here: from this scheduler's start, the spans of
         // before it rebased to 0).
-        let restored = c.restored.remove(&device) && !known;
-        let anchor = c
-            .anchor
-            .get(&device)
-            .copied()
-            .unwrap_or(if restored { 0 } else { now });
+        // As an anchor: work it says is still in flight is taken from
+        // there too, at its next report.
+        if c.restored.remove(&device) && !known {
+            c.anchor.insert(device, 0);
+        }
+        let anchor = c.anchor.get(&device).copied().unwrap_or(now);
         let dev = devices.entry(device).or_default();
         dev.ledger.forget_before(horizon);
         let mut from = until.max(anchor);
@@ -704,6 +704,8 @@ impl Policy {
         c.uncharged.insert(device, (now, quota));
         c.granted.insert(device, (now, quota));
         c.anchor.entry(device).or_insert(now);
+        // Its work from here on runs under this scheduler's tokens.
+        c.restored.remove(&device);
         // A lent token's work fits in it (its hook keeps the queue within
         // the quota): it is over at its end, and the group owed the device
         // gets it a little before (`handover_lead`), without waiting for the

@@ -1072,3 +1072,39 @@ fn work_under_the_previous_schedulers_token_is_charged_after_a_restart() {
     send(&mut p, 1, release_ran(5 * MS, 9 * MS), 60 * MS);
     assert_eq!(used(&p, "a"), 20 * MS);
 }
+
+/// The same, where the first report says work is still in flight (a
+/// renewal with work queued): the rest of the previous scheduler's token,
+/// reported after this one's grant, is charged too, not clipped as before
+/// that grant.
+#[test]
+fn the_rest_of_the_previous_schedulers_token_is_charged_after_a_restart() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    let back = Request::Hello {
+        role: Role::Client,
+        group: "a".into(),
+        pid: 1,
+        held: vec![HeldMemory {
+            device: 0,
+            bytes: 1 << 20,
+        }],
+        job: None,
+        build: gemini_protocol::BUILD.into(),
+    };
+    send(&mut p, 1, back, 50 * MS);
+    let renew = Request::AcquireToken {
+        device: 0,
+        ran: ran(10 * MS, 20 * MS),
+        in_flight: true,
+        burst_us: 0,
+        rtt_us: RTT as u32,
+    };
+    assert!(token(&send(&mut p, 1, renew, 50 * MS)).is_some());
+    send(&mut p, 1, release_ran(20 * MS, 45 * MS), 60 * MS);
+    let used = p
+        .counters(60 * MS)
+        .iter()
+        .find(|c| c.group == "a" && c.device == 0)
+        .map_or(0, |c| c.used_us);
+    assert_eq!(used, 35 * MS);
+}
