@@ -172,41 +172,9 @@ impl Daemon {
                 );
                 continue;
             }
-            let id = self.next_id;
-            self.next_id += 1;
-            // A connection of no peer stands for the process: replies to
-            // it are dropped, and its end is seen through the pid.
-            let identity = stand_in(&format!("restored:{}", r.pid));
-            self.conns.insert(
-                identity.clone(),
-                Conn {
-                    id,
-                    delimited: false,
-                    cred: None,
-                    pid: Some(r.pid),
-                    last_seen: Instant::now(),
-                    version: gemini_protocol::PROTOCOL_VERSION,
-                    build: String::new(),
-                },
-            );
-            self.ids.insert(id, identity);
-            let now = self.now();
             // The scheduler itself makes the reservation again, as the one
             // it made before: with its own user's rights (a group's
             // AllowedUsers admitted the job then).
-            let _ = self.policy.handle(
-                Event::Connected {
-                    client: id,
-                    peer: Peer {
-                        uid: euid(),
-                        pid: r.pid,
-                        user: "(restored)".into(),
-                        groups: Vec::new(),
-                        cgroups: Vec::new(),
-                    },
-                },
-                now,
-            );
             let hello = Request::Hello {
                 role: Role::Control,
                 group: String::new(),
@@ -215,14 +183,9 @@ impl Daemon {
                 job: None,
                 build: gemini_protocol::BUILD.into(),
             };
-            let _ = self.policy.handle(
-                Event::Request {
-                    client: id,
-                    seq: 0,
-                    req: hello,
-                },
-                now,
-            );
+            let identity = stand_in(&format!("restored:{}", r.pid));
+            let (id, _) = self.open_stand_in(identity, r.pid, Vec::new(), "", hello);
+            let now = self.now();
             let reserve = Request::Reserve {
                 group: r.group.clone(),
                 gpus: GpuRequest::Ids(r.devices.clone()),
@@ -379,39 +342,6 @@ impl Daemon {
             if self.conns.contains_key(&identity) {
                 continue;
             }
-            let id = self.next_id;
-            self.next_id += 1;
-            self.conns.insert(
-                identity.clone(),
-                Conn {
-                    id,
-                    delimited: false,
-                    cred: None,
-                    pid: Some(m.pid),
-                    last_seen: Instant::now(),
-                    version: gemini_protocol::PROTOCOL_VERSION,
-                    build: "(restored)".into(),
-                },
-            );
-            self.ids.insert(id, identity);
-            let now = self.now();
-            // Admitted as the scheduler's own user: the group admitted the
-            // process when it first said hello.
-            let _ = self.policy.handle(
-                Event::Connected {
-                    client: id,
-                    peer: Peer {
-                        uid: euid(),
-                        pid: m.pid,
-                        user: "(restored)".into(),
-                        groups: Vec::new(),
-                        // A group bound to cgroups takes only their
-                        // processes: the process's own, read now.
-                        cgroups: peers::cgroups_of(m.pid),
-                    },
-                },
-                now,
-            );
             let hello = Request::Hello {
                 role: Role::Client,
                 group: m.group.clone(),
@@ -424,14 +354,10 @@ impl Daemon {
                 job: None,
                 build: String::new(),
             };
-            let actions = self.policy.handle(
-                Event::Request {
-                    client: id,
-                    seq: 0,
-                    req: hello,
-                },
-                now,
-            );
+            // A group bound to cgroups takes only their processes: the
+            // process's own, read now.
+            let cgroups = peers::cgroups_of(m.pid);
+            let (id, actions) = self.open_stand_in(identity, m.pid, cgroups, "(restored)", hello);
             if actions.iter().any(|a| {
                 matches!(
                     a,
@@ -455,6 +381,60 @@ impl Daemon {
             }
         }
         self.save_memory(true);
+    }
+
+    /// Opens a stand-in connection (`identity`, see [`stand_in`]) for
+    /// process `pid`: a connection of no peer, whose replies are dropped
+    /// and whose end is seen through the pid. The policy knows it as a
+    /// peer of the scheduler's own user (the process was admitted when it
+    /// first came) in `cgroups`, and `hello` is said for it. Its id, and
+    /// what the hello did.
+    fn open_stand_in(
+        &mut self,
+        identity: Vec<u8>,
+        pid: u32,
+        cgroups: Vec<String>,
+        build: &str,
+        hello: Request,
+    ) -> (ClientId, Vec<Action>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.conns.insert(
+            identity.clone(),
+            Conn {
+                id,
+                delimited: false,
+                cred: None,
+                pid: Some(pid),
+                last_seen: Instant::now(),
+                version: gemini_protocol::PROTOCOL_VERSION,
+                build: build.into(),
+            },
+        );
+        self.ids.insert(id, identity);
+        let now = self.now();
+        let _ = self.policy.handle(
+            Event::Connected {
+                client: id,
+                peer: Peer {
+                    uid: euid(),
+                    pid,
+                    user: "(restored)".into(),
+                    groups: Vec::new(),
+                    cgroups,
+                },
+            },
+            now,
+        );
+        let actions = self.policy.handle(
+            Event::Request {
+                client: id,
+                seq: 0,
+                req: hello,
+            },
+            now,
+        );
+        (id, actions)
     }
 
     /// Drops the stand-in for process `pid`'s memory, if any: the process

@@ -1031,6 +1031,26 @@ fn status_says_which_waiting_group_is_short_of_its_minimum() {
     assert!(!row("b").short_of_min, "{st:?}");
 }
 
+/// `client` of `group` says hello at `now` holding 1 MiB on device 0, as a
+/// process does to a scheduler that restarted under it.
+fn hello_holding(p: &mut Policy, client: ClientId, group: &str, now: Micros) {
+    let back = Request::Hello {
+        role: Role::Client,
+        group: group.into(),
+        pid: client as u32,
+        held: vec![HeldMemory {
+            device: 0,
+            bytes: 1 << 20,
+        }],
+        job: None,
+        build: gemini_protocol::BUILD.into(),
+    };
+    assert!(matches!(
+        send(p, client, back, now)[..],
+        [(c, _, Reply::Welcome { .. })] if c == client
+    ));
+}
+
 /// A process that holds memory when it says hello ran under a previous
 /// scheduler: this one restarted (or was upgraded) under it. What it
 /// reports having run after this scheduler started and before its first
@@ -1042,21 +1062,7 @@ fn status_says_which_waiting_group_is_short_of_its_minimum() {
 #[test]
 fn work_under_the_previous_schedulers_token_is_charged_after_a_restart() {
     let mut p = Policy::new(Params::default(), config("[a]\n[b]\n"));
-    let back = Request::Hello {
-        role: Role::Client,
-        group: "a".into(),
-        pid: 1,
-        held: vec![HeldMemory {
-            device: 0,
-            bytes: 1 << 20,
-        }],
-        job: None,
-        build: gemini_protocol::BUILD.into(),
-    };
-    assert!(matches!(
-        send(&mut p, 1, back, 50 * MS)[..],
-        [(1, _, Reply::Welcome { .. })]
-    ));
+    hello_holding(&mut p, 1, "a", 50 * MS);
     hello(&mut p, 2, "b");
     send(&mut p, 1, acquire_ran(10 * MS, 30 * MS), 50 * MS);
     send(&mut p, 2, acquire_ran(32 * MS, 48 * MS), 50 * MS);
@@ -1080,18 +1086,7 @@ fn work_under_the_previous_schedulers_token_is_charged_after_a_restart() {
 #[test]
 fn the_rest_of_the_previous_schedulers_token_is_charged_after_a_restart() {
     let mut p = Policy::new(Params::default(), config("[a]\n"));
-    let back = Request::Hello {
-        role: Role::Client,
-        group: "a".into(),
-        pid: 1,
-        held: vec![HeldMemory {
-            device: 0,
-            bytes: 1 << 20,
-        }],
-        job: None,
-        build: gemini_protocol::BUILD.into(),
-    };
-    send(&mut p, 1, back, 50 * MS);
+    hello_holding(&mut p, 1, "a", 50 * MS);
     let renew = Request::AcquireToken {
         device: 0,
         ran: ran(10 * MS, 20 * MS),

@@ -456,17 +456,7 @@ fn dead_client_releases_token_and_memory() {
     let s = Gemini::daemon("[a]\nMemoryLimit=1GiB\n");
     // A child process (this test binary, in helper mode) joins, reserves
     // 1 GiB and takes the token, then is killed.
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "daemon::helper_client_process",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env("GEM_TEST_HELPER_IPC", s.ipc())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_helper_client(&s);
     s.wait_status(5.0, "helper registered", |st| {
         st.devices.first().is_some_and(|d| {
             d.holder.is_some() && d.groups.iter().any(|g| g.memory_used == 1 << 30)
@@ -512,17 +502,7 @@ fn dead_client_releases_token_and_memory() {
 fn an_idle_processs_memory_is_kept_across_a_restart() {
     let mine = gemini_tests::own_cgroup();
     let mut s = Gemini::daemon(&format!("[a]\nMemoryLimit=1GiB\nCgroups={mine}\n"));
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "daemon::helper_client_process",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env("GEM_TEST_HELPER_IPC", s.ipc())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_helper_client(&s);
     let held = |st: &StatusReport| {
         st.devices
             .first()
@@ -582,6 +562,23 @@ fn an_idle_processs_memory_is_kept_across_a_restart() {
     child.kill().unwrap();
     child.wait().unwrap();
     s.wait_status(5.0, "the memory released", |st| held(st) == 0);
+}
+
+/// Starts [`helper_client_process`] (this test binary, in helper mode)
+/// against `s`: it joins group `a`, reserves 1 GiB and takes the token of
+/// device 0, then idles for a minute.
+fn spawn_helper_client(s: &Gemini) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "daemon::helper_client_process",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("GEM_TEST_HELPER_IPC", s.ipc())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// Not a test: the client process of `dead_client_releases_token_and_memory`
