@@ -288,15 +288,8 @@ impl State {
         let mut warned = false;
         loop {
             match self.take(seq) {
-                Some(Ok(Reply::Error(e))) if forgets_us(&e) => {
-                    return Err(Failure::Forgotten);
-                }
+                Some(r) if forgets_us(&r) => return Err(Failure::Forgotten),
                 Some(Ok(r)) => return Ok(r),
-                Some(Err(CodecError::VersionMismatch { .. })) => {
-                    // Replaced by a scheduler of a version we do not
-                    // speak: registering again waits for one we do.
-                    return Err(Failure::Forgotten);
-                }
                 Some(Err(e)) => {
                     error!("unreadable answer from the scheduler: {e}");
                     return Err(Failure::Refused(self.refuse(CUDA_ERROR_NOT_PERMITTED)));
@@ -305,12 +298,7 @@ impl State {
             }
             if let Some(p) = ping {
                 match self.take(p) {
-                    Some(Ok(Reply::Error(e))) if forgets_us(&e) => {
-                        return Err(Failure::Forgotten);
-                    }
-                    Some(Err(CodecError::VersionMismatch { .. })) => {
-                        return Err(Failure::Forgotten);
-                    }
+                    Some(r) if forgets_us(&r) => return Err(Failure::Forgotten),
                     Some(_) => {
                         ping = None;
                         last = Instant::now();
@@ -399,11 +387,7 @@ impl State {
             }
         };
         match taken {
-            Ok(Reply::Error(e)) if forgets_us(&e) => {
-                self.registered.store(false, Ordering::Release);
-                Some(None)
-            }
-            Err(CodecError::VersionMismatch { .. }) => {
+            r if forgets_us(&r) => {
                 self.registered.store(false, Ordering::Release);
                 Some(None)
             }
@@ -430,15 +414,20 @@ impl State {
     }
 }
 
-/// The scheduler answering `e` does not know this connection: it
+/// The answer says the scheduler does not know this connection: it
 /// restarted, or it was replaced by one of an older protocol version that
-/// did not read the request. Registering again (in its version) and
-/// repeating the request is the answer to both.
-fn forgets_us(e: &gemini_protocol::ErrorReply) -> bool {
-    matches!(
-        e.kind,
-        ErrorKind::NotRegistered | ErrorKind::ProtocolMismatch
-    )
+/// did not read the request, or by one of a version we do not speak.
+/// Registering again (in its version, or waiting for one we speak) and
+/// repeating the request is the answer to all three.
+fn forgets_us(answer: &Result<Reply, CodecError>) -> bool {
+    match answer {
+        Ok(Reply::Error(e)) => matches!(
+            e.kind,
+            ErrorKind::NotRegistered | ErrorKind::ProtocolMismatch
+        ),
+        Err(CodecError::VersionMismatch { .. }) => true,
+        _ => false,
+    }
 }
 
 /// The scheduler refused this group a GPU (`Devices=`): said once per

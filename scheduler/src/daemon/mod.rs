@@ -512,17 +512,16 @@ impl Daemon {
         match decode_request_versioned(&body) {
             Ok((version, seq, req)) => {
                 self.refused.remove(&client);
-                if let Some(conn) = self.ids.get(&client).and_then(|i| self.conns.get_mut(i)) {
-                    conn.version = version;
-                    if let Request::Hello { build, .. } = &req {
-                        conn.build = if build.is_empty() {
-                            gemini_protocol::legacy::release_of(version)
-                                .unwrap_or_default()
-                                .to_string()
-                        } else {
-                            build.clone()
-                        };
-                    }
+                if let Request::Hello { build, .. } = &req
+                    && let Some(conn) = self.ids.get(&client).and_then(|i| self.conns.get_mut(i))
+                {
+                    conn.build = if build.is_empty() {
+                        gemini_protocol::legacy::release_of(version)
+                            .unwrap_or_default()
+                            .to_string()
+                    } else {
+                        build.clone()
+                    };
                 }
                 let t = Instant::now();
                 self.on_request(client, seq, req);
@@ -645,8 +644,6 @@ impl Daemon {
         let actions = self
             .policy
             .handle(Event::Request { client, seq, req }, self.now());
-        // A hello refused for another reason than a permission (logged
-        // with every refusal below): an unknown group, say.
         // A process that had its memory restored says hello itself, with
         // what it holds now: once it is welcome, its stand-in goes. (The
         // kernel's pid, where the transport gives it, as the policy takes.)
@@ -659,6 +656,8 @@ impl Daemon {
             let pid = self.conn(client).and_then(|c| c.cred).map_or(claimed, |c| c.pid);
             self.drop_stand_in(pid);
         }
+        // A hello refused for another reason than a permission (logged
+        // with every refusal below): an unknown group, say.
         if let Some(claimed) = hello_pid
             && let Some(e) = actions.iter().find_map(|a| match a {
                 Action::Reply {
