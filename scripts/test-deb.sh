@@ -21,14 +21,8 @@ if [ "$(id -u)" != 0 ] || ! command -v dpkg-deb >/dev/null 2>&1; then
     echo "test-deb: skipped: needs root and dpkg (it installs the package on this machine)"
     exit 0
 fi
-# Never over an installation of the operator's: the test edits, removes
-# and purges what it installed.
-if dpkg -s gemini >/dev/null 2>&1; then
-    fail "a gemini package is installed already; this test would remove it (dpkg -P gemini first)"
-fi
-for f in /etc/gemini/resource.conf /usr/bin/gem-schd /usr/lib/libgemhook.so; do
-    [ ! -e "$f" ] || fail "$f exists (make install?); this test would take it over and delete it"
-done
+. scripts/deb-guard.sh
+refuse_over_an_installation
 deb=$(scripts/deb.sh "$release" "$outdir") || fail "make deb failed"
 work=$(mktemp -d)
 ipc=$(mktemp -d)
