@@ -47,6 +47,21 @@ const SLICE: Duration = Duration::from_nanos(gemini_protocol::roundtrip::MIN_NS)
 /// How often the metrics' gauges are rebuilt from the status.
 const METRICS_REFRESH: Duration = Duration::from_secs(1);
 
+/// Where a connection is reached. A peer of the socket is named by its
+/// ZeroMQ routing id, which the peer may choose (any 1-255 bytes, a zero
+/// byte first included); a stand-in the daemon keeps for a process after
+/// a restart is not a peer at all, so no routing id can name it, and its
+/// replies go nowhere.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Route {
+    /// A peer, by its routing id.
+    Peer(Vec<u8>),
+    /// The stand-in holding a restored reservation of process `pid`.
+    Reservation(u32),
+    /// The stand-in holding the restored memory of process `pid`.
+    Memory(u32),
+}
+
 #[derive(Debug)]
 struct Conn {
     id: ClientId,
@@ -62,6 +77,9 @@ struct Conn {
     version: u16,
     /// Its gemini release, as its hello said.
     build: String,
+    /// A stand-in's process's start time (`/proc/PID/stat`), which the
+    /// process's own hello must match to take its place.
+    started: Option<u64>,
 }
 
 /// How long a peer refused for its protocol version stays in the status
@@ -80,8 +98,8 @@ pub struct Daemon {
     /// `CLOCK_MONOTONIC` (µs) when the daemon started: the policy's time
     /// 0, and what clients' measured spans are rebased by.
     epoch_us: Micros,
-    conns: HashMap<Vec<u8>, Conn>,
-    ids: HashMap<ClientId, Vec<u8>>,
+    conns: HashMap<Route, Conn>,
+    ids: HashMap<ClientId, Route>,
     next_id: ClientId,
     watched: HashMap<u32, Watched>,
     last_pid_poll: Instant,
@@ -484,7 +502,7 @@ impl Daemon {
         if frames.len() < 2 {
             return;
         }
-        let identity = frames[0].to_vec();
+        let identity = Route::Peer(frames[0].to_vec());
         let delimited = frames.len() == 3 && frames[1].is_empty();
         if frames.len() > 3 || (frames.len() == 3 && !delimited) {
             warn!("dropping a message of {} frames from a peer", frames.len());
@@ -553,12 +571,7 @@ impl Daemon {
 
     /// A new connection: numbered, and its peer (where the kernel names
     /// it) told to the policy.
-    fn connected(
-        &mut self,
-        identity: Vec<u8>,
-        delimited: bool,
-        cred: Option<PeerCred>,
-    ) -> ClientId {
+    fn connected(&mut self, identity: Route, delimited: bool, cred: Option<PeerCred>) -> ClientId {
         let id = self.next_id;
         self.next_id += 1;
         self.ids.insert(id, identity.clone());
@@ -572,6 +585,7 @@ impl Daemon {
                 last_seen: Instant::now(),
                 version: PROTOCOL_VERSION,
                 build: String::new(),
+                started: None,
             },
         );
         if let Some(c) = cred {
@@ -654,7 +668,7 @@ impl Daemon {
             })
         {
             let pid = self.conn(client).and_then(|c| c.cred).map_or(claimed, |c| c.pid);
-            self.drop_stand_in(pid);
+            self.adopt_stand_in(pid);
         }
         // A hello refused for another reason than a permission (logged
         // with every refusal below): an unknown group, say.
@@ -779,14 +793,18 @@ impl Daemon {
         {
             m.granted(&group, *device, asked.elapsed().as_secs_f64());
         }
-        let Some(identity) = self.ids.get(&client) else {
+        let Some(route) = self.ids.get(&client) else {
             return;
         };
         debug!("client {client} #{seq} <- {reply:?}");
         let (delimited, version) = self
             .conns
-            .get(identity)
+            .get(route)
             .map_or((false, PROTOCOL_VERSION), |c| (c.delimited, c.version));
+        // A stand-in's replies go nowhere.
+        let Route::Peer(identity) = route else {
+            return;
+        };
         let body = encode_reply_as(version, seq, reply);
         let result = if delimited {
             self.sock

@@ -29,7 +29,7 @@ pub(super) const QUIET_CONN: Duration = Duration::from_secs(600);
 
 /// The identities of the connections of no process (never said hello)
 /// that have been quiet for [`QUIET_CONN`] at `now`.
-pub(super) fn quiet_conns(conns: &HashMap<Vec<u8>, Conn>, now: Instant) -> Vec<Vec<u8>> {
+pub(super) fn quiet_conns(conns: &HashMap<Route, Conn>, now: Instant) -> Vec<Route> {
     conns
         .iter()
         .filter(|(_, c)| {
@@ -187,7 +187,7 @@ impl Daemon {
     /// Releases everything held by the connections of process `pid`.
     pub(super) fn process_gone(&mut self, pid: u32) {
         self.watched.remove(&pid);
-        let gone: Vec<(Vec<u8>, ClientId)> = self
+        let gone: Vec<(Route, ClientId)> = self
             .conns
             .iter()
             .filter(|(_, c)| c.pid == Some(pid))
@@ -221,16 +221,18 @@ mod tests {
             last_seen: t0,
             version: PROTOCOL_VERSION,
             build: String::new(),
+            started: None,
         };
         let mut conns = HashMap::new();
-        conns.insert(b"status".to_vec(), conn(1, None));
-        conns.insert(b"hooked".to_vec(), conn(2, Some(42)));
-        conns.insert(b"recent".to_vec(), conn(3, None));
-        conns.get_mut(b"recent".as_slice()).unwrap().last_seen = t0 + QUIET_CONN;
+        let route = |id: &[u8]| Route::Peer(id.to_vec());
+        conns.insert(route(b"status"), conn(1, None));
+        conns.insert(route(b"hooked"), conn(2, Some(42)));
+        conns.insert(route(b"recent"), conn(3, None));
+        conns.get_mut(&route(b"recent")).unwrap().last_seen = t0 + QUIET_CONN;
         assert!(quiet_conns(&conns, t0 + QUIET_CONN / 2).is_empty());
         // A process's connection is forgotten when the process ends, never
         // for being quiet; one that spoke lately is kept.
-        assert_eq!(quiet_conns(&conns, t0 + QUIET_CONN), [b"status".to_vec()]);
+        assert_eq!(quiet_conns(&conns, t0 + QUIET_CONN), [route(b"status")]);
     }
 
     #[test]

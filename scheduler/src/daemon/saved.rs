@@ -90,21 +90,6 @@ fn write_state<T: serde::Serialize>(path: &Path, value: &T) -> std::io::Result<(
     std::fs::rename(&tmp, path)
 }
 
-/// The identity of a stand-in connection (for a process, after a
-/// restart): a zero byte first, which ZeroMQ refuses to a peer choosing its
-/// own routing id, so no peer can speak as a stand-in (whose rights are
-/// the scheduler's); longer than the 5 bytes of the ids ZeroMQ generates.
-fn stand_in(name: &str) -> Vec<u8> {
-    let mut id = vec![0];
-    id.extend_from_slice(name.as_bytes());
-    id
-}
-
-/// The identity of the stand-in connection for process `pid`'s memory.
-pub(super) fn memory_stand_in(pid: u32) -> Vec<u8> {
-    stand_in(&format!("restored-memory:{pid}"))
-}
-
 /// The state file of the reservations, beside the socket.
 pub(super) fn reservations_path(ipc_dir: &Path) -> PathBuf {
     ipc_dir.join("reservations.json")
@@ -183,8 +168,8 @@ impl Daemon {
                 job: None,
                 build: gemini_protocol::BUILD.into(),
             };
-            let identity = stand_in(&format!("restored:{}", r.pid));
-            let (id, _) = self.open_stand_in(identity, r.pid, Vec::new(), "", hello);
+            let route = Route::Reservation(r.pid);
+            let (id, _) = self.open_stand_in(route, (r.pid, r.start_time), Vec::new(), "", hello);
             let now = self.now();
             let reserve = Request::Reserve {
                 group: r.group.clone(),
@@ -338,8 +323,8 @@ impl Daemon {
             if m.pid == 0 || process_start_time(m.pid) != Some(m.start_time) {
                 continue;
             }
-            let identity = memory_stand_in(m.pid);
-            if self.conns.contains_key(&identity) {
+            let route = Route::Memory(m.pid);
+            if self.conns.contains_key(&route) {
                 continue;
             }
             let hello = Request::Hello {
@@ -357,7 +342,8 @@ impl Daemon {
             // A group bound to cgroups takes only their processes: the
             // process's own, read now.
             let cgroups = peers::cgroups_of(m.pid);
-            let (id, actions) = self.open_stand_in(identity, m.pid, cgroups, "(restored)", hello);
+            let (id, actions) =
+                self.open_stand_in(route, (m.pid, m.start_time), cgroups, "(restored)", hello);
             if actions.iter().any(|a| {
                 matches!(
                     a,
@@ -383,16 +369,17 @@ impl Daemon {
         self.save_memory(true);
     }
 
-    /// Opens a stand-in connection (`identity`, see [`stand_in`]) for
-    /// process `pid`: a connection of no peer, whose replies are dropped
+    /// Opens a stand-in connection (`route`, see [`Route`]) for
+    /// process `pid` (started at `started`, as /proc says): a connection
+    /// of no peer, whose replies are dropped
     /// and whose end is seen through the pid. The policy knows it as a
     /// peer of the scheduler's own user (the process was admitted when it
     /// first came) in `cgroups`, and `hello` is said for it. Its id, and
     /// what the hello did.
     fn open_stand_in(
         &mut self,
-        identity: Vec<u8>,
-        pid: u32,
+        route: Route,
+        (pid, started): (u32, u64),
         cgroups: Vec<String>,
         build: &str,
         hello: Request,
@@ -400,7 +387,7 @@ impl Daemon {
         let id = self.next_id;
         self.next_id += 1;
         self.conns.insert(
-            identity.clone(),
+            route.clone(),
             Conn {
                 id,
                 delimited: false,
@@ -409,9 +396,10 @@ impl Daemon {
                 last_seen: Instant::now(),
                 version: gemini_protocol::PROTOCOL_VERSION,
                 build: build.into(),
+                started: Some(started),
             },
         );
-        self.ids.insert(id, identity);
+        self.ids.insert(id, route);
         let now = self.now();
         let _ = self.policy.handle(
             Event::Connected {
@@ -437,10 +425,22 @@ impl Daemon {
         (id, actions)
     }
 
-    /// Drops the stand-in for process `pid`'s memory, if any: the process
-    /// said hello itself, with what it holds now.
+    /// Process `pid` (as the kernel names the peer) said hello itself,
+    /// with what it holds now: the stand-in for its memory goes, if it
+    /// stands in for this process (the same start time: a process that
+    /// got the pid of an ended one takes nothing away).
+    pub(super) fn adopt_stand_in(&mut self, pid: u32) {
+        let Some(c) = self.conns.get(&Route::Memory(pid)) else {
+            return;
+        };
+        if c.started.is_some() && c.started == process_start_time(pid) {
+            self.drop_stand_in(pid);
+        }
+    }
+
+    /// Drops the stand-in for process `pid`'s memory, if any.
     pub(super) fn drop_stand_in(&mut self, pid: u32) {
-        let Some(c) = self.conns.remove(&memory_stand_in(pid)) else {
+        let Some(c) = self.conns.remove(&Route::Memory(pid)) else {
             return;
         };
         self.ids.remove(&c.id);
