@@ -95,7 +95,59 @@ impl Policy {
             } else {
                 self.holder_memory(device)
             },
-            context: self.context_cost.get(&device).copied().unwrap_or(0),
+            context: context_estimate(&self.context_cost, &self.peers, client, device),
         }
     }
+
+    /// `client`'s process says its context took `bytes` of `device`.
+    /// Taken only from a client process that holds memory there (its
+    /// context's, reserved as it was made) and never above what it holds,
+    /// and kept for its own user only (the largest such report): one
+    /// user's report cannot raise what another's processes reserve for
+    /// their next context, which a false one could make every new process
+    /// of a group near its `MemoryLimit` fail.
+    pub(super) fn context_cost(&mut self, client: ClientId, device: DeviceId, bytes: u64) -> Reply {
+        let held = self
+            .clients
+            .get(&client)
+            .filter(|c| c.role == Role::Client)
+            .and_then(|c| c.memory.get(&device).copied())
+            .unwrap_or(0);
+        if held == 0 {
+            return error(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "a context's size on device {device} is taken only from a client process \
+                     holding memory there"
+                ),
+            );
+        }
+        let cost = self
+            .context_cost
+            .entry((user_of(&self.peers, client), device))
+            .or_default();
+        *cost = (*cost).max(bytes.min(held));
+        Reply::Done
+    }
+}
+
+/// Whose reports of context sizes `client`'s are: its peer's uid (one
+/// bucket for the connections the transport could not name).
+pub(super) fn user_of(peers: &BTreeMap<ClientId, Peer>, client: ClientId) -> u32 {
+    peers.get(&client).map_or(u32::MAX, |p| p.uid)
+}
+
+/// What `client`'s process reserves on `device` for a context before the
+/// driver makes it: the most its own user's contexts took there (0 before
+/// one is reported).
+pub(super) fn context_estimate(
+    context_cost: &BTreeMap<(u32, DeviceId), u64>,
+    peers: &BTreeMap<ClientId, Peer>,
+    client: ClientId,
+    device: DeviceId,
+) -> u64 {
+    context_cost
+        .get(&(user_of(peers, client), device))
+        .copied()
+        .unwrap_or(0)
 }

@@ -551,8 +551,9 @@ pub struct Policy {
     devices: BTreeMap<DeviceId, Device>,
     /// Bytes reserved per (group, device).
     memory: BTreeMap<(GroupKey, DeviceId), u64>,
-    /// The most a context took per device, as clients measured it.
-    context_cost: BTreeMap<DeviceId, u64>,
+    /// The most a context took per user and device, as that user's
+    /// processes measured it (see [`Policy::context_cost`]).
+    context_cost: BTreeMap<(u32, DeviceId), u64>,
     /// When a real client last asked for a token or memory, per device.
     activity: BTreeMap<DeviceId, Micros>,
     /// The holder's pending poll for orders.

@@ -316,11 +316,7 @@ impl Policy {
             }
             Request::MemoryInfo { device } => reply(self.memory_view(client, device)),
             Request::ContextCost { device, bytes } => {
-                // The largest, so that a reservation made with it covers
-                // any process's context (their limits may differ).
-                let cost = self.context_cost.entry(device).or_default();
-                *cost = (*cost).max(bytes);
-                reply(Reply::Done);
+                reply(self.context_cost(client, device, bytes));
             }
             Request::Job { job } => {
                 if role != Role::Client {
@@ -463,6 +459,11 @@ impl Policy {
             Role::Holder => GroupKey::Holder,
             Role::Control => GroupKey::Control,
         };
+        if role != Role::Control
+            && let Some(r) = self.refuse_held(&group, pid, &held)
+        {
+            return r;
+        }
         let mut memory = BTreeMap::new();
         if role != Role::Control {
             for h in held.iter().filter(|h| h.device < MAX_DEVICES) {
@@ -499,5 +500,45 @@ impl Policy {
             server: env!("CARGO_PKG_VERSION").to_string(),
             config_path: self.config.path.display().to_string(),
         }
+    }
+
+    /// Refuses a hello that says it holds more on a device than `group`
+    /// may hold there: its `MemoryLimit` less what the group's other
+    /// processes hold. What process `pid`'s other connections hold (its
+    /// stand-in after a restart) is its own, and may be said again. A
+    /// hello is what a process reports of itself, and one that claimed
+    /// the whole device would keep the group's other processes from
+    /// allocating.
+    fn refuse_held(&self, group: &GroupKey, pid: u32, held: &[HeldMemory]) -> Option<Reply> {
+        let mut said: BTreeMap<DeviceId, u64> = BTreeMap::new();
+        for h in held.iter().filter(|h| h.device < MAX_DEVICES) {
+            let m = said.entry(h.device).or_default();
+            *m = m.saturating_add(h.bytes);
+        }
+        let limit = self.limits(group).memory_limit;
+        said.into_iter().find_map(|(device, bytes)| {
+            let own: u64 = self
+                .clients
+                .values()
+                .filter(|c| &c.group == group && c.pid == pid)
+                .filter_map(|c| c.memory.get(&device))
+                .fold(0, |a, b| a.saturating_add(*b));
+            let used = self.memory.get(&(group.clone(), device)).copied().unwrap_or(0);
+            let room = limit.saturating_sub(used.saturating_sub(own)).max(own);
+            (bytes > room).then(|| {
+                let size = gemini_protocol::units::format_size;
+                error(
+                    ErrorKind::OutOfMemory,
+                    format!(
+                        "pid {pid} says it holds {} on device {device}, more than group {:?} may hold \
+                         there (MemoryLimit {}, {} held by its other processes)",
+                        size(bytes),
+                        group.shown(),
+                        size(limit),
+                        size(used.saturating_sub(own))
+                    ),
+                )
+            })
+        })
     }
 }

@@ -75,7 +75,7 @@ impl Policy {
                 if idle && memory_used == 0 && waiting == 0 && holder_group != Some(key) {
                     continue;
                 }
-                let contexts = contexts_of(&self.clients, &self.context_cost, key, id);
+                let contexts = contexts_of(&self.clients, &self.peers, &self.context_cost, key, id);
                 let min_util = limits(&self.config, &self.retired, key).min_util;
                 // (Not a group kept off a reserved GPU: nothing is owed
                 // to it there.)
@@ -110,7 +110,7 @@ impl Policy {
                     memory_used,
                     memory_limit: limits.memory_limit,
                     waiting: dev.waiters.iter().filter(|w| &w.group == key).count() as u32,
-                    contexts: contexts_of(&self.clients, &self.context_cost, key, id)
+                    contexts: contexts_of(&self.clients, &self.peers, &self.context_cost, key, id)
                         .min(memory_used),
                     short_of_min: limits.min_util > 0.0 && !reserve::kept_out(&reserved, key),
                 });
@@ -118,7 +118,7 @@ impl Policy {
             rows.extend(memory_only_rows(
                 &self.memory,
                 |k| limits(&self.config, &self.retired, k).memory_limit,
-                |k| contexts_of(&self.clients, &self.context_cost, k, id),
+                |k| contexts_of(&self.clients, &self.peers, &self.context_cost, k, id),
                 id,
                 |k| dev.groups.contains_key(k) || dev.waiters.iter().any(|w| &w.group == k),
             ));
@@ -147,7 +147,7 @@ impl Policy {
                     groups: memory_only_rows(
                         &self.memory,
                         |k| self.limits(k).memory_limit,
-                        |k| contexts_of(&self.clients, &self.context_cost, k, id),
+                        |k| contexts_of(&self.clients, &self.peers, &self.context_cost, k, id),
                         id,
                         |_| false,
                     ),
@@ -239,19 +239,19 @@ fn memory_only_rows(
         .collect()
 }
 
-/// About what the contexts of `key`'s processes take on device `id`: the
-/// processes holding memory there times the largest context reported
-/// there (0 before one is).
+/// About what the contexts of `key`'s processes take on device `id`: for
+/// each process holding memory there, the largest context its user
+/// reported there (0 before one is).
 fn contexts_of(
     clients: &BTreeMap<ClientId, Client>,
-    context_cost: &BTreeMap<DeviceId, u64>,
+    peers: &BTreeMap<ClientId, Peer>,
+    context_cost: &BTreeMap<(u32, DeviceId), u64>,
     key: &GroupKey,
     id: DeviceId,
 ) -> u64 {
-    let cost = context_cost.get(&id).copied().unwrap_or(0);
-    let processes = clients
-        .values()
-        .filter(|c| &c.group == key && c.memory.get(&id).is_some_and(|&b| b > 0))
-        .count() as u64;
-    processes.saturating_mul(cost)
+    clients
+        .iter()
+        .filter(|(_, c)| &c.group == key && c.memory.get(&id).is_some_and(|&b| b > 0))
+        .map(|(&client, _)| memory::context_estimate(context_cost, peers, client, id))
+        .fold(0, u64::saturating_add)
 }

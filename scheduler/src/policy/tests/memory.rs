@@ -422,19 +422,25 @@ fn status_shows_memory_of_a_group_that_never_launched() {
     }
 }
 
-/// Processes report what their contexts took; every client's memory view
-/// gives the largest on the device, so that a new process reserves its
-/// first context before the driver makes it.
+/// Processes report what their contexts took; the memory view of every
+/// process of the same user gives the largest on the device, so that a new
+/// process reserves its first context before the driver makes it.
 #[test]
 fn context_costs_are_shared_through_the_memory_view() {
     let mut p = Policy::new(Params::default(), config("[a]\n[b]\nDevices=1\n"));
+    for client in [1, 2] {
+        connect_as(&mut p, client, 1000);
+    }
     hello(&mut p, 1, "a");
     hello(&mut p, 2, "b");
-    let view = |p: &mut Policy, client, device| match ask(p, client, Request::MemoryInfo { device })
-    {
-        Reply::MemoryView { context, .. } => context,
-        other => panic!("{other:?}"),
-    };
+    ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 1 << 30,
+        },
+    );
     assert_eq!(view(&mut p, 2, 0), 0, "none reported yet");
     for bytes in [300 << 20, 500 << 20, 400 << 20] {
         assert_eq!(
@@ -444,19 +450,6 @@ fn context_costs_are_shared_through_the_memory_view() {
     }
     assert_eq!(view(&mut p, 2, 0), 500 << 20, "the largest, to any group");
     assert_eq!(view(&mut p, 1, 1), 0, "per device");
-    // A group that may not use the device still reports (it made the
-    // context), and a device out of range is refused.
-    assert_eq!(
-        ask(
-            &mut p,
-            2,
-            Request::ContextCost {
-                device: 1,
-                bytes: 1
-            }
-        ),
-        Reply::Done
-    );
     assert_eq!(
         kind(&ask(
             &mut p,
@@ -468,6 +461,128 @@ fn context_costs_are_shared_through_the_memory_view() {
         )),
         Some(ErrorKind::BadRequest)
     );
+}
+
+fn view(p: &mut Policy, client: ClientId, device: DeviceId) -> u64 {
+    match ask(p, client, Request::MemoryInfo { device }) {
+        Reply::MemoryView { context, .. } => context,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `client` is a connection of a process of user `uid`.
+fn connect_as(p: &mut Policy, client: ClientId, uid: u32) {
+    let peer = Peer {
+        uid,
+        pid: client as u32,
+        user: format!("user{uid}"),
+        groups: Vec::new(),
+        cgroups: Vec::new(),
+    };
+    p.handle(Event::Connected { client, peer }, 0);
+}
+
+/// A context's size once came from any connection, and the largest ever
+/// said was what every new process reserved first: one `ContextCost` of
+/// u64::MAX made every later process of a group with a `MemoryLimit` fail
+/// its first context with out-of-memory. Now a report counts only from a
+/// client process that holds memory on the device, never above what it
+/// holds, and only for its own user's processes.
+#[test]
+fn one_users_context_report_moves_no_other_users_reservation() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=2GiB\n[b]\n"));
+    connect_as(&mut p, 1, 1000);
+    connect_as(&mut p, 2, 1001);
+    connect_as(&mut p, 3, 1001);
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "b");
+    hello(&mut p, 3, "b");
+    control(&mut p, 4);
+    let cost = |bytes| Request::ContextCost { device: 0, bytes };
+    // No memory on the device: no context there.
+    assert_eq!(
+        kind(&ask(&mut p, 2, cost(u64::MAX))),
+        Some(ErrorKind::PermissionDenied)
+    );
+    assert_eq!(
+        kind(&ask(&mut p, 4, cost(u64::MAX))),
+        Some(ErrorKind::PermissionDenied)
+    );
+    ask(
+        &mut p,
+        2,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 64 << 20,
+        },
+    );
+    assert_eq!(ask(&mut p, 2, cost(u64::MAX)), Reply::Done);
+    assert_eq!(
+        view(&mut p, 3, 0),
+        64 << 20,
+        "its own user's, not past what it held"
+    );
+    assert_eq!(
+        view(&mut p, 1, 0),
+        0,
+        "another user's processes reserve nothing for it"
+    );
+    ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 500 << 20,
+        },
+    );
+    assert_eq!(ask(&mut p, 1, cost(300 << 20)), Reply::Done);
+    assert_eq!(view(&mut p, 1, 0), 300 << 20);
+    assert_eq!(view(&mut p, 3, 0), 64 << 20);
+}
+
+/// What a hello says a process holds was added to its group unchecked: a
+/// hello holding the whole device kept the group's other processes from
+/// allocating anything. It is held to the group's `MemoryLimit`, less what
+/// the group's other processes hold; what the process's own other
+/// connection holds (its stand-in after a restart) it may say again.
+#[test]
+fn a_hello_holding_more_than_its_group_may_is_refused() {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=2GiB\n"));
+    hello(&mut p, 1, "a");
+    ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 1 << 30,
+        },
+    );
+    let hello_holding = |p: &mut Policy, client: ClientId, pid: u32, bytes: u64| {
+        let req = Request::Hello {
+            role: Role::Client,
+            group: "a".into(),
+            pid,
+            held: vec![HeldMemory { device: 0, bytes }],
+            job: None,
+            build: gemini_protocol::BUILD.into(),
+        };
+        ask(p, client, req)
+    };
+    let r = hello_holding(&mut p, 2, 2, (1 << 30) + 1);
+    assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory), "{r:?}");
+    let r = hello_holding(&mut p, 3, 3, u64::MAX);
+    assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory), "{r:?}");
+    let used = |p: &mut Policy| p.status(0).devices[0].groups[0].memory_used;
+    assert_eq!(used(&mut p), 1 << 30, "nothing added by a refused hello");
+    assert!(matches!(
+        hello_holding(&mut p, 4, 4, 1 << 30),
+        Reply::Welcome { .. }
+    ));
+    // Process 1 again, on a new connection, with what it holds.
+    assert!(matches!(
+        hello_holding(&mut p, 5, 1, 1 << 30),
+        Reply::Welcome { .. }
+    ));
 }
 
 /// The status says, per group and device, about how much of the group's
