@@ -13,6 +13,9 @@
 //! ipc_group = "gemini"  # let members of this Unix group connect (dir 0750, socket 0770); default: only the daemon's user
 //! devices = 8           # GPUs gem-launch may reserve (default: as many as /proc/driver/nvidia/gpus lists)
 //! metrics = "127.0.0.1:9400"  # serve Prometheus metrics at http://ADDR/metrics (default: off)
+//! reserve_max_duration = "1d"  # longest `gem-launch reserve --duration` a user may ask (root and the daemon's user: 30d)
+//! reserve_max_gpus = 4  # most GPUs one user may hold reserved at once (default: half the GPUs, at least 1)
+//! allow_unverified_peers = false  # serve peers whose credentials the kernel cannot give (tests only)
 //!
 //! [slurm]                # gem-slurm, the Slurm prolog, epilog and task prolog
 //! max_util = 1.0         # MaxUtil of a job's group (default 1: a job may use what others leave)
@@ -55,6 +58,12 @@ pub struct RawSettings {
     pub ipc_group: Option<String>,
     /// Address to serve Prometheus metrics on.
     pub metrics: Option<String>,
+    /// Longest reservation without a program a user may ask.
+    pub reserve_max_duration: Option<String>,
+    /// Most GPUs one user may hold reserved at once.
+    pub reserve_max_gpus: Option<u32>,
+    /// Serve peers whose credentials the kernel cannot give.
+    pub allow_unverified_peers: Option<bool>,
     /// `[slurm]`: gem-slurm's settings.
     pub slurm: Option<RawSlurm>,
 }
@@ -128,6 +137,16 @@ pub struct Settings {
     pub ipc_group: Option<String>,
     /// Where to serve Prometheus metrics (`None`: not served).
     pub metrics: Option<std::net::SocketAddr>,
+    /// The longest reservation without a program a user (not root, not
+    /// the daemon's user) may ask.
+    pub reserve_max_duration: Duration,
+    /// The most GPUs one user (not root, not the daemon's user) may hold
+    /// reserved at once (`None`: half the GPUs, at least 1).
+    pub reserve_max_gpus: Option<u32>,
+    /// Serve peers whose uid, gid and pid the kernel cannot give (a libzmq
+    /// built without `SO_PEERCRED`): every one of them may then act as
+    /// any user. Off: gem-schd refuses to start without them.
+    pub allow_unverified_peers: bool,
     /// gem-slurm's settings.
     pub slurm: SlurmSettings,
 }
@@ -145,10 +164,17 @@ impl Default for Settings {
             devices: None,
             ipc_group: None,
             metrics: None,
+            reserve_max_duration: DEFAULT_RESERVE_MAX_DURATION,
+            reserve_max_gpus: None,
+            allow_unverified_peers: false,
             slurm: SlurmSettings::default(),
         }
     }
 }
+
+/// The longest reservation without a program a user may ask by default:
+/// a day (the daemon's user and root: 30 days).
+pub const DEFAULT_RESERVE_MAX_DURATION: Duration = Duration::from_secs(86_400);
 
 /// Invalid settings.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -206,6 +232,9 @@ impl RawSettings {
             devices: over.devices.or(self.devices),
             ipc_group: over.ipc_group.or(self.ipc_group),
             metrics: over.metrics.or(self.metrics),
+            reserve_max_duration: over.reserve_max_duration.or(self.reserve_max_duration),
+            reserve_max_gpus: over.reserve_max_gpus.or(self.reserve_max_gpus),
+            allow_unverified_peers: over.allow_unverified_peers.or(self.allow_unverified_peers),
             slurm: over.slurm.or(self.slurm),
         }
     }
@@ -235,8 +264,23 @@ impl RawSettings {
                 Some(a) => Some(parse_metrics(&a).map_err(|e| err(format!("metrics: {e}")))?),
                 None => None,
             },
+            reserve_max_duration: dur(
+                "reserve_max_duration",
+                self.reserve_max_duration,
+                d.reserve_max_duration,
+            )?,
+            reserve_max_gpus: self.reserve_max_gpus,
+            allow_unverified_peers: self.allow_unverified_peers.unwrap_or(false),
             slurm: slurm_settings(file, self.slurm.unwrap_or_default())?,
         };
+        if s.reserve_max_duration.is_zero() {
+            return Err(err("reserve_max_duration: must be longer than 0".into()));
+        }
+        if s.reserve_max_gpus == Some(0) {
+            return Err(err(
+                "reserve_max_gpus: expected at least 1, got 0 (no reservation at all: give the groups AllowedUsers)".into(),
+            ));
+        }
         if let Err(e) = parse_log_level(&s.log_level) {
             return Err(err(format!("log_level: {e}")));
         }
@@ -385,6 +429,49 @@ mod tests {
             )
         );
         assert_eq!(s.log_level, "debug");
+    }
+
+    #[test]
+    fn reservation_limits_are_read_and_checked() {
+        let s = parse_settings(
+            "reserve_max_duration = \"2h\"\nreserve_max_gpus = 2\n",
+            "g.toml",
+        )
+        .unwrap()
+        .validate("g.toml")
+        .unwrap();
+        assert_eq!(s.reserve_max_duration, Duration::from_secs(7200));
+        assert_eq!(s.reserve_max_gpus, Some(2));
+        let d = RawSettings::default().validate("g.toml").unwrap();
+        assert_eq!(
+            (
+                d.reserve_max_duration,
+                d.reserve_max_gpus,
+                d.allow_unverified_peers
+            ),
+            (DEFAULT_RESERVE_MAX_DURATION, None, false)
+        );
+        for (text, what) in [
+            (
+                "reserve_max_gpus = 0\n",
+                "reserve_max_gpus: expected at least 1",
+            ),
+            (
+                "reserve_max_duration = \"0s\"\n",
+                "reserve_max_duration: must be longer",
+            ),
+            (
+                "reserve_max_duration = \"soon\"\n",
+                "reserve_max_duration: ",
+            ),
+        ] {
+            let e = parse_settings(text, "g.toml")
+                .unwrap()
+                .validate("g.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(&format!("g.toml: {what}")), "{e}");
+        }
     }
 
     #[test]

@@ -90,6 +90,9 @@ struct RunArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 [default: off]
     #[arg(long, value_name = "ADDR", value_parser = metrics_flag)]
     metrics: Option<String>,
+    /// Serve peers whose uid, gid and pid the kernel cannot give (a libzmq built without SO_PEERCRED): each may then act as any user. For tests only [default: refuse to start without them]
+    #[arg(long)]
+    allow_unverified_peers: bool,
 }
 
 /// A duration flag (`--window 10s`), checked as the settings file's are,
@@ -195,7 +198,8 @@ fn run(args: RunArgs, settings: Option<&Path>, ipc_dir: PathBuf) -> anyhow::Resu
         devices: args.devices,
         ipc_group: args.ipc_group,
         metrics: args.metrics,
-        slurm: None,
+        allow_unverified_peers: args.allow_unverified_peers.then_some(true),
+        ..Overrides::default()
     };
     let settings = load_settings(settings, over)?;
     tracing_subscriber::fmt()

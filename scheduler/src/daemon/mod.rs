@@ -143,6 +143,8 @@ pub struct Daemon {
     stopping: bool,
     /// Peers refused for their protocol version: the version, and when.
     refused: HashMap<ClientId, (u16, Instant)>,
+    /// Serve peers the kernel does not name (`allow_unverified_peers`).
+    allow_unverified: bool,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -269,6 +271,7 @@ impl Daemon {
         }
         let endpoint = scheduler_endpoint(ipc_dir)?;
         let ctx = zmq::Context::new();
+        peers::check_peer_credentials(&ctx, ipc_dir, settings.allow_unverified_peers)?;
         let sock = ctx.socket(zmq::ROUTER)?;
         sock.set_linger(0)?;
         sock.set_maxmsgsize(MAX_FRAME_BYTES as i64)?;
@@ -352,6 +355,7 @@ impl Daemon {
             gpus: gpus.into_iter().map(|(i, uuid, _)| (uuid, i)).collect(),
             driver_limits,
             stopping: false,
+            allow_unverified: settings.allow_unverified_peers,
         })
     }
 
@@ -513,6 +517,10 @@ impl Daemon {
             .gets("Peer-Address")
             .and_then(parse_peer_address);
         let body = frames[last].to_vec();
+        if cred.is_none() && !self.allow_unverified {
+            self.refuse_unverified(&identity, delimited, &body);
+            return;
+        }
         let client = match self.conns.get_mut(&identity) {
             Some(conn) => {
                 conn.last_seen = Instant::now();
@@ -806,15 +814,19 @@ impl Daemon {
             return;
         };
         let body = encode_reply_as(version, seq, reply);
-        let result = if delimited {
-            self.sock
-                .send_multipart([identity.as_slice(), &[], &body], zmq::DONTWAIT)
-        } else {
-            self.sock
-                .send_multipart([identity.as_slice(), &body], zmq::DONTWAIT)
-        };
-        if let Err(e) = result {
+        if let Err(e) = self.send_to(identity, delimited, &body) {
             debug!("reply to client {client} dropped: {e}");
+        }
+    }
+
+    /// Sends `body` to the peer of routing id `identity` (after an empty
+    /// delimiter frame for a REQ peer), never waiting.
+    fn send_to(&self, identity: &[u8], delimited: bool, body: &[u8]) -> zmq::Result<()> {
+        if delimited {
+            self.sock
+                .send_multipart([identity, &[], body], zmq::DONTWAIT)
+        } else {
+            self.sock.send_multipart([identity, body], zmq::DONTWAIT)
         }
     }
 }

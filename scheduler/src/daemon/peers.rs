@@ -118,7 +118,86 @@ pub(super) fn cgroup_paths(text: &str) -> Vec<String> {
     paths
 }
 
+/// Checks, before serving anyone, that libzmq names a peer's uid, gid and
+/// pid (`SO_PEERCRED`, the `Peer-Address` property of an ipc peer): a
+/// libzmq built without it gives none, and every peer could then act as
+/// any user. A message of this process to a socket of its own, on an
+/// endpoint of its own in `ipc_dir`. Without them gem-schd does not
+/// start, unless `allow` (`--allow-unverified-peers`, for tests).
+pub(super) fn check_peer_credentials(
+    ctx: &zmq::Context,
+    ipc_dir: &Path,
+    allow: bool,
+) -> anyhow::Result<()> {
+    let path = ipc_dir.join(format!(".peercred-check.{}", std::process::id()));
+    let endpoint = format!("ipc://{}", path.display());
+    let named = (|| -> anyhow::Result<Option<PeerCred>> {
+        let server = ctx.socket(zmq::ROUTER)?;
+        server.set_linger(0)?;
+        server.bind(&endpoint)?;
+        let probe = ctx.socket(zmq::DEALER)?;
+        probe.set_linger(0)?;
+        probe.connect(&endpoint)?;
+        probe.send("peercred?", 0)?;
+        if server.poll(zmq::POLLIN, 2000)? == 0 {
+            bail!("no answer from a socket of its own at {endpoint}");
+        }
+        let _identity = server.recv_msg(0)?;
+        let mut body = server.recv_msg(0)?;
+        Ok(body.gets("Peer-Address").and_then(parse_peer_address))
+    })();
+    let _ = std::fs::remove_file(&path);
+    let named = named.context("cannot check that peers' credentials can be read")?;
+    let own = std::process::id();
+    match named {
+        Some(c) if c.pid == own && c.uid == euid() => Ok(()),
+        Some(c) => bail!(
+            "libzmq named this process as pid {} uid {}, not pid {own} uid {}: peers' credentials cannot be trusted",
+            c.pid,
+            c.uid,
+            euid()
+        ),
+        None if allow => {
+            warn!(
+                "libzmq gives no peer credentials (built without SO_PEERCRED): every peer is served \
+                 unverified and may act as any user (--allow-unverified-peers)"
+            );
+            Ok(())
+        }
+        None => bail!(
+            "libzmq gives no peer credentials (it was built without SO_PEERCRED), so gem-schd cannot \
+             tell one user from another and does not start. Build gemini as shipped (.cargo/config.toml \
+             defines ZMQ_HAVE_SO_PEERCRED for the bundled libzmq), or pass --allow-unverified-peers \
+             where every user may be trusted (tests)"
+        ),
+    }
+}
+
 impl Daemon {
+    /// Answers a message from a peer the kernel does not name (when
+    /// unverified peers are not served): a permission error, and nothing
+    /// kept of it.
+    pub(super) fn refuse_unverified(&mut self, identity: &Route, delimited: bool, body: &[u8]) {
+        let Route::Peer(id) = identity else {
+            return;
+        };
+        let version = frame_version(body)
+            .filter(|v| spoken(*v))
+            .unwrap_or(PROTOCOL_VERSION);
+        let seq = peek_seq(body).unwrap_or(0);
+        let reply = encode_reply_as(
+            version,
+            seq,
+            &Reply::Error(ErrorReply {
+                kind: ErrorKind::PermissionDenied,
+                message: "the scheduler cannot read this connection's credentials".into(),
+            }),
+        );
+        if let Err(e) = self.send_to(id, delimited, &reply) {
+            debug!("reply to an unverified peer dropped: {e}");
+        }
+    }
+
     pub(super) fn watch(&mut self, client: ClientId, pid: u32) {
         if let Some(conn) = self.ids.get(&client).and_then(|i| self.conns.get_mut(i)) {
             conn.pid = Some(pid);

@@ -2,8 +2,9 @@
 //! daemon looks it up once, [`Event::Connected`](super::Event::Connected)),
 //! is checked here against the groups' `AllowedUsers`, `AllowedGroups` and
 //! `Cgroups`, the holder role and the administrative requests. A
-//! connection whose peer the transport could not name is trusted as before
-//! it was verified: it may join open groups, act as the holder, stop and
+//! connection whose peer the transport could not name reaches the policy
+//! only where the daemon serves unverified peers (`allow_unverified_peers`,
+//! for tests): it may then join open groups, act as the holder, stop and
 //! reload, but not join a restricted group.
 
 use super::{Policy, error};
