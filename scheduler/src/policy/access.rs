@@ -50,7 +50,7 @@ impl Policy {
     }
 
     /// The daemon's user or root.
-    fn trusted(&self, peer: &Peer) -> bool {
+    pub(super) fn trusted(&self, peer: &Peer) -> bool {
         peer.uid == 0 || peer.uid == self.params.admin_uid
     }
 

@@ -209,6 +209,11 @@ pub struct Params {
     /// The daemon's user: with root, the only one that may stop or reload
     /// the scheduler, act as the holder, and join any group.
     pub admin_uid: u32,
+    /// The longest reservation without a program another user may ask.
+    pub reserve_max_duration: Micros,
+    /// The most GPUs another user may hold reserved at once (`None`: half
+    /// of `devices`, at least 1).
+    pub reserve_max_gpus: Option<u32>,
 }
 
 impl Params {
@@ -244,6 +249,8 @@ impl Params {
             grace: us(s.token_grace),
             devices: s.devices.unwrap_or(0),
             admin_uid: 0,
+            reserve_max_duration: us(s.reserve_max_duration),
+            reserve_max_gpus: s.reserve_max_gpus,
         }
     }
 }

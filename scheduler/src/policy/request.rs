@@ -1,7 +1,6 @@
 //! Requests: hello and the admission of a client, and dispatch of the
 //! rest to the token, memory, holder and reservation handlers.
 
-use super::reserve::MAX_MANUAL_RESERVATION;
 use super::*;
 
 /// A process whose bursts are at most this long (µs, as its hook predicts
@@ -69,7 +68,16 @@ impl Policy {
                 return;
             }
             Request::Reserve { ref group, .. } | Request::ReserveFor { ref group, .. } => {
-                if let Some(r) = self.refuse_access(client, Role::Control, group) {
+                // Whoever may join the group may reserve its GPUs: its
+                // AllowedUsers and AllowedGroups, and its Cgroups.
+                let outside = || {
+                    let p = self.peer(client).filter(|p| !self.trusted(p))?;
+                    self.place(client, p.pid, group).err()
+                };
+                if let Some(r) = self
+                    .refuse_access(client, Role::Control, group)
+                    .or_else(outside)
+                {
                     out.push(answer(r));
                     return;
                 }
@@ -284,14 +292,8 @@ impl Policy {
                 duration_us,
                 wait,
             } => {
-                if duration_us == 0 || duration_us > MAX_MANUAL_RESERVATION {
-                    reply(error(
-                        ErrorKind::BadRequest,
-                        format!(
-                            "a reservation lasts more than 0 and at most {} days",
-                            MAX_MANUAL_RESERVATION / 86_400_000_000
-                        ),
-                    ));
+                if let Some(r) = self.refuse_duration(client, duration_us) {
+                    reply(r);
                     return;
                 }
                 self.reserve_gpus(client, seq, group, gpus, wait, Some(duration_us), now, out);

@@ -72,6 +72,14 @@ struct Manual {
 
 const EPSILON: f64 = 1e-9;
 
+/// How many GPUs `gpus` asks for.
+fn count(gpus: &GpuRequest) -> usize {
+    match gpus {
+        GpuRequest::Count(n) => *n as usize,
+        GpuRequest::Ids(ids) => ids.len(),
+    }
+}
+
 /// The groups holding a reservation of `device`, each once: while there
 /// is any, only their processes (and the holder) get the device's tokens.
 pub(super) fn reserved_for(reservations: &[Reservation], device: DeviceId) -> Vec<&str> {
@@ -221,6 +229,9 @@ impl Policy {
         if let Some(msg) = bad {
             return answer(error(ErrorKind::BadRequest, msg));
         }
+        if let Some(r) = self.refuse_gpus(client, &gpus) {
+            return answer(r);
+        }
         if self.queue.iter().any(|w| w.client == client)
             || (manual.is_none()
                 && self
@@ -279,6 +290,88 @@ impl Policy {
                 format_args!(", {}", self.queue.len())
             ),
         ));
+    }
+
+    /// Refuses a reservation without a program of `duration` µs asked by
+    /// `client`: none lasts 0 or past [`MAX_MANUAL_RESERVATION`], and
+    /// none of a user other than root or the daemon's past
+    /// `reserve_max_duration` (gemini.toml).
+    pub(super) fn refuse_duration(&self, client: ClientId, duration: Micros) -> Option<Reply> {
+        let days = |us: Micros| us as f64 / 86_400_000_000.0;
+        if duration == 0 || duration > MAX_MANUAL_RESERVATION {
+            return Some(error(
+                ErrorKind::BadRequest,
+                format!(
+                    "a reservation lasts more than 0 and at most {} days",
+                    days(MAX_MANUAL_RESERVATION)
+                ),
+            ));
+        }
+        let limit = self.params.reserve_max_duration;
+        let peer = self.peer(client).filter(|p| !self.trusted(p))?;
+        let length =
+            |us| gemini_protocol::units::format_length(std::time::Duration::from_micros(us));
+        (duration > limit).then(|| {
+            error(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "user {} may reserve GPUs for at most {} (reserve_max_duration in gemini.toml), not {}",
+                    peer.user,
+                    length(limit),
+                    length(duration)
+                ),
+            )
+        })
+    }
+
+    /// The most GPUs a user other than root or the daemon's may hold
+    /// reserved at once: `reserve_max_gpus` (gemini.toml), by default half
+    /// the machine's, at least 1, so that no one user takes every GPU.
+    fn max_gpus_per_user(&self) -> u32 {
+        self.params
+            .reserve_max_gpus
+            .unwrap_or((self.params.devices / 2).max(1))
+    }
+
+    /// Refuses `gpus` to `client` where its user (root and the daemon's
+    /// user aside) would then hold, or wait for, more GPUs than
+    /// [`Policy::max_gpus_per_user`]: its reservations with a program and
+    /// without, and its place in the queue.
+    fn refuse_gpus(&self, client: ClientId, gpus: &GpuRequest) -> Option<Reply> {
+        let peer = self.peer(client).filter(|p| !self.trusted(p))?;
+        let uid = peer.uid;
+        let owner = |c: ClientId, manual: Option<&Manual>| {
+            manual.map_or_else(|| self.peer(c).map(|p| p.uid), |m| Some(m.uid))
+        };
+        let held: usize = self
+            .reservations
+            .iter()
+            .filter(|r| owner(r.client, r.manual.as_ref()) == Some(uid))
+            .map(|r| r.devices.len())
+            .chain(
+                self.queue
+                    .iter()
+                    .filter(|w| owner(w.client, w.manual.as_ref()) == Some(uid))
+                    .map(|w| count(&w.gpus)),
+            )
+            .sum();
+        let max = self.max_gpus_per_user();
+        (held + count(gpus) > max as usize).then(|| {
+            error(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "user {} may hold at most {max} GPU(s) reserved at once (reserve_max_gpus in gemini.toml{}); \
+                     it holds or waits for {held}, and asked for {}",
+                    peer.user,
+                    if self.params.reserve_max_gpus.is_none() {
+                        ": by default half the machine's"
+                    } else {
+                        ""
+                    },
+                    count(gpus)
+                ),
+            )
+        })
     }
 
     /// The process of `client` ended: its reservations end, its place in

@@ -228,7 +228,16 @@ fn reserve_for(
 #[test]
 fn a_reservation_without_a_program_expires_or_is_released_by_its_user() {
     const H: Micros = 3_600_000_000;
-    let mut p = two_gpus("[a]\n");
+    // Site limits that let one user hold both GPUs for 8 h.
+    let mut p = Policy::new(
+        Params {
+            devices: 2,
+            reserve_max_gpus: Some(2),
+            reserve_max_duration: 8 * H,
+            ..Params::default()
+        },
+        config("[a]\n"),
+    );
     assert_eq!(
         reserve_for(&mut p, 1, 1000, GpuRequest::Count(1), 4 * H, 0),
         vec![(1, 1, Reply::Reserved { devices: vec![0] })]
@@ -288,6 +297,82 @@ fn a_reservation_without_a_program_expires_or_is_released_by_its_user() {
         let r = reserve_for(&mut p, 5, 1000, GpuRequest::Count(1), bad, 5 * H);
         assert_eq!(kind(&r[0].2), Some(ErrorKind::BadRequest), "{bad}");
     }
+}
+
+/// Any user could reserve every GPU of a group with no access list for
+/// 30 days, and every other group's processes then ran no kernel. A user
+/// (root and the daemon's user aside) now holds at most
+/// `reserve_max_gpus` GPUs reserved at once (by default half the
+/// machine's), counting its launches, its reservations without a program
+/// and its place in the queue, for at most `reserve_max_duration` (by
+/// default a day); each refusal names the limit.
+#[test]
+fn one_user_cannot_reserve_every_gpu_for_a_month() {
+    const H: Micros = 3_600_000_000;
+    let mut p = Policy::new(
+        Params {
+            devices: 4,
+            admin_uid: 7,
+            ..Params::default()
+        },
+        config("[a]\n"),
+    );
+    let why = |r: &[(ClientId, u32, Reply)]| match &r[0].2 {
+        Reply::Error(e) if e.kind == ErrorKind::PermissionDenied => e.message.clone(),
+        other => panic!("{other:?}"),
+    };
+    let r = reserve_for(&mut p, 1, 1000, GpuRequest::Count(4), 30 * 24 * H, 0);
+    assert!(
+        why(&r).contains("reserve_max_duration in gemini.toml"),
+        "{r:?}"
+    );
+    let r = reserve_for(&mut p, 2, 1000, GpuRequest::Count(3), 24 * H, 0);
+    assert!(why(&r).contains("at most 2 GPU(s)"), "{r:?}");
+    assert!(why(&r).contains("reserve_max_gpus"), "{r:?}");
+    assert_eq!(
+        reserve_for(&mut p, 3, 1000, GpuRequest::Count(1), 24 * H, 0),
+        vec![(3, 1, Reply::Reserved { devices: vec![0] })]
+    );
+    // A launch of the same user counts too.
+    p.handle(
+        Event::Connected {
+            client: 4,
+            peer: peer_of(1000, "user1000"),
+        },
+        0,
+    );
+    control(&mut p, 4);
+    let launch = |p: &mut Policy, client, n| {
+        replies(p.handle(
+            Event::Request {
+                client,
+                seq: 1,
+                req: Request::Reserve {
+                    group: "a".into(),
+                    gpus: GpuRequest::Count(n),
+                    wait: true,
+                },
+            },
+            0,
+        ))
+    };
+    assert!(why(&launch(&mut p, 4, 2)).contains("it holds or waits for 1"));
+    assert_eq!(
+        launch(&mut p, 4, 1),
+        vec![(4, 1, Reply::Reserved { devices: vec![1] })]
+    );
+    // Another user has its own share; the daemon's user has no limit.
+    assert_eq!(
+        reserve_for(&mut p, 5, 2000, GpuRequest::Count(2), 24 * H, 0),
+        vec![(
+            5,
+            1,
+            Reply::Reserved {
+                devices: vec![2, 3]
+            }
+        )]
+    );
+    assert!(reserve_for(&mut p, 6, 7, GpuRequest::Count(4), 30 * 24 * H, 0).is_empty());
 }
 
 /// A GPU reserved with `gem-launch reserve` is its group's, as

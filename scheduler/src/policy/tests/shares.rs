@@ -294,7 +294,7 @@ fn quota_follows_predicted_burst_within_bounds() {
         max_quota: 100 * MS,
         grace: SEC,
         devices: 1,
-        admin_uid: 0,
+        ..Params::default()
     };
     let mut p = Policy::new(params, config("[a]\n"));
     let hello = Request::Hello {
