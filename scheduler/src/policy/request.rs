@@ -16,6 +16,22 @@ const AHEAD_SHORT_BURST: Micros = 2_000;
 /// the daemon hold.
 const MAX_JOB_NAME: usize = 256;
 
+/// Separates a job's name from its group and user in [`job_key`].
+const JOB_SCOPE: char = '\u{1f}';
+
+/// The key of the job `name` of `uid`'s processes in `group`: the name,
+/// then the group and the uid, after [`JOB_SCOPE`] (taken out of the
+/// name, so no name can end in another's scope).
+pub(super) fn job_key(name: &str, group: &str, uid: u32) -> String {
+    let name: String = name.chars().filter(|&c| c != JOB_SCOPE).collect();
+    format!("{name}{JOB_SCOPE}{group}{JOB_SCOPE}{uid}")
+}
+
+/// The name of the job of key `key` ([`job_key`]), as its launcher said it.
+pub(super) fn job_name(key: &str) -> &str {
+    key.split(JOB_SCOPE).next().unwrap_or(key)
+}
+
 impl Policy {
     pub(super) fn request(
         &mut self,
@@ -384,6 +400,10 @@ impl Policy {
     /// NCCL communicator): it takes its GPUs in turns with the job's
     /// other ranks (see `gang`). A name longer than [`MAX_JOB_NAME`]
     /// bytes is cut there.
+    /// The name is scoped by the client's group and user (see
+    /// [`job_key`]): ranks of two groups, or of two users, that name their
+    /// jobs alike are two jobs, never one that takes turns ahead of
+    /// others' waiters.
     fn declare_job(&mut self, client: ClientId, mut job: String) {
         if job.len() > MAX_JOB_NAME {
             let mut end = MAX_JOB_NAME;
@@ -392,9 +412,12 @@ impl Policy {
             }
             job.truncate(end);
         }
+        let uid = memory::user_of(&self.peers, client);
         if let Some(c) = self.clients.get_mut(&client)
             && c.role == Role::Client
-            && c.job.replace(job).is_none()
+            && c.job
+                .replace(job_key(&job, c.group.name().unwrap_or_default(), uid))
+                .is_none()
         {
             self.ranks += 1;
         }

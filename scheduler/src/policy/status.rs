@@ -171,7 +171,7 @@ impl Policy {
                 pid: c.pid,
                 role: c.role,
                 group: c.group.name().unwrap_or_default().to_string(),
-                job: c.job.clone(),
+                job: c.job.as_deref().map(|k| request::job_name(k).to_string()),
                 user: self
                     .peers
                     .get(&id)

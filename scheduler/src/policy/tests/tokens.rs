@@ -710,6 +710,11 @@ fn a_job_is_declared_at_hello_or_by_its_nccl_communicator() {
 /// turn, b (3, 4) waits on both. Returns the policy and the end of a's
 /// turn (µs).
 fn two_jobs_in_a_turn() -> (Policy, Micros) {
+    two_jobs_named_in_a_turn(|group| format!("gemini:{group}"))
+}
+
+/// [`two_jobs_in_a_turn`], each group's job named `name(group)`.
+fn two_jobs_named_in_a_turn(name: impl Fn(&str) -> String) -> (Policy, Micros) {
     let mut p = Policy::new(
         Params::default(),
         config("[a]\nMinUtil=0.5\n[b]\nMinUtil=0.5\n"),
@@ -717,7 +722,7 @@ fn two_jobs_in_a_turn() -> (Policy, Micros) {
     // Each group's two processes are the ranks of a job, as their
     // launcher declares.
     for (id, group) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
-        hello_job(&mut p, id, group, Some(&format!("gemini:{group}")));
+        hello_job(&mut p, id, group, Some(&name(group)));
     }
     let quota = granted(&send(&mut p, 1, on(0), 0), 1).expect("a's rank on GPU 0");
     assert!(granted(&send(&mut p, 2, on(1), 0), 2).is_some());
@@ -887,6 +892,24 @@ fn a_collective_whose_peer_never_comes_holds_the_turn_at_most_drain_max() {
     assert!(
         granted(&r, 3).is_some() && granted(&r, 4).is_some(),
         "b's ranks still wait past DRAIN_MAX: {r:?}"
+    );
+}
+
+/// Two groups whose launchers named their jobs alike (`GEMINI_JOB=train`
+/// in both) ran as one job: the other group's ranks were served in the
+/// first one's turn, both ahead of every other waiter. A job is its name
+/// within its group and user.
+#[test]
+fn jobs_of_two_groups_named_alike_are_two_jobs() {
+    let (mut p, until) = two_jobs_named_in_a_turn(|_| "train".into());
+    let t = until + gang::DRAIN + 5 * MS;
+    let r = send(&mut p, 1, release(0, true, 0, until), t);
+    assert_eq!(granted(&r, 3), None, "b ran in a's turn: {r:?}");
+    let st = p.status(t);
+    assert!(
+        st.clients.iter().all(|c| c.job.as_deref() == Some("train")),
+        "the status shows the name as declared: {:?}",
+        st.clients
     );
 }
 
