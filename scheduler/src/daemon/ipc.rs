@@ -29,6 +29,11 @@ impl IpcAccess {
         if self.group.is_some() { 0o750 } else { 0o700 }
     }
 
+    /// The state files' mode: 0600, or 0640 for an `ipc_group`.
+    pub(super) fn state_mode(&self) -> u32 {
+        if self.group.is_some() { 0o640 } else { 0o600 }
+    }
+
     pub(super) fn socket_mode(&self) -> u32 {
         if self.group.is_some() { 0o770 } else { 0o700 }
     }

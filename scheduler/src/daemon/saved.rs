@@ -83,10 +83,30 @@ pub(super) fn memory_path(ipc_dir: &Path) -> PathBuf {
 }
 
 /// Writes `value` as JSON to `path`, aside then renamed: never half a file.
-fn write_state<T: serde::Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+/// Readable by the daemon's user only (0600), or also by the `ipc_group`
+/// (0640, that group's): they name processes and users.
+fn write_state<T: serde::Serialize>(
+    path: &Path,
+    value: &T,
+    access: IpcAccess,
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let tmp = path.with_extension("json.tmp");
     let bytes = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, bytes)?;
+    // A file left aside by a stop keeps its mode when opened again: made
+    // anew.
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    access
+        .apply(&tmp, access.state_mode())
+        .map_err(std::io::Error::other)?;
+    file.write_all(&bytes)?;
+    file.sync_all()?;
     std::fs::rename(&tmp, path)
 }
 
@@ -259,7 +279,7 @@ impl Daemon {
             ),
         );
         let path = reservations_path(&self.ipc_dir);
-        match write_state(&path, &now) {
+        match write_state(&path, &now, self.access) {
             Ok(()) => self.saved_reservations = Some(state),
             Err(e) => warn!("cannot write {}: {e}", path.display()),
         }
@@ -295,7 +315,7 @@ impl Daemon {
         // a moment) is not, so it is tried again.
         now_held.retain(|m| held.iter().any(|h| h.pid == m.0));
         let path = memory_path(&self.ipc_dir);
-        match write_state(&path, &held) {
+        match write_state(&path, &held, self.access) {
             Ok(()) => self.saved_memory = Some(now_held),
             Err(e) => warn!("cannot write {}: {e}", path.display()),
         }

@@ -510,6 +510,17 @@ fn an_idle_processs_memory_is_kept_across_a_restart() {
             .map_or(0, |g| g.memory_used)
     };
     s.wait_status(5.0, "helper registered", |st| held(st) == 1 << 30);
+    // The state files name processes and users: the daemon's user's alone
+    // (they were 0644).
+    for name in ["memory.json", "reservations.json"] {
+        let path = s.ipc().join(name);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !path.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}: {mode:o}");
+    }
     for how in ["shutdown", "kill -9"] {
         if how == "shutdown" {
             let out = Command::new(schd_bin())
