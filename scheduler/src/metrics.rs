@@ -100,6 +100,7 @@ pub struct Metrics {
     last_reload_ok: Gauge,
     config_errors: Gauge,
     handling: Histogram,
+    loop_busy: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -143,6 +144,7 @@ impl Metrics {
             last_reload_ok: Gauge::default(),
             config_errors: Gauge::default(),
             handling: handling_buckets(),
+            loop_busy: handling_buckets(),
         };
         r.register_with_unit(
             "group_min_util",
@@ -267,6 +269,12 @@ impl Metrics {
             Unit::Seconds,
             m.handling.clone(),
         );
+        r.register_with_unit(
+            "event_loop_busy",
+            "Each stretch the daemon was busy between two looks at its socket: a request that arrived meanwhile waited up to this long in the socket before it was read (time gemini_group_token_wait_seconds does not count)",
+            Unit::Seconds,
+            m.loop_busy.clone(),
+        );
         m.last_reload_ok.set(1);
         Metrics { registry: r, ..m }
     }
@@ -380,6 +388,11 @@ impl Metrics {
             .inc();
         self.last_reload_ok.set(i64::from(errors == 0));
         self.config_errors.set(errors as i64);
+    }
+
+    /// The event loop was busy `secs` between two polls of its socket.
+    pub fn loop_busy(&self, secs: f64) {
+        self.loop_busy.observe(secs);
     }
 
     /// One message took `secs` to handle.

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod accounts;
+pub mod attack;
 pub mod cpu;
 mod scenario;
 pub mod soak;

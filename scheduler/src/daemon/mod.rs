@@ -6,14 +6,18 @@
 
 mod driver_limits;
 mod ipc;
+mod paced;
 mod peers;
 mod reload;
+mod resolve;
 mod saved;
 
 use driver_limits::DriverLimits;
 use ipc::{IpcAccess, prepare_ipc_dir, scheduler_alive};
+use paced::{Paced, Pacer, Turn};
 use peers::{PeerCred, Watched, parse_peer_address, peer_of};
 use reload::{ConfigWatch, main_is_empty};
+use resolve::{Account, Resolver};
 
 use crate::metrics::{Metrics, serve as serve_metrics};
 use crate::policy::{Action, Event, Micros, Params, Peer, Policy};
@@ -87,6 +91,24 @@ struct Conn {
 /// hello again at most every 32 s).
 const REFUSED_SHOWN: Duration = Duration::from_secs(120);
 
+/// The most refused peers listed (bounded whatever peers do).
+const MAX_REFUSED: usize = 256;
+
+/// A peer refused for its protocol version: who (as it connected), the
+/// version, and when.
+#[derive(Debug)]
+struct Refused {
+    pid: u32,
+    user: String,
+    protocol: u16,
+    at: Instant,
+}
+
+/// The most messages read in one turn of the loop before its deadlines
+/// (tokens' ends, hand-overs) are looked at again: a flood of requests
+/// delays a grant by at most this many messages' handling.
+const MAX_BATCH: usize = 64;
+
 /// The running daemon.
 pub struct Daemon {
     _ctx: zmq::Context,
@@ -141,8 +163,12 @@ pub struct Daemon {
     driver_limits: DriverLimits,
     /// A client asked to stop (and was allowed to).
     stopping: bool,
-    /// Peers refused for their protocol version: the version, and when.
-    refused: HashMap<ClientId, (u16, Instant)>,
+    /// Peers refused for their protocol version, as the status lists them.
+    refused: HashMap<ClientId, Refused>,
+    /// Who peers' users are, looked up off the loop.
+    resolver: Resolver,
+    /// Status answers, paced per connection or user.
+    paced: Paced,
     /// Serve peers the kernel does not name (`allow_unverified_peers`).
     allow_unverified: bool,
 }
@@ -339,6 +365,8 @@ impl Daemon {
             saved_memory: None,
             last_memory_save: Instant::now(),
             refused: HashMap::new(),
+            resolver: Resolver::start()?,
+            paced: Paced::default(),
             reload_due: None,
             main_had_text: !main_is_empty(&settings.config),
             stop,
@@ -398,14 +426,18 @@ impl Daemon {
             if let Some(due) = self.reload_due {
                 timeout = timeout.min(due.saturating_duration_since(Instant::now()));
             }
+            if let Some(due) = self.paced.next_due() {
+                timeout = timeout.min(due.saturating_duration_since(Instant::now()));
+            }
             let pids: Vec<(u32, i32)> = self
                 .watched
                 .iter()
                 .filter_map(|(&pid, w)| w.pidfd.as_ref().map(|fd| (pid, fd.as_raw_fd())))
                 .collect();
-            let (sock_ready, dead) = {
-                let mut items = Vec::with_capacity(1 + pids.len());
+            let (sock_ready, resolved, dead) = {
+                let mut items = Vec::with_capacity(2 + pids.len());
                 items.push(self.sock.as_poll_item(zmq::POLLIN));
+                items.push(zmq::PollItem::from_fd(self.resolver.wake_fd(), zmq::POLLIN));
                 for &(_, fd) in &pids {
                     items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
                 }
@@ -432,14 +464,21 @@ impl Daemon {
                 }
                 let dead: Vec<u32> = pids
                     .iter()
-                    .zip(&items[1..])
+                    .zip(&items[2..])
                     .filter(|(_, it)| it.is_readable())
                     .map(|(p, _)| p.0)
                     .collect();
-                (items[0].is_readable(), dead)
+                (items[0].is_readable(), items[1].is_readable(), dead)
             };
+            let busy_since = Instant::now();
+            if resolved && self.resolved() {
+                break;
+            }
             if sock_ready && self.drain_socket()? {
                 break;
+            }
+            for (client, seq) in self.paced.due(Instant::now()) {
+                self.answer_status(client, seq);
             }
             for pid in dead {
                 self.process_gone(pid);
@@ -455,6 +494,9 @@ impl Daemon {
             self.save_memory(false);
             self.driver_limits.poll();
             self.refresh_metrics();
+            if let Some(m) = &self.metrics {
+                m.loop_busy(busy_since.elapsed().as_secs_f64());
+            }
         }
         info!("gem-schd stopping");
         // What each process holds, for the next gem-schd (an upgrade).
@@ -476,9 +518,10 @@ impl Daemon {
         Ok(())
     }
 
-    /// Reads every pending frame. Returns true when shutdown was asked.
+    /// Reads the pending messages, [`MAX_BATCH`] at most. Returns true
+    /// when shutdown was asked.
     fn drain_socket(&mut self) -> anyhow::Result<bool> {
-        loop {
+        for _ in 0..MAX_BATCH {
             let mut frames: Vec<zmq::Message> = Vec::with_capacity(3);
             loop {
                 let mut msg = zmq::Message::new();
@@ -499,6 +542,18 @@ impl Daemon {
                 return Ok(true);
             }
         }
+        Ok(false)
+    }
+
+    /// Handles the messages that waited for their users to be looked up.
+    fn resolved(&mut self) -> bool {
+        for frames in self.resolver.collect() {
+            self.on_message(frames);
+            if self.stopping {
+                return true;
+            }
+        }
+        false
     }
 
     /// Handles one multipart message: `[identity, (empty,) body]`.
@@ -516,17 +571,35 @@ impl Daemon {
         let cred = frames[last]
             .gets("Peer-Address")
             .and_then(parse_peer_address);
-        let body = frames[last].to_vec();
         if cred.is_none() && !self.allow_unverified {
-            self.refuse_unverified(&identity, delimited, &body);
+            self.refuse_unverified(&identity, delimited, &frames[last]);
             return;
         }
-        let client = match self.conns.get_mut(&identity) {
-            Some(conn) => {
-                conn.last_seen = Instant::now();
-                conn.id
-            }
-            None => self.connected(identity, delimited, cred),
+        let known = self.conns.get_mut(&identity).map(|conn| {
+            conn.last_seen = Instant::now();
+            conn.id
+        });
+        // A new connection's user is looked up off the loop: its messages
+        // wait for the answer, behind those of its user that wait already.
+        let account = match (known, cred) {
+            (None, Some(c)) => match self.resolver.get(c.uid, c.gid) {
+                Some(a) if !self.resolver.holds(c.uid, c.gid) => Some((c, a)),
+                _ => {
+                    if !self.resolver.hold(c.uid, c.gid, frames) {
+                        debug!(
+                            "a message of uid {} dropped: too many wait for its user",
+                            c.uid
+                        );
+                    }
+                    return;
+                }
+            },
+            _ => None,
+        };
+        let body = frames[last].to_vec();
+        let client = match known {
+            Some(id) => id,
+            None => self.connected(identity, delimited, account),
         };
         // Answered in the version it spoke, even where the body cannot be
         // read (a Malformed error in another version would be unreadable).
@@ -579,7 +652,13 @@ impl Daemon {
 
     /// A new connection: numbered, and its peer (where the kernel names
     /// it) told to the policy.
-    fn connected(&mut self, identity: Route, delimited: bool, cred: Option<PeerCred>) -> ClientId {
+    fn connected(
+        &mut self,
+        identity: Route,
+        delimited: bool,
+        peer: Option<(PeerCred, Account)>,
+    ) -> ClientId {
+        let cred = peer.as_ref().map(|(c, _)| *c);
         let id = self.next_id;
         self.next_id += 1;
         self.ids.insert(id, identity.clone());
@@ -596,11 +675,11 @@ impl Daemon {
                 started: None,
             },
         );
-        if let Some(c) = cred {
+        if let Some((c, account)) = &peer {
             let actions = self.policy.handle(
                 Event::Connected {
                     client: id,
-                    peer: peer_of(c),
+                    peer: peer_of(*c, account),
                 },
                 self.now(),
             );
@@ -627,27 +706,25 @@ impl Daemon {
                 return;
             }
             Request::Status => {
-                let mut report = self.status_report();
-                for c in &mut report.clients {
-                    if let Some(w) = self.watched.get(&c.pid) {
-                        c.command.clone_from(&w.command);
-                    }
-                    if let Some(conn) = self.conn(c.id) {
-                        c.protocol = conn.version;
-                        c.build.clone_from(&conn.build);
-                    }
+                let pacer = match self.conn(client).and_then(|c| c.cred) {
+                    Some(c) if c.uid != 0 && c.uid != euid() => Pacer::User(c.uid),
+                    _ => Pacer::Conn(client),
+                };
+                match self.paced.ask(pacer, client, seq, Instant::now()) {
+                    Turn::Now => self.answer_status(client, seq),
+                    Turn::Later => {}
+                    Turn::Refused => self.reply(
+                        client,
+                        seq,
+                        &Reply::Error(ErrorReply {
+                            kind: ErrorKind::Unavailable,
+                            message: format!(
+                                "too many status requests wait for this user (one is answered every {:?}); ask again later",
+                                paced::STATUS_EVERY
+                            ),
+                        }),
+                    ),
                 }
-                report.refused = self.refused_peers();
-                for x in report
-                    .reservations
-                    .iter_mut()
-                    .chain(report.queue.iter_mut())
-                {
-                    if let Some(w) = self.watched.get(&x.pid) {
-                        x.command.clone_from(&w.command);
-                    }
-                }
-                self.reply(client, seq, &Reply::Status(Box::new(report)));
                 return;
             }
             Request::AcquireToken { .. } if self.metrics.is_some() => {
@@ -694,22 +771,64 @@ impl Daemon {
         self.send_actions(actions);
     }
 
-    /// Notes a peer refused for speaking protocol `version`, for the status.
+    /// Answers `client`'s status request `seq`: the policy's status, with
+    /// what the daemon knows of each process.
+    fn answer_status(&mut self, client: ClientId, seq: u32) {
+        let mut report = self.status_report();
+        for c in &mut report.clients {
+            if let Some(w) = self.watched.get(&c.pid) {
+                c.command.clone_from(&w.command);
+            }
+            if let Some(conn) = self.conn(c.id) {
+                c.protocol = conn.version;
+                c.build.clone_from(&conn.build);
+            }
+        }
+        report.refused = self.refused_peers();
+        for x in report
+            .reservations
+            .iter_mut()
+            .chain(report.queue.iter_mut())
+        {
+            if let Some(w) = self.watched.get(&x.pid) {
+                x.command.clone_from(&w.command);
+            }
+        }
+        self.reply(client, seq, &Reply::Status(Box::new(report)));
+    }
+
+    /// Notes a peer refused for speaking protocol `version`, for the
+    /// status: who it is, as it connected (nothing is looked up to list
+    /// it). At most [`MAX_REFUSED`], the oldest forgotten first.
     fn refused_peer(&mut self, client: ClientId, version: u16) {
         let now = Instant::now();
+        if let Some(r) = self.refused.get_mut(&client) {
+            r.protocol = version;
+            r.at = now;
+            return;
+        }
         self.refused
-            .retain(|_, (_, at)| now.duration_since(*at) < REFUSED_SHOWN);
-        // Bounded whatever peers do: the oldest goes first.
-        if self.refused.len() >= 256
+            .retain(|_, r| now.duration_since(r.at) < REFUSED_SHOWN);
+        if self.refused.len() >= MAX_REFUSED
             && let Some(oldest) = self
                 .refused
                 .iter()
-                .min_by_key(|(_, (_, at))| *at)
+                .min_by_key(|(_, r)| r.at)
                 .map(|(c, _)| *c)
         {
             self.refused.remove(&oldest);
         }
-        self.refused.insert(client, (version, now));
+        let cred = self.conn(client).and_then(|c| c.cred);
+        let user = self.policy.peer_user(client).unwrap_or_default();
+        self.refused.insert(
+            client,
+            Refused {
+                pid: cred.map_or(0, |c| c.pid),
+                user,
+                protocol: version,
+                at: now,
+            },
+        );
     }
 
     /// The peers refused for their version lately, for the status.
@@ -717,16 +836,13 @@ impl Daemon {
         let now = Instant::now();
         let mut out: Vec<gemini_protocol::RefusedPeer> = self
             .refused
-            .iter()
-            .filter(|(_, (_, at))| now.duration_since(*at) < REFUSED_SHOWN)
-            .map(|(&client, &(protocol, at))| {
-                let cred = self.conn(client).and_then(|c| c.cred);
-                gemini_protocol::RefusedPeer {
-                    pid: cred.map_or(0, |c| c.pid),
-                    user: cred.map(|c| peer_of(c).user).unwrap_or_default(),
-                    protocol,
-                    ago_us: now.duration_since(at).as_micros() as u64,
-                }
+            .values()
+            .filter(|r| now.duration_since(r.at) < REFUSED_SHOWN)
+            .map(|r| gemini_protocol::RefusedPeer {
+                pid: r.pid,
+                user: r.user.clone(),
+                protocol: r.protocol,
+                ago_us: now.duration_since(r.at).as_micros() as u64,
             })
             .collect();
         out.sort_by_key(|r| r.ago_us);

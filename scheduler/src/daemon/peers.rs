@@ -64,31 +64,15 @@ pub(super) fn process_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// Who a peer is: its credentials, its user's name and Unix groups from
-/// the system's databases, and its process's cgroups.
-pub(super) fn peer_of(c: PeerCred) -> Peer {
-    use nix::unistd::{Gid, Group, Uid, User};
-    let user = User::from_uid(Uid::from_raw(c.uid)).ok().flatten();
-    let name = user
-        .as_ref()
-        .map_or_else(|| c.uid.to_string(), |u| u.name.clone());
-    let mut gids = vec![Gid::from_raw(c.gid)];
-    if let Some(u) = &user
-        && let Ok(cname) = std::ffi::CString::new(u.name.clone())
-        && let Ok(list) = nix::unistd::getgrouplist(&cname, u.gid)
-    {
-        gids.extend(list);
-    }
-    let groups = gids
-        .into_iter()
-        .filter_map(|g| Group::from_gid(g).ok().flatten())
-        .map(|g| g.name)
-        .collect();
+/// Who a peer is: its credentials, its user's name and Unix groups (from
+/// the system's databases, looked up off the loop: [`Resolver`]), and its
+/// process's cgroups (read once, as it connects).
+pub(super) fn peer_of(c: PeerCred, account: &Account) -> Peer {
     Peer {
         uid: c.uid,
         pid: c.pid,
-        user: name,
-        groups,
+        user: account.name.clone(),
+        groups: account.groups.clone(),
         cgroups: cgroups_of(c.pid),
     }
 }

@@ -49,6 +49,11 @@ impl Policy {
         self.peers.get(&client)
     }
 
+    /// The user name of `client`'s peer, if the transport named it.
+    pub fn peer_user(&self, client: ClientId) -> Option<String> {
+        self.peer(client).map(|p| p.user.clone())
+    }
+
     /// The daemon's user or root.
     pub(super) fn trusted(&self, peer: &Peer) -> bool {
         peer.uid == 0 || peer.uid == self.params.admin_uid

@@ -210,3 +210,49 @@ fn ran_for_us(us: u64) -> Vec<gemini_protocol::Span> {
         end_us: end,
     }]
 }
+
+/// A hostile tenant's load on the scheduler: 256 connections refused for
+/// an unknown protocol version, then 16 threads asking for the status as
+/// fast as it answers. A hooked workload of short steps (4 × 500 µs
+/// kernels, a 3 ms pause) runs 8 s beside it, and beside nothing: the
+/// kernels it ran with the attack over those without.
+pub(crate) fn flood(t: &mut Table) {
+    let run = |attacked: bool| {
+        let g = Gemini::start_with(SimEnv::new(1, "4GiB"), "[a]\n", &["--log-level", "warn"]);
+        let ctx = zmq::Context::new();
+        let (_refused, flood) = if attacked {
+            let refused = gemini_tests::attack::refused_peers(&ctx, &g.ipc(), 256);
+            (
+                refused,
+                Some(gemini_tests::attack::StatusFlood::start(&g.ipc(), 16)),
+            )
+        } else {
+            (Vec::new(), None)
+        };
+        let mut c = g.hooked(g.sim.workload(), "a");
+        c.args([
+            "--seconds",
+            "8",
+            "--kernel-us",
+            "500",
+            "--iter-kernels",
+            "4",
+            "--gap-ms",
+            "3",
+        ]);
+        let out = c.output().unwrap();
+        let statuses = flood.map_or(0, |f| f.stop());
+        let r = &reports(&out.stdout)[0];
+        (field(r, "kernels") as f64, statuses)
+    };
+    let (alone, _) = run(false);
+    let (attacked, statuses) = run(true);
+    t.row(
+        format!(
+            "hostile flood (256 refused peers, 16 status flooders: {:.0} answers/s): kernels of 4 × 500 µs steps kept",
+            statuses as f64 / 8.0
+        ),
+        format!("{:.1} % ({attacked:.0} of {alone:.0})", 100.0 * attacked / alone),
+        "≥ 95 %",
+    );
+}

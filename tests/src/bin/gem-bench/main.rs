@@ -402,8 +402,9 @@ pub const SHAPES: &[(&str, &[&str])] = &[
 ];
 
 /// The parts of the bench, in the order they run.
-const PARTS: [&str; 10] = [
-    "fast", "shares", "nccl", "latency", "overhead", "shapes", "holder", "policy", "rss", "rtt",
+const PARTS: [&str; 11] = [
+    "fast", "shares", "nccl", "latency", "overhead", "shapes", "holder", "policy", "rss", "flood",
+    "rtt",
 ];
 
 /// Parts run only when `--only` names them (they take long).
@@ -459,7 +460,7 @@ fn main() {
         );
     }
     type Part = (&'static str, fn(&mut Table));
-    let parts: [Part; 10] = [
+    let parts: [Part; 11] = [
         ("fast", fast_path),
         ("shares", share_accuracy),
         ("nccl", nccl_jobs),
@@ -469,6 +470,7 @@ fn main() {
         ("holder", holder),
         ("policy", policy_throughput),
         ("rss", scheduler_rss),
+        ("flood", flood),
         ("rtt", rtt_matrix),
     ];
     for (name, run) in parts {
