@@ -691,7 +691,7 @@ impl Policy {
                 self.disconnect(client, now, &mut out);
             }
             Event::Reconfigure(cfg) => self.reconfigure(cfg),
-            Event::Tick => {}
+            Event::Tick => self.serve_limited(now, &mut out),
         }
         // A reservation that expired lets its devices' other groups go.
         if self.expire_reservations(now, &mut out) {

@@ -126,22 +126,62 @@ impl Policy {
     }
 
     /// Devices for `gpus` of `group` (among its `Devices`) if they have
-    /// room now.
-    fn pick(&self, group: &str, gpus: &GpuRequest, claim: f64) -> Option<Vec<DeviceId>> {
+    /// room now; for `client` a user other than root or the daemon's, only
+    /// devices no other group uses (see [`Policy::used_by_others`]).
+    fn pick(
+        &self,
+        client: ClientId,
+        group: &str,
+        gpus: &GpuRequest,
+        claim: f64,
+    ) -> Option<Vec<DeviceId>> {
         let cfg = self.config.groups.get(group);
+        let limited = self.limited(client);
+        let room =
+            |d: DeviceId| self.has_room(d, claim) && !(limited && self.used_by_others(d, group));
         match gpus {
             GpuRequest::Count(n) => {
                 let mut free: Vec<DeviceId> = (0..self.params.devices)
-                    .filter(|&d| cfg.is_none_or(|g| g.uses(d)) && self.has_room(d, claim))
+                    .filter(|&d| cfg.is_none_or(|g| g.uses(d)) && room(d))
                     .collect();
                 free.sort_by_key(|d| (self.released_at.get(d).copied().unwrap_or(0), *d));
                 (free.len() >= *n as usize).then(|| free[..*n as usize].to_vec())
             }
-            GpuRequest::Ids(ids) => ids
-                .iter()
-                .all(|&d| self.has_room(d, claim))
-                .then(|| ids.clone()),
+            GpuRequest::Ids(ids) => ids.iter().all(|&d| room(d)).then(|| ids.clone()),
         }
+    }
+
+    /// Whether `client` is of a user other than root and the daemon's,
+    /// held to the site's reservation limits.
+    fn limited(&self, client: ClientId) -> bool {
+        self.peer(client).is_some_and(|p| !self.trusted(p))
+    }
+
+    /// Serves the launches waiting for GPUs other groups used, once in a
+    /// while (no event says that a group stopped using a GPU).
+    pub(super) fn serve_limited(&mut self, now: Micros, out: &mut Vec<Action>) {
+        if self.queue.iter().any(|w| self.limited(w.client)) {
+            self.serve_queue(now, out);
+        }
+    }
+
+    /// Whether a group other than `group` uses `device` now: holds memory
+    /// there, or holds or waits for its token. A reservation keeps every
+    /// other group's processes off its devices, so a user may reserve
+    /// only GPUs no other group uses (or wait for them in the queue): one
+    /// user's reservation must not take a running group's share away.
+    fn used_by_others(&self, device: DeviceId, group: &str) -> bool {
+        let other = |k: &GroupKey| k.name().is_some_and(|n| n != group);
+        let memory = self
+            .memory
+            .iter()
+            .any(|((k, d), &b)| *d == device && b > 0 && other(k));
+        let client_other = |c: ClientId| self.clients.get(&c).is_some_and(|c| other(&c.group));
+        memory
+            || self.devices.get(&device).is_some_and(|dev| {
+                dev.token.as_ref().is_some_and(|t| client_other(t.client))
+                    || dev.waiters.iter().any(|w| client_other(w.client))
+            })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -244,9 +284,10 @@ impl Policy {
                 "this connection already holds or waits for a reservation",
             ));
         }
-        // First come, first served: nobody overtakes a waiting launch.
-        if self.queue.is_empty()
-            && let Some(devices) = self.pick(&group, &gpus, claim)
+        // First come, first served: nobody overtakes a waiting launch (but
+        // one that waits for GPUs others use: see `serve_queue`).
+        if self.queue.iter().all(|w| self.limited(w.client))
+            && let Some(devices) = self.pick(client, &group, &gpus, claim)
         {
             self.reservations.push(Reservation {
                 client,
@@ -393,12 +434,21 @@ impl Policy {
         }
     }
 
-    fn serve_queue(&mut self, now: Micros, out: &mut Vec<Action>) {
-        while let Some(head) = self.queue.front() {
-            let Some(devices) = self.pick(&head.group, &head.gpus, head.claim) else {
+    /// Serves the queue in order, as far as it can: a launch that does not
+    /// fit stops those behind it (first come, first served), but one of a
+    /// user held to GPUs no other group uses (see [`Policy::pick`]) does
+    /// not, as those may stay in use for good.
+    pub(super) fn serve_queue(&mut self, now: Micros, out: &mut Vec<Action>) {
+        let mut i = 0;
+        while let Some(w) = self.queue.get(i) {
+            let Some(devices) = self.pick(w.client, &w.group, &w.gpus, w.claim) else {
+                if self.limited(w.client) {
+                    i += 1;
+                    continue;
+                }
                 break;
             };
-            let Some(w) = self.queue.pop_front() else {
+            let Some(w) = self.queue.remove(i) else {
                 break;
             };
             out.push(Action::Reply {

@@ -447,3 +447,71 @@ fn a_reserved_gpu_gives_other_groups_no_token_until_it_ends() {
         "{r:?}"
     );
 }
+
+/// A reservation keeps every other group off its GPUs: a user could take
+/// a GPU from under a running group, whose processes then ran no kernel
+/// while it lasted. A user other than root and the daemon's may reserve
+/// only GPUs no other group uses; its launch waits for one meanwhile, and
+/// does not hold up the queue behind it.
+#[test]
+fn a_user_cannot_reserve_a_gpu_another_group_runs_on() {
+    const H: Micros = 3_600_000_000;
+    let mut p = Policy::new(
+        Params {
+            devices: 2,
+            admin_uid: 7,
+            ..Params::default()
+        },
+        config("[a]\n[victim]\nMinUtil=0.5\n"),
+    );
+    hello(&mut p, 1, "victim");
+    ask(
+        &mut p,
+        1,
+        Request::ReserveMemory {
+            device: 0,
+            bytes: 1 << 20,
+        },
+    );
+    // GPU 0 is the victim's: refused by id, GPU 1 chosen by count.
+    let r = reserve_for(&mut p, 2, 1000, GpuRequest::Ids(vec![0]), H, 0);
+    assert!(r.is_empty(), "waits for GPU 0: {r:?}");
+    assert_eq!(
+        reserve_for(&mut p, 3, 1001, GpuRequest::Count(1), H, 0),
+        vec![(3, 1, Reply::Reserved { devices: vec![1] })]
+    );
+    // The daemon's user is served behind the waiting one, and may take a
+    // used GPU.
+    assert_eq!(
+        reserve_for(&mut p, 4, 7, GpuRequest::Ids(vec![0]), H, 0),
+        vec![(4, 1, Reply::Reserved { devices: vec![0] })]
+    );
+    // Released by its owner, connected again.
+    p.handle(
+        Event::Connected {
+            client: 6,
+            peer: peer_of(7, "admin"),
+        },
+        0,
+    );
+    control(&mut p, 6);
+    let r = replies(p.handle(
+        Event::Request {
+            client: 6,
+            seq: 2,
+            req: Request::ReleaseReserved { devices: vec![0] },
+        },
+        0,
+    ));
+    assert_eq!(r, vec![(6, 2, Reply::Released { devices: vec![0] })]);
+    assert_eq!(p.status(0).queue.len(), 1, "the victim still runs on GPU 0");
+    // The victim leaves: the next look at the queue serves the waiting one.
+    let mut r = replies(p.handle(Event::Disconnected { client: 1 }, H));
+    r.extend(replies(p.handle(Event::Tick, H + 1)));
+    assert_eq!(
+        r,
+        vec![(2, 1, Reply::Reserved { devices: vec![0] })],
+        "{:?}",
+        p.status(H + 1)
+    );
+}
