@@ -51,6 +51,13 @@ pub struct DeviceLabel {
     pub device: String,
 }
 
+/// Why a request was refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// `permission`, `protocol`, `malformed` or `busy`.
+    pub reason: String,
+}
+
 /// How a reload ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -101,6 +108,7 @@ pub struct Metrics {
     config_errors: Gauge,
     handling: Histogram,
     loop_busy: Histogram,
+    refused: Family<ReasonLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -145,6 +153,7 @@ impl Metrics {
             config_errors: Gauge::default(),
             handling: handling_buckets(),
             loop_busy: handling_buckets(),
+            refused: Family::default(),
         };
         r.register_with_unit(
             "group_min_util",
@@ -269,12 +278,24 @@ impl Metrics {
             Unit::Seconds,
             m.handling.clone(),
         );
+        r.register(
+            "requests_refused",
+            "Requests refused, by why: permission (a right the peer's user lacks), protocol (a version this gem-schd does not speak), malformed (a frame it cannot read), busy (status asked faster than it is answered)",
+            m.refused.clone(),
+        );
         r.register_with_unit(
             "event_loop_busy",
             "Each stretch the daemon was busy between two looks at its socket: a request that arrived meanwhile waited up to this long in the socket before it was read (time gemini_group_token_wait_seconds does not count)",
             Unit::Seconds,
             m.loop_busy.clone(),
         );
+        // Every reason shown from the start, at 0: an alert on an
+        // increase sees the first refusal.
+        for reason in ["permission", "protocol", "malformed", "busy"] {
+            let _ = m.refused.get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            });
+        }
         m.last_reload_ok.set(1);
         Metrics { registry: r, ..m }
     }
@@ -388,6 +409,22 @@ impl Metrics {
             .inc();
         self.last_reload_ok.set(i64::from(errors == 0));
         self.config_errors.set(errors as i64);
+    }
+
+    /// A request was refused with `kind`.
+    pub fn refused(&self, kind: gemini_protocol::ErrorKind) {
+        use gemini_protocol::ErrorKind as K;
+        let reason = match kind {
+            K::PermissionDenied => "permission",
+            K::ProtocolMismatch => "protocol",
+            K::Malformed => "malformed",
+            _ => "busy",
+        };
+        self.refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     /// The event loop was busy `secs` between two polls of its socket.

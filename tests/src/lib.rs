@@ -452,6 +452,22 @@ impl Gemini {
         })
     }
 
+    /// Polls status until `pred` holds, for `secs` at most; whether it did.
+    pub fn try_status_until(
+        &self,
+        secs: f64,
+        pred: impl Fn(&gemini_protocol::StatusReport) -> bool,
+    ) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+        while std::time::Instant::now() < deadline {
+            if self.try_status().is_some_and(|s| pred(&s)) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        false
+    }
+
     /// Polls status until `pred` holds, failing after `secs`; the status
     /// that satisfied it.
     pub fn wait_status(

@@ -109,6 +109,39 @@ struct Refused {
 /// delays a grant by at most this many messages' handling.
 const MAX_BATCH: usize = 64;
 
+/// What a user other than root and the daemon's may make the log say
+/// about its connections (refusals, joins, ends): [`LOG_BURST`] lines, then
+/// one every [`LOG_EVERY`]; the rest go to the debug level. A flood of
+/// connections and bad frames wrote thousands of lines a second.
+#[derive(Debug, Default)]
+struct LogBudget(HashMap<u32, (u32, Instant)>);
+
+/// Lines a user's connections may log at once.
+const LOG_BURST: u32 = 20;
+/// How often a user's connections may log once the burst is spent.
+const LOG_EVERY: Duration = Duration::from_secs(1);
+
+impl LogBudget {
+    /// Whether a line about a connection of `uid` is logged at its level.
+    fn allows(&mut self, uid: u32) -> bool {
+        let now = Instant::now();
+        if self.0.len() > 4096 {
+            self.0.clear();
+        }
+        let (left, since) = self.0.entry(uid).or_insert((LOG_BURST, now));
+        let earned = (now.duration_since(*since).as_secs_f64() / LOG_EVERY.as_secs_f64()) as u32;
+        if earned > 0 {
+            *left = (*left + earned).min(LOG_BURST);
+            *since = now;
+        }
+        if *left == 0 {
+            return false;
+        }
+        *left -= 1;
+        true
+    }
+}
+
 /// The running daemon.
 pub struct Daemon {
     _ctx: zmq::Context,
@@ -169,6 +202,8 @@ pub struct Daemon {
     resolver: Resolver,
     /// Status answers, paced per connection or user.
     paced: Paced,
+    /// Log lines about other users' connections, rationed.
+    log_budget: LogBudget,
     /// Serve peers the kernel does not name (`allow_unverified_peers`).
     allow_unverified: bool,
 }
@@ -367,6 +402,7 @@ impl Daemon {
             refused: HashMap::new(),
             resolver: Resolver::start()?,
             paced: Paced::default(),
+            log_budget: LogBudget::default(),
             reload_due: None,
             main_had_text: !main_is_empty(&settings.config),
             stop,
@@ -636,7 +672,12 @@ impl Daemon {
                     }
                     _ => ErrorKind::Malformed,
                 };
-                warn!("client {client}: {e}");
+                self.refused_metric(kind);
+                if self.loud(client) {
+                    warn!("client {client}: {e}");
+                } else {
+                    debug!("client {client}: {e}");
+                }
                 let seq = peek_seq(&body).unwrap_or(0);
                 self.reply(
                     client,
@@ -713,17 +754,7 @@ impl Daemon {
                 match self.paced.ask(pacer, client, seq, Instant::now()) {
                     Turn::Now => self.answer_status(client, seq),
                     Turn::Later => {}
-                    Turn::Refused => self.reply(
-                        client,
-                        seq,
-                        &Reply::Error(ErrorReply {
-                            kind: ErrorKind::Unavailable,
-                            message: format!(
-                                "too many status requests wait for this user (one is answered every {:?}); ask again later",
-                                paced::STATUS_EVERY
-                            ),
-                        }),
-                    ),
+                    Turn::Refused => self.refuse_paced(client, seq),
                 }
                 return;
             }
@@ -766,9 +797,43 @@ impl Daemon {
                 _ => None,
             })
         {
-            warn!("client {client} (pid {claimed}) refused: {}", e.message);
+            if self.loud(client) {
+                warn!("client {client} (pid {claimed}) refused: {}", e.message);
+            }
         }
         self.send_actions(actions);
+    }
+
+    /// Whether a line about `client` is logged at its level: always for
+    /// root's and the daemon's user's connections, within its
+    /// [`LogBudget`] for another user's.
+    fn loud(&mut self, client: ClientId) -> bool {
+        match self.conn(client).and_then(|c| c.cred) {
+            Some(c) if c.uid != 0 && c.uid != euid() => self.log_budget.allows(c.uid),
+            _ => true,
+        }
+    }
+
+    /// Refuses `client`'s status request `seq`: too many of its pacer's
+    /// wait already.
+    fn refuse_paced(&mut self, client: ClientId, seq: u32) {
+        self.refused_metric(ErrorKind::Unavailable);
+        let message = format!(
+            "too many status requests wait for this user (one is answered every {:?}); ask again later",
+            paced::STATUS_EVERY
+        );
+        let reply = Reply::Error(ErrorReply {
+            kind: ErrorKind::Unavailable,
+            message,
+        });
+        self.reply(client, seq, &reply);
+    }
+
+    /// Counts a request refused with `kind`, for the metrics.
+    fn refused_metric(&self, kind: ErrorKind) {
+        if let Some(m) = &self.metrics {
+            m.refused(kind);
+        }
     }
 
     /// Answers `client`'s status request `seq`: the policy's status, with
@@ -861,11 +926,14 @@ impl Daemon {
                     if let Reply::Error(e) = &reply
                         && e.kind == ErrorKind::PermissionDenied
                     {
-                        warn!(
-                            "{} (client {client}) refused: {}",
-                            self.peer(client),
-                            e.message
-                        );
+                        self.refused_metric(e.kind);
+                        if self.loud(client) {
+                            warn!(
+                                "{} (client {client}) refused: {}",
+                                self.peer(client),
+                                e.message
+                            );
+                        }
                     }
                     self.reply(client, seq, &reply);
                 }
@@ -873,7 +941,11 @@ impl Daemon {
                     // Said after a welcome only: the client has joined
                     // (its group shows the holder and control roles).
                     let group = self.policy.client_group(client).unwrap_or_default();
-                    info!("client {client} joined: pid {pid}, group {group:?}");
+                    if self.loud(client) {
+                        info!("client {client} joined: pid {pid}, group {group:?}");
+                    } else {
+                        debug!("client {client} joined: pid {pid}, group {group:?}");
+                    }
                     self.watch(client, pid);
                 }
                 Action::Reload { client, seq } => {

@@ -165,6 +165,7 @@ impl Daemon {
         let Route::Peer(id) = identity else {
             return;
         };
+        self.refused_metric(ErrorKind::PermissionDenied);
         let version = frame_version(body)
             .filter(|v| spoken(*v))
             .unwrap_or(PROTOCOL_VERSION);
@@ -257,7 +258,11 @@ impl Daemon {
             .map(|(i, c)| (i.clone(), c.id))
             .collect();
         for (identity, id) in gone {
-            info!("client {id} (pid {pid}) is gone; releasing its token and memory");
+            if self.loud(id) {
+                info!("client {id} (pid {pid}) is gone; releasing its token and memory");
+            } else {
+                debug!("client {id} (pid {pid}) is gone; releasing its token and memory");
+            }
             self.conns.remove(&identity);
             self.ids.remove(&id);
             self.asked.retain(|&(c, _), _| c != id);

@@ -15,6 +15,7 @@ mod faults;
 mod gpu_suite;
 mod holder;
 mod hook;
+mod hostile;
 mod latency;
 mod launch;
 mod memory;
