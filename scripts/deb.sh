@@ -91,6 +91,12 @@ cat > "$stage/DEBIAN/postinst" <<'EOF'
 # the new binaries; gem-holder restarted if it ran. Programs under the
 # hook register again with the new scheduler.
 set -e
+if [ "$1" = configure ] && [ -z "$2" ]; then
+    echo "gemini: as installed, only root can run programs under gemini. To let users in, put"
+    echo "gemini:   ipc_group = \"GROUP\"   (a Unix group of those users)"
+    echo "gemini: in /etc/gemini/gemini.toml and restart gem-schd; restrict groups with AllowedUsers="
+    echo "gemini: or AllowedGroups= in /etc/gemini/resource.conf (/usr/share/doc/gemini/docs/security.md)"
+fi
 if [ "$1" = configure ] || [ "$1" = abort-upgrade ] || [ "$1" = abort-deconfigure ] || [ "$1" = abort-remove ]; then
     if command -v deb-systemd-helper >/dev/null 2>&1; then
         deb-systemd-helper unmask gem-schd.service >/dev/null || true

@@ -55,6 +55,7 @@ impl IpcAccess {
 /// replace the socket.
 pub(super) fn prepare_ipc_dir(dir: &Path, access: IpcAccess) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt;
+    check_parents(dir)?;
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -92,6 +93,39 @@ pub(super) fn prepare_ipc_dir(dir: &Path, access: IpcAccess) -> anyhow::Result<(
              Give it mode 0750 and that group, or let gem-schd create a new one",
             dir.display()
         );
+    }
+    Ok(())
+}
+
+/// Refuses an IPC directory below one that another user (not root) owns,
+/// or that others may write without the sticky bit (as /tmp has): they
+/// could rename the IPC directory away and put their own in its place.
+fn check_parents(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    for parent in absolute.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(parent) else {
+            continue; // made by this daemon, below
+        };
+        let mode = meta.mode() & 0o7777;
+        if meta.uid() != euid() && meta.uid() != 0 {
+            bail!(
+                "{} (above the IPC directory {}) belongs to uid {}, not to this user (uid {}) or root: \
+                 that user could replace the socket; choose another --ipc-dir (the package uses one only root can make)",
+                parent.display(),
+                dir.display(),
+                meta.uid(),
+                euid()
+            );
+        }
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            bail!(
+                "{} (above the IPC directory {}) may be written by other users (mode {mode:04o}, not sticky): \
+                 they could replace the socket; choose another --ipc-dir",
+                parent.display(),
+                dir.display()
+            );
+        }
     }
     Ok(())
 }

@@ -156,6 +156,45 @@ fn ipc_dir_owned_by_another_user_is_refused() {
     assert!(err.contains("belongs to uid 65534"), "{err}");
 }
 
+/// Another user who owns a directory above the IPC directory (as one who
+/// made /tmp/gemini before gem-schd did) could move the IPC directory away
+/// and put a socket of their own in its place: such a directory is refused
+/// too, and so is one others may write without the sticky bit.
+#[test]
+fn a_parent_of_the_ipc_dir_another_user_owns_is_refused() {
+    if !is_root() {
+        eprintln!("needs root to give a directory to another user; skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("resource.conf"), "[a]\n").unwrap();
+    let squatted = dir.path().join("gemini");
+    fs::create_dir(&squatted).unwrap();
+    std::os::unix::fs::chown(&squatted, Some(65534), Some(65534)).unwrap();
+    let open = dir.path().join("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    for (parent, why) in [
+        (&squatted, "belongs to uid 65534"),
+        (&open, "may be written by other users (mode 0777, not sticky)"),
+    ] {
+        let out = Command::new(schd_bin())
+            .env("GEMINI_SETTINGS", "/dev/null")
+            .arg("--config")
+            .arg(dir.path().join("resource.conf"))
+            .arg("--ipc-dir")
+            .arg(parent.join("ipc"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{} (above the IPC directory", parent.display())) && err.contains(why),
+            "{err}"
+        );
+    }
+}
+
 /// A group's `Cgroups` decides membership from the kernel's view of the
 /// connecting process: a process in the group's cgroup is placed in it
 /// without naming a group and may not name another; a group bound to
