@@ -796,10 +796,9 @@ impl Daemon {
                 } if e.kind != ErrorKind::PermissionDenied => Some(e),
                 _ => None,
             })
+            && self.loud(client)
         {
-            if self.loud(client) {
-                warn!("client {client} (pid {claimed}) refused: {}", e.message);
-            }
+            warn!("client {client} (pid {claimed}) refused: {}", e.message);
         }
         self.send_actions(actions);
     }
