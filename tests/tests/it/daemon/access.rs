@@ -176,7 +176,10 @@ fn a_parent_of_the_ipc_dir_another_user_owns_is_refused() {
     fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
     for (parent, why) in [
         (&squatted, "belongs to uid 65534"),
-        (&open, "may be written by other users (mode 0777, not sticky)"),
+        (
+            &open,
+            "may be written by other users (mode 0777, not sticky)",
+        ),
     ] {
         let out = Command::new(schd_bin())
             .env("GEMINI_SETTINGS", "/dev/null")
@@ -189,7 +192,8 @@ fn a_parent_of_the_ipc_dir_another_user_owns_is_refused() {
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
-            err.contains(&format!("{} (above the IPC directory", parent.display())) && err.contains(why),
+            err.contains(&format!("{} (above the IPC directory", parent.display()))
+                && err.contains(why),
             "{err}"
         );
     }
