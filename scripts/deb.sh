@@ -72,7 +72,26 @@ Description: GPU sharing with guarantees for unmodified CUDA programs
  gem-holder, gem-launch and gem-slurm. Groups are set in
  /etc/gemini/resource.conf.
 EOF
-echo /etc/gemini/resource.conf > "$stage/DEBIAN/conffiles"
+# The daemon's settings: the IPC directory in /run/gemini, which systemd
+# makes for root before gem-schd starts (RuntimeDirectory= in the unit),
+# so that no user can make it first (under /tmp anyone can).
+cat > "$stage/etc/gemini/gemini.toml" <<'EOF'
+# gemini's settings (docs/configuration.md), read by gem-schd, the tools
+# and the hook. Edit and restart gem-schd.
+
+# Where the scheduler's socket is: a directory only root can make.
+ipc_dir = "/run/gemini/ipc"
+
+# Let the members of this Unix group run programs under gemini
+# (docs/security.md); as installed, only root can.
+# ipc_group = "gpu"
+
+# A user (not root) holds at most this many GPUs reserved at once
+# (default: half the machine's), for at most this long.
+# reserve_max_gpus = 4
+# reserve_max_duration = "1d"
+EOF
+printf '/etc/gemini/resource.conf\n/etc/gemini/gemini.toml\n' > "$stage/DEBIAN/conffiles"
 cat > "$stage/usr/share/doc/gemini/copyright" <<'EOF'
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: gemini
@@ -92,10 +111,15 @@ cat > "$stage/DEBIAN/postinst" <<'EOF'
 # hook register again with the new scheduler.
 set -e
 if [ "$1" = configure ] && [ -z "$2" ]; then
-    echo "gemini: as installed, only root can run programs under gemini. To let users in, put"
+    echo "gemini: as installed, only root can run programs under gemini. To let users in, set"
     echo "gemini:   ipc_group = \"GROUP\"   (a Unix group of those users)"
     echo "gemini: in /etc/gemini/gemini.toml and restart gem-schd; restrict groups with AllowedUsers="
     echo "gemini: or AllowedGroups= in /etc/gemini/resource.conf (/usr/share/doc/gemini/docs/security.md)"
+fi
+if [ "$1" = configure ] && [ -n "$2" ] && dpkg --compare-versions "$2" lt 0.2.0; then
+    echo "gemini: the scheduler's socket moves from /tmp/gemini/ipc to /run/gemini/ipc (ipc_dir in"
+    echo "gemini: /etc/gemini/gemini.toml): programs started before this upgrade look in the old place"
+    echo "gemini: and wait there; restart them, or set ipc_dir = \"/tmp/gemini/ipc\" to keep it"
 fi
 if [ "$1" = configure ] || [ "$1" = abort-upgrade ] || [ "$1" = abort-deconfigure ] || [ "$1" = abort-remove ]; then
     if command -v deb-systemd-helper >/dev/null 2>&1; then

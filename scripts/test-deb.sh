@@ -38,13 +38,13 @@ info=$(dpkg-deb -f "$deb")
 grep -q '^Package: gemini$' <<<"$info" || fail "control: no Package: gemini"$'\n'"$info"
 grep -q '^Depends: .*libglib' <<<"$info" || fail "control: glib missing from Depends"$'\n'"$info"
 grep -q '^Depends: .*libc6 (>= 2\.[0-9]*)' <<<"$info" || fail "control: Depends lacks libc6's version"$'\n'"$info"
-[ "$(dpkg-deb --ctrl-tarfile "$deb" | tar -xOf - ./conffiles)" = /etc/gemini/resource.conf ] \
-    || fail "resource.conf is not a conffile"
+[ "$(dpkg-deb --ctrl-tarfile "$deb" | tar -xOf - ./conffiles)" = $'/etc/gemini/resource.conf\n/etc/gemini/gemini.toml' ] \
+    || fail "resource.conf and gemini.toml are not the conffiles"
 contents=$(dpkg-deb -c "$deb")
 for f in ./usr/bin/gem-schd ./usr/bin/gem-holder ./usr/bin/gem-launch ./usr/bin/gem-slurm \
     ./usr/lib/libgemhook.so ./usr/lib/systemd/system/gem-schd.service \
     ./usr/lib/systemd/system/gem-holder.service ./usr/share/doc/gemini/README.md \
-    ./usr/share/doc/gemini/copyright ./etc/gemini/resource.conf; do
+    ./usr/share/doc/gemini/copyright ./etc/gemini/resource.conf ./etc/gemini/gemini.toml; do
     grep -q " $f\( \|$\)" <<<"$contents" || fail "$f is not in the package"
 done
 awk '{print $2}' <<<"$contents" | grep -qv '^root/root$' && fail "files not owned by root"
@@ -55,6 +55,10 @@ for b in gem-schd gem-holder gem-launch gem-slurm; do
     /usr/bin/$b --version | grep -q "^$b " || fail "/usr/bin/$b --version"
 done
 grep -q "ExecStart=/usr/bin/gem-schd" /usr/lib/systemd/system/gem-schd.service || fail "the unit does not run /usr/bin/gem-schd"
+# The socket in a directory only root can make, for every part alike.
+grep -q "^RuntimeDirectory=gemini$" /usr/lib/systemd/system/gem-schd.service || fail "the unit makes no /run/gemini"
+where=$(GEMINI_SETTINGS=/etc/gemini/gemini.toml /usr/bin/gem-schd status 2>&1 || true)
+grep -q "/run/gemini/ipc" <<<"$where" || fail "the installed settings do not put the socket in /run/gemini/ipc: $where"
 cmp -s /etc/gemini/resource.conf examples/resource.conf || fail "/etc/gemini/resource.conf is not the example"
 # Enabled at installation, systemd running or not (as debhelper does it).
 wants=/etc/systemd/system/multi-user.target.wants/gem-schd.service
