@@ -62,6 +62,8 @@ pub(super) fn prepare_ipc_dir(dir: &Path, access: IpcAccess) -> anyhow::Result<(
             .mode(0o700)
             .create(dir)
             .with_context(|| format!("cannot create IPC directory {}", dir.display()))?;
+        // Again: a parent made meanwhile by someone else.
+        check_parents(dir)?;
         // `recursive` applies the mode through the umask: set it exactly
         // on the directory this daemon made.
         return access.apply(dir, access.dir_mode());

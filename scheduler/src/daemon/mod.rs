@@ -94,6 +94,14 @@ const REFUSED_SHOWN: Duration = Duration::from_secs(120);
 /// The most refused peers listed (bounded whatever peers do).
 const MAX_REFUSED: usize = 256;
 
+/// The most connections one process may register (say hello on).
+const MAX_CONNS_PER_PROCESS: usize = 16;
+
+/// The most connections of one user that never said hello kept at once:
+/// past it, its least recently heard one is forgotten (one that speaks
+/// again is simply new).
+const MAX_QUIET_CONNS_PER_USER: usize = 256;
+
 /// A peer refused for its protocol version: who (as it connected), the
 /// version, and when.
 #[derive(Debug)]
@@ -263,9 +271,15 @@ fn warn_overcommit(
 /// a busy CUDA process may hold a while.
 fn command_line(pid: u32) -> String {
     const MAX: usize = 120;
-    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+    // At most what is shown: a command line may be megabytes long.
+    let mut raw = Vec::with_capacity(MAX + 1);
+    let read = std::fs::File::open(format!("/proc/{pid}/cmdline")).and_then(|f| {
+        use std::io::Read as _;
+        f.take(MAX as u64 + 1).read_to_end(&mut raw)
+    });
+    if read.is_err() {
         return String::new();
-    };
+    }
     let args: Vec<String> = raw
         .split(|&b| b == 0)
         .filter(|a| !a.is_empty())
@@ -300,6 +314,28 @@ fn detect_gpus() -> u32 {
         .map_or(0, |d| d.filter_map(Result::ok).count() as u32)
 }
 
+/// Seeds the C library's `rand()`, from which libzmq 4.3.4 takes the
+/// first routing id a ROUTER gives the peers that name none (`\0` and a
+/// counter from there), and which it never seeds itself: unseeded, every
+/// gem-schd counted from the same place. A peer that took the id libzmq
+/// was about to give (any peer may set a `\0` id) made libzmq abort the
+/// daemon when it gave that id to the next peer.
+fn seed_routing_ids() {
+    let mut seed = [0u8; 4];
+    // SAFETY: getrandom writes at most `seed.len()` bytes into `seed`.
+    let n = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), seed.len(), 0) };
+    let seed = if n == seed.len() as isize {
+        u32::from_ne_bytes(seed)
+    } else {
+        // No getrandom: the clock's nanoseconds and the pid.
+        let t = gemini_protocol::clock::monotonic_us();
+        (t as u32) ^ std::process::id().rotate_left(16)
+    };
+    // SAFETY: srand only sets the C library's generator state; gem-schd
+    // calls rand() from no other thread while it starts.
+    unsafe { libc::srand(seed) };
+}
+
 fn euid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() }
@@ -331,6 +367,7 @@ impl Daemon {
             );
         }
         let endpoint = scheduler_endpoint(ipc_dir)?;
+        seed_routing_ids();
         let ctx = zmq::Context::new();
         peers::check_peer_credentials(&ctx, ipc_dir, settings.allow_unverified_peers)?;
         let sock = ctx.socket(zmq::ROUTER)?;
@@ -599,17 +636,33 @@ impl Daemon {
         }
         let identity = Route::Peer(frames[0].to_vec());
         let delimited = frames.len() == 3 && frames[1].is_empty();
-        if frames.len() > 3 || (frames.len() == 3 && !delimited) {
-            warn!("dropping a message of {} frames from a peer", frames.len());
-            return;
-        }
         let last = frames.len() - 1;
         let cred = frames[last]
             .gets("Peer-Address")
             .and_then(parse_peer_address);
+        if frames.len() > 3 || (frames.len() == 3 && !delimited) {
+            if cred.is_none_or(|c| self.loud_uid(c.uid)) {
+                warn!("dropping a message of {} frames from a peer", frames.len());
+            }
+            return;
+        }
         if cred.is_none() && !self.allow_unverified {
             self.refuse_unverified(&identity, delimited, &frames[last]);
             return;
+        }
+        // A routing id names a connection only while that peer has it:
+        // ZeroMQ gives a closed peer's id to a new peer that asks for it.
+        // A message whose kernel credentials are not the connection's is
+        // a new peer's, and the old connection (its rights with it) goes.
+        if self
+            .conns
+            .get(&identity)
+            .is_some_and(|c| cred.is_some() && c.cred != cred)
+        {
+            debug!(
+                "a new peer took the routing id of a closed one; the old connection is forgotten"
+            );
+            self.forget(&identity);
         }
         let known = self.conns.get_mut(&identity).map(|conn| {
             conn.last_seen = Instant::now();
@@ -700,6 +753,9 @@ impl Daemon {
         peer: Option<(PeerCred, Account)>,
     ) -> ClientId {
         let cred = peer.as_ref().map(|(c, _)| *c);
+        if let Some(c) = cred {
+            self.forget_quiet_beyond(c.uid);
+        }
         let id = self.next_id;
         self.next_id += 1;
         self.ids.insert(id, identity.clone());
@@ -762,9 +818,18 @@ impl Daemon {
                 self.asked.insert((client, seq), Instant::now());
                 None
             }
-            Request::Hello { pid, .. } => Some(pid),
+            Request::Hello { pid, .. } => {
+                if let Some(r) = self.refuse_connections(client) {
+                    self.refused_metric(ErrorKind::PermissionDenied);
+                    self.reply(client, seq, &r);
+                    return;
+                }
+                Some(pid)
+            }
             Request::Shutdown => {
-                info!("shutdown requested by {}", self.peer(client));
+                if self.loud(client) {
+                    info!("shutdown requested by {}", self.peer(client));
+                }
                 None
             }
             _ => None,
@@ -808,9 +873,36 @@ impl Daemon {
     /// [`LogBudget`] for another user's.
     fn loud(&mut self, client: ClientId) -> bool {
         match self.conn(client).and_then(|c| c.cred) {
-            Some(c) if c.uid != 0 && c.uid != euid() => self.log_budget.allows(c.uid),
-            _ => true,
+            Some(c) => self.loud_uid(c.uid),
+            None => true,
         }
+    }
+
+    /// [`Daemon::loud`] for a peer of `uid`.
+    fn loud_uid(&mut self, uid: u32) -> bool {
+        uid == 0 || uid == euid() || self.log_budget.allows(uid)
+    }
+
+    /// Refuses a hello of `client` where its process (the kernel's pid)
+    /// has [`MAX_CONNS_PER_PROCESS`] connections that said hello already:
+    /// each is kept until the process ends, and one process opening
+    /// thousands grew the daemon's state without end (a hooked program
+    /// has one, `gem-launch` one).
+    fn refuse_connections(&self, client: ClientId) -> Option<Reply> {
+        let pid = self.conn(client)?.cred?.pid;
+        let said = self
+            .conns
+            .iter()
+            .filter(|(route, c)| matches!(route, Route::Peer(_)) && c.pid == Some(pid))
+            .count();
+        (said >= MAX_CONNS_PER_PROCESS).then(|| {
+            Reply::Error(ErrorReply {
+                kind: ErrorKind::PermissionDenied,
+                message: format!(
+                    "pid {pid} has {said} connections registered with the scheduler already, the most one process may have"
+                ),
+            })
+        })
     }
 
     /// Refuses `client`'s status request `seq`: too many of its pacer's
@@ -971,11 +1063,15 @@ impl Daemon {
                     device,
                     reports,
                     what,
-                } => warn!(
-                    "{} (client {client}) reported device time on GPU {device} that cannot be: \
-                     {what}; clipped ({reports} such report(s) so far)",
-                    self.peer(client)
-                ),
+                } => {
+                    if self.loud(client) {
+                        warn!(
+                            "{} (client {client}) reported device time on GPU {device} that cannot be: \
+                             {what}; clipped ({reports} such report(s) so far)",
+                            self.peer(client)
+                        );
+                    }
+                }
             }
         }
     }

@@ -228,6 +228,38 @@ impl Daemon {
         }
     }
 
+    /// Forgets connection `route`: what its peer held is released.
+    pub(super) fn forget(&mut self, route: &Route) {
+        let Some(c) = self.conns.remove(route) else {
+            return;
+        };
+        self.ids.remove(&c.id);
+        self.asked.retain(|&(id, _), _| id != c.id);
+        let actions = self
+            .policy
+            .handle(Event::Disconnected { client: c.id }, self.now());
+        self.send_actions(actions);
+    }
+
+    /// Makes room for one more connection of `uid` that has not said
+    /// hello: past [`MAX_QUIET_CONNS_PER_USER`] of them, its least
+    /// recently heard one is forgotten.
+    pub(super) fn forget_quiet_beyond(&mut self, uid: u32) {
+        let mine = |c: &Conn| c.pid.is_none() && c.cred.is_some_and(|p| p.uid == uid);
+        if self.conns.values().filter(|c| mine(c)).count() < MAX_QUIET_CONNS_PER_USER {
+            return;
+        }
+        let oldest = self
+            .conns
+            .iter()
+            .filter(|(route, c)| matches!(route, Route::Peer(_)) && mine(c))
+            .min_by_key(|(_, c)| c.last_seen)
+            .map(|(route, _)| route.clone());
+        if let Some(route) = oldest {
+            self.forget(&route);
+        }
+    }
+
     /// Forgets, once a minute, the connections [`quiet_conns`] names.
     pub(super) fn forget_quiet_conns(&mut self) {
         if self.last_quiet_sweep.elapsed() < Duration::from_secs(60) {
@@ -235,16 +267,8 @@ impl Daemon {
         }
         self.last_quiet_sweep = Instant::now();
         for identity in quiet_conns(&self.conns, Instant::now()) {
-            let Some(c) = self.conns.remove(&identity) else {
-                continue;
-            };
-            debug!("client {} said nothing for {QUIET_CONN:?}; forgotten", c.id);
-            self.ids.remove(&c.id);
-            self.asked.retain(|&(id, _), _| id != c.id);
-            let actions = self
-                .policy
-                .handle(Event::Disconnected { client: c.id }, self.now());
-            self.send_actions(actions);
+            debug!("a connection said nothing for {QUIET_CONN:?}; forgotten");
+            self.forget(&identity);
         }
     }
 

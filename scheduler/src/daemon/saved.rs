@@ -105,8 +105,9 @@ fn write_state<T: serde::Serialize>(
     access
         .apply(&tmp, access.state_mode())
         .map_err(std::io::Error::other)?;
+    // No fsync: it would stall the event loop on a slow disk; a crash
+    // loses at most the latest change, never the file.
     file.write_all(&bytes)?;
-    file.sync_all()?;
     std::fs::rename(&tmp, path)
 }
 

@@ -527,13 +527,14 @@ impl Policy {
         }
     }
 
-    /// Refuses a hello that says it holds more on a device than `group`
-    /// may hold there: its `MemoryLimit` less what the group's other
-    /// processes hold. What process `pid`'s other connections hold (its
-    /// stand-in after a restart) is its own, and may be said again. A
-    /// hello is what a process reports of itself, and one that claimed
-    /// the whole device would keep the group's other processes from
-    /// allocating.
+    /// Refuses a hello that says it holds more on a device than its
+    /// whole group may: its `MemoryLimit` (or what the process's other
+    /// connections hold, its stand-in after a restart, if that is more).
+    /// A hello is what a process reports of itself: one that claimed the
+    /// whole device kept the group's other processes from allocating until
+    /// it ended. What the group's other processes hold is not taken off:
+    /// a process re-registering after a restart beside a group over its
+    /// limit (lowered live) must not lose its CUDA calls for it.
     fn refuse_held(&self, group: &GroupKey, pid: u32, held: &[HeldMemory]) -> Option<Reply> {
         let mut said: BTreeMap<DeviceId, u64> = BTreeMap::new();
         for h in held.iter().filter(|h| h.device < MAX_DEVICES) {
@@ -548,19 +549,16 @@ impl Policy {
                 .filter(|c| &c.group == group && c.pid == pid)
                 .filter_map(|c| c.memory.get(&device))
                 .fold(0, |a, b| a.saturating_add(*b));
-            let used = self.memory.get(&(group.clone(), device)).copied().unwrap_or(0);
-            let room = limit.saturating_sub(used.saturating_sub(own)).max(own);
-            (bytes > room).then(|| {
+            (bytes > limit.max(own)).then(|| {
                 let size = gemini_protocol::units::format_size;
                 error(
                     ErrorKind::OutOfMemory,
                     format!(
                         "pid {pid} says it holds {} on device {device}, more than group {:?} may hold \
-                         there (MemoryLimit {}, {} held by its other processes)",
+                         there (MemoryLimit {})",
                         size(bytes),
                         group.shown(),
-                        size(limit),
-                        size(used.saturating_sub(own))
+                        size(limit)
                     ),
                 )
             })

@@ -32,6 +32,9 @@ struct Args {
     /// How long the flood lasts, seconds
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// A routing id a trusted peer used and closed (reuse-id)
+    #[arg(long, default_value = "")]
+    reuse: String,
     /// The attacks: stand-in, admin, context-cost, held, claim-group,
     /// false-pid, reserve, release, malformed, flood
     attacks: Vec<String>,
@@ -136,13 +139,30 @@ fn main() {
                     said(ask(&h, &hello(Role::Holder, "", 0, vec![]), MS)),
                 );
             }
+            // A hello naming a victim's pid: the status says which pid
+            // the scheduler took.
             "false-pid" => {
                 for &pid in &a.victims {
                     let s = dealer(&ctx, ipc, None);
                     let r = ask(&s, &hello(Role::Client, &a.open, pid, vec![]), MS);
-                    report("false-pid", format!("{pid} {}", said(r)));
-                    report("false-pid-goodbye", said(ask(&s, &Request::Goodbye, MS)));
+                    let taken = match (&r, ask(&s, &Request::Status, MS)) {
+                        (Some(Reply::Welcome { client, .. }), Some(Reply::Status(st))) => st
+                            .clients
+                            .iter()
+                            .find(|c| c.id == *client)
+                            .map_or(0, |c| c.pid),
+                        _ => 0,
+                    };
+                    report("false-pid", format!("{pid} {} as {taken}", said(r)));
+                    ask(&s, &Request::Goodbye, MS);
                 }
+            }
+            // The routing id of a closed connection of root's.
+            "reuse-id" => {
+                let s = dealer(&ctx, ipc, Some(a.reuse.as_bytes()));
+                report("reuse-id-shutdown", said(ask(&s, &Request::Shutdown, MS)));
+                let release = Request::ReleaseReserved { devices: vec![] };
+                report("reuse-id-release", said(ask(&s, &release, MS)));
             }
             "reserve" => {
                 let s = dealer(&ctx, ipc, None);

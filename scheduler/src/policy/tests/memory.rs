@@ -542,9 +542,10 @@ fn one_users_context_report_moves_no_other_users_reservation() {
 
 /// What a hello says a process holds was added to its group unchecked: a
 /// hello holding the whole device kept the group's other processes from
-/// allocating anything. It is held to the group's `MemoryLimit`, less what
-/// the group's other processes hold; what the process's own other
-/// connection holds (its stand-in after a restart) it may say again.
+/// allocating anything. A process may say it holds at most its group's
+/// whole `MemoryLimit` (or what its own other connection, its stand-in
+/// after a restart, holds); beside its group's other processes it is
+/// accepted, as a process re-registering after a restart must be.
 #[test]
 fn a_hello_holding_more_than_its_group_may_is_refused() {
     let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=2GiB\n"));
@@ -568,14 +569,14 @@ fn a_hello_holding_more_than_its_group_may_is_refused() {
         };
         ask(p, client, req)
     };
-    let r = hello_holding(&mut p, 2, 2, (1 << 30) + 1);
+    let r = hello_holding(&mut p, 2, 2, (2 << 30) + 1);
     assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory), "{r:?}");
     let r = hello_holding(&mut p, 3, 3, u64::MAX);
     assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory), "{r:?}");
     let used = |p: &mut Policy| p.status(0).devices[0].groups[0].memory_used;
     assert_eq!(used(&mut p), 1 << 30, "nothing added by a refused hello");
     assert!(matches!(
-        hello_holding(&mut p, 4, 4, 1 << 30),
+        hello_holding(&mut p, 4, 4, 2 << 30),
         Reply::Welcome { .. }
     ));
     // Process 1 again, on a new connection, with what it holds.
