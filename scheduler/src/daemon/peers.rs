@@ -241,10 +241,14 @@ impl Daemon {
         self.send_actions(actions);
     }
 
-    /// Makes room for one more connection of `uid` that has not said
-    /// hello: past [`MAX_QUIET_CONNS_PER_USER`] of them, its least
-    /// recently heard one is forgotten.
+    /// Makes room for one more connection of `uid` (a user other than
+    /// root and the daemon's) that has not said hello: past
+    /// [`MAX_QUIET_CONNS_PER_USER`] of them, its least recently heard one
+    /// is forgotten.
     pub(super) fn forget_quiet_beyond(&mut self, uid: u32) {
+        if uid == 0 || uid == euid() {
+            return;
+        }
         let mine = |c: &Conn| c.pid.is_none() && c.cred.is_some_and(|p| p.uid == uid);
         if self.conns.values().filter(|c| mine(c)).count() < MAX_QUIET_CONNS_PER_USER {
             return;
