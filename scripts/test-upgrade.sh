@@ -68,15 +68,21 @@ if ! git cat-file -e "$prev_commit^{commit}" 2>/dev/null; then
         fail "commit $prev_commit (v$prev_version) is not in this clone and could not be fetched (git fetch --unshallow --tags)"
 fi
 
-# Its build, kept between runs while the commit is the same.
+# Its build, kept between runs while the commit is the same. Its source
+# lies outside this repository: cargo reads the .cargo/config.toml of
+# every directory above the one it runs in, and this one's [env] (a
+# table, forced) cannot be merged with the previous release's (a string).
 prev=$work/prev
 prev_rel=$prev/target/release
+prev_src=${TMPDIR:-/tmp}/gemini-upgrade-$prev_commit
+if [ ! -f "$prev_src/Cargo.toml" ]; then
+    rm -rf "$prev_src"
+    mkdir -p "$prev_src"
+    git archive "$prev_commit" | tar -x -C "$prev_src"
+fi
 if [ "$(cat "$prev/commit" 2>/dev/null)" != "$prev_commit" ] || [ ! -x "$prev_rel/gem-schd" ]; then
-    say "building gemini $prev_version ($prev_commit) in $prev"
-    rm -rf "$prev/src"
-    mkdir -p "$prev/src"
-    git archive "$prev_commit" | tar -x -C "$prev/src"
-    (cd "$prev/src" && CARGO_TARGET_DIR="$prev/target" cargo build --release --workspace --quiet) ||
+    say "building gemini $prev_version ($prev_commit) from $prev_src into $prev"
+    (cd "$prev_src" && CARGO_TARGET_DIR="$prev/target" cargo build --release --workspace --quiet) ||
         fail "the build of $prev_version failed"
     echo "$prev_commit" >"$prev/commit"
 fi
@@ -317,7 +323,7 @@ if [ "$(id -u)" != 0 ] || ! command -v dpkg-deb >/dev/null 2>&1; then
     exit 0
 fi
 refuse_over_an_installation
-old_deb=$(cd "$prev/src" && CARGO_TARGET_DIR="$prev/target" scripts/deb.sh "$prev_rel" "$prev/deb") ||
+old_deb=$(cd "$prev_src" && CARGO_TARGET_DIR="$prev/target" scripts/deb.sh "$prev_rel" "$prev/deb") ||
     fail "the .deb of $prev_version could not be built"
 new_deb=$(scripts/deb.sh "$new" "$work/deb") || fail "the .deb of $version could not be built"
 systemd_runs() { [ -d /run/systemd/system ]; }

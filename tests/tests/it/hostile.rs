@@ -252,7 +252,7 @@ fn a_hostile_tenant_takes_nothing_from_the_victims() {
         let mut c = gemini;
         c.arg("--ipc")
             .arg(ipc)
-            .args(["--seconds", "8", "flood"])
+            .args(["--seconds", "12", "flood"])
             .stdout(Stdio::piped());
         as_user(c, ATTACKER, gid).spawn().unwrap()
     };
@@ -362,7 +362,7 @@ fn a_hostile_tenant_takes_nothing_from_the_victims() {
         let mut c = g.sim.command(bin("gem-attack"));
         c.arg("--ipc")
             .arg(g.ipc())
-            .args(["--seconds", "6", "flood"])
+            .args(["--seconds", "10", "flood"])
             .stdout(Stdio::piped());
         as_user(c, ATTACKER, gid).spawn().unwrap()
     };
