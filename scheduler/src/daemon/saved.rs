@@ -21,6 +21,10 @@ pub(super) struct SavedReservation {
     /// gemini before 0.2.0: counted from the restore).
     #[serde(default)]
     pub(super) since_unix_us: u64,
+    /// The uid of the launch that made it, whose `reserve_max_gpus` it
+    /// counts against (not said by a gemini before 0.2.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) uid: Option<u32>,
 }
 
 /// A reservation made without a program (`gem-launch reserve`).
@@ -35,7 +39,7 @@ pub(super) struct SavedManual {
 /// What the state file was last written from: the run reservations and
 /// those made without a program.
 pub(super) type SavedState = (
-    Vec<(ClientId, String, Vec<u32>, i64)>,
+    Vec<(ClientId, String, Vec<u32>, i64, Option<u32>)>,
     Vec<(String, Vec<u32>, u32, String, u64, i64)>,
 );
 
@@ -216,7 +220,7 @@ impl Daemon {
             });
             if restored {
                 self.policy
-                    .backdate_reservation(id, held_before(r.since_unix_us));
+                    .restored_reservation(id, held_before(r.since_unix_us), r.uid);
                 info!(
                     "reservation of GPU(s) {:?} by pid {} (group {:?}) restored",
                     r.devices, r.pid, r.group
@@ -251,7 +255,7 @@ impl Daemon {
         };
         let mut now: Vec<SavedReservation> = held
             .iter()
-            .filter_map(|(client, group, devices, since)| {
+            .filter_map(|(client, group, devices, since, uid)| {
                 let pid = self.conn(*client).and_then(|c| c.pid)?;
                 Some(SavedReservation {
                     pid,
@@ -260,6 +264,7 @@ impl Daemon {
                     devices: devices.clone(),
                     manual: None,
                     since_unix_us: since_unix(*since),
+                    uid: *uid,
                 })
             })
             .collect();
@@ -271,6 +276,7 @@ impl Daemon {
                     group: group.clone(),
                     devices: devices.clone(),
                     since_unix_us: since_unix(*since),
+                    uid: Some(*uid),
                     manual: Some(SavedManual {
                         uid: *uid,
                         user: user.clone(),

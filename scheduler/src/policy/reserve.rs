@@ -37,6 +37,10 @@ pub struct Reservation {
     before: Micros,
     /// Made without a program: whose, and until when.
     manual: Option<Manual>,
+    /// The user whose `reserve_max_gpus` a launch's reservation counts
+    /// against: its peer's uid, or, restored after a restart (held by the
+    /// daemon's stand-in), the uid of the launch that made it.
+    owner: Option<u32>,
 }
 
 impl Reservation {
@@ -289,6 +293,7 @@ impl Policy {
         if self.queue.iter().all(|w| self.limited(w.client))
             && let Some(devices) = self.pick(client, &group, &gpus, claim)
         {
+            let owner = self.peer(client).map(|p| p.uid);
             self.reservations.push(Reservation {
                 client,
                 group,
@@ -298,6 +303,7 @@ impl Policy {
                 since: now,
                 before: 0,
                 manual: manual.map(|m| m.granted(now)),
+                owner,
             });
             return answer(Reply::Reserved { devices });
         }
@@ -387,7 +393,7 @@ impl Policy {
         let held: usize = self
             .reservations
             .iter()
-            .filter(|r| owner(r.client, r.manual.as_ref()) == Some(uid))
+            .filter(|r| r.owner == Some(uid))
             .map(|r| r.devices.len())
             .chain(
                 self.queue
@@ -458,6 +464,7 @@ impl Policy {
                     devices: devices.clone(),
                 },
             });
+            let owner = self.peer(w.client).map(|p| p.uid);
             self.reservations.push(Reservation {
                 client: w.client,
                 group: w.group,
@@ -467,6 +474,7 @@ impl Policy {
                 since: now,
                 before: 0,
                 manual: w.manual.map(|m| m.granted(now)),
+                owner,
             });
         }
     }
@@ -535,14 +543,18 @@ impl Policy {
         Reply::Released { devices: freed }
     }
 
-    /// The reservations held, as `(client, group, devices, since)`, in
-    /// the order they were made (for the daemon's state file); `since` is
-    /// on this scheduler's clock, negative for one held before it started.
-    pub fn held_reservations(&self) -> Vec<(ClientId, String, Vec<DeviceId>, i64)> {
+    /// The reservations held, as `(client, group, devices, since,
+    /// owner)`, in the order they were made (for the daemon's state
+    /// file); `since` is on this scheduler's clock, negative for one held
+    /// before it started; `owner` the uid it counts against.
+    pub fn held_reservations(&self) -> Vec<(ClientId, String, Vec<DeviceId>, i64, Option<u32>)> {
         self.reservations
             .iter()
             .filter(|r| r.manual.is_none())
-            .map(|r| (r.client, r.group.clone(), r.devices.clone(), r.held_since()))
+            .map(|r| {
+                let devices = r.devices.clone();
+                (r.client, r.group.clone(), devices, r.held_since(), r.owner)
+            })
             .collect()
     }
 
@@ -566,10 +578,15 @@ impl Policy {
     }
 
     /// Counts the time the previous scheduler held `client`'s restored
-    /// reservation (`before`, µs) in how long it has been held.
-    pub fn backdate_reservation(&mut self, client: ClientId, before: Micros) {
+    /// reservation (`before`, µs) in how long it has been held, and
+    /// counts it against the user who made it (`owner`, where the state
+    /// file says), not the daemon whose stand-in holds it now.
+    pub fn restored_reservation(&mut self, client: ClientId, before: Micros, owner: Option<u32>) {
         for r in self.reservations.iter_mut().filter(|r| r.client == client) {
             r.before = before;
+            if owner.is_some() {
+                r.owner = owner;
+            }
         }
     }
 
@@ -599,6 +616,7 @@ impl Policy {
             return Err(format!("GPU {d} has no room for it"));
         }
         self.reservations.push(Reservation {
+            owner: Some(uid),
             client: 0,
             group: group.into(),
             gpus: GpuRequest::Ids(devices.clone()),

@@ -515,3 +515,58 @@ fn a_user_cannot_reserve_a_gpu_another_group_runs_on() {
         p.status(H + 1)
     );
 }
+
+/// Restored after a restart, a launch's reservation is held by the
+/// daemon's stand-in, a peer of the daemon's own user: it went uncounted,
+/// and its user could hold twice `reserve_max_gpus`. It counts against
+/// the user who made it, as the state file says.
+#[test]
+fn a_restored_reservation_counts_against_its_user() {
+    const H: Micros = 3_600_000_000;
+    let mut p = Policy::new(
+        Params {
+            devices: 2,
+            admin_uid: 7,
+            ..Params::default()
+        },
+        config("[a]\n"),
+    );
+    p.handle(
+        Event::Connected {
+            client: 1,
+            peer: peer_of(7, "(restored)"),
+        },
+        0,
+    );
+    control(&mut p, 1);
+    let r = replies(p.handle(
+        Event::Request {
+            client: 1,
+            seq: 1,
+            req: Request::Reserve {
+                group: "a".into(),
+                gpus: GpuRequest::Ids(vec![0]),
+                wait: false,
+            },
+        },
+        0,
+    ));
+    assert_eq!(r, vec![(1, 1, Reply::Reserved { devices: vec![0] })]);
+    p.restored_reservation(1, 0, Some(1000));
+    let r = reserve_for(&mut p, 2, 1000, GpuRequest::Count(1), H, 0);
+    match &r[0].2 {
+        Reply::Error(e) if e.kind == ErrorKind::PermissionDenied => {
+            assert!(
+                e.message.contains("it holds or waits for 1"),
+                "{}",
+                e.message
+            )
+        }
+        other => panic!("user 1000 got a second GPU: {other:?}"),
+    }
+    // Another user has its own.
+    assert_eq!(
+        reserve_for(&mut p, 3, 1001, GpuRequest::Count(1), H, 0),
+        vec![(3, 1, Reply::Reserved { devices: vec![1] })]
+    );
+}
