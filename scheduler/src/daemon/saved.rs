@@ -39,7 +39,7 @@ pub(super) struct SavedManual {
 /// What the state file was last written from: the run reservations and
 /// those made without a program.
 pub(super) type SavedState = (
-    Vec<(ClientId, String, Vec<u32>, i64, Option<u32>)>,
+    Vec<crate::policy::HeldReservation>,
     Vec<(String, Vec<u32>, u32, String, u64, i64)>,
 );
 
@@ -255,16 +255,16 @@ impl Daemon {
         };
         let mut now: Vec<SavedReservation> = held
             .iter()
-            .filter_map(|(client, group, devices, since, uid)| {
-                let pid = self.conn(*client).and_then(|c| c.pid)?;
+            .filter_map(|r| {
+                let pid = self.conn(r.client).and_then(|c| c.pid)?;
                 Some(SavedReservation {
                     pid,
                     start_time: process_start_time(pid)?,
-                    group: group.clone(),
-                    devices: devices.clone(),
+                    group: r.group.clone(),
+                    devices: r.devices.clone(),
                     manual: None,
-                    since_unix_us: since_unix(*since),
-                    uid: *uid,
+                    since_unix_us: since_unix(r.since),
+                    uid: r.owner,
                 })
             })
             .collect();

@@ -57,6 +57,7 @@ mod usage;
 
 pub use access::Peer;
 pub use gang::GANG_RECENT;
+pub use reserve::HeldReservation;
 
 use gemini_config::{GroupConfig, Latency, ResourceConfig};
 use gemini_protocol::{

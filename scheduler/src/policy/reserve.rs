@@ -51,6 +51,22 @@ impl Reservation {
     }
 }
 
+/// A launch's reservation, as the daemon's state file keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldReservation {
+    /// The connection of the launch.
+    pub client: ClientId,
+    /// Its group.
+    pub group: String,
+    /// The GPUs it holds.
+    pub devices: Vec<DeviceId>,
+    /// When it was made, on this scheduler's clock (negative: before it
+    /// started).
+    pub since: i64,
+    /// The uid whose `reserve_max_gpus` it counts against.
+    pub owner: Option<u32>,
+}
+
 /// A launch waiting for devices.
 #[derive(Debug, Clone)]
 pub struct Waiting {
@@ -543,17 +559,18 @@ impl Policy {
         Reply::Released { devices: freed }
     }
 
-    /// The reservations held, as `(client, group, devices, since,
-    /// owner)`, in the order they were made (for the daemon's state
-    /// file); `since` is on this scheduler's clock, negative for one held
-    /// before it started; `owner` the uid it counts against.
-    pub fn held_reservations(&self) -> Vec<(ClientId, String, Vec<DeviceId>, i64, Option<u32>)> {
+    /// The launches' reservations, in the order they were made (for the
+    /// daemon's state file).
+    pub fn held_reservations(&self) -> Vec<HeldReservation> {
         self.reservations
             .iter()
             .filter(|r| r.manual.is_none())
-            .map(|r| {
-                let devices = r.devices.clone();
-                (r.client, r.group.clone(), devices, r.held_since(), r.owner)
+            .map(|r| HeldReservation {
+                client: r.client,
+                group: r.group.clone(),
+                devices: r.devices.clone(),
+                since: r.held_since(),
+                owner: r.owner,
             })
             .collect()
     }
