@@ -341,6 +341,12 @@ fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// Root or the daemon's own user (the policy's `trusted`): exempt from the
+/// limits the daemon puts on other users' connections.
+fn trusted_uid(uid: u32) -> bool {
+    uid == 0 || uid == euid()
+}
+
 impl Daemon {
     /// Reads the configuration, binds the socket and starts watching.
     pub fn start(
@@ -804,7 +810,7 @@ impl Daemon {
             }
             Request::Status => {
                 let pacer = match self.conn(client).and_then(|c| c.cred) {
-                    Some(c) if c.uid != 0 && c.uid != euid() => Pacer::User(c.uid),
+                    Some(c) if !trusted_uid(c.uid) => Pacer::User(c.uid),
                     _ => Pacer::Conn(client),
                 };
                 match self.paced.ask(pacer, client, seq, Instant::now()) {
@@ -880,7 +886,7 @@ impl Daemon {
 
     /// [`Daemon::loud`] for a peer of `uid`.
     fn loud_uid(&mut self, uid: u32) -> bool {
-        uid == 0 || uid == euid() || self.log_budget.allows(uid)
+        trusted_uid(uid) || self.log_budget.allows(uid)
     }
 
     /// Refuses a hello of `client` where its process (the kernel's pid),
@@ -891,7 +897,7 @@ impl Daemon {
     /// has one, `gem-launch` one; the load tests, as root, many).
     fn refuse_connections(&self, client: ClientId) -> Option<Reply> {
         let cred = self.conn(client)?.cred?;
-        if cred.uid == 0 || cred.uid == euid() {
+        if trusted_uid(cred.uid) {
             return None;
         }
         let pid = cred.pid;

@@ -246,7 +246,7 @@ impl Daemon {
     /// [`MAX_QUIET_CONNS_PER_USER`] of them, its least recently heard one
     /// is forgotten.
     pub(super) fn forget_quiet_beyond(&mut self, uid: u32) {
-        if uid == 0 || uid == euid() {
+        if trusted_uid(uid) {
             return;
         }
         let mine = |c: &Conn| c.pid.is_none() && c.cred.is_some_and(|p| p.uid == uid);
@@ -291,13 +291,7 @@ impl Daemon {
             } else {
                 debug!("client {id} (pid {pid}) is gone; releasing its token and memory");
             }
-            self.conns.remove(&identity);
-            self.ids.remove(&id);
-            self.asked.retain(|&(c, _), _| c != id);
-            let actions = self
-                .policy
-                .handle(Event::Disconnected { client: id }, self.now());
-            self.send_actions(actions);
+            self.forget(&identity);
         }
     }
 }

@@ -467,13 +467,6 @@ impl Daemon {
 
     /// Drops the stand-in for process `pid`'s memory, if any.
     pub(super) fn drop_stand_in(&mut self, pid: u32) {
-        let Some(c) = self.conns.remove(&Route::Memory(pid)) else {
-            return;
-        };
-        self.ids.remove(&c.id);
-        let actions = self
-            .policy
-            .handle(Event::Disconnected { client: c.id }, self.now());
-        self.send_actions(actions);
+        self.forget(&Route::Memory(pid));
     }
 }
