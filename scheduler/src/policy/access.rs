@@ -54,6 +54,12 @@ impl Policy {
         self.peer(client).map(|p| p.user.clone())
     }
 
+    /// `client`'s peer if it is a user other than root and the daemon's:
+    /// one held to the site's limits (reservations).
+    pub(super) fn limited_peer(&self, client: ClientId) -> Option<&Peer> {
+        self.peer(client).filter(|p| !self.trusted(p))
+    }
+
     /// The daemon's user or root.
     pub(super) fn trusted(&self, peer: &Peer) -> bool {
         peer.uid == 0 || peer.uid == self.params.admin_uid

@@ -87,7 +87,7 @@ impl Policy {
                 // Whoever may join the group may reserve its GPUs: its
                 // AllowedUsers and AllowedGroups, and its Cgroups.
                 let outside = || {
-                    let p = self.peer(client).filter(|p| !self.trusted(p))?;
+                    let p = self.limited_peer(client)?;
                     self.place(client, p.pid, group).err()
                 };
                 if let Some(r) = self

@@ -174,7 +174,7 @@ impl Policy {
     /// Whether `client` is of a user other than root and the daemon's,
     /// held to the site's reservation limits.
     fn limited(&self, client: ClientId) -> bool {
-        self.peer(client).is_some_and(|p| !self.trusted(p))
+        self.limited_peer(client).is_some()
     }
 
     /// Serves the launches waiting for GPUs other groups used, once in a
@@ -371,7 +371,7 @@ impl Policy {
             ));
         }
         let limit = self.params.reserve_max_duration;
-        let peer = self.peer(client).filter(|p| !self.trusted(p))?;
+        let peer = self.limited_peer(client)?;
         let length =
             |us| gemini_protocol::units::format_length(std::time::Duration::from_micros(us));
         (duration > limit).then(|| {
@@ -401,7 +401,7 @@ impl Policy {
     /// [`Policy::max_gpus_per_user`]: its reservations with a program and
     /// without, and its place in the queue.
     fn refuse_gpus(&self, client: ClientId, gpus: &GpuRequest) -> Option<Reply> {
-        let peer = self.peer(client).filter(|p| !self.trusted(p))?;
+        let peer = self.limited_peer(client)?;
         let uid = peer.uid;
         let owner = |c: ClientId, manual: Option<&Manual>| {
             manual.map_or_else(|| self.peer(c).map(|p| p.uid), |m| Some(m.uid))
