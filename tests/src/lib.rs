@@ -417,6 +417,24 @@ impl Gemini {
         c.wait().unwrap()
     }
 
+    /// Stops the scheduler with `gem-schd shutdown`, as an operator or an
+    /// upgrade does, and waits for it to exit.
+    pub fn shutdown_scheduler(&mut self) {
+        let out = self
+            .sim
+            .command(bin("gem-schd"))
+            .args(["shutdown", "--ipc-dir"])
+            .arg(self.ipc())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "gem-schd shutdown: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.wait_scheduler();
+    }
+
     /// Kills the scheduler with SIGKILL (no clean-up, as a crash).
     pub fn kill_scheduler(&mut self) {
         if let Some(mut c) = self.schd.take() {

@@ -331,18 +331,7 @@ fn a_hostile_tenant_takes_nothing_from_the_victims() {
     );
 
     // A restart in the middle of the run, then the stand-ins' ids.
-    let out = Command::new(bin("gem-schd"))
-        .env("GEMINI_SETTINGS", "/dev/null")
-        .args(["shutdown", "--ipc-dir"])
-        .arg(g.ipc())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    g.wait_scheduler();
+    g.shutdown_scheduler();
     g.start_scheduler();
     let st = g.wait_status(15.0, "the victims' memory back after the restart", |st| {
         held(&g, st).iter().all(|&(c, d)| c > 0 && c == d)

@@ -523,13 +523,7 @@ fn an_idle_processs_memory_is_kept_across_a_restart() {
     }
     for how in ["shutdown", "kill -9"] {
         if how == "shutdown" {
-            let out = Command::new(schd_bin())
-                .args(["shutdown", "--ipc-dir"])
-                .arg(s.ipc())
-                .output()
-                .unwrap();
-            assert!(out.status.success());
-            s.wait_scheduler();
+            s.shutdown_scheduler();
         } else {
             // The state file is brought up to date every second.
             std::thread::sleep(Duration::from_millis(1500));
