@@ -232,10 +232,16 @@ impl Policy {
         out: &mut Vec<Action>,
     ) {
         self.charge_spans(client, device, ran, now, out);
-        // (Its other work may still run: only a report that says nothing
-        // is in flight moves the anchor on.)
+        // The work it gave back in flight is done: what it may not have
+        // reported yet is that of a token granted since, if any (an
+        // anchor left at the old grant would have its exit charged, as an
+        // estimate, from there to that grant's end and the grace).
         if let Some(c) = self.clients.get_mut(&client) {
             c.in_flight.remove(&device);
+            match c.uncharged.get(&device) {
+                Some(&(granted_at, _)) => c.anchor.insert(device, granted_at),
+                None => c.anchor.remove(&device),
+            };
         }
     }
 

@@ -481,6 +481,46 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
     );
 }
 
+/// A client gave its token back with work in flight, reported that work
+/// late (`LateUsage`: done), stayed idle and exited: it is charged the
+/// work it reported, not an estimate from its last grant to the grant's
+/// end and the grace (the late report said nothing more runs; it was
+/// charged 520 ms for 5 ms of work after 0.5 s idle).
+#[test]
+fn a_client_that_reported_its_late_work_is_not_charged_after_it() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[a]\n"));
+    hello(&mut p, 1, "a");
+    send(&mut p, 1, acquire(), 0);
+    send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            ran: ran(0, 5 * MS),
+            in_flight: true,
+        },
+        5 * MS,
+    );
+    send(
+        &mut p,
+        1,
+        Request::LateUsage {
+            device: 0,
+            ran: ran(5 * MS, 10 * MS),
+        },
+        10 * MS,
+    );
+    let at_exit = 500 * MS;
+    p.handle(Event::Disconnected { client: 1 }, at_exit);
+    let used = p
+        .counters(at_exit)
+        .iter()
+        .find(|x| x.group == "a" && x.device == 0)
+        .map(|x| x.used_us);
+    assert_eq!(used, Some(10 * MS), "charged past its late report");
+}
+
 /// A report of thousands of spans is charged as one span over all of
 /// them: a client cannot have the ledger settle its spans one by one by
 /// the thousand (a 256 KiB frame holds tens of thousands), and loses the
