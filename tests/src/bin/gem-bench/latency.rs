@@ -39,6 +39,8 @@ struct Run {
     decode: Option<(f64, f64, f64)>,
     /// Training steps per second.
     train: Option<f64>,
+    /// Kernels per second of the decode and of the training.
+    kernels: (f64, f64),
 }
 
 /// The CPUs this process may run on, in order.
@@ -151,19 +153,74 @@ fn run_with(
     let (dd, td) = (dir.join("decode-steps"), dir.join("train-steps"));
     let t = train.map(|grp| spawn(&g, hooked, grp, train_args, &td, cpu_for(false)));
     let d = decode.map(|grp| spawn(&g, hooked, grp, DECODE, &dd, cpu_for(true)));
-    let decode = d.map(finish).map(|_| spread(&dd));
-    let train = t.map(finish).map(|out| {
+    let rate = |out: &std::process::Output| {
         let r = &reports(&out.stdout)[0];
-        field(r, "kernels") as f64 / per_step as f64 / r["seconds"].parse::<f64>().unwrap_or(1.0)
-    });
-    Run { decode, train }
+        field(r, "kernels") as f64 / r["seconds"].parse::<f64>().unwrap_or(1.0)
+    };
+    let d = d.map(finish);
+    let decode = d.as_ref().map(|_| spread(&dd));
+    let t = t.map(finish);
+    let train = t.as_ref().map(|out| rate(out) / per_step as f64);
+    let kernels = (d.as_ref().map_or(0.0, rate), t.as_ref().map_or(0.0, rate));
+    Run {
+        decode,
+        train,
+        kernels,
+    }
+}
+
+/// A trainer of short kernels: bursts of 100 × 200 µs, each waited for,
+/// no pause between them.
+const SHORT_KERNEL_TRAIN: &[&str] = &[
+    "--iter-kernels",
+    "100",
+    "--kernel-us",
+    "200",
+    "--wait",
+    "stream",
+];
+
+/// The decode beside [`SHORT_KERNEL_TRAIN`], `Latency=critical` at
+/// MinUtil 0.3 beside the trainer's 0.7, with and without gemini: the
+/// decode's steps against `alone`, and the trainer's share of the device
+/// against the time the decode leaves it.
+fn short_kernels(t: &mut Table, alone: (f64, f64, f64)) {
+    let critical = "[decode]\nMinUtil=0.3\nLatency=critical\n[train]\nMinUtil=0.7\n";
+    for hooked in [false, true] {
+        let r = run_with(
+            SHORT_KERNEL_TRAIN,
+            100,
+            critical,
+            hooked,
+            Some("decode"),
+            Some("train"),
+        );
+        let (p50, p99, _) = r.decode.expect("decode ran");
+        let (decode_busy, train_busy) = (r.kernels.0 * 100e-6, r.kernels.1 * 200e-6);
+        t.row(
+            if hooked {
+                "latency: decode beside a trainer of 200 µs kernels (100 a burst, waited for), gemini, decode `Latency=critical` (MinUtil 0.3 / 0.7)"
+            } else {
+                "latency: decode beside a trainer of 200 µs kernels (100 a burst, waited for), no gemini (time-slicing)"
+            },
+            format!(
+                "p50 {p50:.2} ms ({:.2}×), p99 {p99:.2} ms ({:.2}×); trainer {train_busy:.3} of the device, {:.2} of the time the decode leaves",
+                p50 / alone.0,
+                p99 / alone.1,
+                train_busy / (1.0 - decode_busy).max(f64::MIN_POSITIVE),
+            ),
+            if hooked {
+                "p99 ≤ 1.25×; trainer ≥ 0.9 of the time the decode leaves"
+            } else {
+                "the reference for the row below"
+            },
+        );
+    }
 }
 
 pub fn latency(t: &mut Table) {
     let conf = "[decode]\nMinUtil=0.3\n[train]\nMinUtil=0.7\n";
-    let alone = run(conf, false, Some("decode"), None)
-        .decode
-        .expect("decode ran");
+    let alone = alone();
     let fmt = |(p50, p99, max): (f64, f64, f64)| {
         format!(
             "p50 {p50:.2} ms ({:.2}×), p99 {p99:.2} ms ({:.2}×), max {max:.2} ms",
@@ -205,6 +262,7 @@ pub fn latency(t: &mut Table) {
         beside(run(critical, true, Some("decode"), Some("train"))),
         "p99 ≤ 1.25×, p50 ≤ 1.1× (the latency class); training ≥ 90 % of the time decode leaves",
     );
+    short_kernels(t, alone);
     // The training as a best-effort group: room above its MinUtil, so
     // the device is kept free for the decode's return (see
     // docs/configuration.md, "Latency-critical groups").
@@ -214,33 +272,7 @@ pub fn latency(t: &mut Table) {
         beside(run(best_effort, true, Some("decode"), Some("train"))),
         "p99 ≤ 1.25×, p50 ≤ 1.1× (the latency class); training ≥ 90 % of the time decode leaves",
     );
-    // The training as a framework runs it (CPU-bound in its short
-    // kernels): what the latency class costs it where the queue ahead of
-    // the device, not the device alone, sets its pace.
-    let framework = |conf: &str, hooked: bool| {
-        run_with(
-            FRAMEWORK_STEP,
-            300,
-            conf,
-            hooked,
-            Some("decode"),
-            Some("train"),
-        )
-    };
-    let bare = framework(conf, false);
-    let bare_rate = bare.train.unwrap_or(0.0);
-    t.row(
-        "latency: decode beside a framework-like training (300 launches a step, 400 µs + 9×15 µs kernels, 40 µs of CPU each), no gemini",
-        beside(bare),
-        "the reference for the row below",
-    );
-    let r = framework(critical, true);
-    let kept = r.train.unwrap_or(0.0) / bare_rate.max(f64::MIN_POSITIVE);
-    t.row(
-        "latency: decode beside the framework-like training, gemini, decode `Latency=critical` (MinUtil 0.3 / 0.7)",
-        format!("{}; {:.2} of the training's steps without gemini", beside(r), kept),
-        "p99 ≤ 1.25×, p50 ≤ 1.1× (the latency class); training ≥ 0.9 of its steps",
-    );
+    framework_rows(t, alone);
     // Two training jobs: how long the 0.3 group's steps take.
     let g = machine("[low]\nMinUtil=0.3\n[high]\nMinUtil=0.7\n");
     let dir = g.sim.path().to_path_buf();
@@ -256,4 +288,76 @@ pub fn latency(t: &mut Table) {
         format!("p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms"),
         "no wait over 200 ms (H200: p99 1006 ms)",
     );
+}
+
+/// The decode beside a framework-like training (see [`FRAMEWORK_STEP`]),
+/// with and without gemini: what the latency class costs a training whose
+/// queue, not the device alone, sets its pace.
+fn framework_rows(t: &mut Table, alone: (f64, f64, f64)) {
+    let fmt = |(p50, p99, max): (f64, f64, f64)| {
+        format!(
+            "p50 {p50:.2} ms ({:.2}×), p99 {p99:.2} ms ({:.2}×), max {max:.2} ms",
+            p50 / alone.0,
+            p99 / alone.1
+        )
+    };
+    let beside = |r: Run| {
+        format!(
+            "{}; training {:.1} steps/s",
+            fmt(r.decode.expect("decode ran")),
+            r.train.unwrap_or(0.0)
+        )
+    };
+    // The training as a framework runs it (CPU-bound in its short
+    // kernels): what the latency class costs it where the queue ahead of
+    // the device, not the device alone, sets its pace.
+    let framework = |conf: &str, hooked: bool| {
+        run_with(
+            FRAMEWORK_STEP,
+            300,
+            conf,
+            hooked,
+            Some("decode"),
+            Some("train"),
+        )
+    };
+    let bare = framework("[decode]\n[train]\n", false);
+    let bare_rate = bare.train.unwrap_or(0.0);
+    t.row(
+        "latency: decode beside a framework-like training (300 launches a step, 400 µs + 9×15 µs kernels, 40 µs of CPU each), no gemini",
+        beside(bare),
+        "the reference for the row below",
+    );
+    let critical = "[decode]\nMinUtil=0.3\nLatency=critical\n[train]\nMinUtil=0.7\n";
+    let r = framework(critical, true);
+    let kept = r.train.unwrap_or(0.0) / bare_rate.max(f64::MIN_POSITIVE);
+    t.row(
+        "latency: decode beside the framework-like training, gemini, decode `Latency=critical` (MinUtil 0.3 / 0.7)",
+        format!("{}; {:.2} of the training's steps without gemini", beside(r), kept),
+        "p99 ≤ 1.25×, p50 ≤ 1.1× (the latency class); training ≥ 0.9 of its steps",
+    );
+}
+
+/// The decode alone, no hook: the reference of the rows after it.
+fn alone() -> (f64, f64, f64) {
+    run("[decode]\n", false, Some("decode"), None)
+        .decode
+        .expect("decode ran")
+}
+
+/// `--only critical`: the latency class's rows alone (the decode alone,
+/// beside the trainer of short kernels, beside the framework-like
+/// training), for measuring changes to it side by side.
+pub fn critical(t: &mut Table) {
+    let alone = alone();
+    t.row(
+        "latency: decode step (8×100 µs, then 5 ms sleep) alone, no hook, time-sliced GPU",
+        format!(
+            "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            alone.0, alone.1, alone.2
+        ),
+        "the reference",
+    );
+    short_kernels(t, alone);
+    framework_rows(t, alone);
 }
