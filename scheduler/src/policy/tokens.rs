@@ -536,10 +536,11 @@ impl Policy {
         // asking now: whoever is chosen gets a short token (at most
         // CRITICAL_LEND_MAX), ending about when the critical group comes
         // back, so that it waits little behind the work queued under it.
-        // `critical_back`: when the first of them is expected back (not
-        // before it may run), if that is still to come: a critical group
-        // later than that is not waited for (a server whose requests come
-        // irregularly is late at every pause).
+        // `critical_back`: when the first of them is due back (expected,
+        // not before it may run), while it is late by less than
+        // CRITICAL_LEND_MAX: a critical group later than that is not
+        // waited for (a server whose requests come irregularly is late at
+        // every pause).
         let (mut critical_owed, mut critical_back) = (false, None::<Micros>);
         // When group `k`, not asking now (so active within the window,
         // `using`), is expected back, if `owed(class, key)` says its rank
@@ -570,10 +571,15 @@ impl Policy {
             lent = true;
             let at = expected.map(|t| t.max(may_run));
             back = back.into_iter().chain(at).min();
-            if let Some(at) = at.filter(|_| expected.is_some_and(|e| e >= now))
-                && critical_back.is_none_or(|b| at < b)
+            // Its return: when it is expected, or when it may run if that
+            // is later; in the past while it is late. It is waited for
+            // until CRITICAL_LEND_MAX past that (a return is an average:
+            // about half come after it).
+            let due = expected.map(|t| if may_run > now { t.max(may_run) } else { t });
+            if let Some(due) = due.filter(|&d| now < d + CRITICAL_LEND_MAX)
+                && critical_back.is_none_or(|b| due < b)
             {
-                critical_back = Some(at);
+                critical_back = Some(due);
             }
         }
         if class != 0 {
