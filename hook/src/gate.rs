@@ -402,6 +402,9 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     // A token asked for ahead of this return (see `ahead`) is waited for
     // instead of asking again; a scheduler that forgot it is asked anew.
     let seq = g.ahead_seq.swap(0, Ordering::AcqRel);
+    // (A reply read as it comes counts from its taking; one asked ahead may
+    // have waited unread, and counts from its grant, see `Grant::granted`.)
+    let mut sent = 0;
     let answered = match (seq != 0).then(|| st.answer(seq, device)).transpose()? {
         // Declined (the device was in use): asked for now, below.
         Some(Some(Reply::Done)) => {
@@ -418,6 +421,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             }
             let t = now_ns();
             ahead::learn(g, leads::rtt(st), t.saturating_sub(now), t);
+            sent = g.ahead_sent.load(Ordering::Relaxed);
             reply
         }
         None => {
@@ -432,6 +436,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             quota_us,
             lent,
             last_step,
+            held_us,
             ..
         } => {
             // The launch that asked goes first, onto an empty queue (or
@@ -447,6 +452,8 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
                 last_step,
                 asked: now,
                 queue_end,
+                sent,
+                held_us,
             };
             let t = Transition::Grant {
                 grant,

@@ -174,6 +174,7 @@ fn take(
             quota_us,
             lent,
             last_step,
+            held_us,
             ..
         }) => {
             let grant = Grant {
@@ -182,6 +183,8 @@ fn take(
                 last_step,
                 asked: now,
                 queue_end: 0,
+                sent: g.ahead_sent.load(Ordering::Relaxed),
+                held_us,
             };
             let t = Transition::Grant {
                 grant,

@@ -276,6 +276,31 @@ pub(super) struct Grant {
     /// The predicted end of the work a renewed lent token left queued
     /// (ns; 0: none).
     pub(super) queue_end: u64,
+    /// When the request it answers was sent (ns; 0: not known), and how
+    /// long gem-schd held it before granting (the reply's `held_us`).
+    pub(super) sent: u64,
+    pub(super) held_us: u64,
+}
+
+impl Grant {
+    /// When gem-schd granted it, as far as this process can tell, for a
+    /// grant taken at `taken` with the round trip `rtt` (ns): the request
+    /// sent, held, and half a round trip each way; `taken` if that is
+    /// sooner or the request's time is not known. A token's deadline
+    /// counts from here, as gem-schd counts it: a grant that waited to be
+    /// taken (asked ahead, and read at the watcher's next wake-up, up to
+    /// 2 ms later) has that much less left, instead of launching into the
+    /// time gem-schd gives the next holder (a latency-critical group's).
+    pub(super) fn granted(&self, taken: u64, rtt: u64) -> u64 {
+        if self.sent == 0 {
+            return taken;
+        }
+        let at = self
+            .sent
+            .saturating_add(self.held_us.saturating_mul(1000))
+            .saturating_add(rtt / 2);
+        taken.min(at)
+    }
 }
 
 /// [`Transition::Grant`].
@@ -287,14 +312,16 @@ fn install(
     first: Option<u64>,
     launch_ctx: *mut c_void,
 ) {
+    let t = now_ns();
+    let granted = grant.granted(t, leads::rtt(st));
     let Grant {
         quota_us,
         lent,
         last_step,
         asked,
         queue_end,
+        ..
     } = grant;
-    let t = now_ns();
     // From the request to the grant none of our work ran (`settle`
     // waited for it): not device time of the launches. A renewed
     // lent token's work ran on meanwhile, until its predicted end.
@@ -337,8 +364,48 @@ fn install(
     // Stop launching early by the work usually still queued at the
     // end, so the queue drains about when the token ends.
     let early = g.overuse.load(Ordering::Relaxed).min(quota / 2);
-    g.quota_end.store(t + quota, Ordering::Relaxed);
+    g.quota_end.store(granted + quota, Ordering::Relaxed);
     g.granted_at.store(t, Ordering::Release);
-    g.deadline.store(t + quota - early, Ordering::SeqCst);
+    // (Past already: closed to all but the launch that asked.)
+    g.deadline
+        .store((granted + quota - early).max(1), Ordering::SeqCst);
     watcher::start_watcher(st);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(sent: u64, held_us: u64) -> Grant {
+        Grant {
+            quota_us: 2_000,
+            lent: true,
+            last_step: false,
+            asked: sent,
+            queue_end: 0,
+            sent,
+            held_us,
+        }
+    }
+
+    /// A grant counts from when gem-schd granted it, not from when this
+    /// process took it: asked ahead at 10 ms, held 1 ms by gem-schd, a
+    /// 200 µs round trip, and taken at 13 ms by the watcher's next
+    /// wake-up, it was granted at 11.1 ms, and its 2 ms end at 13.1 ms.
+    /// Taken as it comes, it counts from its taking (which is no later).
+    #[test]
+    fn a_grant_taken_late_counts_from_when_it_was_granted() {
+        const MS: u64 = 1_000_000;
+        let rtt = 200_000;
+        assert_eq!(
+            grant(10 * MS, 1_000).granted(13 * MS, rtt),
+            11 * MS + 100_000
+        );
+        assert_eq!(
+            grant(10 * MS, 1_000).granted(11 * MS + 50_000, rtt),
+            11 * MS + 50_000
+        );
+        // The request's time unknown: from the taking.
+        assert_eq!(grant(0, 1_000).granted(13 * MS, rtt), 13 * MS);
+    }
 }
