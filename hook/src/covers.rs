@@ -196,17 +196,13 @@ pub fn record(
 /// proves no sample (a launch counted as it enters may reach the driver
 /// after the record).
 fn launches_before_record(g: &Gate) -> u64 {
-    // `entered` first: a call that enters after it is left out (a wait
-    // counted in `waits` but not in `entered` makes the count smaller,
-    // which proves less, never more).
-    let entered = g.entered.load(Ordering::Acquire);
-    let exited = g.exited.load(Ordering::Acquire);
-    let waiting = g.waiting_now.load(Ordering::Acquire);
-    let waits = g.waits.load(Ordering::Acquire);
-    if entered.saturating_sub(exited) > waiting {
+    // `waits` after `entered`: a wait counted in `waits` but not in
+    // `entered` makes the count smaller, which proves less, never more.
+    let f = g.in_flight();
+    if f.launches() != 0 {
         return u64::MAX;
     }
-    entered.saturating_sub(waits)
+    f.entered.saturating_sub(g.waits.load(Ordering::SeqCst))
 }
 
 /// `cuEventDestroy` of `event` by `call`.

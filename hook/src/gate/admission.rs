@@ -98,6 +98,52 @@ pub(crate) fn withdraw<W: Word>(deadline: &W, entered: &W, exited: &W, seen: u64
     true
 }
 
+/// The calls of a gate in flight, as [`in_flight`] reads them: `calls`
+/// (launches and waits counted in and not out) and `waits` (of them,
+/// waits). Each may count a call that came or went during the reading,
+/// but `launches()` never counts fewer than the launches in flight
+/// throughout it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InFlight {
+    pub(crate) calls: u64,
+    pub(crate) waits: u64,
+    /// `entered` as read (last).
+    pub(crate) entered: u64,
+}
+
+impl InFlight {
+    /// Launches in flight (calls that are not waits): at least every
+    /// launch in flight throughout the reading.
+    pub(crate) fn launches(self) -> u64 {
+        self.calls.saturating_sub(self.waits)
+    }
+
+    /// Waits alone are in flight (at least one): no launch is.
+    pub(crate) fn only_waits(self) -> bool {
+        self.calls != 0 && self.launches() == 0
+    }
+}
+
+/// Reads the calls in flight: `exited`, then `waiting` (waits in flight),
+/// then `entered`. The one order every reader of the counts uses; a wait
+/// counts itself into `entered` before `waiting`, and out of `waiting`
+/// before `exited`. So a wait counted in `waiting` is counted in
+/// `entered - exited` too (it entered before and left after the reading
+/// of `waiting`), and `calls - waits` never hides a launch. Read in
+/// another order, a wait that left and a wait that came between two
+/// reads make a launch in flight look like waits alone (see the models
+/// below).
+pub(crate) fn in_flight<W: Word>(entered: &W, exited: &W, waiting: &W) -> InFlight {
+    let out = exited.get();
+    let waits = waiting.get();
+    let entered = entered.get();
+    InFlight {
+        calls: entered.saturating_sub(out),
+        waits,
+        entered,
+    }
+}
+
 #[cfg(all(test, loom))]
 mod model {
     use super::*;
@@ -238,6 +284,78 @@ mod model {
                 return false;
             }
             true
+        });
+    }
+
+    /// A launch in flight beside one wait that returns and another that
+    /// begins (in the order the hook counts a wait: `entered`, then
+    /// `waiting`; out of `waiting`, then of `exited`), and a reader that
+    /// asks whether waits alone are in flight (the Stalled give-back):
+    /// `read` must never say so while the launch is in the driver.
+    fn check_only_waits(read: fn(&AtomicU64, &AtomicU64, &AtomicU64) -> InFlight) {
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(move || {
+            let g = Arc::new(Gate::default());
+            let waiting = Arc::new(AtomicU64::new(0));
+            // The launch is counted in and in the driver already; the
+            // first wait is under way.
+            g.entered.set(2);
+            waiting.set(1);
+            let in_driver = Arc::new(AtomicU64::new(1));
+            let launch = {
+                let (g, in_driver) = (g.clone(), in_driver.clone());
+                loom::thread::spawn(move || {
+                    in_driver.set(0);
+                    g.exited.add(1);
+                })
+            };
+            let waits = {
+                let (g, waiting) = (g.clone(), waiting.clone());
+                loom::thread::spawn(move || {
+                    // The first wait returns.
+                    waiting.sub(1);
+                    g.exited.add(1);
+                    // A second begins.
+                    g.entered.add(1);
+                    waiting.add(1);
+                })
+            };
+            let seen = read(&g.entered, &g.exited, &waiting);
+            if seen.only_waits() {
+                assert_eq!(
+                    in_driver.get(),
+                    0,
+                    "waits alone seen with a launch in flight"
+                );
+            }
+            launch.join().unwrap();
+            waits.join().unwrap();
+        });
+    }
+
+    /// [`in_flight`] never sees waits alone while a launch is in flight,
+    /// whatever waits come and go during the reading.
+    #[test]
+    fn waits_coming_and_going_hide_no_launch_from_in_flight() {
+        check_only_waits(|e, x, w| in_flight(e, x, w));
+    }
+
+    /// The order the Stalled give-back read before (`entered`, then
+    /// `exited`, then `waiting`): the first wait leaves and the second
+    /// comes between the reads, and the launch in flight looks like
+    /// waits alone.
+    #[test]
+    #[should_panic(expected = "waits alone seen with a launch in flight")]
+    fn reading_in_before_out_lets_waits_hide_a_launch() {
+        check_only_waits(|entered, exited, waiting| {
+            let e = entered.get();
+            let x = exited.get();
+            InFlight {
+                calls: e.saturating_sub(x),
+                waits: waiting.get(),
+                entered: e,
+            }
         });
     }
 

@@ -43,13 +43,16 @@ impl Gate {
         }
     }
 
+    /// The calls in flight now, read in the one order (see
+    /// [`admission::in_flight`]).
+    pub(crate) fn in_flight(&self) -> admission::InFlight {
+        admission::in_flight(&self.entered, &self.exited, &self.waiting_now)
+    }
+
     /// Whether a launch call is in flight now (entered, not returned):
     /// one may reach the driver after any proof made meanwhile.
     pub(super) fn launch_in_flight(&self) -> bool {
-        let entered = self.entered.load(Ordering::SeqCst);
-        let exited = self.exited.load(Ordering::SeqCst);
-        let waiting = self.waiting_now.load(Ordering::SeqCst);
-        entered.saturating_sub(exited) > waiting
+        self.in_flight().launches() != 0
     }
 
     /// All of the process's work on the device, of `launches_at`

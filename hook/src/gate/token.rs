@@ -139,10 +139,8 @@ pub(super) fn transition(
                 return Outcome::Unchanged;
             }
             // Only the wait that announces may be in flight: a launch that
-            // came in before the swap keeps the token open (read in the
-            // order `admission` says: out, then in).
-            let exited = g.exited.load(Ordering::SeqCst);
-            if g.entered.load(Ordering::SeqCst) != exited + 1 {
+            // came in before the swap keeps the token open.
+            if g.in_flight().calls != 1 {
                 g.deadline.store(was, Ordering::SeqCst);
                 return Outcome::Unchanged;
             }

@@ -30,8 +30,9 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         let Some((st, dev, g)) = self.at else { return };
+        // Out of `waiting_now` before `exited` (see `admission::in_flight`).
         g.waiting_now.fetch_sub(1, Ordering::SeqCst);
-        let exited = g.exited.fetch_add(1, Ordering::SeqCst) + 1;
+        g.exited.fetch_add(1, Ordering::SeqCst);
         let now = now_ns();
         // All the process's work there proven done: its span closes
         // (unless a launch came meanwhile, see `measure`).
@@ -39,7 +40,7 @@ impl Drop for Waiting {
         if proved {
             g.close(now, self.launches_at);
         }
-        if g.entered.load(Ordering::Acquire) != exited {
+        if g.in_flight().calls != 0 {
             return; // another thread is still launching or waiting
         }
         if self.finished {
@@ -107,9 +108,11 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
     };
     let g = &st.gates[dev];
     let launches_at = g.launches();
-    g.waiting_now.fetch_add(1, Ordering::SeqCst);
+    // Into `waits` before `entered` (`launches` never counts a wait), and
+    // `entered` before `waiting_now` (see `admission::in_flight`).
     g.waits.fetch_add(1, Ordering::SeqCst);
     g.entered.fetch_add(1, Ordering::SeqCst);
+    g.waiting_now.fetch_add(1, Ordering::SeqCst);
     if blocks && g.deadline.load(Ordering::Relaxed) != 0 && g.quiet_after_waits(st) {
         quieting(st, dev, g);
     }
@@ -139,9 +142,7 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
 fn quieting(st: &'static State, dev: usize, g: &'static Gate) {
     let now = now_ns();
     let end = g.queued_end.load(Ordering::Relaxed);
-    if end < now + super::leads::quiet_notice(super::leads::rtt(st))
-        || g.entered.load(Ordering::Acquire) != g.exited.load(Ordering::Acquire) + 1
-    {
+    if end < now + super::leads::quiet_notice(super::leads::rtt(st)) || g.in_flight().calls != 1 {
         return;
     }
     let Ok(slow) = g.slow.try_lock() else {

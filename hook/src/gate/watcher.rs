@@ -21,15 +21,8 @@ pub(super) fn stalled(g: &Gate, now: u64, idle: u64) -> bool {
     if granted_at == 0 || g.kernel_hi_ns.load(Ordering::Relaxed) == 0 {
         return false;
     }
-    let only_waits = |g: &Gate| {
-        let in_flight = g
-            .entered
-            .load(Ordering::SeqCst)
-            .saturating_sub(g.exited.load(Ordering::SeqCst));
-        in_flight != 0 && in_flight == g.waiting_now.load(Ordering::SeqCst)
-    };
     let expected_end = g.queued_end.load(Ordering::Relaxed).max(granted_at);
-    only_waits(g) && now >= expected_end + idle
+    g.in_flight().only_waits() && now >= expected_end + idle
 }
 
 /// Gives back a token [`stalled`] waits hold, accounted to now: the
@@ -142,7 +135,7 @@ fn watch(st: &'static State) {
                 seen[dev] = (entered, now);
                 continue;
             }
-            let busy = entered != g.exited.load(Ordering::Acquire);
+            let busy = g.in_flight().calls != 0;
             if busy && stalled(g, now, idle.min(STALL_NS)) {
                 give_back_stalled(st, dev, g);
                 continue;
