@@ -167,27 +167,34 @@ pub(super) fn settle_ahead(dev: usize, g: &'static Gate, now: u64) -> Option<u64
     // Asked for when the queue is about to drain (`leads::renew` before),
     // not as soon as it is full: a token granted with most of the work
     // still queued would only admit more behind it, past the time it is
-    // lent for.
+    // lent for. Until then the work is waited for, not slept through: a
+    // queue that drains sooner than predicted (the time per launch
+    // learned too long) ends the token as any other (`settle`, which
+    // learns from the proof). Slept through to the prediction, that time
+    // went into the next sample of the time per launch, which then held
+    // itself up: 460 µs per launch learned for launches of 53 µs, four
+    // admitted per 2 ms token, and a framework-like training kept 0.11
+    // of its steps beside a critical decode in some runs, 0.9 in others
+    // (`gem-bench --only critical`).
     let lead = super::leads::renew(super::leads::rtt(state::get()));
     let wake = g.queued_end.load(Ordering::Relaxed).saturating_sub(lead);
-    if wake > now {
-        std::thread::sleep(Duration::from_nanos(wake - now));
+    let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
+    let launches = g.launches();
+    let until = Duration::from_nanos(wake.saturating_sub(now));
+    // The sync thread waits for the queue meanwhile, and on after it: if
+    // the next grant comes after it drained (another group had the
+    // device), the span closes where it did, not where a later wait
+    // proves it.
+    let synced = syncer::sync_within(dev, g, ctx, until, synchronize_device);
+    if synced == Ok(true) {
+        return None;
     }
     let now = now_ns();
     if g.granted_at.swap(0, Ordering::AcqRel) == 0 {
         return None;
     }
-    // The sync thread waits for the queue meanwhile: if the next grant
-    // comes after it drained (another group had the device), the span
-    // closes where it did, not where a later wait proves it.
-    let ctx = g.ctx.load(Ordering::Relaxed) as *mut c_void;
-    let launches = g.launches();
-    match syncer::sync_within(dev, g, ctx, Duration::ZERO, synchronize_device) {
-        Ok(true) => {
-            g.close(now_ns(), launches);
-        }
-        Ok(false) => {}
-        Err(ticket) => late::begin(g, ticket, launches),
+    if let Err(ticket) = synced {
+        late::begin(g, ticket, launches);
     }
     Some(g.queued_end.load(Ordering::Relaxed).max(now))
 }
