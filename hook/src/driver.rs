@@ -65,6 +65,31 @@ macro_rules! real_call {
     }};
 }
 
+/// The device ordinal of context `ctx` (any thread's): `cuCtxGetDevice_v2`
+/// (CUDA 13.0), else `cuCtxGetDevice` with `ctx` pushed and popped.
+pub fn ctx_device(ctx: *mut c_void) -> Option<i32> {
+    let mut dev: i32 = -1;
+    let r = real_call!(
+        c"cuCtxGetDevice_v2" @ c"cuCtxGetDevice", 13000, 0,
+        fn(*mut i32, *mut c_void),
+        &mut dev,
+        ctx
+    );
+    if r == CUDA_SUCCESS {
+        return (dev >= 0).then_some(dev);
+    }
+    // SAFETY: `ctx` is pushed for this call only, and popped again.
+    unsafe {
+        if ctx_push(ctx) != CUDA_SUCCESS {
+            return None;
+        }
+        let r = ctx_get_device(&mut dev);
+        let mut popped = std::ptr::null_mut();
+        ctx_pop(&mut popped);
+        (r == CUDA_SUCCESS && dev >= 0).then_some(dev)
+    }
+}
+
 /// `cuCtxGetDevice`.
 ///
 /// # Safety

@@ -146,12 +146,22 @@ fn stream_device(stream: *mut c_void) -> Option<(usize, *mut c_void)> {
     Some((dev, ctx))
 }
 
-/// The ordinal of context `ctx`, one the process made or retained.
+/// The ordinal of context `ctx`: one the process made or retained, or
+/// one it did not see made (a green context's), asked of the driver and
+/// recorded from then on (its work is waited for at token ends too).
 pub(crate) fn context_device(st: &State, ctx: *mut c_void) -> Option<usize> {
-    let dev = lock(&st.contexts)
+    let known = lock(&st.contexts)
         .iter()
         .find(|&&(c, _)| c == ctx as usize)
-        .map(|&(_, d)| d as usize)?;
+        .map(|&(_, d)| d as usize);
+    let dev = match known {
+        Some(dev) => dev,
+        None => {
+            let dev = driver::ctx_device(ctx)?;
+            contexts::context_made(ctx, dev);
+            usize::try_from(dev).ok()?
+        }
+    };
     (dev < MAX_GATES).then_some(dev)
 }
 
@@ -180,9 +190,20 @@ pub fn admit_streams(mut streams: Vec<*mut c_void>) -> Result<Vec<InCall>, CUres
 /// the device (0: as long as the process's launches usually take).
 #[inline]
 fn admit_cost(stream: *mut c_void, per_thread: bool, cost: u64) -> Result<InCall, CUresult> {
-    let (dev, launch_ctx) = match current_device() {
-        Some(dev) => (dev, None),
-        None => match stream_context(stream) {
+    // An explicit stream's work runs on the stream's GPU, whatever context
+    // is current (a `CUkernel` runs in the stream's context, cuda.h): on a
+    // machine of several GPUs it is gated there (one driver call more a
+    // launch, where `current_device` makes one already).
+    let multi = state::current().is_some_and(|s| !s.single_device);
+    let on_stream = if multi && (stream as usize) > 2 {
+        stream_device(stream)
+    } else {
+        None
+    };
+    let (dev, launch_ctx) = match (on_stream, current_device()) {
+        (Some((dev, ctx)), _) => (dev, Some(ctx)),
+        (None, Some(dev)) => (dev, None),
+        (None, None) => match stream_context(stream) {
             Some((dev, ctx)) => (dev, Some(ctx)),
             // No context (the real call will report it) or a device
             // beyond the gates: let the driver answer.

@@ -115,3 +115,63 @@ fn a_kernel_launched_with_no_current_context_is_gated_on_its_streams_gpu() {
     );
     w.end();
 }
+
+/// A `CUkernel` launched onto a stream of GPU 1 from a thread whose
+/// current context is GPU 0's runs on GPU 1, in the stream's context: it
+/// is gated and charged there, not on the current context's GPU. A group
+/// whose `Devices` is GPU 1 launches through a token of GPU 1; the other
+/// way round (current on GPU 1, stream on GPU 0) it is refused. (Before,
+/// the launch was gated on the current context's GPU: refused, and where
+/// allowed, charged to the wrong GPU.)
+#[test]
+fn a_kernel_launched_onto_another_gpus_stream_is_gated_on_the_streams_gpu() {
+    let g = Gemini::start(SimEnv::new(2, "16GiB"), "[a]\nDevices=1\n");
+    let t0 = gemini_tests::now_ns();
+    let mut w = Memwork::start(
+        &g,
+        "a",
+        &["kernel-no-context", "--device", "1", "--current", "0"],
+    );
+    w.at("launched");
+    assert_eq!(w.num("launch_error"), 0, "stream on GPU 1, current GPU 0");
+    let busy = g.sim.busy(1, t0, gemini_tests::now_ns());
+    assert!(busy.device_share() > 0.0, "the kernels ran on GPU 1");
+    let devices = g.status().devices;
+    assert!(
+        devices
+            .iter()
+            .any(|d| d.device == 1 && d.groups.iter().any(|r| r.group == "a")),
+        "group a took a token on GPU 1: {devices:?}"
+    );
+    w.end();
+    let mut w = Memwork::start(
+        &g,
+        "a",
+        &["kernel-no-context", "--device", "0", "--current", "1"],
+    );
+    w.at("launched");
+    assert_eq!(
+        w.num("launch_error"),
+        800,
+        "stream on GPU 0, current GPU 1: CUDA_ERROR_NOT_PERMITTED"
+    );
+    w.end();
+}
+
+/// A `CUkernel` launched from a thread with no current context onto a
+/// stream of a green context's context, which the hook never saw made
+/// (`cuCtxFromGreenCtx`): gated on that context's GPU, which the hook
+/// asks of the driver. A group whose `Devices` is GPU 1 gets its
+/// launches on GPU 0 refused. (Before, such launches passed ungated.)
+#[test]
+fn a_kernel_launched_onto_a_green_contexts_stream_is_gated() {
+    let g = Gemini::start(SimEnv::new(2, "16GiB"), "[a]\nDevices=1\n");
+    let mut w = Memwork::start(&g, "a", &["kernel-no-context", "--device", "0", "--green"]);
+    w.at("launched");
+    assert_eq!(
+        w.num("launch_error"),
+        800,
+        "a green context of GPU 0: CUDA_ERROR_NOT_PERMITTED"
+    );
+    w.end();
+}

@@ -285,6 +285,21 @@ pub(crate) fn work(cuda: &Cuda) -> anyhow::Result<()> {
 /// `cuCtxFromGreenCtx` gives (as SGLang and vLLM use one), then the green
 /// context destroyed, which takes that context with it.
 fn green(cuda: &Cuda) -> anyhow::Result<()> {
+    let (green, ctx) = green_ctx(cuda, 0)?;
+    check(
+        "cuCtxSetCurrent",
+        call!(cuda, "cuCtxSetCurrent", fn(Ptr), ctx),
+    )?;
+    work(cuda)?;
+    check(
+        "cuGreenCtxDestroy",
+        call!(cuda, "cuGreenCtxDestroy", fn(Ptr), green),
+    )
+}
+
+/// A green context of all of GPU `dev`'s SMs, and the context
+/// `cuCtxFromGreenCtx` gives for it.
+fn green_ctx(cuda: &Cuda, dev: i32) -> anyhow::Result<(Ptr, Ptr)> {
     // A CUdevResource (144 bytes in 12.x), with room to spare.
     let mut sms = [0u8; 256];
     // CU_DEV_RESOURCE_TYPE_SM = 1.
@@ -294,7 +309,7 @@ fn green(cuda: &Cuda) -> anyhow::Result<()> {
             cuda,
             "cuDeviceGetDevResource",
             fn(i32, *mut u8, u32),
-            0,
+            dev,
             sms.as_mut_ptr(),
             1
         ),
@@ -321,7 +336,7 @@ fn green(cuda: &Cuda) -> anyhow::Result<()> {
             fn(*mut Ptr, Ptr, i32, u32),
             &mut green,
             desc,
-            0,
+            dev,
             1
         ),
     )?;
@@ -336,15 +351,7 @@ fn green(cuda: &Cuda) -> anyhow::Result<()> {
             green
         ),
     )?;
-    check(
-        "cuCtxSetCurrent",
-        call!(cuda, "cuCtxSetCurrent", fn(Ptr), ctx),
-    )?;
-    work(cuda)?;
-    check(
-        "cuGreenCtxDestroy",
-        call!(cuda, "cuGreenCtxDestroy", fn(Ptr), green),
-    )
+    Ok((green, ctx))
 }
 
 pub(crate) fn contexts(cuda: &Cuda) -> anyhow::Result<()> {
@@ -496,7 +503,12 @@ pub(crate) fn capture_race(cuda: &Cuda, iterations: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(crate) fn kernel_no_context(cuda: &Cuda, device: i32) -> anyhow::Result<()> {
+pub(crate) fn kernel_no_context(
+    cuda: &Cuda,
+    device: i32,
+    current: Option<i32>,
+    green: bool,
+) -> anyhow::Result<()> {
     let ctx = start(cuda, device)?;
     let mut lib: Ptr = std::ptr::null_mut();
     let null: Ptr = std::ptr::null_mut();
@@ -528,11 +540,24 @@ pub(crate) fn kernel_no_context(cuda: &Cuda, device: i32) -> anyhow::Result<()> 
             c"fixed_500us".as_ptr()
         ),
     )?;
+    if green {
+        // The stream is made in a green context's, which the hook never
+        // sees made.
+        let (_, ctx) = green_ctx(cuda, device)?;
+        check(
+            "cuCtxSetCurrent",
+            call!(cuda, "cuCtxSetCurrent", fn(Ptr), ctx),
+        )?;
+    }
     let s = new_stream(cuda)?;
-    // No context current on this thread from here on.
+    // No context current on this thread from here on, or another GPU's.
+    let other = match current {
+        Some(dev) => super::retain(cuda, dev)?,
+        None => null,
+    };
     check(
         "cuCtxSetCurrent",
-        call!(cuda, "cuCtxSetCurrent", fn(Ptr), null),
+        call!(cuda, "cuCtxSetCurrent", fn(Ptr), other),
     )?;
     let mut first_error = 0;
     for _ in 0..20 {

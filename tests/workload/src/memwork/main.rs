@@ -159,10 +159,16 @@ enum What {
     },
     /// A library's kernel (`CUkernel`) launched 20 times on a stream of
     /// `--device` from a thread with no current context, as cuda.h
-    /// allows.
+    /// allows; with `--current`, from a thread whose current context is
+    /// that GPU's primary context (the kernel runs in the stream's);
+    /// with `--green`, onto a stream of a green context of `--device`.
     KernelNoContext {
         #[arg(long, default_value_t = 0)]
         device: i32,
+        #[arg(long)]
+        current: Option<i32>,
+        #[arg(long)]
+        green: bool,
     },
     /// Random memory traffic on `--threads` threads for `--seconds`.
     Stress {
@@ -354,7 +360,11 @@ fn main() -> anyhow::Result<()> {
             count,
             image,
         } => loads(&cuda, threads, count, image),
-        What::KernelNoContext { device } => kernel_no_context(&cuda, device),
+        What::KernelNoContext {
+            device,
+            current,
+            green,
+        } => kernel_no_context(&cuda, device, current, green),
         What::CaptureRace { iterations } => capture_race(&cuda, iterations),
         What::Stress {
             threads,
