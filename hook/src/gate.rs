@@ -352,6 +352,9 @@ fn count_in(g: &Gate) {
     g.open(now_ns());
 }
 
+/// The launch's way when the token does not let it pass on the fast path:
+/// under the gate's lock, a token another thread got meanwhile, else the
+/// token's end and the request for the next (see [`renew`]).
 #[cold]
 fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUresult> {
     let st = state::get();
@@ -387,17 +390,25 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             g.queued_end.load(Ordering::Relaxed).saturating_sub(now) / 1000
         );
     }
-    // The token ran out (or its quota is full): it ends, and what it ran
-    // goes with the request for the next.
-    let token::Renewal {
-        ran,
-        in_flight,
-        queue_end,
-    } = match transition(&slow, st, dev, g, Transition::End(End::RanOut)) {
+    renew(&slow, st, dev, g, cost, launch_ctx)
+}
+
+/// The token ran out (or its quota is full): it ends, what it ran goes
+/// with the request for the next (or a grant asked ahead is taken), and
+/// the grant is installed with the launch that asked going first.
+fn renew(
+    slow: &std::sync::MutexGuard<'_, ()>,
+    st: &'static State,
+    dev: usize,
+    g: &'static Gate,
+    cost: u64,
+    launch_ctx: *mut c_void,
+) -> Result<(), CUresult> {
+    let renewal = match transition(slow, st, dev, g, Transition::End(End::RanOut)) {
         Outcome::Renew(r) => r,
         _ => token::Renewal::default(),
     };
-    let used_us = measure::total_us(&ran);
+    let queue_end = renewal.queue_end;
     let now = now_ns();
     if queue_end != 0 {
         debug!(
@@ -405,6 +416,93 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             queue_end.saturating_sub(now) / 1000
         );
     }
+    let asked = ask_next(st, dev, g, renewal, now)?;
+    let Reply::Token {
+        quota_us,
+        lent,
+        last_step,
+        held_us,
+        ..
+    } = asked.reply
+    else {
+        return match asked.reply {
+            Reply::Error(e) if e.kind == gemini_protocol::ErrorKind::PermissionDenied => {
+                Err(crate::conn::not_permitted(&e.message))
+            }
+            other => {
+                crate::log::error!("unexpected answer to a token request: {other:?}");
+                Err(CUDA_ERROR_NOT_PERMITTED)
+            }
+        };
+    };
+    // The launch that asked goes first, onto an empty queue (or behind
+    // the work a renewed lent token left).
+    let first = if cost == UNKNOWN_GRAPH {
+        quota_us * 1000 // a graph not timed yet fills the token
+    } else {
+        g.per_launch(cost)
+    };
+    let grant = Grant {
+        quota_us,
+        lent,
+        last_step,
+        asked: now,
+        queue_end,
+        sent: asked.sent,
+        held_us,
+    };
+    let t = Transition::Grant {
+        grant,
+        first: Some(first),
+        launch_ctx,
+    };
+    transition(slow, st, dev, g, t);
+    count_in(g);
+    debug!(
+        "device {dev}: {} for {quota_us} us (used {} us, burst {} us, {} us per launch){}",
+        if lent { "lent token" } else { "token" },
+        asked.used_us,
+        asked.burst_us,
+        g.kernel_ns.load(Ordering::Relaxed) / 1000,
+        if asked.ahead {
+            format!(
+                ", asked ahead (lead now {} us)",
+                g.ahead_lead.load(Ordering::Relaxed) / 1000
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+/// The scheduler's answer to a launch's request for the next token.
+struct Asked {
+    reply: Reply,
+    /// It answers a request sent ahead (see `ahead`).
+    ahead: bool,
+    /// When that request was sent (ns; 0: the reply was read as it came),
+    /// see `Grant::granted`.
+    sent: u64,
+    /// What the last token ran (µs), and the burst so far (µs), for the
+    /// log.
+    used_us: u64,
+    burst_us: u64,
+}
+
+/// Asks for the next token with what the last one ran (`renewal`), at
+/// `now`: a token asked for ahead of this return (see `ahead`) is waited
+/// for instead of asking again; a scheduler that forgot it, or that
+/// declined it, is asked anew.
+fn ask_next(
+    st: &'static State,
+    dev: usize,
+    g: &'static Gate,
+    renewal: token::Renewal,
+    now: u64,
+) -> Result<Asked, CUresult> {
+    let token::Renewal { ran, in_flight, .. } = renewal;
+    let used_us = measure::total_us(&ran);
     let burst_start = g.burst_start.load(Ordering::Relaxed);
     let burst_us = if burst_start == 0 {
         g.burst_start.store(now, Ordering::Relaxed);
@@ -413,19 +511,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
         (now - burst_start) / 1000
     };
     let device = st.physical(dev as u32);
-    let req = Request::AcquireToken {
-        device,
-        ran,
-        in_flight,
-        burst_us,
-        rtt_us: st.rtt.us(),
-    };
-    // A token asked for ahead of this return (see `ahead`) is waited for
-    // instead of asking again; a scheduler that forgot it is asked anew.
     let seq = g.ahead_seq.swap(0, Ordering::AcqRel);
-    // (A reply read as it comes counts from its taking; one asked ahead may
-    // have waited unread, and counts from its grant, see `Grant::granted`.)
-    let mut sent = 0;
     let answered = match (seq != 0).then(|| st.answer(seq, device)).transpose()? {
         // Declined (the device was in use): asked for now, below.
         Some(Some(Reply::Done)) => {
@@ -434,76 +520,31 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
         }
         answered => answered.flatten(),
     };
-    let reply = match answered {
-        Some(reply) => {
-            // Nothing was sent: what ran goes with the next report.
-            if let Request::AcquireToken { ran, .. } = req {
-                g.keep_ran(ran);
-            }
-            let t = now_ns();
-            ahead::learn(g, leads::rtt(st), t.saturating_sub(now), t);
-            sent = g.ahead_sent.load(Ordering::Relaxed);
-            reply
-        }
-        None => {
-            if !st.settings.token_delay.is_zero() {
-                std::thread::sleep(st.settings.token_delay);
-            }
-            st.call(&req, device)?
-        }
+    let asked = |reply, sent| Asked {
+        reply,
+        ahead: seq != 0,
+        sent,
+        used_us,
+        burst_us,
     };
-    match reply {
-        Reply::Token {
-            quota_us,
-            lent,
-            last_step,
-            held_us,
-            ..
-        } => {
-            // The launch that asked goes first, onto an empty queue (or
-            // behind the work a renewed lent token left).
-            let first = if cost == UNKNOWN_GRAPH {
-                quota_us * 1000 // a graph not timed yet fills the token
-            } else {
-                g.per_launch(cost)
-            };
-            let grant = Grant {
-                quota_us,
-                lent,
-                last_step,
-                asked: now,
-                queue_end,
-                sent,
-                held_us,
-            };
-            let t = Transition::Grant {
-                grant,
-                first: Some(first),
-                launch_ctx,
-            };
-            transition(&slow, st, dev, g, t);
-            count_in(g);
-            debug!(
-                "device {dev}: {} for {quota_us} us (used {used_us} us, burst {burst_us} us, {} us per launch){}",
-                if lent { "lent token" } else { "token" },
-                g.kernel_ns.load(Ordering::Relaxed) / 1000,
-                if seq != 0 {
-                    format!(
-                        ", asked ahead (lead now {} us)",
-                        g.ahead_lead.load(Ordering::Relaxed) / 1000
-                    )
-                } else {
-                    String::new()
-                }
-            );
-            Ok(())
-        }
-        Reply::Error(e) if e.kind == gemini_protocol::ErrorKind::PermissionDenied => {
-            Err(crate::conn::not_permitted(&e.message))
-        }
-        other => {
-            crate::log::error!("unexpected answer to a token request: {other:?}");
-            Err(CUDA_ERROR_NOT_PERMITTED)
-        }
+    if let Some(reply) = answered {
+        // Nothing was sent: what ran goes with the next report.
+        g.keep_ran(ran);
+        let t = now_ns();
+        ahead::learn(g, leads::rtt(st), t.saturating_sub(now), t);
+        // It may have waited unread: it counts from its grant.
+        return Ok(asked(reply, g.ahead_sent.load(Ordering::Relaxed)));
     }
+    if !st.settings.token_delay.is_zero() {
+        std::thread::sleep(st.settings.token_delay);
+    }
+    let req = Request::AcquireToken {
+        device,
+        ran,
+        in_flight,
+        burst_us,
+        rtt_us: st.rtt.us(),
+    };
+    // Read as it comes: it counts from its taking.
+    Ok(asked(st.call(&req, device)?, 0))
 }

@@ -144,6 +144,64 @@ pub(crate) fn in_flight<W: Word>(entered: &W, exited: &W, waiting: &W) -> InFlig
     }
 }
 
+/// Closes the token (`deadline`) to new launches for the one call in
+/// flight, a wait announcing the end of the token's work
+/// (`Transition::Close`): `true` where that wait is the only call in
+/// flight; `false`, the token left as it was, where a launch came in
+/// before the swap (or the token was closed already).
+pub(crate) fn close_for_wait<W: Word>(deadline: &W, entered: &W, exited: &W, waiting: &W) -> bool {
+    let was = deadline.swap_in(0);
+    if was == 0 {
+        return false;
+    }
+    if in_flight(entered, exited, waiting).calls != 1 {
+        deadline.set(was);
+        return false;
+    }
+    true
+}
+
+/// Takes the token (`deadline`) from new launches where only waits hold
+/// it and `overdue` says they have waited too long (the Stalled
+/// give-back): both checked after the swap, so that a launch that came
+/// in before it keeps the token.
+pub(crate) fn withdraw_from_waits<W: Word>(
+    deadline: &W,
+    entered: &W,
+    exited: &W,
+    waiting: &W,
+    overdue: impl FnOnce() -> bool,
+) -> bool {
+    let was = deadline.swap_in(0);
+    if in_flight(entered, exited, waiting).only_waits() && overdue() {
+        return true;
+    }
+    deadline.set(was);
+    false
+}
+
+/// Closes the token (`deadline`) to new launches at once, then waits
+/// while a launch admitted under it may still be in the driver, as long
+/// as `keep_waiting` says (the end of a token that ran out: its
+/// synchronisation must come after their work was submitted). `true`
+/// once none is; `false` where `keep_waiting` gave up first (the launch
+/// is reported in flight).
+pub(crate) fn close_and_drain<W: Word>(
+    deadline: &W,
+    entered: &W,
+    exited: &W,
+    waiting: &W,
+    mut keep_waiting: impl FnMut() -> bool,
+) -> bool {
+    deadline.set(0);
+    while in_flight(entered, exited, waiting).launches() != 0 {
+        if !keep_waiting() {
+            return false;
+        }
+    }
+    true
+}
+
 #[cfg(all(test, loom))]
 mod model {
     use super::*;
@@ -356,6 +414,219 @@ mod model {
                 waits: waiting.get(),
                 entered: e,
             }
+        });
+    }
+
+    /// A launch beside a wait that announces the end of the token's work
+    /// (`close_for_wait`): once the close returned true, no launch passes,
+    /// and none was in the driver when it did.
+    #[test]
+    fn a_close_for_a_wait_leaves_no_launch_in_flight_or_to_come() {
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(|| {
+            let g = Arc::new(Gate::default());
+            let waiting = Arc::new(AtomicU64::new(0));
+            g.deadline.set(100);
+            // The announcing wait is in flight.
+            g.entered.set(1);
+            waiting.set(1);
+            let in_driver = Arc::new(AtomicU64::new(0));
+            let launch = {
+                let (g, in_driver) = (g.clone(), in_driver.clone());
+                loom::thread::spawn(move || {
+                    if enter(&g.entered, &g.deadline, 10, || true) {
+                        in_driver.set(1);
+                        assert_eq!(g.taken.get(), 0, "a launch passed after the close");
+                        in_driver.set(0);
+                        g.exited.add(1);
+                    }
+                })
+            };
+            if close_for_wait(&g.deadline, &g.entered, &g.exited, &waiting) {
+                assert_eq!(in_driver.get(), 0, "closed with a launch in flight");
+                g.taken.set(1);
+            }
+            launch.join().unwrap();
+        });
+    }
+
+    /// The Stalled give-back (`withdraw_from_waits`) beside a launch and a
+    /// wait that returns and another that begins: once it returned true,
+    /// no launch passes, and none was in the driver when it did.
+    #[test]
+    fn a_stalled_give_back_leaves_no_launch_in_flight_or_to_come() {
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(|| {
+            let g = Arc::new(Gate::default());
+            let waiting = Arc::new(AtomicU64::new(0));
+            g.deadline.set(100);
+            // A wait is in flight.
+            g.entered.set(1);
+            waiting.set(1);
+            let in_driver = Arc::new(AtomicU64::new(0));
+            let launch = {
+                let (g, in_driver) = (g.clone(), in_driver.clone());
+                loom::thread::spawn(move || {
+                    if enter(&g.entered, &g.deadline, 10, || true) {
+                        in_driver.set(1);
+                        assert_eq!(g.taken.get(), 0, "a launch passed after the give-back");
+                        in_driver.set(0);
+                        g.exited.add(1);
+                    }
+                })
+            };
+            let waits = {
+                let (g, waiting) = (g.clone(), waiting.clone());
+                loom::thread::spawn(move || {
+                    waiting.sub(1);
+                    g.exited.add(1);
+                    g.entered.add(1);
+                    waiting.add(1);
+                })
+            };
+            if withdraw_from_waits(&g.deadline, &g.entered, &g.exited, &waiting, || true) {
+                assert_eq!(in_driver.get(), 0, "given back with a launch in flight");
+                g.taken.set(1);
+            }
+            launch.join().unwrap();
+            waits.join().unwrap();
+        });
+    }
+
+    /// The end of a token that ran out (`close_and_drain`) beside two
+    /// launches: once it returned true, no launch admitted under the
+    /// token is still in the driver, and none passes after.
+    #[test]
+    fn a_token_that_ran_out_waits_for_every_launch_admitted_under_it() {
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(|| {
+            let g = Arc::new(Gate::default());
+            let waiting = Arc::new(AtomicU64::new(0));
+            g.deadline.set(100);
+            let in_driver = Arc::new(AtomicU64::new(0));
+            let launch = |g: Arc<Gate>, in_driver: Arc<AtomicU64>| {
+                move || {
+                    if enter(&g.entered, &g.deadline, 10, || true) {
+                        in_driver.add(1);
+                        assert_eq!(g.taken.get(), 0, "a launch passed after the end");
+                        in_driver.sub(1);
+                        g.exited.add(1);
+                    }
+                }
+            };
+            let a = loom::thread::spawn(launch(g.clone(), in_driver.clone()));
+            let b = loom::thread::spawn(launch(g.clone(), in_driver.clone()));
+            let drained = close_and_drain(&g.deadline, &g.entered, &g.exited, &waiting, || {
+                loom::thread::yield_now();
+                true
+            });
+            if drained {
+                assert_eq!(in_driver.get(), 0, "ended with a launch in the driver");
+                g.taken.set(1);
+            }
+            a.join().unwrap();
+            b.join().unwrap();
+        });
+    }
+
+    /// A grant's install stores the queue bound (`quota_end`) before the
+    /// deadline: a launch that sees the new deadline sees the new bound,
+    /// never the last token's (the fast path's `fits` reads it after the
+    /// deadline, relaxed).
+    #[test]
+    fn a_launch_that_sees_a_new_deadline_sees_its_queue_bound() {
+        install_beside_a_launch(true);
+    }
+
+    /// Stored the other way round (the deadline, then the bound), a launch
+    /// passes under the new deadline with the last token's bound.
+    #[test]
+    #[should_panic(expected = "the last token's bound")]
+    fn storing_the_deadline_before_the_bound_lets_a_launch_see_the_old_bound() {
+        install_beside_a_launch(false);
+    }
+
+    /// A launch beside an install that stores the queue bound and the
+    /// deadline (`bound_first`: in that order).
+    fn install_beside_a_launch(bound_first: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(move || {
+            let g = Arc::new(Gate::default());
+            let quota_end = Arc::new(AtomicU64::new(5));
+            let launch = {
+                let (g, quota_end) = (g.clone(), quota_end.clone());
+                loom::thread::spawn(move || {
+                    let passed = enter(&g.entered, &g.deadline, 10, || {
+                        assert_eq!(quota_end.load(Relaxed), 50, "the last token's bound");
+                        true
+                    });
+                    if passed {
+                        g.exited.add(1);
+                    }
+                })
+            };
+            if bound_first {
+                quota_end.store(50, Relaxed);
+                g.deadline.set(100);
+            } else {
+                g.deadline.set(100);
+                quota_end.store(50, Relaxed);
+            }
+            launch.join().unwrap();
+        });
+    }
+
+    /// A grant asked ahead, taken either by the idle watcher (which tries
+    /// the gate's lock, with the request's number read before it) or by
+    /// the launch's slow path (which takes the lock and the number):
+    /// installed exactly once, whichever comes first.
+    #[test]
+    fn a_grant_asked_ahead_is_installed_once_by_the_watcher_or_the_launch() {
+        use loom::sync::Mutex;
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(|| {
+            let slow = Arc::new(Mutex::new(()));
+            let seq = Arc::new(AtomicU64::new(7));
+            // The scheduler's reply to request 7, waiting to be read.
+            let answer = Arc::new(AtomicU64::new(7));
+            let installed = Arc::new(AtomicU64::new(0));
+            // Takes the answer to `s` if it is there (read once).
+            let take = |answer: &AtomicU64, s: u64| {
+                s != 0 && answer.compare_exchange(s, 0, SeqCst, SeqCst).is_ok()
+            };
+            let watcher = {
+                let (slow, seq, answer, installed) =
+                    (slow.clone(), seq.clone(), answer.clone(), installed.clone());
+                loom::thread::spawn(move || {
+                    let s = seq.get();
+                    if let Ok(_slow) = slow.try_lock()
+                        && take(&answer, s)
+                    {
+                        seq.set(0);
+                        installed.add(1);
+                    }
+                })
+            };
+            {
+                let _slow = slow.lock().unwrap();
+                let s = seq.swap_in(0);
+                if take(&answer, s) {
+                    installed.add(1);
+                }
+            }
+            watcher.join().unwrap();
+            assert_eq!(
+                installed.get(),
+                1,
+                "the grant installed {} times",
+                installed.get()
+            );
         });
     }
 

@@ -122,6 +122,17 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
         // its span at the work's end already, see `watcher::quiet_sync`).
         g.close(t1, launches);
     }
+    learn_from_end(g, why, end);
+    if let Some(ticket) = pending {
+        late::begin(g, ticket, launches);
+    }
+    true
+}
+
+/// What a token's end whose work ended at `end` teaches: how far past
+/// its quota the work ran (launching stops that much earlier next time),
+/// and, where the process went quiet, how long its burst was.
+fn learn_from_end(g: &Gate, why: Settle, end: u64) {
     let quota_end = g.quota_end.load(Ordering::Relaxed);
     if matches!(why, Settle::RanOut) || (end > quota_end && !matches!(why, Settle::StepEnd)) {
         // Work still queued when the token ran out: launching stops this
@@ -141,10 +152,6 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
             );
         }
     }
-    if let Some(ticket) = pending {
-        late::begin(g, ticket, launches);
-    }
-    true
 }
 
 /// Ends a lent token (the caller holds `g.slow`) without waiting for its

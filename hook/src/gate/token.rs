@@ -134,14 +134,9 @@ pub(super) fn transition(
             if g.phase() == Phase::Free {
                 return Outcome::Unchanged;
             }
-            let was = g.deadline.swap(0, Ordering::SeqCst);
-            if was == 0 {
-                return Outcome::Unchanged;
-            }
             // Only the wait that announces may be in flight: a launch that
             // came in before the swap keeps the token open.
-            if g.in_flight().calls != 1 {
-                g.deadline.store(was, Ordering::SeqCst);
+            if !admission::close_for_wait(&g.deadline, &g.entered, &g.exited, &g.waiting_now) {
                 return Outcome::Unchanged;
             }
             Outcome::Done
@@ -157,73 +152,12 @@ fn end(st: &State, dev: usize, g: &'static Gate, why: End) -> Outcome {
     if g.phase() == Phase::Free && !matches!(why, End::RanOut) {
         return Outcome::Unchanged;
     }
-    // Closed to new launches first, by the protocol of `admission`.
-    let closed = match why {
-        // The launch that ran it out waits in the slow path; launches
-        // counted in before were admitted under the token, and their work
-        // is measured by their spans however late it runs.
-        // The launches counted in before were admitted under the token:
-        // the end waits (briefly) until they have reached the driver, so
-        // that its synchronisation covers their work; one still in the
-        // driver past that (a full queue blocks a launch until work
-        // drains, or the caller is one of them, two launches of one
-        // multi-device call) is reported in flight.
-        End::RanOut => {
-            g.deadline.store(0, Ordering::SeqCst);
-            // A launch call takes microseconds; one in the driver for
-            // as long as a stalled wait (`STALL_NS`) is blocked on a
-            // full queue.
-            let until = now_ns() + watcher::STALL_NS;
-            while g.launch_in_flight() && now_ns() < until {
-                std::thread::yield_now();
-            }
-            true
-        }
-        End::Idle { seen, .. } => withdraw(g, seen),
-        End::Step => withdraw(g, g.entered.load(Ordering::Acquire)),
-        // Only waits may be in flight: `stalled`, checked again after the
-        // swap, says so (a launch that slipped in keeps the token).
-        End::Stalled => {
-            let was = g.deadline.swap(0, Ordering::SeqCst);
-            let idle = st.settings.idle.as_nanos() as u64;
-            let stalled = watcher::stalled(g, now_ns(), idle.min(watcher::STALL_NS));
-            if !stalled {
-                g.deadline.store(was, Ordering::SeqCst);
-            }
-            stalled
-        }
-    };
-    if !closed {
+    if !close(st, g, why) {
         return Outcome::Unchanged;
     }
     // The token's work waited for (within a bound), its spans closed.
-    let queue_end = match why {
-        // A lent token is renewed while its work still runs (see
-        // `settle_ahead`); any other first waits for the work launched
-        // under it, so that it is proven done and its time measured.
-        End::RanOut => settle_ahead(dev, g, now_ns()).unwrap_or_else(|| {
-            settle(dev, g, Settle::RanOut);
-            0
-        }),
-        End::Idle { quiet_since, .. } => {
-            if !settle(dev, g, Settle::Idle { quiet_since }) {
-                return Outcome::Unchanged;
-            }
-            0
-        }
-        End::Step => {
-            g.last_step.store(false, Ordering::Relaxed);
-            if !settle(dev, g, Settle::StepEnd) {
-                return Outcome::Unchanged;
-            }
-            0
-        }
-        End::Stalled => {
-            if !settle(dev, g, Settle::Stalled) {
-                return Outcome::Unchanged;
-            }
-            0
-        }
+    let Some(queue_end) = settle_end(dev, g, why) else {
+        return Outcome::Unchanged;
     };
     let (ran, in_flight) = g.take_report();
     if let End::RanOut = why {
@@ -252,6 +186,89 @@ fn end(st: &State, dev: usize, g: &'static Gate, why: End) -> Outcome {
         device,
     );
     Outcome::Done
+}
+
+/// Closes `g`'s token to new launches for an end by `why`, by the
+/// protocol of `admission`: `false`, the token left as it was, where a
+/// call in flight keeps it.
+fn close(st: &State, g: &Gate, why: End) -> bool {
+    match why {
+        // The launch that ran it out waits in the slow path; launches
+        // counted in before were admitted under the token, and their work
+        // is measured by their spans however late it runs.
+        // The launches counted in before were admitted under the token:
+        // the end waits (briefly) until they have reached the driver, so
+        // that its synchronisation covers their work; one still in the
+        // driver past that (a full queue blocks a launch until work
+        // drains, or the caller is one of them, two launches of one
+        // multi-device call) is reported in flight.
+        End::RanOut => {
+            // A launch call takes microseconds; one in the driver for
+            // as long as a stalled wait (`STALL_NS`) is blocked on a
+            // full queue.
+            let until = now_ns() + watcher::STALL_NS;
+            let _ = admission::close_and_drain(
+                &g.deadline,
+                &g.entered,
+                &g.exited,
+                &g.waiting_now,
+                || {
+                    std::thread::yield_now();
+                    now_ns() < until
+                },
+            );
+            true
+        }
+        End::Idle { seen, .. } => withdraw(g, seen),
+        End::Step => withdraw(g, g.entered.load(Ordering::Acquire)),
+        // Only waits may be in flight: `stalled`, checked again after the
+        // swap, says so (a launch that slipped in keeps the token).
+        End::Stalled => {
+            let idle = st.settings.idle.as_nanos() as u64;
+            admission::withdraw_from_waits(
+                &g.deadline,
+                &g.entered,
+                &g.exited,
+                &g.waiting_now,
+                || watcher::overdue(g, now_ns(), idle.min(watcher::STALL_NS)),
+            )
+        }
+    }
+}
+
+/// Waits for the work of `g`'s closed token (within a bound), which
+/// closes its spans: where a renewed lent token's queue is predicted to
+/// end (0: none), or `None` where the token went meanwhile.
+fn settle_end(dev: usize, g: &'static Gate, why: End) -> Option<u64> {
+    let queue_end = match why {
+        // A lent token is renewed while its work still runs (see
+        // `settle_ahead`); any other first waits for the work launched
+        // under it, so that it is proven done and its time measured.
+        End::RanOut => settle_ahead(dev, g, now_ns()).unwrap_or_else(|| {
+            settle(dev, g, Settle::RanOut);
+            0
+        }),
+        End::Idle { quiet_since, .. } => {
+            if !settle(dev, g, Settle::Idle { quiet_since }) {
+                return None;
+            }
+            0
+        }
+        End::Step => {
+            g.last_step.store(false, Ordering::Relaxed);
+            if !settle(dev, g, Settle::StepEnd) {
+                return None;
+            }
+            0
+        }
+        End::Stalled => {
+            if !settle(dev, g, Settle::Stalled) {
+                return None;
+            }
+            0
+        }
+    };
+    Some(queue_end)
 }
 
 /// Stops launches from using `g`'s token: from now on they take the slow

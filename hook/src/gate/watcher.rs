@@ -17,12 +17,18 @@ pub(super) const STALL_NS: u64 = 1_000_000;
 /// time per launch is known: until then a long kernel's wait looks the
 /// same.
 pub(super) fn stalled(g: &Gate, now: u64, idle: u64) -> bool {
+    g.in_flight().only_waits() && overdue(g, now, idle)
+}
+
+/// Whether `g`'s token's work should have ended `idle` ago (its predicted
+/// end, or its grant): the time half of [`stalled`].
+pub(super) fn overdue(g: &Gate, now: u64, idle: u64) -> bool {
     let granted_at = g.granted_at.load(Ordering::Acquire);
     if granted_at == 0 || g.kernel_hi_ns.load(Ordering::Relaxed) == 0 {
         return false;
     }
     let expected_end = g.queued_end.load(Ordering::Relaxed).max(granted_at);
-    g.in_flight().only_waits() && now >= expected_end + idle
+    now >= expected_end + idle
 }
 
 /// Gives back a token [`stalled`] waits hold, accounted to now: the
@@ -126,67 +132,82 @@ fn watch(st: &'static State) {
             return; // forked child: this state is not ours any more
         }
         for (dev, g) in st.gates.iter().enumerate() {
-            late::report_done(st, dev, g);
-            let now = now_ns();
-            let entered = g.entered.load(Ordering::Acquire);
-            if ahead::tick(st, dev, g, now) {
-                // A token granted ahead, before the process's return: idle
-                // from now if the process does not come back.
-                seen[dev] = (entered, now);
-                continue;
-            }
-            let busy = g.in_flight().calls != 0;
-            if busy && stalled(g, now, idle.min(STALL_NS)) {
-                give_back_stalled(st, dev, g);
-                continue;
-            }
-            // Quiet since a wait returned, in a process that usually stays
-            // quiet after its waits: idle now, not in `idle` from now.
-            let wait_exit = g.wait_exit.load(Ordering::Relaxed);
-            // (Not a token asked ahead that the process has not used yet.)
-            let unused = g.ahead_taken.load(Ordering::Acquire) != 0;
-            let predicted = !busy && wait_exit != 0 && g.quiet_after_waits(st) && !unused;
-            if !predicted && (busy || entered != seen[dev].0) {
-                seen[dev] = (entered, now);
-                continue;
-            }
-            let quiet_since = if predicted { wait_exit } else { seen[dev].1 };
-            seen[dev] = (entered, quiet_since);
-            quiet_sync(dev, g, &mut quiet[dev]);
-            if g.granted_at.load(Ordering::Acquire) == 0 || (!predicted && now - quiet_since < idle)
-            {
-                continue;
-            }
-            let Ok(slow) = g.slow.try_lock() else {
-                continue;
-            };
-            let why = End::Idle {
-                seen: entered,
-                quiet_since,
-            };
-            if !matches!(
-                transition(&slow, st, dev, g, Transition::End(why)),
-                Outcome::Done
-            ) {
-                continue;
-            }
-            // A token asked ahead that the process never used ran
-            // nothing, and is charged nothing (it teaches the lead nothing
-            // at the process's next launch).
-            let unused = g.ahead_taken.swap(0, Ordering::AcqRel) != 0;
-            debug!(
-                "device {dev}: idle{}",
-                if predicted {
-                    " after its wait"
-                } else if unused {
-                    ", a token asked ahead unused"
-                } else {
-                    ""
-                }
-            );
-            if predicted {
-                ahead::plan(st, g, wait_exit);
-            }
+            watch_gate(st, dev, g, idle, &mut seen[dev], &mut quiet[dev]);
         }
+    }
+}
+
+/// One wake-up of the watcher for `g` (ordinal `dev`): late work
+/// reported, a grant asked ahead taken, a stalled token given back, a
+/// quiet process's work waited for, and an idle token given back.
+/// `seen`: calls entered as last seen, and since when unchanged;
+/// `quiet`: the synchronisation asked for while the process was quiet.
+fn watch_gate(
+    st: &'static State,
+    dev: usize,
+    g: &'static Gate,
+    idle: u64,
+    seen: &mut (u64, u64),
+    quiet: &mut Option<(u64, u64)>,
+) {
+    late::report_done(st, dev, g);
+    let now = now_ns();
+    let entered = g.entered.load(Ordering::Acquire);
+    if ahead::tick(st, dev, g, now) {
+        // A token granted ahead, before the process's return: idle
+        // from now if the process does not come back.
+        *seen = (entered, now);
+        return;
+    }
+    let busy = g.in_flight().calls != 0;
+    if busy && stalled(g, now, idle.min(STALL_NS)) {
+        give_back_stalled(st, dev, g);
+        return;
+    }
+    // Quiet since a wait returned, in a process that usually stays
+    // quiet after its waits: idle now, not in `idle` from now.
+    let wait_exit = g.wait_exit.load(Ordering::Relaxed);
+    // (Not a token asked ahead that the process has not used yet.)
+    let unused = g.ahead_taken.load(Ordering::Acquire) != 0;
+    let predicted = !busy && wait_exit != 0 && g.quiet_after_waits(st) && !unused;
+    if !predicted && (busy || entered != seen.0) {
+        *seen = (entered, now);
+        return;
+    }
+    let quiet_since = if predicted { wait_exit } else { seen.1 };
+    *seen = (entered, quiet_since);
+    quiet_sync(dev, g, quiet);
+    if g.granted_at.load(Ordering::Acquire) == 0 || (!predicted && now - quiet_since < idle) {
+        return;
+    }
+    let Ok(slow) = g.slow.try_lock() else {
+        return;
+    };
+    let why = End::Idle {
+        seen: entered,
+        quiet_since,
+    };
+    if !matches!(
+        transition(&slow, st, dev, g, Transition::End(why)),
+        Outcome::Done
+    ) {
+        return;
+    }
+    // A token asked ahead that the process never used ran
+    // nothing, and is charged nothing (it teaches the lead nothing
+    // at the process's next launch).
+    let unused = g.ahead_taken.swap(0, Ordering::AcqRel) != 0;
+    debug!(
+        "device {dev}: idle{}",
+        if predicted {
+            " after its wait"
+        } else if unused {
+            ", a token asked ahead unused"
+        } else {
+            ""
+        }
+    );
+    if predicted {
+        ahead::plan(st, g, wait_exit);
     }
 }
