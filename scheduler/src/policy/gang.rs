@@ -14,9 +14,10 @@
 //! - while no turn is open, the waiters are ranked as on any device; a
 //!   job granted a token on one of its devices opens its turn on all of
 //!   them for that token's length (on the leader's record); its ranks'
-//!   tokens in the turn end with it (at least [`lent_min_quota`], not the
-//!   usual 10 ms floor: a rank that went on stepping past the end left
-//!   its peer's next collective spinning);
+//!   tokens in the turn end with it (at least
+//!   [`lent_min_quota`](super::lent_min_quota), not the usual 10 ms
+//!   floor: a rank that went on stepping past the end left its peer's
+//!   next collective spinning);
 //! - during the turn its ranks are served first on its devices (unless
 //!   another group is well below its `MinUtil`), other jobs that share
 //!   the leader wait, and groups of one device get short lent tokens
@@ -44,7 +45,9 @@
 //! worked 0.67-0.70 of that time against 0.84 in the turn, and the jobs
 //! kept 89-90 % of their steps; with tokens that end with the step, 93-94 %.
 
-use super::*;
+use super::{Client, Micros, Policy};
+use gemini_protocol::{ClientId, DeviceId, Role};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A job spanning devices: see the module doc.
 pub const GANG_RECENT: Micros = 100_000;
@@ -177,12 +180,43 @@ impl Policy {
         if self.turns.is_empty() && self.ranks == 0 {
             return TurnView::default();
         }
+        let used = self.spanning_jobs(now);
+        self.end_turns(&used, now);
+        if self.turns.is_empty() && used.is_empty() {
+            return TurnView::default();
+        }
+        let mut view = TurnView::default();
+        for (job, devices) in &used {
+            let Some(&leader) = devices.first() else {
+                continue;
+            };
+            if !devices.contains(&device) {
+                continue;
+            }
+            match self.turns.get(&leader) {
+                Some(t) if &t.job == job => self.view_own_turn(&mut view, t, device, now),
+                Some(_) => {
+                    view.blocked.insert(job.clone());
+                }
+                // No turn open: a grant on any of its devices opens one
+                // (its rank on the first device may be waiting in a
+                // collective for this one, asking for nothing).
+                None => {
+                    view.leads.insert(job.clone(), devices.clone());
+                }
+            }
+        }
+        view
+    }
+
+    /// The jobs that span devices (see [`Policy::recent_devices`]), and
+    /// their devices. A job spanning devices takes turns only while
+    /// another client is connected (it may ask for those devices at any
+    /// time): alone, there is nobody to align its ranks against, and a
+    /// turn's short tokens and pauses would only slow it (one process
+    /// launching on two devices at once got half its capped share).
+    fn spanning_jobs(&self, now: Micros) -> BTreeMap<String, BTreeSet<DeviceId>> {
         let mut used = self.recent_devices(now);
-        // A job spanning devices takes turns only while another client
-        // is connected (it may ask for those devices at any time): alone,
-        // there is nobody to align its ranks against, and a turn's short
-        // tokens and pauses would only slow it (one process launching on
-        // two devices at once got half its capped share).
         used.retain(|j, d| {
             d.len() >= 2
                 && self
@@ -190,6 +224,13 @@ impl Policy {
                     .values()
                     .any(|c| c.role == Role::Client && c.job.as_deref() != Some(j))
         });
+        used
+    }
+
+    /// Ends the turns that are over: of a job no longer among those that
+    /// span devices (`used`), or past their end once its ranks finished
+    /// the step they were in (or [`DRAIN_MAX`] after it).
+    fn end_turns(&mut self, used: &BTreeMap<String, BTreeSet<DeviceId>>, now: Micros) {
         let over: Vec<DeviceId> = self
             .turns
             .iter()
@@ -212,63 +253,44 @@ impl Policy {
         for l in over {
             self.turns.remove(&l);
         }
-        if self.turns.is_empty() && used.is_empty() {
-            return TurnView::default();
+    }
+
+    /// What turn `t`, open on `device`, means for its next grant (in
+    /// `view`): its job owns the device, but its ranks begin no new step
+    /// once the turn is over.
+    fn view_own_turn(&self, view: &mut TurnView, t: &Turn, device: DeviceId, now: Micros) {
+        let job = &t.job;
+        view.owner = Some((job.clone(), t.until));
+        // A rank that finished its step since the turn's end,
+        // or any past the drain, begins no new step: one is
+        // served only to catch up with a peer whose work waits
+        // for it (a collective in flight).
+        let mut others = t.devices.clone();
+        others.remove(&device);
+        let done = self
+            .ranks(job)
+            .any(|(_, c)| c.turn_done.get(&device) == Some(&t.until));
+        // A peer rank still in the turn's steps (a token granted
+        // before its end) needs this one for them.
+        let peer_steps = self.ranks(job).any(|(_, c)| {
+            c.uncharged
+                .iter()
+                .any(|(d, &(at, _))| others.contains(d) && at < t.until)
+        });
+        if (done || now >= t.until + DRAIN)
+            && !peer_steps
+            && !self.waits_for_peer(job, &others, now)
+        {
+            view.blocked.insert(job.clone());
+            // A process that holds another of the turn's
+            // devices is mid-operation on both (a launch on
+            // several devices at once): it is served.
+            view.catch_up.extend(
+                self.ranks(job)
+                    .filter(|(_, c)| c.holds_on(&others))
+                    .map(|(&id, _)| id),
+            );
         }
-        let mut view = TurnView::default();
-        for (job, devices) in &used {
-            let Some(&leader) = devices.first() else {
-                continue;
-            };
-            if !devices.contains(&device) {
-                continue;
-            }
-            match self.turns.get(&leader) {
-                Some(t) if &t.job == job => {
-                    view.owner = Some((job.clone(), t.until));
-                    // A rank that finished its step since the turn's end,
-                    // or any past the drain, begins no new step: one is
-                    // served only to catch up with a peer whose work waits
-                    // for it (a collective in flight).
-                    let mut others = t.devices.clone();
-                    others.remove(&device);
-                    let done = self
-                        .ranks(job)
-                        .any(|(_, c)| c.turn_done.get(&device) == Some(&t.until));
-                    // A peer rank still in the turn's steps (a token granted
-                    // before its end) needs this one for them.
-                    let peer_steps = self.ranks(job).any(|(_, c)| {
-                        c.uncharged
-                            .iter()
-                            .any(|(d, &(at, _))| others.contains(d) && at < t.until)
-                    });
-                    if (done || now >= t.until + DRAIN)
-                        && !peer_steps
-                        && !self.waits_for_peer(job, &others, now)
-                    {
-                        view.blocked.insert(job.clone());
-                        // A process that holds another of the turn's
-                        // devices is mid-operation on both (a launch on
-                        // several devices at once): it is served.
-                        view.catch_up.extend(
-                            self.ranks(job)
-                                .filter(|(_, c)| c.holds_on(&others))
-                                .map(|(&id, _)| id),
-                        );
-                    }
-                }
-                Some(_) => {
-                    view.blocked.insert(job.clone());
-                }
-                // No turn open: a grant on any of its devices opens one
-                // (its rank on the first device may be waiting in a
-                // collective for this one, asking for nothing).
-                None => {
-                    view.leads.insert(job.clone(), devices.clone());
-                }
-            }
-        }
-        view
     }
 
     /// A rank of `job` was granted a token for `quota` µs: with no turn

@@ -1,7 +1,8 @@
 //! One group's use of one device: its usage over the window, its
 //! `MaxUtil` credit, its absences and the time it was held back.
 
-use super::*;
+use super::usage::Usage;
+use super::{Device, GroupKey, Limits, Micros, OWED_ABSENCE};
 
 #[derive(Debug, Default)]
 pub(super) struct GroupUse {
@@ -120,25 +121,16 @@ impl GroupUse {
 
 /// Opens or closes the groups' throttled periods on `dev`: throttled
 /// while a client waits and the group's `MaxUtil` credit holds it back.
-/// `waiting`: the groups with a waiter on `dev`.
-pub(super) fn note_throttled(
-    dev: &mut Device,
-    waiting: &[GroupKey],
-    config: &ResourceConfig,
-    retired: &BTreeMap<String, GroupConfig>,
-    cap: Micros,
-    now: Micros,
-) {
+/// `waiting`: the groups with a waiter on `dev`, with their limits.
+pub(super) fn note_throttled(dev: &mut Device, waiting: &[Using], cap: Micros, now: Micros) {
     for (key, g) in dev.groups.iter_mut() {
-        let waits = waiting.contains(key);
+        let waits = waiting.iter().find(|u| &u.key == key);
         // Neither waiting nor throttled: nothing opens or closes.
-        if !waits && g.throttled_since.is_none() {
+        if waits.is_none() && g.throttled_since.is_none() {
             continue;
         }
-        let held_back = waits && {
-            let max_util = limits(config, retired, key).max_util;
-            g.eligible_at(now, max_util, cap) != Some(now)
-        };
+        let held_back =
+            waits.is_some_and(|u| g.eligible_at(now, u.limits.max_util, cap) != Some(now));
         match (held_back, g.throttled_since) {
             (true, None) => g.throttled_since = Some(now),
             (false, Some(since)) => {
@@ -148,6 +140,17 @@ pub(super) fn note_throttled(
             _ => {}
         }
     }
+}
+
+/// A group with a waiter on a device, or using it (see
+/// [`groups_using`]), as one decision there sees it: its limits are
+/// looked up once for the decision.
+#[derive(Debug, Clone)]
+pub(super) struct Using {
+    pub(super) key: GroupKey,
+    pub(super) limits: Limits,
+    /// A client of the group waits for the device's token.
+    pub(super) waiting: bool,
 }
 
 /// The groups of `resource.conf` using `dev`: waiting for its token

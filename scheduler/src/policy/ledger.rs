@@ -103,6 +103,9 @@ impl Ledger {
         self.settle(group, start, end, start, true)
     }
 
+    /// Settles `group`'s claim of `[start, end)`, of work outstanding
+    /// since `since` (`estimated`: see the module doc), against the
+    /// claims before it.
     fn settle(
         &mut self,
         group: &GroupKey,
@@ -113,93 +116,109 @@ impl Ledger {
     ) -> Settled {
         let since = since.min(start);
         let group = self.id(group);
-        let mut out = Settled::default();
         if end <= start {
-            return out;
+            return Settled::default();
         }
-        // The usual case: after every claim (a back-to-back client extends
-        // its own).
-        match self.claims.back_mut() {
-            Some(last) if last.end > start => {}
-            Some(last)
-                if last.end == start && last.group == group && last.estimated == estimated =>
-            {
-                last.end = end;
-                last.until = last.until.max(end);
-                out.charged.push((start, end));
-                return out;
-            }
-            _ => {
-                self.claims.push_back(Claim {
-                    start,
-                    end,
-                    since,
-                    until: end,
-                    group,
-                    estimated,
-                });
-                out.charged.push((start, end));
-                return out;
-            }
-        }
-        // Claims that overlap `[start, end)`.
-        let first = self.claims.partition_point(|c| c.end <= start);
-        let last = self.claims.partition_point(|c| c.start < end);
-        let old: Vec<Claim> = self.claims.drain(first..last).collect();
-        let mut new: Vec<Claim> = Vec::with_capacity(old.len() + 2);
-        let mine = |s, e| Claim {
-            start: s,
-            end: e,
+        let new = Claim {
+            start,
+            end,
             since,
             until: end,
             group,
             estimated,
         };
+        match self.append(&new) {
+            Some(settled) => settled,
+            None => self.settle_overlap(new),
+        }
+    }
+
+    /// The usual case: a claim after every claim (a back-to-back client
+    /// extends its own), charged whole. `None` where `new` overlaps one.
+    fn append(&mut self, new: &Claim) -> Option<Settled> {
+        let mut out = Settled::default();
+        match self.claims.back_mut() {
+            Some(last) if last.end > new.start => return None,
+            Some(last)
+                if last.end == new.start
+                    && last.group == new.group
+                    && last.estimated == new.estimated =>
+            {
+                last.end = new.end;
+                last.until = last.until.max(new.end);
+            }
+            _ => self.claims.push_back(new.clone()),
+        }
+        out.charged.push((new.start, new.end));
+        Some(out)
+    }
+
+    /// Settles `new` against the claims it overlaps: where it is charged,
+    /// and where another group is refunded (see the module doc).
+    fn settle_overlap(&mut self, new: Claim) -> Settled {
+        let (start, end) = (new.start, new.end);
+        let mut out = Settled::default();
+        let first = self.claims.partition_point(|c| c.end <= start);
+        let last = self.claims.partition_point(|c| c.start < end);
+        let old: Vec<Claim> = self.claims.drain(first..last).collect();
+        let mut kept: Vec<Claim> = Vec::with_capacity(old.len() + 2);
+        let mine = |s, e| Claim {
+            start: s,
+            end: e,
+            ..new.clone()
+        };
         let mut at = start;
         for c in old {
             // What lies before the claim is kept as it was.
             if c.start < start {
-                new.push(Claim {
+                kept.push(Claim {
                     end: start,
                     ..c.clone()
                 });
             }
             // Time nobody claimed before this one: ours.
             if c.start > at {
-                new.push(mine(at, c.start));
+                kept.push(mine(at, c.start));
                 out.charged.push((at, c.start));
             }
             let (s, e) = (c.start.max(start), c.end.min(end));
-            let takes = match (estimated, c.estimated) {
+            let takes = match (new.estimated, c.estimated) {
                 (true, _) => false,
                 (false, true) => true,
-                (false, false) => c.yields_to(since, end),
+                (false, false) => c.yields_to(new.since, end),
             };
-            if c.group == group || !takes {
+            if c.group == new.group || !takes {
                 // Ours already, or the other work's (see the module doc).
-                new.push(Claim {
+                kept.push(Claim {
                     start: s,
                     end: e,
                     ..c.clone()
                 });
             } else {
                 // The overlap was ours.
-                new.push(mine(s, e));
+                kept.push(mine(s, e));
                 out.charged.push((s, e));
                 out.refunded
                     .push((self.names[c.group as usize].clone(), s, e));
             }
             if c.end > end {
-                new.push(Claim { start: end, ..c });
+                kept.push(Claim { start: end, ..c });
             }
             at = e;
         }
         if at < end {
-            new.push(mine(at, end));
+            kept.push(mine(at, end));
             out.charged.push((at, end));
         }
-        // Neighbours of one group and one start are one claim.
-        new.dedup_by(|b, a| {
+        self.put_back(first, kept);
+        join_touching(&mut out.charged);
+        out
+    }
+
+    /// Puts the claims `kept` (settled, in order) back at `first`, the
+    /// neighbours of one group and one start joined.
+    fn put_back(&mut self, first: usize, mut kept: Vec<Claim>) {
+        kept.dedup_by(|b, a| {
             let join = a.end == b.start
                 && a.group == b.group
                 && a.since == b.since
@@ -210,11 +229,9 @@ impl Ledger {
             }
             join
         });
-        for (i, c) in new.into_iter().enumerate() {
+        for (i, c) in kept.into_iter().enumerate() {
             self.claims.insert(first + i, c);
         }
-        join_touching(&mut out.charged);
-        out
     }
 
     /// Forgets claims that end before `horizon`: a claim reported later

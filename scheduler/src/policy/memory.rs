@@ -1,6 +1,8 @@
 //! Memory reserved per group and device, and the group's view of it.
 
-use super::*;
+use super::{GroupKey, Peer, Policy, error};
+use gemini_protocol::{ClientId, DeviceId, ErrorKind, Reply, Role};
+use std::collections::BTreeMap;
 
 impl Policy {
     pub(super) fn reserve(&mut self, client: ClientId, device: DeviceId, bytes: u64) -> Reply {

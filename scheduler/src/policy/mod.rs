@@ -49,6 +49,7 @@ mod group_use;
 mod holder;
 mod ledger;
 mod memory;
+mod report;
 mod request;
 mod reserve;
 mod status;
@@ -60,11 +61,8 @@ pub use gang::GANG_RECENT;
 pub use reserve::HeldReservation;
 
 use gemini_config::{GroupConfig, Latency, ResourceConfig};
-use gemini_protocol::{
-    ClientId, ClientStatus, DeviceId, DeviceStatus, ErrorKind, ErrorReply, GroupDeviceStatus,
-    GroupStatus, HeldMemory, Reply, Request, Role, Span, StatusReport,
-};
-use group_use::{GroupUse, groups_using, note_throttled};
+use gemini_protocol::{ClientId, DeviceId, ErrorKind, ErrorReply, Reply, Request, Role};
+use group_use::GroupUse;
 use std::collections::{BTreeMap, BTreeSet};
 use usage::Usage;
 

@@ -1,7 +1,12 @@
 //! Requests: hello and the admission of a client, and dispatch of the
 //! rest to the token, memory, holder and reservation handlers.
 
-use super::*;
+use super::{
+    Action, Client, GroupKey, MAX_DEVICES, Micros, Policy, Waiter, configured, error, memory,
+};
+use gemini_config::Latency;
+use gemini_protocol::{ClientId, DeviceId, ErrorKind, HeldMemory, Reply, Request, Role, Span};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A process whose bursts are at most this long (µs, as its hook predicts
 /// them) has its token asked ahead served even while another group has
@@ -32,7 +37,47 @@ pub(super) fn job_name(key: &str) -> &str {
     key.split(JOB_SCOPE).next().unwrap_or(key)
 }
 
+/// Who asks, once registered: the connection, the request's sequence
+/// number, and the connection's role.
+#[derive(Debug, Clone, Copy)]
+struct Asker {
+    client: ClientId,
+    seq: u32,
+    role: Role,
+}
+
+impl Asker {
+    /// The reply to the request.
+    fn reply(&self, reply: Reply) -> Action {
+        Action::Reply {
+            client: self.client,
+            seq: self.seq,
+            reply,
+        }
+    }
+}
+
+/// The device a request is about, if it is about one.
+fn device_of(req: &Request) -> Option<DeviceId> {
+    match req {
+        Request::AcquireToken { device, .. }
+        | Request::AcquireTokenAhead { device, .. }
+        | Request::ReleaseToken { device, .. }
+        | Request::Quieting { device, .. }
+        | Request::ReserveMemory { device, .. }
+        | Request::ReleaseMemory { device, .. }
+        | Request::NeedMemory { device, .. }
+        | Request::ContextCost { device, .. }
+        | Request::MemoryInfo { device } => Some(*device),
+        _ => None,
+    }
+}
+
 impl Policy {
+    /// Answers request `seq` of connection `client`: what needs no
+    /// registration first, then a reservation only of a group its peer may
+    /// join, and, from a registered client, a request about a device it
+    /// may use, by its handler.
     pub(super) fn request(
         &mut self,
         client: ClientId,
@@ -41,6 +86,45 @@ impl Policy {
         now: Micros,
         out: &mut Vec<Action>,
     ) {
+        let Some(req) = self.screen(client, seq, req, out) else {
+            return;
+        };
+        let answer = |reply: Reply| Action::Reply { client, seq, reply };
+        if let Request::Reserve { group, .. } | Request::ReserveFor { group, .. } = &req
+            && let Some(r) = self.refuse_reserve(client, group)
+        {
+            out.push(answer(r));
+            return;
+        }
+        let Some(c) = self.clients.get(&client) else {
+            out.push(answer(error(
+                ErrorKind::NotRegistered,
+                "say hello first: this connection has not registered",
+            )));
+            return;
+        };
+        if let Some(r) = self.refuse_device(c, &req) {
+            out.push(answer(r));
+            return;
+        }
+        let asker = Asker {
+            client,
+            seq,
+            role: c.role,
+        };
+        self.dispatch(asker, req, now, out);
+    }
+
+    /// Answers what needs no registration: hello, stop and reload (and
+    /// status and GPUs, which only the daemon answers). Returns the other
+    /// requests.
+    fn screen(
+        &mut self,
+        client: ClientId,
+        seq: u32,
+        req: Request,
+        out: &mut Vec<Action>,
+    ) -> Option<Request> {
         let answer = |reply: Reply| Action::Reply { client, seq, reply };
         match req {
             Request::Hello {
@@ -54,17 +138,15 @@ impl Policy {
                 // The kernel's word wins over the claim.
                 let pid = self.peer(client).map_or(pid, |p| p.pid);
                 let r = self.admit(client, role, group, pid, held);
-                if matches!(r, Reply::Welcome { .. })
-                    && let Some(job) = job
-                {
+                let welcomed = matches!(r, Reply::Welcome { .. });
+                if welcomed && let Some(job) = job {
                     self.declare_job(client, job);
                 }
-                let welcomed = matches!(r, Reply::Welcome { .. });
                 out.push(answer(r));
                 if welcomed {
                     out.push(Action::Watch { client, pid });
                 }
-                return;
+                None
             }
             Request::Shutdown => {
                 match self.refuse_admin(client, "stop") {
@@ -74,29 +156,14 @@ impl Policy {
                         out.push(Action::Stop);
                     }
                 }
-                return;
+                None
             }
             Request::Reload => {
                 match self.refuse_admin(client, "reload") {
                     Some(r) => out.push(answer(r)),
                     None => out.push(Action::Reload { client, seq }),
                 }
-                return;
-            }
-            Request::Reserve { ref group, .. } | Request::ReserveFor { ref group, .. } => {
-                // Whoever may join the group may reserve its GPUs: its
-                // AllowedUsers and AllowedGroups, and its Cgroups.
-                let outside = || {
-                    let p = self.limited_peer(client)?;
-                    self.place(client, p.pid, group).err()
-                };
-                if let Some(r) = self
-                    .refuse_access(client, Role::Control, group)
-                    .or_else(outside)
-                {
-                    out.push(answer(r));
-                    return;
-                }
+                None
             }
             Request::Status | Request::Gpus { .. } => {
                 // Answered by the shell, which knows the process-level facts.
@@ -104,69 +171,114 @@ impl Policy {
                     ErrorKind::Unexpected,
                     "status and GPUs are answered by the daemon",
                 )));
-                return;
+                None
             }
-            _ => {}
+            _ => Some(req),
         }
-        let mut reply = |reply: Reply| out.push(answer(reply));
-        let Some(c) = self.clients.get(&client) else {
-            reply(error(
-                ErrorKind::NotRegistered,
-                "say hello first: this connection has not registered",
-            ));
-            return;
+    }
+
+    /// Refuses a reservation of `group` to `client` unless it may join
+    /// the group: whoever may join it may reserve its GPUs (its
+    /// AllowedUsers and AllowedGroups, and its Cgroups).
+    fn refuse_reserve(&self, client: ClientId, group: &str) -> Option<Reply> {
+        let outside = || {
+            let p = self.limited_peer(client)?;
+            self.place(client, p.pid, group).err()
         };
-        let role = c.role;
-        let device = match &req {
-            Request::AcquireToken { device, .. }
-            | Request::AcquireTokenAhead { device, .. }
-            | Request::ReleaseToken { device, .. }
-            | Request::Quieting { device, .. }
-            | Request::ReserveMemory { device, .. }
-            | Request::ReleaseMemory { device, .. }
-            | Request::NeedMemory { device, .. }
-            | Request::ContextCost { device, .. }
-            | Request::MemoryInfo { device } => Some(*device),
-            _ => None,
-        };
-        if let Some(d) = device
-            && d >= MAX_DEVICES
-        {
-            reply(error(
+        self.refuse_access(client, Role::Control, group)
+            .or_else(outside)
+    }
+
+    /// Refuses a request of `c` about a device out of range, or, from a
+    /// hooked process, about its time or memory on a device its group's
+    /// `Devices` leaves out (a query is answered).
+    fn refuse_device(&self, c: &Client, req: &Request) -> Option<Reply> {
+        let d = device_of(req)?;
+        if d >= MAX_DEVICES {
+            return Some(error(
                 ErrorKind::BadRequest,
                 format!("device {d} is out of range (at most {MAX_DEVICES} devices)"),
             ));
-            return;
         }
-        // A group with `Devices` runs on those GPUs only: its time and
-        // memory on another are refused (a query is answered).
-        if let Some(d) = device
-            && role == Role::Client
-            && !matches!(
-                req,
-                Request::MemoryInfo { .. }
-                    | Request::ReleaseMemory { .. }
-                    | Request::ContextCost { .. }
-            )
-            && let Some(cfg) = c
-                .group
-                .name()
-                .and_then(|n| configured(&self.config, &self.retired, n))
-            && !cfg.uses(d)
-        {
-            let list: Vec<String> = cfg.devices.iter().flatten().map(u32::to_string).collect();
-            reply(error(
-                ErrorKind::PermissionDenied,
-                format!(
-                    "group \"{}\" may use GPU {} only (Devices= in {}), not GPU {d}; \
-                     run the program with CUDA_VISIBLE_DEVICES naming those",
-                    cfg.name,
-                    list.join(", "),
-                    cfg.defined_at()
-                ),
-            ));
-            return;
+        // A group with `Devices` runs on those GPUs only.
+        let query = matches!(
+            req,
+            Request::MemoryInfo { .. }
+                | Request::ReleaseMemory { .. }
+                | Request::ContextCost { .. }
+        );
+        let cfg = c
+            .group
+            .name()
+            .and_then(|n| configured(&self.config, &self.retired, n))
+            .filter(|cfg| c.role == Role::Client && !query && !cfg.uses(d))?;
+        let list: Vec<String> = cfg.devices.iter().flatten().map(u32::to_string).collect();
+        Some(error(
+            ErrorKind::PermissionDenied,
+            format!(
+                "group \"{}\" may use GPU {} only (Devices= in {}), not GPU {d}; \
+                 run the program with CUDA_VISIBLE_DEVICES naming those",
+                cfg.name,
+                list.join(", "),
+                cfg.defined_at()
+            ),
+        ))
+    }
+
+    /// Hands a registered client's request to its handler.
+    fn dispatch(&mut self, asker: Asker, req: Request, now: Micros, out: &mut Vec<Action>) {
+        let Asker { client, role, .. } = asker;
+        match req {
+            Request::AcquireToken { .. }
+            | Request::AcquireTokenAhead { .. }
+            | Request::ReleaseToken { .. }
+            | Request::LateUsage { .. }
+            | Request::Quieting { .. } => self.token_request(asker, req, now, out),
+            Request::ReserveMemory { .. }
+            | Request::ReleaseMemory { .. }
+            | Request::NeedMemory { .. }
+            | Request::MemoryInfo { .. }
+            | Request::ContextCost { .. } => self.memory_request(asker, req, now, out),
+            Request::Reserve { .. }
+            | Request::ReserveFor { .. }
+            | Request::ReleaseReserved { .. } => self.reservation_request(asker, req, now, out),
+            Request::HolderPoll { wait_us } => {
+                if role != Role::Holder {
+                    out.push(asker.reply(error(
+                        ErrorKind::Unexpected,
+                        "only the holder polls for orders",
+                    )));
+                    return;
+                }
+                self.holder_poll(client, asker.seq, wait_us, now, out);
+            }
+            Request::Job { job } => {
+                if role != Role::Client {
+                    out.push(asker.reply(error(
+                        ErrorKind::Unexpected,
+                        "only clients are ranks of a job",
+                    )));
+                    return;
+                }
+                self.declare_job(client, job);
+                out.push(asker.reply(Reply::Done));
+            }
+            Request::Goodbye => {
+                self.disconnect(client, now, out);
+                out.push(asker.reply(Reply::Done));
+            }
+            Request::Hello { .. }
+            | Request::Status
+            | Request::Shutdown
+            | Request::Reload
+            | Request::Gpus { .. } => {}
         }
+    }
+
+    /// A request about a device's token: asked (now or ahead of its
+    /// return), given back, its late work reported, its end announced.
+    fn token_request(&mut self, asker: Asker, req: Request, now: Micros, out: &mut Vec<Action>) {
+        let Asker { client, role, .. } = asker;
         match req {
             Request::AcquireToken {
                 device,
@@ -176,10 +288,10 @@ impl Policy {
                 rtt_us,
             } => {
                 if role == Role::Control {
-                    reply(error(
+                    out.push(asker.reply(error(
                         ErrorKind::Unexpected,
                         "a control connection cannot take tokens",
-                    ));
+                    )));
                     return;
                 }
                 if role == Role::Client {
@@ -187,118 +299,193 @@ impl Policy {
                 }
                 self.report(client, device, &ran, in_flight, now, out);
                 self.note_back(client, device, now);
-                let Some(group) = self.clients.get(&client).map(|c| c.group.clone()) else {
-                    return;
-                };
-                let dev = self.devices.entry(device).or_default();
-                dev.note_rtt(rtt_us);
-                if let Some(old) = dev.waiters.iter_mut().find(|w| w.client == client) {
-                    // A second request while one waits: answer the old one.
-                    let old_seq = std::mem::replace(&mut old.seq, seq);
-                    old.burst = burst_us;
-                    out.push(Action::Reply {
-                        client,
-                        seq: old_seq,
-                        reply: error(ErrorKind::Unexpected, "superseded by a newer token request"),
-                    });
-                } else {
-                    dev.waiters.push(Waiter {
-                        client,
-                        group,
-                        seq,
-                        since: now,
-                        burst: burst_us,
-                    });
-                }
+                self.enqueue(asker, device, burst_us, rtt_us, now, out);
             }
             Request::AcquireTokenAhead {
                 device,
                 burst_us,
                 rtt_us,
-            } => {
-                if role != Role::Client {
-                    reply(error(
-                        ErrorKind::Unexpected,
-                        "only clients ask for tokens ahead",
-                    ));
-                    return;
-                }
-                if self.declines_ahead(client, device, burst_us) {
-                    reply(Reply::Done);
-                    return;
-                }
-                // Nothing to report: it reported as it went quiet (and
-                // what it said of work in flight stands).
-                let req = Request::AcquireToken {
-                    device,
-                    ran: Vec::new(),
-                    in_flight: true,
-                    burst_us,
-                    rtt_us,
-                };
-                self.request(client, seq, req, now, out);
-            }
+            } => self.acquire_ahead(asker, device, burst_us, rtt_us, now, out),
             Request::ReleaseToken {
                 device,
                 ran,
                 in_flight,
-            } => {
-                let mut logs = Vec::new();
-                self.report(client, device, &ran, in_flight, now, &mut logs);
-                if let Some(c) = self.clients.get_mut(&client) {
-                    if in_flight {
-                        c.in_flight.insert(device);
-                    } else {
-                        c.in_flight.remove(&device);
-                    }
-                }
-                if !in_flight {
-                    self.note_step_end(client, device, now);
-                }
-                self.note_away(client, device, now);
-                reply(Reply::Done);
-                out.extend(logs);
-            }
+            } => self.release_token(asker, device, &ran, in_flight, now, out),
             Request::LateUsage { device, ran } => {
                 if role == Role::Control {
-                    reply(error(
+                    out.push(asker.reply(error(
                         ErrorKind::Unexpected,
                         "a control connection has no device time to report",
-                    ));
+                    )));
                     return;
                 }
                 let mut logs = Vec::new();
                 self.late(client, device, &ran, now, &mut logs);
-                reply(Reply::Done);
+                out.push(asker.reply(Reply::Done));
                 out.extend(logs);
             }
             Request::Quieting { device, done_in_us } => {
                 self.quieting(client, device, done_in_us, now);
-                reply(Reply::Done);
+                out.push(asker.reply(Reply::Done));
             }
+            _ => {}
+        }
+    }
+
+    /// Queues `asker`'s request for `device`'s token (its bursts
+    /// `burst_us` long, its round trip `rtt_us`): a second request while
+    /// one waits takes its place, and the old one is answered.
+    fn enqueue(
+        &mut self,
+        asker: Asker,
+        device: DeviceId,
+        burst_us: Micros,
+        rtt_us: u32,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        let Asker { client, seq, .. } = asker;
+        let Some(group) = self.clients.get(&client).map(|c| c.group.clone()) else {
+            return;
+        };
+        let dev = self.devices.entry(device).or_default();
+        dev.note_rtt(rtt_us);
+        if let Some(old) = dev.waiters.iter_mut().find(|w| w.client == client) {
+            // A second request while one waits: answer the old one.
+            let old_seq = std::mem::replace(&mut old.seq, seq);
+            old.burst = burst_us;
+            out.push(Action::Reply {
+                client,
+                seq: old_seq,
+                reply: error(ErrorKind::Unexpected, "superseded by a newer token request"),
+            });
+        } else {
+            dev.waiters.push(Waiter {
+                client,
+                group,
+                seq,
+                since: now,
+                burst: burst_us,
+            });
+        }
+    }
+
+    /// A token asked ahead of the client's return
+    /// ([`Request::AcquireTokenAhead`]): declined where serving it would
+    /// make another client wait (see [`Policy::declines_ahead`]), asked
+    /// as any other otherwise.
+    fn acquire_ahead(
+        &mut self,
+        asker: Asker,
+        device: DeviceId,
+        burst_us: Micros,
+        rtt_us: u32,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        let Asker { client, seq, role } = asker;
+        if role != Role::Client {
+            out.push(asker.reply(error(
+                ErrorKind::Unexpected,
+                "only clients ask for tokens ahead",
+            )));
+            return;
+        }
+        if self.declines_ahead(client, device, burst_us) {
+            out.push(asker.reply(Reply::Done));
+            return;
+        }
+        // Nothing to report: it reported as it went quiet (and
+        // what it said of work in flight stands).
+        let req = Request::AcquireToken {
+            device,
+            ran: Vec::new(),
+            in_flight: true,
+            burst_us,
+            rtt_us,
+        };
+        self.request(client, seq, req, now, out);
+    }
+
+    /// `asker` gives `device`'s token back, reporting the work of it that
+    /// `ran` (`in_flight`: some of it still runs): charged, and its group
+    /// away unless another of its clients waits.
+    fn release_token(
+        &mut self,
+        asker: Asker,
+        device: DeviceId,
+        ran: &[Span],
+        in_flight: bool,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        let client = asker.client;
+        let mut logs = Vec::new();
+        self.report(client, device, ran, in_flight, now, &mut logs);
+        if let Some(c) = self.clients.get_mut(&client) {
+            if in_flight {
+                c.in_flight.insert(device);
+            } else {
+                c.in_flight.remove(&device);
+            }
+        }
+        if !in_flight {
+            self.note_step_end(client, device, now);
+        }
+        self.note_away(client, device, now);
+        out.push(asker.reply(Reply::Done));
+        out.extend(logs);
+    }
+
+    /// A request about memory on a device: reserved, released, asked of
+    /// the holder, shown, or what a context took.
+    fn memory_request(&mut self, asker: Asker, req: Request, now: Micros, out: &mut Vec<Action>) {
+        let Asker { client, seq, role } = asker;
+        match req {
             Request::ReserveMemory { device, bytes } => {
                 if role == Role::Client {
                     self.activity.insert(device, now);
                 }
-                reply(self.reserve(client, device, bytes))
+                out.push(asker.reply(self.reserve(client, device, bytes)));
             }
             Request::ReleaseMemory { device, bytes } => {
-                reply(self.release_memory(client, device, bytes));
+                out.push(asker.reply(self.release_memory(client, device, bytes)));
                 if role == Role::Holder {
                     self.holder_released(device, out);
                 }
             }
             Request::NeedMemory { device, bytes } => {
                 if role != Role::Client {
-                    reply(error(
+                    out.push(asker.reply(error(
                         ErrorKind::Unexpected,
                         "only clients ask the holder for memory",
-                    ));
+                    )));
                     return;
                 }
                 self.activity.insert(device, now);
                 self.need_memory(client, seq, device, bytes, now, out);
             }
+            Request::MemoryInfo { device } => {
+                out.push(asker.reply(self.memory_view(client, device)))
+            }
+            Request::ContextCost { device, bytes } => {
+                out.push(asker.reply(self.context_cost(client, device, bytes)));
+            }
+            _ => {}
+        }
+    }
+
+    /// A request about GPU reservations: made (for a program, or for a
+    /// time), or released.
+    fn reservation_request(
+        &mut self,
+        asker: Asker,
+        req: Request,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        let Asker { client, seq, .. } = asker;
+        match req {
             Request::Reserve { group, gpus, wait } => {
                 self.reserve_gpus(client, seq, group, gpus, wait, None, now, out);
             }
@@ -309,57 +496,16 @@ impl Policy {
                 wait,
             } => {
                 if let Some(r) = self.refuse_duration(client, duration_us) {
-                    reply(r);
+                    out.push(asker.reply(r));
                     return;
                 }
                 self.reserve_gpus(client, seq, group, gpus, wait, Some(duration_us), now, out);
             }
             Request::ReleaseReserved { devices } => {
                 let r = self.release_reserved(client, &devices, now, out);
-                out.push(Action::Reply {
-                    client,
-                    seq,
-                    reply: r,
-                });
+                out.push(asker.reply(r));
             }
-            Request::HolderPoll { wait_us } => {
-                if role != Role::Holder {
-                    reply(error(
-                        ErrorKind::Unexpected,
-                        "only the holder polls for orders",
-                    ));
-                    return;
-                }
-                self.holder_poll(client, seq, wait_us, now, out);
-            }
-            Request::MemoryInfo { device } => reply(self.memory_view(client, device)),
-            Request::ContextCost { device, bytes } => {
-                reply(self.context_cost(client, device, bytes));
-            }
-            Request::Job { job } => {
-                if role != Role::Client {
-                    reply(error(
-                        ErrorKind::Unexpected,
-                        "only clients are ranks of a job",
-                    ));
-                    return;
-                }
-                self.declare_job(client, job);
-                reply(Reply::Done);
-            }
-            Request::Goodbye => {
-                self.disconnect(client, now, out);
-                out.push(Action::Reply {
-                    client,
-                    seq,
-                    reply: Reply::Done,
-                });
-            }
-            Request::Hello { .. }
-            | Request::Status
-            | Request::Shutdown
-            | Request::Reload
-            | Request::Gpus { .. } => {}
+            _ => {}
         }
     }
 

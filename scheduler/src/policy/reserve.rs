@@ -16,6 +16,7 @@
 //! its user (or the daemon's user, or root) releases it.
 
 use super::{Action, GroupKey, Micros, Policy, error};
+use gemini_config::GroupConfig;
 use gemini_protocol::{
     ClientId, DeviceId, ErrorKind, GpuRequest, ManualReservation, Reply, ReservationStatus,
 };
@@ -97,6 +98,52 @@ fn count(gpus: &GpuRequest) -> usize {
     match gpus {
         GpuRequest::Count(n) => *n as usize,
         GpuRequest::Ids(ids) => ids.len(),
+    }
+}
+
+/// What is wrong with `gpus` on a machine of `n` GPUs, if anything: none
+/// asked, more than it has, a repeated id, or one it has not.
+fn off_machine(gpus: &GpuRequest, n: u32) -> Option<String> {
+    match gpus {
+        GpuRequest::Count(k) => {
+            (*k == 0 || *k > n).then(|| format!("asked for {k} GPUs; this machine has {n}"))
+        }
+        GpuRequest::Ids(ids) if ids.is_empty() => Some("no GPU ids given".into()),
+        GpuRequest::Ids(ids) => {
+            let mut sorted = ids.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            if sorted.len() != ids.len() {
+                Some(format!("GPU ids {ids:?} repeat a device"))
+            } else {
+                ids.iter()
+                    .find(|&&d| d >= n)
+                    .map(|d| format!("GPU {d} does not exist; this machine has GPUs 0..{}", n - 1))
+            }
+        }
+    }
+}
+
+/// What is wrong with `gpus` for `group` (`cfg`), if anything: more than
+/// its `Devices`, or one not among them.
+fn outside_devices(cfg: &GroupConfig, group: &str, gpus: &GpuRequest) -> Option<String> {
+    let allowed = cfg.devices.as_ref()?;
+    let list: Vec<String> = allowed.iter().map(u32::to_string).collect();
+    let place = format!("Devices= in {}", cfg.defined_at());
+    match gpus {
+        GpuRequest::Count(k) => (*k as usize > allowed.len()).then(|| {
+            format!(
+                "asked for {k} GPUs; group {group:?} may use {} ({}: {place})",
+                allowed.len(),
+                list.join(", ")
+            )
+        }),
+        GpuRequest::Ids(ids) => ids.iter().find(|&&d| !cfg.uses(d)).map(|d| {
+            format!(
+                "group {group:?} may not use GPU {d}, only {} ({place})",
+                list.join(", ")
+            )
+        }),
     }
 }
 
@@ -204,6 +251,10 @@ impl Policy {
             })
     }
 
+    /// Reserves `gpus` for `group`, asked by `client` (request `seq`): for
+    /// its program, or without one for `duration`. Granted at once where
+    /// they have room and nobody waits before it, queued where `wait`
+    /// says so, refused otherwise.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn reserve_gpus(
         &mut self,
@@ -216,78 +267,14 @@ impl Policy {
         now: Micros,
         out: &mut Vec<Action>,
     ) {
-        let manual = duration.map(|duration| {
-            let peer = self.peer(client);
-            Manual {
-                // A peer the transport could not name: only the daemon's
-                // user or root may release it early.
-                uid: peer.map_or(u32::MAX, |p| p.uid),
-                user: peer.map_or_else(|| "(unknown)".into(), |p| p.user.clone()),
-                duration,
-                until: 0,
-            }
-        });
+        let manual = duration.map(|duration| self.manual(client, duration));
         let mut answer = |reply| out.push(Action::Reply { client, seq, reply });
         let Some(cfg) = self.config.groups.get(&group) else {
-            let known: Vec<&str> = self.config.groups.keys().map(String::as_str).collect();
-            return answer(error(
-                ErrorKind::UnknownGroup,
-                format!(
-                    "group {group:?} is not defined in {}; groups: {}",
-                    self.config.path.display(),
-                    known.join(", ")
-                ),
-            ));
+            return answer(self.unknown_group(&group));
         };
         let claim = claim_of(cfg.min_util, manual.is_some());
-        let n = self.params.devices;
-        if n == 0 {
-            return answer(error(
-                ErrorKind::BadRequest,
-                "the scheduler knows no GPUs (neither /proc/driver/nvidia/gpus nor NVML lists any): set `devices` in gemini.toml, or start gem-schd with --devices N",
-            ));
-        }
-        let bad = match &gpus {
-            GpuRequest::Count(k) => {
-                (*k == 0 || *k > n).then(|| format!("asked for {k} GPUs; this machine has {n}"))
-            }
-            GpuRequest::Ids(ids) if ids.is_empty() => Some("no GPU ids given".into()),
-            GpuRequest::Ids(ids) => {
-                let mut sorted = ids.clone();
-                sorted.sort_unstable();
-                sorted.dedup();
-                if sorted.len() != ids.len() {
-                    Some(format!("GPU ids {ids:?} repeat a device"))
-                } else {
-                    ids.iter().find(|&&d| d >= n).map(|d| {
-                        format!("GPU {d} does not exist; this machine has GPUs 0..{}", n - 1)
-                    })
-                }
-            }
-        };
-        // Within the group's `Devices`.
-        let bad = bad.or_else(|| {
-            let allowed = cfg.devices.as_ref()?;
-            let list: Vec<String> = allowed.iter().map(u32::to_string).collect();
-            let place = format!("Devices= in {}", cfg.defined_at());
-            match &gpus {
-                GpuRequest::Count(k) => (*k as usize > allowed.len()).then(|| {
-                    format!(
-                        "asked for {k} GPUs; group {group:?} may use {} ({}: {place})",
-                        allowed.len(),
-                        list.join(", ")
-                    )
-                }),
-                GpuRequest::Ids(ids) => ids.iter().find(|&&d| !cfg.uses(d)).map(|d| {
-                    format!(
-                        "group {group:?} may not use GPU {d}, only {} ({place})",
-                        list.join(", ")
-                    )
-                }),
-            }
-        });
-        if let Some(msg) = bad {
-            return answer(error(ErrorKind::BadRequest, msg));
+        if let Some(r) = self.refuse_request(cfg, &group, &gpus) {
+            return answer(r);
         }
         if let Some(r) = self.refuse_gpus(client, &gpus) {
             return answer(r);
@@ -335,16 +322,64 @@ impl Policy {
             });
             return;
         }
+        answer(self.unavailable(&cfg.name))
+    }
+
+    /// Whose a reservation without a program asked by `client` for
+    /// `duration` is.
+    fn manual(&self, client: ClientId, duration: Micros) -> Manual {
+        let peer = self.peer(client);
+        Manual {
+            // A peer the transport could not name: only the daemon's
+            // user or root may release it early.
+            uid: peer.map_or(u32::MAX, |p| p.uid),
+            user: peer.map_or_else(|| "(unknown)".into(), |p| p.user.clone()),
+            duration,
+            until: 0,
+        }
+    }
+
+    /// The answer to a reservation of `group`, which the file does not
+    /// define.
+    fn unknown_group(&self, group: &str) -> Reply {
+        let known: Vec<&str> = self.config.groups.keys().map(String::as_str).collect();
+        error(
+            ErrorKind::UnknownGroup,
+            format!(
+                "group {group:?} is not defined in {}; groups: {}",
+                self.config.path.display(),
+                known.join(", ")
+            ),
+        )
+    }
+
+    /// Refuses `gpus` for `group` (`cfg`) where the machine has not got
+    /// them, or they are not among the group's `Devices`.
+    fn refuse_request(&self, cfg: &GroupConfig, group: &str, gpus: &GpuRequest) -> Option<Reply> {
+        let n = self.params.devices;
+        if n == 0 {
+            return Some(error(
+                ErrorKind::BadRequest,
+                "the scheduler knows no GPUs (neither /proc/driver/nvidia/gpus nor NVML lists any): set `devices` in gemini.toml, or start gem-schd with --devices N",
+            ));
+        }
+        let bad = off_machine(gpus, n).or_else(|| outside_devices(cfg, group, gpus));
+        bad.map(|msg| error(ErrorKind::BadRequest, msg))
+    }
+
+    /// The answer to a reservation of group `name` that no GPU has room
+    /// for now, and that does not wait.
+    fn unavailable(&self, name: &str) -> Reply {
         let held: Vec<String> = self
             .reservations
             .iter()
             .map(|r| format!("{} holds {:?}", r.group, r.devices))
             .collect();
-        answer(error(
+        error(
             ErrorKind::Unavailable,
             format!(
                 "no GPU has room for group {:?} now ({}{} waiting); retry, or wait in the queue without --nonblock",
-                cfg.name,
+                name,
                 if held.is_empty() {
                     "none held".to_string()
                 } else {
@@ -352,7 +387,7 @@ impl Policy {
                 },
                 format_args!(", {}", self.queue.len())
             ),
-        ));
+        )
     }
 
     /// Refuses a reservation without a program of `duration` µs asked by

@@ -1,7 +1,14 @@
 //! Figures for `gem-schd status`, `top` and the metrics.
 
-use super::*;
-use std::collections::BTreeSet;
+use super::{
+    Client, Device, GroupCounters, GroupKey, Limits, Micros, Peer, Policy, limits, memory, request,
+    reserve,
+};
+use gemini_config::{GroupConfig, ResourceConfig};
+use gemini_protocol::{
+    ClientId, ClientStatus, DeviceId, DeviceStatus, GroupDeviceStatus, GroupStatus, StatusReport,
+};
+use std::collections::{BTreeMap, BTreeSet};
 
 impl Policy {
     /// Cumulative per group and device figures, for metrics.
@@ -25,7 +32,29 @@ impl Policy {
     /// Figures for `gem-schd status`.
     pub fn status(&mut self, now: Micros) -> StatusReport {
         let (reservations, queue) = self.reservation_status(now);
-        let window = self.params.window;
+        let groups = self.group_status();
+        let devices = self.device_status(now);
+        let clients = self.client_status();
+        StatusReport {
+            server: env!("CARGO_PKG_VERSION").to_string(),
+            config_path: self.config.path.display().to_string(),
+            config_error: None,
+            window_us: self.params.window,
+            uptime_us: now,
+            groups,
+            devices,
+            clients,
+            reservations,
+            queue,
+            // The daemon fills in the driver's side.
+            driver_limits: false,
+            refused: Vec::new(),
+            protocol: gemini_protocol::PROTOCOL_VERSION,
+        }
+    }
+
+    /// The groups of the file in force and the retired ones, by name.
+    fn group_status(&self) -> Vec<GroupStatus> {
         let mut groups: Vec<GroupStatus> = self
             .config
             .groups
@@ -46,116 +75,54 @@ impl Policy {
             })
             .collect();
         groups.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut devices = Vec::new();
-        for (&id, dev) in self.devices.iter_mut() {
-            let mut rows = Vec::new();
-            let reserved = reserve::reserved_for(&self.reservations, id);
-            // One span for the device's figures: from its first work in
-            // the window (a device busy for 3 s of a 10 s window shows
-            // 100 % over 3 s), so that the groups' shares add up to at
-            // most its busy share, and each is what `MinUtil` and
-            // `MaxUtil` are about.
-            let span = dev
-                .busy
-                .first_within(now, window)
-                .map_or(window, |first| now - first)
-                .max(1);
-            let holder_group = dev
-                .token
-                .as_ref()
-                .and_then(|t| self.clients.get(&t.client))
-                .map(|c| &c.group);
-            for (key, g) in dev.groups.iter_mut() {
-                let memory_used = self.memory.get(&(key.clone(), id)).copied().unwrap_or(0);
-                let waiting = dev.waiters.iter().filter(|w| &w.group == key).count() as u32;
-                let idle = g.usage.is_empty(now, window);
-                // A group that left the device (nothing used in the
-                // window, no memory, not waiting, not holding) is no longer
-                // shown on it.
-                if idle && memory_used == 0 && waiting == 0 && holder_group != Some(key) {
-                    continue;
-                }
-                let contexts = contexts_of(&self.clients, &self.peers, &self.context_cost, key, id);
-                let min_util = limits(&self.config, &self.retired, key).min_util;
-                // (Not a group kept off a reserved GPU: nothing is owed
-                // to it there.)
-                let short_of_min = waiting > 0
-                    && min_util > 0.0
-                    && !reserve::kept_out(&reserved, key)
-                    && g.share(now, window) < min_util;
-                rows.push(GroupDeviceStatus {
-                    short_of_min,
-                    contexts: contexts.min(memory_used),
-                    group: key.shown(),
-                    share: g.usage.used(now, window) as f64 / span as f64,
-                    memory_used,
-                    memory_limit: limits(&self.config, &self.retired, key).memory_limit,
-                    waiting,
-                });
-            }
-            // Groups waiting here that have not had the token yet: shown
-            // waiting, with nothing used.
-            let mut fresh: Vec<&GroupKey> = Vec::new();
-            for w in &dev.waiters {
-                if !dev.groups.contains_key(&w.group) && !fresh.contains(&&w.group) {
-                    fresh.push(&w.group);
-                }
-            }
-            for key in fresh {
-                let limits = limits(&self.config, &self.retired, key);
-                let memory_used = self.memory.get(&(key.clone(), id)).copied().unwrap_or(0);
-                rows.push(GroupDeviceStatus {
-                    group: key.shown(),
-                    share: 0.0,
-                    memory_used,
-                    memory_limit: limits.memory_limit,
-                    waiting: dev.waiters.iter().filter(|w| &w.group == key).count() as u32,
-                    contexts: contexts_of(&self.clients, &self.peers, &self.context_cost, key, id)
-                        .min(memory_used),
-                    short_of_min: limits.min_util > 0.0 && !reserve::kept_out(&reserved, key),
-                });
-            }
-            rows.extend(memory_only_rows(
-                &self.memory,
-                |k| limits(&self.config, &self.retired, k).memory_limit,
-                |k| contexts_of(&self.clients, &self.peers, &self.context_cost, k, id),
-                id,
-                |k| dev.groups.contains_key(k) || dev.waiters.iter().any(|w| &w.group == k),
-            ));
-            devices.push(DeviceStatus {
-                device: id,
-                busy: dev.busy.used(now, window) as f64 / span as f64,
-                span_us: span,
-                holder: dev.token.as_ref().map(|t| t.client),
-                waiting: dev.waiters.len() as u32,
-                groups: rows,
-                rtt_us: dev.rtt_ns / 1000,
-            });
+        groups
+    }
+
+    /// Each device's figures, in order of the devices.
+    fn device_status(&mut self, now: Micros) -> Vec<DeviceStatus> {
+        let Policy {
+            devices,
+            reservations,
+            clients,
+            peers,
+            context_cost,
+            memory,
+            config,
+            retired,
+            params,
+            ..
+        } = self;
+        let figures = Figures {
+            clients,
+            peers,
+            context_cost,
+            memory,
+            config,
+            retired,
+            now,
+            window: params.window,
+        };
+        let mut out = Vec::new();
+        for (&id, dev) in devices.iter_mut() {
+            let reserved = reserve::reserved_for(reservations, id);
+            out.push(figures.device(id, dev, &reserved));
         }
         // Every GPU the machine has is listed, used yet or not, and every
         // one a group holds memory on.
-        let held_on = self.memory.keys().map(|(_, d)| *d);
-        let others: BTreeSet<DeviceId> = (0..self.params.devices).chain(held_on).collect();
+        let held_on = memory.keys().map(|(_, d)| *d);
+        let others: BTreeSet<DeviceId> = (0..params.devices).chain(held_on).collect();
         for id in others {
-            if !self.devices.contains_key(&id) {
-                devices.push(DeviceStatus {
-                    device: id,
-                    busy: 0.0,
-                    span_us: window,
-                    holder: None,
-                    waiting: 0,
-                    groups: memory_only_rows(
-                        &self.memory,
-                        |k| self.limits(k).memory_limit,
-                        |k| contexts_of(&self.clients, &self.peers, &self.context_cost, k, id),
-                        id,
-                        |_| false,
-                    ),
-                    rtt_us: 0,
-                });
+            if !devices.contains_key(&id) {
+                out.push(figures.unused(id));
             }
         }
-        devices.sort_by_key(|d| d.device);
+        out.sort_by_key(|d| d.device);
+        out
+    }
+
+    /// Each client's figures: among them the devices it holds memory on,
+    /// was granted a token of, or waits for.
+    fn client_status(&self) -> Vec<ClientStatus> {
         // The devices each client waits for, in one pass over the waiters.
         let mut waits_on: BTreeMap<ClientId, Vec<DeviceId>> = BTreeMap::new();
         for (&d, dev) in &self.devices {
@@ -163,8 +130,7 @@ impl Policy {
                 waits_on.entry(w.client).or_default().push(d);
             }
         }
-        let clients = self
-            .clients
+        self.clients
             .iter()
             .map(|(&id, c)| ClientStatus {
                 id,
@@ -193,22 +159,165 @@ impl Policy {
                 protocol: 0,
                 build: String::new(),
             })
-            .collect();
-        StatusReport {
-            server: env!("CARGO_PKG_VERSION").to_string(),
-            config_path: self.config.path.display().to_string(),
-            config_error: None,
-            window_us: window,
-            uptime_us: now,
-            groups,
-            devices,
-            clients,
-            reservations,
-            queue,
-            // The daemon fills in the driver's side.
-            driver_limits: false,
-            refused: Vec::new(),
-            protocol: gemini_protocol::PROTOCOL_VERSION,
+            .collect()
+    }
+}
+
+/// What a device's figures are read from, besides the device.
+#[derive(Debug)]
+struct Figures<'a> {
+    clients: &'a BTreeMap<ClientId, Client>,
+    peers: &'a BTreeMap<ClientId, Peer>,
+    context_cost: &'a BTreeMap<(u32, DeviceId), u64>,
+    memory: &'a BTreeMap<(GroupKey, DeviceId), u64>,
+    config: &'a ResourceConfig,
+    retired: &'a BTreeMap<String, GroupConfig>,
+    now: Micros,
+    window: Micros,
+}
+
+impl Figures<'_> {
+    /// `key`'s limits (see [`limits`]).
+    fn limits(&self, key: &GroupKey) -> Limits {
+        limits(self.config, self.retired, key)
+    }
+
+    /// The memory `key` holds on device `id`.
+    fn memory_used(&self, key: &GroupKey, id: DeviceId) -> u64 {
+        self.memory.get(&(key.clone(), id)).copied().unwrap_or(0)
+    }
+
+    /// About what the contexts of `key`'s processes take on device `id`
+    /// (see [`contexts_of`]).
+    fn contexts(&self, key: &GroupKey, id: DeviceId) -> u64 {
+        contexts_of(self.clients, self.peers, self.context_cost, key, id)
+    }
+
+    /// The figures of device `id` (`dev`), reserved for `reserved` (the
+    /// groups holding a reservation of it).
+    fn device(&self, id: DeviceId, dev: &mut Device, reserved: &[&str]) -> DeviceStatus {
+        let (now, window) = (self.now, self.window);
+        // One span for the device's figures: from its first work in
+        // the window (a device busy for 3 s of a 10 s window shows
+        // 100 % over 3 s), so that the groups' shares add up to at
+        // most its busy share, and each is what `MinUtil` and
+        // `MaxUtil` are about.
+        let span = dev
+            .busy
+            .first_within(now, window)
+            .map_or(window, |first| now - first)
+            .max(1);
+        let mut rows = self.used_rows(id, dev, reserved, span);
+        rows.extend(self.fresh_rows(id, dev, reserved));
+        rows.extend(memory_only_rows(
+            self.memory,
+            |k| self.limits(k).memory_limit,
+            |k| self.contexts(k, id),
+            id,
+            |k| dev.groups.contains_key(k) || dev.waiters.iter().any(|w| &w.group == k),
+        ));
+        DeviceStatus {
+            device: id,
+            busy: dev.busy.used(now, window) as f64 / span as f64,
+            span_us: span,
+            holder: dev.token.as_ref().map(|t| t.client),
+            waiting: dev.waiters.len() as u32,
+            groups: rows,
+            rtt_us: dev.rtt_ns / 1000,
+        }
+    }
+
+    /// Rows of the groups that used device `id` (`dev`) and have not left
+    /// it, their shares over `span`.
+    fn used_rows(
+        &self,
+        id: DeviceId,
+        dev: &mut Device,
+        reserved: &[&str],
+        span: Micros,
+    ) -> Vec<GroupDeviceStatus> {
+        let (now, window) = (self.now, self.window);
+        let holder_group = dev
+            .token
+            .as_ref()
+            .and_then(|t| self.clients.get(&t.client))
+            .map(|c| &c.group);
+        let mut rows = Vec::new();
+        for (key, g) in dev.groups.iter_mut() {
+            let memory_used = self.memory_used(key, id);
+            let waiting = dev.waiters.iter().filter(|w| &w.group == key).count() as u32;
+            let idle = g.usage.is_empty(now, window);
+            // A group that left the device (nothing used in the
+            // window, no memory, not waiting, not holding) is no longer
+            // shown on it.
+            if idle && memory_used == 0 && waiting == 0 && holder_group != Some(key) {
+                continue;
+            }
+            let contexts = self.contexts(key, id);
+            let limits = self.limits(key);
+            // (Not a group kept off a reserved GPU: nothing is owed
+            // to it there.)
+            let short_of_min = waiting > 0
+                && limits.min_util > 0.0
+                && !reserve::kept_out(reserved, key)
+                && g.share(now, window) < limits.min_util;
+            rows.push(GroupDeviceStatus {
+                short_of_min,
+                contexts: contexts.min(memory_used),
+                group: key.shown(),
+                share: g.usage.used(now, window) as f64 / span as f64,
+                memory_used,
+                memory_limit: limits.memory_limit,
+                waiting,
+            });
+        }
+        rows
+    }
+
+    /// Rows of the groups waiting on device `id` (`dev`) that have not
+    /// had its token yet: shown waiting, with nothing used.
+    fn fresh_rows(&self, id: DeviceId, dev: &Device, reserved: &[&str]) -> Vec<GroupDeviceStatus> {
+        let mut fresh: Vec<&GroupKey> = Vec::new();
+        for w in &dev.waiters {
+            if !dev.groups.contains_key(&w.group) && !fresh.contains(&&w.group) {
+                fresh.push(&w.group);
+            }
+        }
+        fresh
+            .into_iter()
+            .map(|key| {
+                let limits = self.limits(key);
+                let memory_used = self.memory_used(key, id);
+                GroupDeviceStatus {
+                    group: key.shown(),
+                    share: 0.0,
+                    memory_used,
+                    memory_limit: limits.memory_limit,
+                    waiting: dev.waiters.iter().filter(|w| &w.group == key).count() as u32,
+                    contexts: self.contexts(key, id).min(memory_used),
+                    short_of_min: limits.min_util > 0.0 && !reserve::kept_out(reserved, key),
+                }
+            })
+            .collect()
+    }
+
+    /// The figures of device `id`, which nobody used yet: the memory
+    /// groups hold there.
+    fn unused(&self, id: DeviceId) -> DeviceStatus {
+        DeviceStatus {
+            device: id,
+            busy: 0.0,
+            span_us: self.window,
+            holder: None,
+            waiting: 0,
+            groups: memory_only_rows(
+                self.memory,
+                |k| self.limits(k).memory_limit,
+                |k| self.contexts(k, id),
+                id,
+                |_| false,
+            ),
+            rtt_us: 0,
         }
     }
 }

@@ -1,7 +1,38 @@
-//! The device token: reports charged, groups away and back, the ranking
-//! of waiters, lent tokens, and the deadlines of expiring tokens.
+//! The device token: its grant, groups away and back, and the deadlines
+//! of expiring tokens (what clients report they used is charged in
+//! `report`).
+//!
+//! A grant is decided in steps, each a function of its own
+//! (`Policy::schedule` calls them):
+//! 1. Who may run here: the expired token taken back, the groups a
+//!    reservation keeps off the device set aside, the periods `MaxUtil`
+//!    holds a group back opened or closed (`who_may_run`); a capped group
+//!    in debt is ranked but not chosen.
+//! 2. Who is owed the device: a group below its `MinUtil`, or a
+//!    latency-critical group within its room (`Decision::rank_of`,
+//!    `Decision::room`); the job whose turn it is; the latency-critical
+//!    groups away (`Decision::critical_away`).
+//! 3. Who gets the token and for how long: the waiters ranked
+//!    (`Decision::rank_waiters`), the first chosen (`Decision::choose`),
+//!    its quota and the cuts to it (`Decision::terms`).
+//! 4. What is lent (`Decision::lending`), and the grant itself
+//!    (`Decision::grant`).
+//!
+//! The hold for a latency-critical group about to come back is its own
+//! step, after the choice (`Decision::hold`): while it holds, nobody is
+//! served. `Decision`'s functions are in the order they are called in:
+//! the groups away are looked at after the choice, as who is owed then
+//! depends on the waiter chosen.
 
-use super::*;
+use super::group_use::{GroupUse, Using, groups_using, note_throttled};
+use super::{
+    Action, CRITICAL_LEND_MAX, Client, Device, Grant, GroupKey, HOLDER_MIN_QUOTA, Limits, Micros,
+    OWED_ABSENCE, Params, Policy, Waiter, critical_margin, entitlements, gang, handover_lead,
+    lent_min_quota, limits, reserve, water_level,
+};
+use gemini_config::{GroupConfig, Latency, ResourceConfig};
+use gemini_protocol::{ClientId, DeviceId, Reply, Role};
+use std::collections::BTreeMap;
 
 /// How much more than its share a capped group counts as having used
 /// when waiters are ranked: how far its `MaxUtil` is below `level` (what
@@ -21,230 +52,13 @@ const AT_CAP: f64 = 0.02;
 
 /// How far above its `MinUtil` a group's charged share must be for the
 /// device to be kept from it for a latency-critical group (see
-/// `schedule`). Its lent tokens are charged to their ends, and the last
+/// [`Decision::hold`]). Its lent tokens are charged to their ends, and the last
 /// one before such a hold ends idle (its next kernel did not fit): on the
 /// simulator a training job at `MinUtil` 0.7 was charged 0.76 of the
 /// device while its kernels ran 0.64 of it.
 const HOLD_SLACK: f64 = 0.15;
 
-/// The most spans a report is charged span by span (see `charge_spans`).
-const MAX_REPORT_SPANS: usize = 64;
-
-/// How far (µs) a report may pass what can be (the time now, what the
-/// client was charged before, its token's grant) before it counts as
-/// impossible: the two sides round their clocks to µs.
-const CLOCK_SLACK: Micros = 1_000;
-
-/// A waiter's place in line, least first: (class, key, waiting since,
-/// client), see `schedule`.
-type Rank = (u8, f64, Micros, ClientId);
-
-/// A group's (class, key) as ranked, and when it may run.
-type GroupRank = (u8, f64, Micros);
-
 impl Policy {
-    /// `client` reports the work of its last token on `device` (`ran`,
-    /// measured; `in_flight`: some of it still runs and is reported
-    /// later): charges it, and frees the device if it still holds the
-    /// token.
-    pub(super) fn report(
-        &mut self,
-        client: ClientId,
-        device: DeviceId,
-        ran: &[Span],
-        in_flight: bool,
-        now: Micros,
-        out: &mut Vec<Action>,
-    ) {
-        let Some(c) = self.clients.get_mut(&client) else {
-            return;
-        };
-        let token = c.uncharged.remove(&device);
-        let dev = self.devices.entry(device).or_default();
-        if dev.token.as_ref().is_some_and(|t| t.client == client) {
-            dev.token = None;
-        }
-        let charged = self.charge_spans(client, device, ran, now, out);
-        if !in_flight && let Some(c) = self.clients.get_mut(&client) {
-            c.anchor.remove(&device);
-        }
-        // An overrun token's use is one launch or more (a 2 ms token whose
-        // two 1 ms kernels ran 2.05 ms is two): the estimate follows a
-        // shorter one at once, a longer one by an eighth.
-        if let Some((granted_at, quota)) = token
-            && let Some(c) = self.clients.get_mut(&client)
-        {
-            let used = ran
-                .iter()
-                .map(|s| s.end_us.min(now).saturating_sub(s.start_us.max(granted_at)))
-                .sum::<Micros>()
-                .max(charged.min(now.saturating_sub(granted_at)));
-            if used > quota {
-                c.launch_floor = match c.launch_floor {
-                    0 => used,
-                    f if used <= f => used,
-                    f => f + (used - f) / 8,
-                };
-            }
-        }
-    }
-
-    /// Charges `client`'s group the device time of `ran` on `device`
-    /// (see `ledger`), each span clipped to what can be: not before the
-    /// grant of the client's oldest token whose work it had not reported,
-    /// nor before what it was charged already (never twice), nor in the
-    /// future, nor before the window. A clipped report is said once in
-    /// the log (and counted). Returns the time charged.
-    pub(super) fn charge_spans(
-        &mut self,
-        client: ClientId,
-        device: DeviceId,
-        ran: &[Span],
-        now: Micros,
-        out: &mut Vec<Action>,
-    ) -> Micros {
-        if ran.is_empty() {
-            return 0;
-        }
-        // A hook sends at most 32 spans a report, the holder 64;
-        // more is charged as one span over all of them (the client's
-        // loss), so that no client has the ledger settle spans by the
-        // thousand.
-        let joined;
-        let ran = if ran.len() > MAX_REPORT_SPANS {
-            joined = [Span {
-                start_us: ran.iter().map(|s| s.start_us).min().unwrap_or(0),
-                end_us: ran.iter().map(|s| s.end_us).max().unwrap_or(0),
-            }];
-            &joined[..]
-        } else {
-            ran
-        };
-        let Policy {
-            clients,
-            devices,
-            config,
-            retired,
-            params,
-            ..
-        } = self;
-        let Some(c) = clients.get_mut(&client) else {
-            return 0;
-        };
-        let horizon = now.saturating_sub(params.window);
-        // A client with no token here before (this scheduler restarted
-        // under it) may report what it ran before: clipped, not said.
-        let known = c.anchor.contains_key(&device) || c.charged_until.contains_key(&device);
-        let until = c.charged_until.get(&device).copied().unwrap_or(0);
-        // No token granted whose work is unreported: nothing can have run,
-        // unless the client ran here under the scheduler before this one,
-        // whose last token may have run on after this one started (its
-        // first report here: from this scheduler's start, the spans of
-        // before it rebased to 0).
-        // As an anchor: work it says is still in flight is taken from
-        // there too, at its next report.
-        if c.restored.remove(&device) && !known {
-            c.anchor.insert(device, 0);
-        }
-        let anchor = c.anchor.get(&device).copied().unwrap_or(now);
-        let dev = devices.entry(device).or_default();
-        dev.ledger.forget_before(horizon);
-        let mut from = until.max(anchor);
-        let mut clipped = None;
-        let mut charged = 0;
-        let mut first = 0;
-        for s in ran {
-            // Rounding to µs on both sides is not an impossible report.
-            if clipped.is_none()
-                && (s.start_us.saturating_add(CLOCK_SLACK) < from
-                    || s.end_us > now.saturating_add(CLOCK_SLACK))
-            {
-                clipped = Some(format!(
-                    "{}-{} us, where {from}-{now} us can be ({})",
-                    s.start_us,
-                    s.end_us,
-                    if s.end_us > now.saturating_add(CLOCK_SLACK) {
-                        "in the future"
-                    } else if s.start_us < until {
-                        "reported already"
-                    } else {
-                        "before its token"
-                    }
-                ));
-            }
-            let (start, end) = (s.start_us.max(from).max(horizon), s.end_us.min(now));
-            if end <= start {
-                continue;
-            }
-            // From where its last span ended: work queued behind that
-            // one, outstanding since it was.
-            let since = match c.stretch.get(&device) {
-                Some(&since) if s.start_us <= from && from > anchor => since,
-                _ => start,
-            };
-            let claimed = dev.claim(&c.group, (start, end), since, params.saved_credit(), false);
-            if claimed > 0 && charged == 0 {
-                first = start;
-            }
-            charged += claimed;
-            from = end;
-            c.charged_until.insert(device, end);
-            c.stretch.insert(device, since);
-        }
-        // The report's credit at once (see `Device::claim`); a report that
-        // charged nothing (all clipped, or none ran) looks up no limits.
-        if charged > 0 {
-            let max_util = limits(config, retired, &c.group).max_util;
-            dev.charge_credit(
-                &c.group,
-                first,
-                now,
-                charged,
-                max_util,
-                params.saved_credit(),
-            );
-        }
-        if let Some(what) = clipped
-            && known
-        {
-            c.clipped += 1;
-            if c.clipped.is_power_of_two() {
-                out.push(Action::Clipped {
-                    client,
-                    device,
-                    reports: c.clipped,
-                    what,
-                });
-            }
-        }
-        charged
-    }
-
-    /// Charges work of `client` that ran on `device` after the token it
-    /// was launched under ended ([`Request::LateUsage`]): the work it gave
-    /// back in flight is done.
-    pub(super) fn late(
-        &mut self,
-        client: ClientId,
-        device: DeviceId,
-        ran: &[Span],
-        now: Micros,
-        out: &mut Vec<Action>,
-    ) {
-        self.charge_spans(client, device, ran, now, out);
-        // The work it gave back in flight is done: what it may not have
-        // reported yet is that of a token granted since, if any (an
-        // anchor left at the old grant would have its exit charged, as an
-        // estimate, from there to that grant's end and the grace).
-        if let Some(c) = self.clients.get_mut(&client) {
-            c.in_flight.remove(&device);
-            match c.uncharged.get(&device) {
-                Some(&(granted_at, _)) => c.anchor.insert(device, granted_at),
-                None => c.anchor.remove(&device),
-            };
-        }
-    }
-
     /// `client` gave the token of `device` back: its group is away from
     /// the device if no other client of it holds or waits for the token.
     pub(super) fn note_away(&mut self, client: ClientId, device: DeviceId, now: Micros) {
@@ -342,414 +156,67 @@ impl Policy {
         }
     }
 
-    /// Revokes an expired token and grants a free one.
+    /// Revokes an expired token and grants a free one, in the steps of a
+    /// grant (see the module doc): who may run here, who is owed the
+    /// device, who gets the token and for how long, what is lent.
     pub(super) fn schedule(&mut self, device: DeviceId, now: Micros, out: &mut Vec<Action>) {
         let view = match self.devices.get(&device) {
             Some(d) if !d.waiters.is_empty() => self.turn_view(device, now),
             _ => gang::TurnView::default(),
         };
-        let params = self.params;
         let Policy {
             devices,
             clients,
             config,
             retired,
             reservations,
+            params,
             ..
         } = self;
         // A reserved device is its reservations' groups' (and the
         // holder's, which hands it back at once): other groups wait.
         let reserved = reserve::reserved_for(reservations, device);
-        let kept_out = |key: &GroupKey| reserve::kept_out(&reserved, key);
         let Some(dev) = devices.get_mut(&device) else {
             return;
         };
-        if let Some(t) = dev.token.take_if(|t| now >= t.expires_at)
-            && !t.ends
-            && let Some(c) = clients.get(&t.client)
-        {
-            dev.groups.entry(c.group.clone()).or_default().revocations += 1;
-        }
-        // The groups with a waiter, gathered once (few: a Vec, not a set
-        // built per request).
-        let mut waiting_groups: Vec<GroupKey> = Vec::new();
-        for w in &dev.waiters {
-            if !waiting_groups.contains(&w.group) {
-                waiting_groups.push(w.group.clone());
-            }
-        }
-        // A group kept off a reserved device waits for nothing here until
-        // the reservation ends: it is not throttled, not owed, and others'
-        // tokens are not shortened for it.
-        let (kept, waiting_groups): (Vec<GroupKey>, Vec<GroupKey>) =
-            waiting_groups.into_iter().partition(|k| kept_out(k));
-        let saved = params.saved_credit();
-        note_throttled(dev, &waiting_groups, config, retired, saved, now);
-        if dev.token.is_some() || dev.waiters.is_empty() {
-            return;
-        }
-        // Every waiter's group has its use on the device (a kept-out one
-        // too). (Not while the token is held: a waiter that left before
-        // it was served would leave a group that never ran marked away.)
-        for key in waiting_groups.iter().chain(&kept) {
-            if !dev.groups.contains_key(key) {
-                dev.groups.insert(key.clone(), GroupUse::default());
-            }
-        }
-        let waiting = |key: &GroupKey| waiting_groups.contains(key);
-        // The level groups are entitled to where no bound binds: water
-        // filling between the groups using the device.
-        let using: Vec<(GroupKey, f64, f64)> = groups_using(dev, waiting, now, params.window)
-            .into_iter()
-            .filter(|key| !kept_out(key))
-            .map(|key| {
-                let l = limits(config, retired, key);
-                (key.clone(), l.min_util, l.max_util)
-            })
-            .collect();
-        // (Only capped groups need it: none, and no water filling.)
-        let level = if using.iter().any(|u| u.2 < 1.0) {
-            let bounds: Vec<(f64, f64)> = using.iter().map(|u| (u.1, u.2)).collect();
-            water_level(&bounds)
-        } else {
-            1.0
-        };
-        // A latency-critical group's room: the share it may take first
-        // without breaking the `MinUtil` of the others using the device,
-        // nor its own `MaxUtil`.
-        let room = |key: &GroupKey| -> Option<f64> {
-            let l = limits(config, retired, key);
-            (l.latency == Latency::Critical).then(|| {
-                let others: f64 = using.iter().filter(|u| &u.0 != key).map(|u| u.1).sum();
-                l.max_util.min(1.0 - others)
-            })
-        };
-        // A group's rank: (class, key). Class 0: latency-critical group
-        // within its room (key: share - 2, before all others), real group
-        // below MinUtil (key: share - MinUtil); 1: other real group (key:
-        // share, plus how far its MaxUtil is below the level); 2: holder
-        // (key: share).
-        let rank_of = |key: &GroupKey, g: &mut GroupUse, min_util: f64, max_util: f64| {
-            let share = if g.usage.is_empty(now, params.window) {
-                0.0
-            } else {
-                g.share(now, params.window)
-            };
-            if *key == GroupKey::Holder {
-                (2, share)
-            } else if room(key).is_some_and(|r| share < r) {
-                (0, share - 2.0)
-            } else if share < min_util {
-                (0, share - min_util)
-            } else {
-                (1, share + at_cap_behind(share, max_util, level))
-            }
-        };
-        // Rank the waiters: (class, key, since). Capped groups in debt are
-        // not chosen; `due`: the earliest time one of them ranked before
-        // the chosen waiter is out of it.
-        let mut ranked: Vec<(Rank, usize, Micros)> = Vec::new();
-        // Each waiting group's (class, key, eligible at), worked out once
-        // for all its waiters; `None`: never eligible (a group unknown to
-        // the file).
-        let mut of_group: Vec<(&GroupKey, Option<GroupRank>)> = Vec::new();
-        for (i, w) in dev.waiters.iter().enumerate() {
-            // A job spanning devices waits for its turn (a job owed time
-            // too: it waits at most the turn and its drain, and is ranked
-            // first once the turn is over; served at once, its ranks and
-            // the turn's interleaved on both GPUs, and the jobs of two
-            // groups at MinUtil 0.5 made half their steps).
-            if !view.blocked.is_empty()
-                && clients
-                    .get(&w.client)
-                    .is_none_or(|c| view.blocks(c.job.as_deref()))
-                && !view.catch_up.contains(&w.client)
-            {
-                continue;
-            }
-            let known = of_group.iter().find(|(k, _)| *k == &w.group).map(|r| r.1);
-            let rank = match known {
-                Some(rank) => rank,
-                None if kept_out(&w.group) => {
-                    of_group.push((&w.group, None));
-                    None
-                }
-                None => {
-                    let Limits {
-                        min_util, max_util, ..
-                    } = limits(config, retired, &w.group);
-                    let rank = dev.groups.get_mut(&w.group).and_then(|g| {
-                        let at = g.eligible_at(now, max_util, saved)?;
-                        let (class, key) = rank_of(&w.group, g, min_util, max_util);
-                        Some((class, key, at))
-                    });
-                    of_group.push((&w.group, rank));
-                    rank
-                }
-            };
-            if let Some((class, key, at)) = rank {
-                ranked.push(((class, key, w.since, w.client), i, at));
-            }
-        }
-        let before = |a: &Rank, b: &Rank| a.partial_cmp(b) == Some(std::cmp::Ordering::Less);
-        // The job whose turn it is goes first, unless another group is
-        // below its MinUtil: turns align a job's ranks, they do not take
-        // a guarantee away.
-        let of_turn = |i: usize| {
-            clients
-                .get(&dev.waiters[i].client)
-                .is_some_and(|c| view.owns(c.job.as_deref()))
-        };
-        let owed_first = ranked
-            .iter()
-            .any(|((class, ..), i, at)| *at == now && !of_turn(*i) && *class == 0);
-        let turn_waits = !owed_first && ranked.iter().any(|(_, i, at)| *at == now && of_turn(*i));
-        let mut best: Option<(Rank, usize)> = None;
-        for (rank, i, at) in &ranked {
-            if *at == now
-                && (!turn_waits || of_turn(*i))
-                && best.as_ref().is_none_or(|(b, _)| before(rank, b))
-            {
-                best = Some((*rank, *i));
-            }
-        }
-        let Some((chosen, i)) = best else {
+        revoke_expired(dev, clients, now);
+        let Some(using) = who_may_run(dev, &reserved, config, retired, params, now) else {
             return;
         };
-        let due = ranked
-            .iter()
-            .filter(|(rank, _, at)| *at > now && before(rank, &chosen))
-            .map(|r| r.2)
-            .min();
-        let (class, key) = (chosen.0, chosen.1);
-        // A group owed time that is not waiting is between bursts and will
-        // be back: lend the device to others in short tokens only, so it
-        // waits at most one of them when it returns. Owed: active in the
-        // window, not paused, and ranked before the chosen waiter (below
-        // its MinUtil; or, for a real group chosen, less used as ranked
-        // above). The lent token ends about when such a group usually
-        // comes back (the earliest, learned from their past absences, and
-        // not before a capped one may run again; `back`), within
-        // [lent_min_quota, min_quota].
-        let (mut lent, mut back) = (false, None::<Micros>);
-        // A latency-critical group active here and within its room, not
-        // asking now: whoever is chosen gets a short token (at most
-        // CRITICAL_LEND_MAX), ending about when the critical group comes
-        // back, so that it waits little behind the work queued under it.
-        // `critical_back`: when the first of them is due back (expected,
-        // not before it may run), while it is late by less than
-        // CRITICAL_LEND_MAX: a critical group later than that is not
-        // waited for (a server whose requests come irregularly is late at
-        // every pause).
-        let (mut critical_owed, mut critical_back) = (false, None::<Micros>);
-        // When group `k`, not asking now (so active within the window,
-        // `using`), is expected back, if `owed(class, key)` says its rank
-        // is owed the device: `Some(None)` if its return is not known yet;
-        // `None` if it is not owed. With it, when it may run (its
-        // `MaxUtil`).
-        let mut owed_back = |k: &GroupKey, owed: &dyn Fn(u8, f64) -> bool| {
-            let Limits {
-                min_util, max_util, ..
-            } = limits(config, retired, k);
-            let g = dev.groups.get_mut(k)?;
-            let (c, kk) = rank_of(k, g, min_util, max_util);
-            if !owed(c, kk) {
-                return None;
-            }
-            let may_run = g.eligible_at(now, max_util, saved)?;
-            Some((g.expected_back(now, params.min_quota), may_run))
+        let d = Decision {
+            device,
+            now,
+            params: *params,
+            view: &view,
+            reserved: &reserved,
+            config,
+            retired,
+            level: level_of(&using),
+            using,
         };
-        for (k, ..) in &using {
-            if waiting(k) || room(k).is_none() {
-                continue;
-            }
-            // Within its room: ranked before all others.
-            let Some((expected, may_run)) = owed_back(k, &|c, kk| c == 0 && kk < -1.0) else {
-                continue;
-            };
-            critical_owed = true;
-            lent = true;
-            let at = expected.map(|t| t.max(may_run));
-            back = back.into_iter().chain(at).min();
-            // Its return: when it is expected, or when it may run if that
-            // is later; in the past while it is late. It is waited for
-            // until CRITICAL_LEND_MAX past that (a return is an average:
-            // about half come after it).
-            let due = expected.map(|t| if may_run > now { t.max(may_run) } else { t });
-            if let Some(due) = due.filter(|&d| now < d + CRITICAL_LEND_MAX)
-                && critical_back.is_none_or(|b| due < b)
-            {
-                critical_back = Some(due);
-            }
-        }
-        if class != 0 {
-            for (k, ..) in using.iter().filter(|u| !waiting(&u.0)) {
-                let owed = |c: u8, kk: f64| c == 0 || (class == 1 && c == 1 && kk < key);
-                let Some((expected, may_run)) = owed_back(k, &owed) else {
-                    continue;
-                };
-                lent = true;
-                back = back
-                    .into_iter()
-                    .chain(expected.map(|t| t.max(may_run)))
-                    .min();
-            }
-        }
-        // Another group in a job's turn: a short lent token, so that the
-        // job's rank that comes waits at most that.
-        if view.owner.is_some() && !turn_waits && !owed_first {
-            lent = true;
-            back = Some(now);
-        }
-        // A latency-critical group about to come back finds the device
-        // free: a waiter whose launches would not end before it (its last
-        // overrun, a kernel its hook admitted onto an empty queue, was
-        // longer than the time left) waits for the critical group's step,
-        // unless it is charged less than HOLD_SLACK above its MinUtil. The
-        // hold ends CRITICAL_LEND_MAX after the critical group was
-        // expected, and none begins once it is later than that. Only
-        // kernels a lent token can hold at all are waited out: a job of
-        // longer ones would otherwise get only its MinUtil. The time held
-        // is charged to nobody: no work of anyone's ran.
-        if class != 0
-            && let Some(b) = critical_back
-            && now < b + CRITICAL_LEND_MAX
-            && let Some(waiter) = clients.get(&dev.waiters[i].client)
-            && (1..=CRITICAL_LEND_MAX).contains(&waiter.launch_floor)
-            && b < now + waiter.launch_floor
-            && key - limits(config, retired, &waiter.group).min_util >= HOLD_SLACK
-        {
-            dev.hold_until = Some(b + CRITICAL_LEND_MAX);
+        let ranked = d.rank_waiters(dev, clients);
+        let Some(choice) = d.choose(dev, clients, &ranked) else {
+            return;
+        };
+        let critical = d.critical_away(dev);
+        let lending = d.lending(dev, &choice, &critical);
+        dev.hold_until = d.hold(dev, clients, &choice, &critical);
+        if dev.hold_until.is_some() {
             return;
         }
-        dev.hold_until = None;
-        // While other groups wait, tokens are as long as their group's
-        // entitlement against the largest among those taking turns, so
-        // that groups alternate and each waits about one token of each
-        // other: with equal tokens a group entitled to 0.3 beside one of
-        // 0.7 waited for two or three 100 ms tokens in a row (300 ms).
-        let chosen_group = &dev.waiters[i].group;
-        let ent = entitlements(&using.iter().map(|u| (u.1, u.2)).collect::<Vec<_>>());
-        let real = || {
-            using
-                .iter()
-                .zip(&ent)
-                .filter(|((k, ..), _)| *k != GroupKey::Holder)
-        };
-        let others_wait = real().any(|((k, ..), _)| k != chosen_group && waiting(k));
-        let mine = real().find(|((k, ..), _)| k == chosen_group);
-        let top = real().map(|(_, &e)| e).reduce(f64::max);
-        let turn_share = mine
-            .map(|(_, &e)| e)
-            .zip(top)
-            .filter(|&(mine, top)| others_wait && mine > 0.0 && top > mine)
-            .map(|(mine, top)| mine / top);
-        let w = dev.waiters.remove(i);
+        let w = dev.waiters.remove(choice.index);
         let Some(c) = clients.get_mut(&w.client) else {
             return;
         };
-        // Work still in flight from its last token is this token's now.
-        c.in_flight.remove(&device);
-        let burst = if w.burst == 0 {
-            params.base_quota
-        } else {
-            w.burst
-        };
-        // The holder's tokens are as short as its kernels: a real client
-        // waits at most one of them.
-        let floor = if c.role == Role::Holder {
-            HOLDER_MIN_QUOTA
-        } else {
-            params.min_quota
-        };
-        let mut quota = burst.clamp(floor.min(params.max_quota), params.max_quota);
-        if let Some(part) = turn_share {
-            quota = quota.min(((params.max_quota as f64 * part) as Micros).max(floor));
-        }
-        if lent {
-            let short = params.min_quota.max(floor);
-            let to_return = back.map_or(short, |t| {
-                t.saturating_sub(now)
-                    .clamp(lent_min_quota(dev.rtt()).min(short), short)
-            });
-            quota = quota.min(to_return);
-            if critical_owed {
-                quota = quota.min(CRITICAL_LEND_MAX);
-            }
-            if let Some(b) = critical_back {
-                let ends = b.saturating_sub(now + critical_margin(dev.rtt()));
-                quota = quota.min(ends.max(dev.rtt()));
-            }
-        }
-        // In its job's turn, a token ends with the turn; after it, with
-        // the step under way (the shortest, given back at the step's end).
-        let mut last_step = false;
-        if turn_waits && let Some((_, until)) = &view.owner {
-            quota = if now < *until {
-                quota.min(until.saturating_sub(now).max(lent_min_quota(dev.rtt())))
-            } else {
-                last_step = true;
-                quota.min(lent_min_quota(dev.rtt()))
-            };
-        }
-        // A capped group ranked before this one waits for its credit: the
-        // token ends when that group may run, so it does not wait longer,
-        // earning more than it may save.
-        if let Some(due) = due {
-            quota = quota.min(due.saturating_sub(now).max(floor));
-        }
-        // A capped group's token takes its credit at most `overdraft` into
-        // debt (it earns MaxUtil of the token's time while it runs).
-        let max_util = limits(config, retired, &c.group).max_util;
-        if max_util < 1.0
-            && let Some(g) = dev.groups.get(&c.group)
-        {
-            let credit = g.credit_now(now, max_util, saved).max(0) as f64;
-            let most = ((credit + params.overdraft() as f64) / (1.0 - max_util)) as Micros;
-            quota = quota.min(most.max(floor.min(params.max_quota)));
-        }
-        if let Some(g) = dev.groups.get_mut(&c.group)
-            && g.usage.is_empty(now, params.window)
-        {
-            g.active_since = now;
-        }
-        c.uncharged.insert(device, (now, quota));
-        c.granted.insert(device, (now, quota));
-        c.anchor.entry(device).or_insert(now);
-        // Its work from here on runs under this scheduler's tokens.
-        c.restored.remove(&device);
-        // A lent token's work fits in it (its hook keeps the queue within
-        // the quota): it is over at its end, and the group owed the device
-        // gets it a little before (`handover_lead`), without waiting for the
-        // borrower to wake up and report (charged when it does). Others
-        // keep the grace for draining their queued work.
-        let expires_at = if lent {
-            now + quota - handover_lead(dev.rtt()).min(quota / 4)
-        } else {
-            now + quota + params.grace
-        };
-        dev.token = Some(Grant {
-            client: w.client,
-            expires_at,
-            ends: lent,
-        });
-        out.push(Action::Reply {
-            client: w.client,
-            seq: w.seq,
-            reply: Reply::Token {
-                device,
-                quota_us: quota,
-                lent,
-                last_step,
-                held_us: now.saturating_sub(w.since),
-            },
-        });
+        let terms = d.terms(dev, c, &w, &choice, &lending, &critical);
+        d.grant(dev, c, &w, &terms, out);
         let job = c.job.clone();
-        self.note_turn_grant(&view, job.as_deref(), quota, now);
+        self.note_turn_grant(&view, job.as_deref(), terms.quota, now);
     }
 
-    /// The earliest time at which [`Event::Tick`] may change something: a
-    /// token expiring, or a capped group becoming eligible.
+    /// The earliest time at which [`Event::Tick`](super::Event::Tick) may
+    /// change something: a token expiring, or a capped group becoming
+    /// eligible.
     pub fn next_deadline(&mut self, now: Micros) -> Option<Micros> {
         let cap = self.params.saved_credit();
         let mut next: Option<Micros> = None;
@@ -796,5 +263,757 @@ impl Policy {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+}
+
+/// A group's rank among the waiters (see [`Decision::rank_of`]): its
+/// class (0: owed the device first, 1: other real groups, 2: the holder)
+/// and its key within the class, least first.
+#[derive(Debug, Clone, Copy)]
+struct GroupRank {
+    class: u8,
+    key: f64,
+}
+
+/// A waiter's place in line, least first: its group's rank, then since
+/// when it waits, then its connection (see [`Rank::before`]).
+#[derive(Debug, Clone, Copy)]
+struct Rank {
+    group: GroupRank,
+    since: Micros,
+    client: ClientId,
+}
+
+impl Rank {
+    /// Whether it goes before `other`: compared as the tuple (class, key,
+    /// waiting since, client), so that a key that is not a number puts
+    /// neither before the other.
+    fn before(&self, other: &Rank) -> bool {
+        let a = (self.group.class, self.group.key, self.since, self.client);
+        let b = (
+            other.group.class,
+            other.group.key,
+            other.since,
+            other.client,
+        );
+        a.partial_cmp(&b) == Some(std::cmp::Ordering::Less)
+    }
+}
+
+/// A waiting group's rank and when it may run (later than now: a capped
+/// group in debt), worked out once for all its waiters.
+#[derive(Debug, Clone, Copy)]
+struct Standing {
+    rank: GroupRank,
+    may_run: Micros,
+}
+
+/// A waiter that may be chosen: its place in line, its index among the
+/// device's waiters, and when its group may run.
+#[derive(Debug, Clone, Copy)]
+struct Ranked {
+    rank: Rank,
+    index: usize,
+    may_run: Micros,
+}
+
+/// The waiter chosen, and what the turns of jobs and the capped groups
+/// ranked before it mean for its token.
+#[derive(Debug)]
+struct Choice {
+    /// Its index among the device's waiters.
+    index: usize,
+    /// Its group's rank.
+    rank: GroupRank,
+    /// A waiter of the job whose turn it is may run now: only those were
+    /// chosen from.
+    turn_waits: bool,
+    /// A group owed the device (class 0) outside the turn may run now:
+    /// it goes before the turn.
+    owed_first: bool,
+    /// When the first capped group ranked before the chosen waiter may
+    /// run again (it waits for its credit); `None`: none does.
+    due: Option<Micros>,
+}
+
+/// When a group away from the device and owed it comes back.
+#[derive(Debug, Clone, Copy)]
+struct Return {
+    /// When it is expected back (`None`: not known yet, or long past;
+    /// see `GroupUse::expected_back`).
+    expected: Option<Micros>,
+    /// When it may run (its `MaxUtil`).
+    may_run: Micros,
+}
+
+/// The latency-critical groups active on the device and within their
+/// room, not asking now (see [`Decision::critical_away`]).
+#[derive(Debug, Default)]
+struct Critical {
+    /// One of them is away: whoever is chosen gets a short lent token (at
+    /// most [`CRITICAL_LEND_MAX`]).
+    owed: bool,
+    /// When the first of them is expected back, not before it may run:
+    /// the lent token ends about then.
+    back: Option<Micros>,
+    /// When the first of them is due back (expected, not before it may
+    /// run), while it is late by less than [`CRITICAL_LEND_MAX`]: a
+    /// critical group later than that is not waited for (a server whose
+    /// requests come irregularly is late at every pause).
+    due: Option<Micros>,
+}
+
+/// Whether the token granted is lent, and until when (see
+/// [`Decision::lending`]).
+#[derive(Debug)]
+struct Lending {
+    /// A group owed the device is between bursts and will be back (or a
+    /// rank of the job whose turn it is may come): the token is short
+    /// and ends by design.
+    lent: bool,
+    /// When the first group owed the device is expected back (not before
+    /// it may run); `None`: not known.
+    back: Option<Micros>,
+}
+
+/// The token granted: its length, whether it is lent, and whether it
+/// ends with the step under way (its job's turn is over).
+#[derive(Debug)]
+struct Terms {
+    quota: Micros,
+    lent: bool,
+    last_step: bool,
+}
+
+/// What one grant on one device is decided from: the time, the timing
+/// parameters, the turns of jobs, the reservations, and the groups using
+/// the device with their limits (looked up once for the decision).
+#[derive(Debug)]
+struct Decision<'a> {
+    device: DeviceId,
+    now: Micros,
+    params: Params,
+    view: &'a gang::TurnView,
+    /// The groups holding a reservation of the device (see
+    /// `reserve::kept_out`).
+    reserved: &'a [&'a str],
+    config: &'a ResourceConfig,
+    retired: &'a BTreeMap<String, GroupConfig>,
+    /// The groups using the device (waiting, or active within the window
+    /// and not paused), none of them kept out by a reservation.
+    using: Vec<Using>,
+    /// The level groups are entitled to where no bound binds (see
+    /// [`level_of`]).
+    level: f64,
+}
+
+/// Takes `dev`'s token back once it expired: one that did not end by
+/// design (lent, or its end announced) counts as revoked against its
+/// client's group.
+fn revoke_expired(dev: &mut Device, clients: &BTreeMap<ClientId, Client>, now: Micros) {
+    if let Some(t) = dev.token.take_if(|t| now >= t.expires_at)
+        && !t.ends
+        && let Some(c) = clients.get(&t.client)
+    {
+        dev.groups.entry(c.group.clone()).or_default().revocations += 1;
+    }
+}
+
+/// Who may run on `dev` (the first step of a grant): the groups with a
+/// waiter there but those a reservation keeps off it (`reserved`: the
+/// groups holding one). Opens or closes the throttled periods of the
+/// groups `MaxUtil` holds back. `None` while the token is held or nobody
+/// waits; otherwise the groups using the device, with their limits.
+fn who_may_run(
+    dev: &mut Device,
+    reserved: &[&str],
+    config: &ResourceConfig,
+    retired: &BTreeMap<String, GroupConfig>,
+    params: &Params,
+    now: Micros,
+) -> Option<Vec<Using>> {
+    let kept_out = |key: &GroupKey| reserve::kept_out(reserved, key);
+    // The groups with a waiter, gathered once (few: a Vec, not a set
+    // built per request).
+    let mut waiting_groups: Vec<GroupKey> = Vec::new();
+    for w in &dev.waiters {
+        if !waiting_groups.contains(&w.group) {
+            waiting_groups.push(w.group.clone());
+        }
+    }
+    // A group kept off a reserved device waits for nothing here until
+    // the reservation ends: it is not throttled, not owed, and others'
+    // tokens are not shortened for it.
+    let (kept, waiting): (Vec<GroupKey>, Vec<GroupKey>) =
+        waiting_groups.into_iter().partition(|k| kept_out(k));
+    let waiting: Vec<Using> = waiting
+        .into_iter()
+        .map(|key| Using {
+            limits: limits(config, retired, &key),
+            key,
+            waiting: true,
+        })
+        .collect();
+    note_throttled(dev, &waiting, params.saved_credit(), now);
+    if dev.token.is_some() || dev.waiters.is_empty() {
+        return None;
+    }
+    // Every waiter's group has its use on the device (a kept-out one
+    // too). (Not while the token is held: a waiter that left before
+    // it was served would leave a group that never ran marked away.)
+    for key in waiting.iter().map(|u| &u.key).chain(&kept) {
+        if !dev.groups.contains_key(key) {
+            dev.groups.insert(key.clone(), GroupUse::default());
+        }
+    }
+    let waits = |key: &GroupKey| waiting.iter().any(|u| &u.key == key);
+    let using = groups_using(dev, waits, now, params.window)
+        .into_iter()
+        .filter(|key| !kept_out(key))
+        .map(|key| match waiting.iter().find(|u| &u.key == key) {
+            Some(u) => u.clone(),
+            None => Using {
+                key: key.clone(),
+                limits: limits(config, retired, key),
+                waiting: false,
+            },
+        })
+        .collect();
+    Some(using)
+}
+
+/// The level groups `using` the device are entitled to where no bound
+/// binds: water filling between them. (Only capped groups need it: none,
+/// and no water filling.)
+fn level_of(using: &[Using]) -> f64 {
+    if using.iter().any(|u| u.limits.max_util < 1.0) {
+        water_level(&bounds(using))
+    } else {
+        1.0
+    }
+}
+
+/// The `(MinUtil, MaxUtil)` of each group in `using`, in order.
+fn bounds(using: &[Using]) -> Vec<(f64, f64)> {
+    using
+        .iter()
+        .map(|u| (u.limits.min_util, u.limits.max_util))
+        .collect()
+}
+
+impl Decision<'_> {
+    /// `key`'s limits: as looked up for the groups using the device, or
+    /// from the file (the holder).
+    fn limits(&self, key: &GroupKey) -> Limits {
+        match self.using.iter().find(|u| &u.key == key) {
+            Some(u) => u.limits,
+            None => limits(self.config, self.retired, key),
+        }
+    }
+
+    /// A latency-critical group's room: the share it may take first
+    /// without breaking the `MinUtil` of the others using the device,
+    /// nor its own `MaxUtil`. `None` for a group of another class.
+    fn room(&self, key: &GroupKey) -> Option<f64> {
+        let l = self.limits(key);
+        (l.latency == Latency::Critical).then(|| {
+            let others: f64 = self
+                .using
+                .iter()
+                .filter(|u| &u.key != key)
+                .map(|u| u.limits.min_util)
+                .sum();
+            l.max_util.min(1.0 - others)
+        })
+    }
+
+    /// Who is owed the device: a group's rank. Class 0: latency-critical
+    /// group within its room (key: share - 2, before all others), real
+    /// group below MinUtil (key: share - MinUtil); 1: other real group
+    /// (key: share, plus how far its MaxUtil is below the level); 2:
+    /// holder (key: share).
+    fn rank_of(&self, key: &GroupKey, g: &mut GroupUse) -> GroupRank {
+        let Limits {
+            min_util, max_util, ..
+        } = self.limits(key);
+        let (now, window) = (self.now, self.params.window);
+        let share = if g.usage.is_empty(now, window) {
+            0.0
+        } else {
+            g.share(now, window)
+        };
+        let (class, key) = if *key == GroupKey::Holder {
+            (2, share)
+        } else if self.room(key).is_some_and(|r| share < r) {
+            (0, share - 2.0)
+        } else if share < min_util {
+            (0, share - min_util)
+        } else {
+            (1, share + at_cap_behind(share, max_util, self.level))
+        };
+        GroupRank { class, key }
+    }
+
+    /// Whether waiter `w` is a rank of a job that waits for its turn (a
+    /// job owed time too: it waits at most the turn and its drain, and is
+    /// ranked first once the turn is over; served at once, its ranks and
+    /// the turn's interleaved on both GPUs, and the jobs of two groups at
+    /// MinUtil 0.5 made half their steps).
+    fn waits_for_turn(&self, clients: &BTreeMap<ClientId, Client>, w: &Waiter) -> bool {
+        !self.view.blocked.is_empty()
+            && clients
+                .get(&w.client)
+                .is_none_or(|c| self.view.blocks(c.job.as_deref()))
+            && !self.view.catch_up.contains(&w.client)
+    }
+
+    /// The waiters that may be chosen, ranked, with when their group may
+    /// run: capped groups in debt are not chosen, but a token ends when
+    /// one ranked before the chosen waiter may run (see [`Choice::due`]).
+    /// Left out: ranks of a job waiting for its turn, groups kept out by
+    /// a reservation, and groups never eligible (unknown to the file).
+    fn rank_waiters(&self, dev: &mut Device, clients: &BTreeMap<ClientId, Client>) -> Vec<Ranked> {
+        let saved = self.params.saved_credit();
+        let mut ranked: Vec<Ranked> = Vec::new();
+        // Each waiting group's standing, worked out once for all its
+        // waiters; `None`: never eligible.
+        let mut of_group: Vec<(&GroupKey, Option<Standing>)> = Vec::new();
+        for (i, w) in dev.waiters.iter().enumerate() {
+            if self.waits_for_turn(clients, w) {
+                continue;
+            }
+            let known = of_group.iter().find(|(k, _)| *k == &w.group).map(|r| r.1);
+            let standing = match known {
+                Some(standing) => standing,
+                None if reserve::kept_out(self.reserved, &w.group) => {
+                    of_group.push((&w.group, None));
+                    None
+                }
+                None => {
+                    let max_util = self.limits(&w.group).max_util;
+                    let standing = dev.groups.get_mut(&w.group).and_then(|g| {
+                        let may_run = g.eligible_at(self.now, max_util, saved)?;
+                        let rank = self.rank_of(&w.group, g);
+                        Some(Standing { rank, may_run })
+                    });
+                    of_group.push((&w.group, standing));
+                    standing
+                }
+            };
+            if let Some(Standing { rank, may_run }) = standing {
+                let rank = Rank {
+                    group: rank,
+                    since: w.since,
+                    client: w.client,
+                };
+                ranked.push(Ranked {
+                    rank,
+                    index: i,
+                    may_run,
+                });
+            }
+        }
+        ranked
+    }
+
+    /// Who gets the token: the first of the `ranked` waiters whose group
+    /// may run now. The job whose turn it is goes first, unless another
+    /// group is below its MinUtil: turns align a job's ranks, they do not
+    /// take a guarantee away.
+    fn choose(
+        &self,
+        dev: &Device,
+        clients: &BTreeMap<ClientId, Client>,
+        ranked: &[Ranked],
+    ) -> Option<Choice> {
+        let now = self.now;
+        let of_turn = |i: usize| {
+            clients
+                .get(&dev.waiters[i].client)
+                .is_some_and(|c| self.view.owns(c.job.as_deref()))
+        };
+        let owed_first = ranked
+            .iter()
+            .any(|r| r.may_run == now && !of_turn(r.index) && r.rank.group.class == 0);
+        let turn_waits = !owed_first && ranked.iter().any(|r| r.may_run == now && of_turn(r.index));
+        let mut best: Option<&Ranked> = None;
+        for r in ranked {
+            if r.may_run == now
+                && (!turn_waits || of_turn(r.index))
+                && best.is_none_or(|b| r.rank.before(&b.rank))
+            {
+                best = Some(r);
+            }
+        }
+        let chosen = best?;
+        let due = ranked
+            .iter()
+            .filter(|r| r.may_run > now && r.rank.before(&chosen.rank))
+            .map(|r| r.may_run)
+            .min();
+        Some(Choice {
+            index: chosen.index,
+            rank: chosen.rank.group,
+            turn_waits,
+            owed_first,
+            due,
+        })
+    }
+
+    /// When group `key`, not asking now (so active within the window, in
+    /// `using`), is expected back, if `owed` says its rank is owed the
+    /// device; `None` if it is not owed (or may never run).
+    fn owed_back(
+        &self,
+        dev: &mut Device,
+        key: &GroupKey,
+        owed: impl Fn(GroupRank) -> bool,
+    ) -> Option<Return> {
+        let max_util = self.limits(key).max_util;
+        let g = dev.groups.get_mut(key)?;
+        if !owed(self.rank_of(key, g)) {
+            return None;
+        }
+        let may_run = g.eligible_at(self.now, max_util, self.params.saved_credit())?;
+        Some(Return {
+            expected: g.expected_back(self.now, self.params.min_quota),
+            may_run,
+        })
+    }
+
+    /// The latency-critical groups active here and within their room, not
+    /// asking now: whoever is chosen gets a short token (at most
+    /// [`CRITICAL_LEND_MAX`]), ending about when the critical group comes
+    /// back, so that it waits little behind the work queued under it.
+    fn critical_away(&self, dev: &mut Device) -> Critical {
+        let mut critical = Critical::default();
+        for u in &self.using {
+            if u.waiting || self.room(&u.key).is_none() {
+                continue;
+            }
+            // Within its room: ranked before all others.
+            let owed = |r: GroupRank| r.class == 0 && r.key < -1.0;
+            let Some(Return { expected, may_run }) = self.owed_back(dev, &u.key, owed) else {
+                continue;
+            };
+            critical.owed = true;
+            let at = expected.map(|t| t.max(may_run));
+            critical.back = critical.back.into_iter().chain(at).min();
+            // Its return: when it is expected, or when it may run if that
+            // is later; in the past while it is late. It is waited for
+            // until CRITICAL_LEND_MAX past that (a return is an average:
+            // about half come after it).
+            let due = expected.map(|t| {
+                if may_run > self.now {
+                    t.max(may_run)
+                } else {
+                    t
+                }
+            });
+            if let Some(due) = due.filter(|&d| self.now < d + CRITICAL_LEND_MAX)
+                && critical.due.is_none_or(|b| due < b)
+            {
+                critical.due = Some(due);
+            }
+        }
+        critical
+    }
+
+    /// What is lent. A group owed time that is not waiting is between
+    /// bursts and will be back: lend the device to others in short tokens
+    /// only, so it waits at most one of them when it returns. Owed: active
+    /// in the window, not paused, and ranked before the chosen waiter
+    /// (below its MinUtil; or, for a real group chosen, less used as
+    /// ranked); a latency-critical group away (`critical`) is. The lent
+    /// token ends about when such a group usually comes back (the
+    /// earliest, learned from their past absences, and not before a
+    /// capped one may run again; `back`), within [lent_min_quota,
+    /// min_quota].
+    fn lending(&self, dev: &mut Device, choice: &Choice, critical: &Critical) -> Lending {
+        let mut lending = Lending {
+            lent: critical.owed,
+            back: critical.back,
+        };
+        let GroupRank { class, key } = choice.rank;
+        if class != 0 {
+            for u in self.using.iter().filter(|u| !u.waiting) {
+                let owed =
+                    |r: GroupRank| r.class == 0 || (class == 1 && r.class == 1 && r.key < key);
+                let Some(Return { expected, may_run }) = self.owed_back(dev, &u.key, owed) else {
+                    continue;
+                };
+                lending.lent = true;
+                lending.back = lending
+                    .back
+                    .into_iter()
+                    .chain(expected.map(|t| t.max(may_run)))
+                    .min();
+            }
+        }
+        // Another group in a job's turn: a short lent token, so that the
+        // job's rank that comes waits at most that.
+        if self.view.owner.is_some() && !choice.turn_waits && !choice.owed_first {
+            lending = Lending {
+                lent: true,
+                back: Some(self.now),
+            };
+        }
+        lending
+    }
+
+    /// The hold for a latency-critical group: one about to come back
+    /// finds the device free. A waiter whose launches would not end
+    /// before it (its last overrun, a kernel its hook admitted onto an
+    /// empty queue, was longer than the time left) waits for the critical
+    /// group's step, unless it is charged less than HOLD_SLACK above its
+    /// MinUtil. The hold ends CRITICAL_LEND_MAX after the critical group
+    /// was expected, and none begins once it is later than that. Only
+    /// kernels a lent token can hold at all are waited out: a job of
+    /// longer ones would otherwise get only its MinUtil. The time held is
+    /// charged to nobody: no work of anyone's ran. Returns when the hold
+    /// ends; `None`: no hold, the chosen waiter is served.
+    fn hold(
+        &self,
+        dev: &Device,
+        clients: &BTreeMap<ClientId, Client>,
+        choice: &Choice,
+        critical: &Critical,
+    ) -> Option<Micros> {
+        let GroupRank { class, key } = choice.rank;
+        let now = self.now;
+        if class != 0
+            && let Some(b) = critical.due
+            && now < b + CRITICAL_LEND_MAX
+            && let Some(waiter) = clients.get(&dev.waiters[choice.index].client)
+            && (1..=CRITICAL_LEND_MAX).contains(&waiter.launch_floor)
+            && b < now + waiter.launch_floor
+            && key - self.limits(&waiter.group).min_util >= HOLD_SLACK
+        {
+            return Some(b + CRITICAL_LEND_MAX);
+        }
+        None
+    }
+
+    /// The part of the longest token `group` gets while other groups
+    /// wait: its entitlement against the largest among those taking
+    /// turns, so that groups alternate and each waits about one token of
+    /// each other: with equal tokens a group entitled to 0.3 beside one of
+    /// 0.7 waited for two or three 100 ms tokens in a row (300 ms).
+    /// `None`: no cut (nobody else waits, or it is the largest).
+    fn turn_share(&self, group: &GroupKey) -> Option<f64> {
+        let ent = entitlements(&bounds(&self.using));
+        let real = || {
+            self.using
+                .iter()
+                .zip(&ent)
+                .filter(|(u, _)| u.key != GroupKey::Holder)
+        };
+        let others_wait = real().any(|(u, _)| &u.key != group && u.waiting);
+        let mine = real().find(|(u, _)| &u.key == group);
+        let top = real().map(|(_, &e)| e).reduce(f64::max);
+        mine.map(|(_, &e)| e)
+            .zip(top)
+            .filter(|&(mine, top)| others_wait && mine > 0.0 && top > mine)
+            .map(|(mine, top)| mine / top)
+    }
+
+    /// How long the token granted to `c` (waiter `w`) is: its predicted
+    /// burst within `[min_quota, max_quota]`, cut to its group's turn
+    /// share, to the return of a group owed the device (see
+    /// [`Decision::lent_quota`]), to its job's turn, to when a capped
+    /// group ranked before it may run, and to its own `MaxUtil` credit.
+    fn terms(
+        &self,
+        dev: &Device,
+        c: &Client,
+        w: &Waiter,
+        choice: &Choice,
+        lending: &Lending,
+        critical: &Critical,
+    ) -> Terms {
+        let (params, now) = (&self.params, self.now);
+        let burst = if w.burst == 0 {
+            params.base_quota
+        } else {
+            w.burst
+        };
+        // The holder's tokens are as short as its kernels: a real client
+        // waits at most one of them.
+        let floor = if c.role == Role::Holder {
+            HOLDER_MIN_QUOTA
+        } else {
+            params.min_quota
+        };
+        let mut quota = burst.clamp(floor.min(params.max_quota), params.max_quota);
+        if let Some(part) = self.turn_share(&w.group) {
+            quota = quota.min(((params.max_quota as f64 * part) as Micros).max(floor));
+        }
+        if lending.lent {
+            quota = self.lent_quota(dev, quota, floor, lending, critical);
+        }
+        // In its job's turn, a token ends with the turn; after it, with
+        // the step under way (the shortest, given back at the step's end).
+        let mut last_step = false;
+        if choice.turn_waits
+            && let Some((_, until)) = &self.view.owner
+        {
+            quota = if now < *until {
+                quota.min(until.saturating_sub(now).max(lent_min_quota(dev.rtt())))
+            } else {
+                last_step = true;
+                quota.min(lent_min_quota(dev.rtt()))
+            };
+        }
+        // A capped group ranked before this one waits for its credit: the
+        // token ends when that group may run, so it does not wait longer,
+        // earning more than it may save.
+        if let Some(due) = choice.due {
+            quota = quota.min(due.saturating_sub(now).max(floor));
+        }
+        Terms {
+            quota: self.overdraft_quota(dev, &c.group, quota, floor),
+            lent: lending.lent,
+            last_step,
+        }
+    }
+
+    /// A lent token's `quota`: it ends when the group owed the device is
+    /// back (within [lent_min_quota, min_quota]); beside a latency-critical
+    /// group away, at most [`CRITICAL_LEND_MAX`], and [`critical_margin`]
+    /// before it is due (at least one round trip).
+    fn lent_quota(
+        &self,
+        dev: &Device,
+        quota: Micros,
+        floor: Micros,
+        lending: &Lending,
+        critical: &Critical,
+    ) -> Micros {
+        let now = self.now;
+        let short = self.params.min_quota.max(floor);
+        let to_return = lending.back.map_or(short, |t| {
+            t.saturating_sub(now)
+                .clamp(lent_min_quota(dev.rtt()).min(short), short)
+        });
+        let mut quota = quota.min(to_return);
+        if critical.owed {
+            quota = quota.min(CRITICAL_LEND_MAX);
+        }
+        if let Some(b) = critical.due {
+            let ends = b.saturating_sub(now + critical_margin(dev.rtt()));
+            quota = quota.min(ends.max(dev.rtt()));
+        }
+        quota
+    }
+
+    /// A capped group's token takes its credit at most `overdraft` into
+    /// debt (it earns MaxUtil of the token's time while it runs): `quota`
+    /// cut so for `group`.
+    fn overdraft_quota(
+        &self,
+        dev: &Device,
+        group: &GroupKey,
+        quota: Micros,
+        floor: Micros,
+    ) -> Micros {
+        let params = &self.params;
+        let max_util = self.limits(group).max_util;
+        if max_util < 1.0
+            && let Some(g) = dev.groups.get(group)
+        {
+            let credit = g
+                .credit_now(self.now, max_util, params.saved_credit())
+                .max(0) as f64;
+            let most = ((credit + params.overdraft() as f64) / (1.0 - max_util)) as Micros;
+            return quota.min(most.max(floor.min(params.max_quota)));
+        }
+        quota
+    }
+
+    /// The grant: `c` (waiter `w`, taken out of the line) gets the token
+    /// on `terms`, and is told so. A lent token's work fits in it (its
+    /// hook keeps the queue within the quota): it is over at its end, and
+    /// the group owed the device gets it a little before
+    /// (`handover_lead`), without waiting for the borrower to wake up and
+    /// report (charged when it does). Others keep the grace for draining
+    /// their queued work.
+    fn grant(
+        &self,
+        dev: &mut Device,
+        c: &mut Client,
+        w: &Waiter,
+        terms: &Terms,
+        out: &mut Vec<Action>,
+    ) {
+        let (now, device, quota) = (self.now, self.device, terms.quota);
+        // Work still in flight from its last token is this token's now.
+        c.in_flight.remove(&device);
+        if let Some(g) = dev.groups.get_mut(&c.group)
+            && g.usage.is_empty(now, self.params.window)
+        {
+            g.active_since = now;
+        }
+        c.uncharged.insert(device, (now, quota));
+        c.granted.insert(device, (now, quota));
+        c.anchor.entry(device).or_insert(now);
+        // Its work from here on runs under this scheduler's tokens.
+        c.restored.remove(&device);
+        let expires_at = if terms.lent {
+            now + quota - handover_lead(dev.rtt()).min(quota / 4)
+        } else {
+            now + quota + self.params.grace
+        };
+        dev.token = Some(Grant {
+            client: w.client,
+            expires_at,
+            ends: terms.lent,
+        });
+        out.push(Action::Reply {
+            client: w.client,
+            seq: w.seq,
+            reply: Reply::Token {
+                device,
+                quota_us: quota,
+                lent: terms.lent,
+                last_step: terms.last_step,
+                held_us: now.saturating_sub(w.since),
+            },
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(class: u8, key: f64, since: Micros, client: ClientId) -> Rank {
+        Rank {
+            group: GroupRank { class, key },
+            since,
+            client,
+        }
+    }
+
+    /// Waiters go by class, then key, then since when they wait, then
+    /// connection; a key that is not a number puts neither before the
+    /// other (as the tuple of the four compared, which ranks were).
+    #[test]
+    fn a_rank_goes_by_class_key_since_and_client() {
+        let line = [
+            rank(0, -0.5, 10, 1),
+            rank(0, -0.5, 10, 2),
+            rank(0, -0.5, 20, 1),
+            rank(0, 0.1, 0, 0),
+            rank(1, -5.0, 0, 0),
+            rank(2, -9.0, 0, 0),
+        ];
+        for (i, a) in line.iter().enumerate() {
+            for (j, b) in line.iter().enumerate() {
+                assert_eq!(a.before(b), i < j, "{a:?} before {b:?}");
+            }
+        }
+        let nan = rank(1, f64::NAN, 0, 0);
+        assert!(!nan.before(&rank(1, 0.0, 0, 0)) && !rank(1, 0.0, 0, 0).before(&nan));
+        assert!(rank(0, f64::NAN, 0, 0).before(&rank(1, 0.0, 0, 0)));
     }
 }

@@ -4,7 +4,7 @@
 
 use super::*;
 use gemini_config::parse_resource;
-use gemini_protocol::{DeviceActivity, GpuRequest, HolderOrder};
+use gemini_protocol::{DeviceActivity, GpuRequest, HeldMemory, HolderOrder, Span, StatusReport};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::Path;
