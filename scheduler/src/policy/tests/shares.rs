@@ -495,3 +495,33 @@ fn status_shows_a_capped_share_within_its_documented_bound() {
         }
     }
 }
+
+/// A group whose launches are long and cannot be split (a CUDA graph's
+/// replay of 21 ms, admitted whole onto an empty queue) beside an eager
+/// group that gives the device back for a moment between its 20 ms steps
+/// (its hook goes quiet after each wait): each moment must not hand the
+/// long launch the device, or the eager group waits 21 ms for each of its
+/// steps and the two split the device 0.5/0.5 whatever their MinUtil
+/// (seen in 2 of 13 runs on an independent simulator).
+#[test]
+fn an_unsplittable_launch_is_not_lent_the_gaps_of_a_group_owed_time() {
+    let mut sim = Sim::new("[low]\nMinUtil=0.3\n[high]\nMinUtil=0.7\n");
+    sim.add("low", Demand::Kernels(21 * MS));
+    sim.add(
+        "high",
+        Demand::Bursty {
+            burst: 20 * MS,
+            gap: 200,
+        },
+    );
+    sim.run_until(12 * SEC);
+    let (from, to) = (2 * SEC, 12 * SEC);
+    let (l, h) = (
+        sim.group_share("low", from, to),
+        sim.group_share("high", from, to),
+    );
+    assert!(
+        (l - 0.3).abs() <= 0.03 && (h - 0.7).abs() <= 0.03,
+        "low {l:.3}, high {h:.3}: want 0.3/0.7"
+    );
+}
