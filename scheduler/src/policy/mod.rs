@@ -379,6 +379,15 @@ struct Client {
     /// overran): at least one of its launches, which its hook admits onto
     /// an empty queue even when it outlasts the token.
     launch_floor: Micros,
+    /// The device time its last lent token took where it overran it (µs;
+    /// 0: its last lent token's work fitted): one launch longer than the
+    /// token, admitted whole onto an empty queue (a CUDA graph's replay),
+    /// as its hook keeps the rest of a lent token's queue within it. Not
+    /// learned from other tokens, whose queues run past their end by a
+    /// little as a rule (see `Decision::hold_for_owed`).
+    long_launch: Micros,
+    /// Devices where its last token, not reported yet, was lent.
+    lent: BTreeSet<DeviceId>,
 }
 
 #[derive(Debug, Clone)]

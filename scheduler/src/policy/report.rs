@@ -56,6 +56,7 @@ impl Policy {
             return;
         };
         let token = c.uncharged.remove(&device);
+        let lent = c.lent.remove(&device);
         let dev = self.devices.entry(device).or_default();
         if dev.token.as_ref().is_some_and(|t| t.client == client) {
             dev.token = None;
@@ -81,6 +82,9 @@ impl Policy {
                     f if used <= f => used,
                     f => f + (used - f) / 8,
                 };
+            }
+            if lent {
+                c.long_launch = if used > quota { used } else { 0 };
             }
         }
     }

@@ -664,6 +664,8 @@ impl Policy {
                 job: None,
                 turn_done: BTreeMap::new(),
                 launch_floor: 0,
+                long_launch: 0,
+                lent: BTreeSet::new(),
             },
         );
         Reply::Welcome {

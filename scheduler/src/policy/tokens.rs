@@ -834,11 +834,19 @@ impl Decision<'_> {
     /// 0.3 beside an eager one at 0.7 that gave the device back for 0.2 ms
     /// between its 20 ms steps split the device 0.51/0.49 (seen in 2 of 13
     /// runs on an independent simulator, where the eager group's hook had
-    /// learned to go quiet after its waits). The hold ends
-    /// [`OWED_HOLD_MAX`] after the group was expected, and none begins
-    /// once it is later than that; the time held is charged to nobody.
-    /// Launches a lent token can hold are lent the gap as before: the
-    /// owed group waits at most that token.
+    /// learned to go quiet after its waits). A launch's length is known
+    /// only from a lent token it overran (`Client::long_launch`): other
+    /// tokens' queues run past their end by a little as a rule, and an
+    /// eager trainer held on that reading would idle the device at every
+    /// return. The hold begins at most [`OWED_HOLD_MAX`] before the group
+    /// is expected and ends that long after (none begins once it is later
+    /// than that): at most twice that of idle time per return, charged to
+    /// nobody. A waiter below its own `MinUtil` is never held, so the
+    /// waiter keeps its guarantee; above it, a group that comes back less
+    /// than [`OWED_HOLD_MAX`] after it left can keep it off the device
+    /// (its `MinUtil` was the waiter's only promise). Launches a lent
+    /// token can hold are lent the gap as before: the owed group waits
+    /// at most that token.
     fn hold_for_owed(
         &self,
         dev: &Device,
@@ -851,8 +859,9 @@ impl Decision<'_> {
         let waiter = clients.get(&dev.waiters[choice.index].client)?;
         (choice.rank.class == 1
             && now < b + OWED_HOLD_MAX
-            && waiter.launch_floor > self.params.min_quota
-            && b < now + waiter.launch_floor)
+            && b <= now + OWED_HOLD_MAX
+            && waiter.long_launch > self.params.min_quota
+            && b < now + waiter.long_launch)
             .then_some(b + OWED_HOLD_MAX)
     }
 
@@ -1016,6 +1025,11 @@ impl Decision<'_> {
             g.active_since = now;
         }
         c.uncharged.insert(device, (now, quota));
+        if terms.lent {
+            c.lent.insert(device);
+        } else {
+            c.lent.remove(&device);
+        }
         c.granted.insert(device, (now, quota));
         c.anchor.entry(device).or_insert(now);
         // Its work from here on runs under this scheduler's tokens.

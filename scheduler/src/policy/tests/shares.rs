@@ -525,3 +525,43 @@ fn an_unsplittable_launch_is_not_lent_the_gaps_of_a_group_owed_time() {
         "low {l:.3}, high {h:.3}: want 0.3/0.7"
     );
 }
+
+/// An eager group above its MinUtil whose last ordinary token ran past
+/// its end (its queue drained a little late, as it does) is still lent
+/// the gap of a group below its MinUtil: a launch's length is learned
+/// from a lent token it overran, not from any overrun. (Read from every
+/// overrun, a 10.5 ms token made the eager group look like one of long
+/// launches, and the device was held idle at every return.)
+#[test]
+fn an_overrun_ordinary_token_does_not_make_a_group_wait_for_returns() {
+    let mut p = Policy::new(Params::default(), config("[eager]\n[owed]\nMinUtil=0.7\n"));
+    hello(&mut p, 1, "eager");
+    hello(&mut p, 2, "owed");
+    // The owed group runs 20 ms and leaves for 0.2 ms, twice: its return
+    // is learned.
+    let mut now = 0;
+    for _ in 0..2 {
+        send(&mut p, 2, acquire(), now);
+        now += 20 * MS;
+        send(&mut p, 2, release_ran(now - 20 * MS, now), now);
+        now += 200;
+    }
+    // The eager group's ordinary token (the device free) overran by
+    // 0.5 ms.
+    let r = send(&mut p, 1, acquire(), now);
+    let (_, quota, lent) = token(&r).expect("granted");
+    assert!(!lent && quota > 10 * MS, "an ordinary token: {r:?}");
+    send(&mut p, 2, acquire(), now);
+    let start = now;
+    now += quota + 500;
+    send(&mut p, 1, release_ran(start, now), now);
+    // The owed group takes its turn and leaves again; the eager group
+    // asks meanwhile: lent the gap, not held.
+    now += 20 * MS;
+    send(&mut p, 2, release_ran(now - 20 * MS, now), now);
+    let r = send(&mut p, 1, acquire(), now + 10);
+    assert!(
+        token(&r).is_some_and(|t| t.0 == 1),
+        "the eager group was kept waiting: {r:?}"
+    );
+}
