@@ -65,16 +65,34 @@ macro_rules! real_call {
     }};
 }
 
+/// The driver's CUDA version (`cuDriverGetVersion`: 12080 for 12.8), read
+/// once; 0 where it cannot be read.
+pub fn driver_version() -> i32 {
+    static VERSION: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let mut v: i32 = 0;
+        let r = real_call!(c"cuDriverGetVersion", fn(*mut i32), &mut v);
+        if r == CUDA_SUCCESS { v } else { 0 }
+    })
+}
+
 /// The device ordinal of context `ctx` (any thread's): `cuCtxGetDevice_v2`
 /// (CUDA 13.0), else `cuCtxGetDevice` with `ctx` pushed and popped.
 pub fn ctx_device(ctx: *mut c_void) -> Option<i32> {
     let mut dev: i32 = -1;
-    let r = real_call!(
+    // A driver before 13.0 answers the request for the 13.0 function with
+    // `cuCtxGetDevice` itself, which takes no context and says the
+    // current one's device.
+    let r = if driver_version() < 13000 {
+        CUDA_ERROR_NOT_FOUND
+    } else {
+        real_call!(
         c"cuCtxGetDevice_v2" @ c"cuCtxGetDevice", 13000, 0,
         fn(*mut i32, *mut c_void),
-        &mut dev,
-        ctx
-    );
+            &mut dev,
+            ctx
+        )
+    };
     if r == CUDA_SUCCESS {
         return (dev >= 0).then_some(dev);
     }

@@ -192,22 +192,25 @@ pub fn admit_streams(mut streams: Vec<*mut c_void>) -> Result<Vec<InCall>, CUres
 fn admit_cost(stream: *mut c_void, per_thread: bool, cost: u64) -> Result<InCall, CUresult> {
     // An explicit stream's work runs on the stream's GPU, whatever context
     // is current (a `CUkernel` runs in the stream's context, cuda.h): on a
-    // machine of several GPUs it is gated there (one driver call more a
-    // launch, where `current_device` makes one already).
+    // machine of several GPUs it is gated there (`cuStreamGetCtx` and the
+    // look-up of the context's GPU instead of `cuCtxGetDevice`; a
+    // one-GPU process pays nothing).
     let multi = state::current().is_some_and(|s| !s.single_device);
     let on_stream = if multi && (stream as usize) > 2 {
         stream_device(stream)
     } else {
         None
     };
-    let (dev, launch_ctx) = match (on_stream, current_device()) {
-        (Some((dev, ctx)), _) => (dev, Some(ctx)),
-        (None, Some(dev)) => (dev, None),
-        (None, None) => match stream_context(stream) {
-            Some((dev, ctx)) => (dev, Some(ctx)),
-            // No context (the real call will report it) or a device
-            // beyond the gates: let the driver answer.
-            None => return Ok(InCall(None)),
+    let (dev, launch_ctx) = match on_stream {
+        Some((dev, ctx)) => (dev, Some(ctx)),
+        None => match current_device() {
+            Some(dev) => (dev, None),
+            None => match stream_context(stream) {
+                Some((dev, ctx)) => (dev, Some(ctx)),
+                // No context (the real call will report it) or a device
+                // beyond the gates: let the driver answer.
+                None => return Ok(InCall(None)),
+            },
         },
     };
     admit_at(dev, launch_ctx, stream, per_thread, cost)

@@ -166,12 +166,20 @@ fn a_kernel_launched_onto_another_gpus_stream_is_gated_on_the_streams_gpu() {
 #[test]
 fn a_kernel_launched_onto_a_green_contexts_stream_is_gated() {
     let g = Gemini::start(SimEnv::new(2, "16GiB"), "[a]\nDevices=1\n");
-    let mut w = Memwork::start(&g, "a", &["kernel-no-context", "--device", "0", "--green"]);
-    w.at("launched");
-    assert_eq!(
-        w.num("launch_error"),
-        800,
-        "a green context of GPU 0: CUDA_ERROR_NOT_PERMITTED"
-    );
-    w.end();
+    // From a thread with no context, and from one whose current context
+    // is GPU 1's (the simulator's driver is 12.8 by default, which answers
+    // a request for `cuCtxGetDevice_v2` with `cuCtxGetDevice`, the
+    // current context's GPU).
+    for current in [None, Some("1")] {
+        let mut args = vec!["kernel-no-context", "--device", "0", "--green"];
+        args.extend(current.iter().flat_map(|c| ["--current", c]));
+        let mut w = Memwork::start(&g, "a", &args);
+        w.at("launched");
+        assert_eq!(
+            w.num("launch_error"),
+            800,
+            "a green context of GPU 0, current {current:?}: CUDA_ERROR_NOT_PERMITTED"
+        );
+        w.end();
+    }
 }
