@@ -270,9 +270,13 @@ impl Gate {
     }
 
     /// Launches admitted so far.
+    /// `waits` before `entered`: a wait counted in `waits` is in `entered`
+    /// (it counts itself there first), so the count is never short of
+    /// the launches made; one too many (a wait between its two counts)
+    /// only makes a span go on (`Gate::close`: the launches "moved").
     pub(crate) fn launches(&self) -> u64 {
-        let entered = self.entered.load(Ordering::Acquire);
-        entered.saturating_sub(self.waits.load(Ordering::Acquire))
+        let waits = self.waits.load(Ordering::SeqCst);
+        self.entered.load(Ordering::SeqCst).saturating_sub(waits)
     }
 
     /// Whether one more launch may be queued under the token: while it is

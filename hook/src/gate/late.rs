@@ -40,7 +40,13 @@ pub(super) fn report_done(st: &State, dev: usize, g: &Gate) {
     } else {
         false
     };
-    if g.granted_at.load(Ordering::Acquire) != 0 || (!finished && lock(&g.ran).is_empty()) {
+    // Only where none of its work is outstanding (a span a capture kept
+    // open): `LateUsage` tells gem-schd that nothing more of its runs, and
+    // a span reported after it would be placed before the next token.
+    if g.granted_at.load(Ordering::Acquire) != 0
+        || g.outstanding()
+        || (!finished && lock(&g.ran).is_empty())
+    {
         return;
     }
     // Taken and sent under the gate's lock, as a token's own report is

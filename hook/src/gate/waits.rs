@@ -108,10 +108,14 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
     };
     let g = &st.gates[dev];
     let launches_at = g.launches();
-    // Into `waits` before `entered` (`launches` never counts a wait), and
-    // `entered` before `waiting_now` (see `admission::in_flight`).
-    g.waits.fetch_add(1, Ordering::SeqCst);
+    // Into `entered` first, then `waits`, then `waiting_now`: a wait in
+    // `waiting_now` is in `entered - exited` (see `admission::in_flight`),
+    // a wait in `waits` is in `entered` (`Gate::launches`, which reads
+    // `waits` first, never counts fewer launches than were made), and a
+    // wait counted in `entered` but not yet in `waits` reads as a launch
+    // in flight, which proves nothing (`covers`).
     g.entered.fetch_add(1, Ordering::SeqCst);
+    g.waits.fetch_add(1, Ordering::SeqCst);
     g.waiting_now.fetch_add(1, Ordering::SeqCst);
     if blocks && g.deadline.load(Ordering::Relaxed) != 0 && g.quiet_after_waits(st) {
         quieting(st, dev, g);
