@@ -417,6 +417,24 @@ mod model {
         });
     }
 
+    /// A launching thread of the models below: if `enter` lets it pass, it
+    /// is in the driver (`in_driver` counts it) until it counts itself
+    /// out; it fails where it passes after the token was taken (`taken`).
+    fn launch(g: Arc<Gate>, in_driver: Arc<AtomicU64>) -> impl FnOnce() {
+        move || {
+            if enter(&g.entered, &g.deadline, 10, || true) {
+                in_driver.add(1);
+                assert_eq!(
+                    g.taken.get(),
+                    0,
+                    "a launch passed after the token was taken"
+                );
+                in_driver.sub(1);
+                g.exited.add(1);
+            }
+        }
+    }
+
     /// A launch beside a wait that announces the end of the token's work
     /// (`close_for_wait`): once the close returned true, no launch passes,
     /// and none was in the driver when it did.
@@ -432,17 +450,7 @@ mod model {
             g.entered.set(1);
             waiting.set(1);
             let in_driver = Arc::new(AtomicU64::new(0));
-            let launch = {
-                let (g, in_driver) = (g.clone(), in_driver.clone());
-                loom::thread::spawn(move || {
-                    if enter(&g.entered, &g.deadline, 10, || true) {
-                        in_driver.set(1);
-                        assert_eq!(g.taken.get(), 0, "a launch passed after the close");
-                        in_driver.set(0);
-                        g.exited.add(1);
-                    }
-                })
-            };
+            let launch = loom::thread::spawn(launch(g.clone(), in_driver.clone()));
             if close_for_wait(&g.deadline, &g.entered, &g.exited, &waiting) {
                 assert_eq!(in_driver.get(), 0, "closed with a launch in flight");
                 g.taken.set(1);
@@ -466,17 +474,7 @@ mod model {
             g.entered.set(1);
             waiting.set(1);
             let in_driver = Arc::new(AtomicU64::new(0));
-            let launch = {
-                let (g, in_driver) = (g.clone(), in_driver.clone());
-                loom::thread::spawn(move || {
-                    if enter(&g.entered, &g.deadline, 10, || true) {
-                        in_driver.set(1);
-                        assert_eq!(g.taken.get(), 0, "a launch passed after the give-back");
-                        in_driver.set(0);
-                        g.exited.add(1);
-                    }
-                })
-            };
+            let launch = loom::thread::spawn(launch(g.clone(), in_driver.clone()));
             let waits = {
                 let (g, waiting) = (g.clone(), waiting.clone());
                 loom::thread::spawn(move || {
@@ -507,16 +505,6 @@ mod model {
             let waiting = Arc::new(AtomicU64::new(0));
             g.deadline.set(100);
             let in_driver = Arc::new(AtomicU64::new(0));
-            let launch = |g: Arc<Gate>, in_driver: Arc<AtomicU64>| {
-                move || {
-                    if enter(&g.entered, &g.deadline, 10, || true) {
-                        in_driver.add(1);
-                        assert_eq!(g.taken.get(), 0, "a launch passed after the end");
-                        in_driver.sub(1);
-                        g.exited.add(1);
-                    }
-                }
-            };
             let a = loom::thread::spawn(launch(g.clone(), in_driver.clone()));
             let b = loom::thread::spawn(launch(g.clone(), in_driver.clone()));
             let drained = close_and_drain(&g.deadline, &g.entered, &g.exited, &waiting, || {
