@@ -100,6 +100,9 @@ pub struct SimEnv {
     /// device runs all work in launch order). See [`SimEnv::time_sliced`];
     /// `GEM_TEST_TIMESLICE_US` sets it for every test.
     pub timeslice_us: u32,
+    /// How late a blocking wait returns after its work ended, µs
+    /// (`FAKECUDA_WAKEUP_US`). See [`SimEnv::slow_wakeup`].
+    pub wakeup_us: u32,
 }
 
 impl Default for SimEnv {
@@ -135,6 +138,7 @@ impl SimEnv {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
+            wakeup_us: 0,
         }
     }
 
@@ -188,7 +192,17 @@ impl SimEnv {
         if self.timeslice_us > 0 {
             c.env("FAKECUDA_TIMESLICE_US", self.timeslice_us.to_string());
         }
+        if self.wakeup_us > 0 {
+            c.env("FAKECUDA_WAKEUP_US", self.wakeup_us.to_string());
+        }
         c
+    }
+
+    /// A host that wakes a blocked wait `us` µs after its work ended (a
+    /// blocking-sync context, a loaded CPU).
+    pub fn slow_wakeup(mut self, us: u32) -> SimEnv {
+        self.wakeup_us = us;
+        self
     }
 
     /// Devices that time-slice the work of different processes in 2 ms

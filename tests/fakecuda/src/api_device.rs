@@ -313,11 +313,18 @@ driver_api! {
     fn cuStreamSynchronize_ptsz(h: CUstream) { sync_stream(h, true) }
     fn cuStreamQuery(h: CUstream) { query_stream(h, false) }
     fn cuStreamQuery_ptsz(h: CUstream) { query_stream(h, true) }
-    fn cuEventCreate(out: *mut CUevent, _flags: u32) {
+    fn cuEventCreate(out: *mut CUevent, flags: u32) {
         initialised()?;
+        // CU_EVENT_DEFAULT, _BLOCKING_SYNC, _DISABLE_TIMING, _INTERPROCESS
+        // (which needs _DISABLE_TIMING).
+        const DISABLE_TIMING: u32 = 0x2;
+        if flags & !0x7 != 0 || (flags & 0x4 != 0 && flags & DISABLE_TIMING == 0) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
         let ctx = ctx_stack(|st| st.last().copied()).unwrap_or(0);
+        let timing = flags & DISABLE_TIMING == 0;
         let h = with_proc(|p| {
-            let h = p.add(Obj::Event { time: None, captured: None });
+            let h = p.add(Obj::Event { time: None, captured: None, timing });
             p.event_ctx.insert(h, ctx);
             h
         });

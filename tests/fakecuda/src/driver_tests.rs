@@ -699,3 +699,46 @@ fn a_collective_ends_only_after_every_rank_has_launched_its_own() {
     assert_eq!(unsafe { cuStreamSynchronize(a) }, 0);
     assert_eq!(allreduce(a, comm + 2, 2, 2), CUDA_ERROR_INVALID_VALUE);
 }
+
+/// `cuEventElapsedTime` as cuda.h gives it: the device time between two
+/// completed records; `CUDA_ERROR_NOT_READY` while one is pending;
+/// `CUDA_ERROR_INVALID_HANDLE` for an event created with
+/// `CU_EVENT_DISABLE_TIMING` (PyTorch's default) or never recorded.
+#[test]
+fn elapsed_time_needs_two_completed_timing_events() {
+    const DISABLE_TIMING: u32 = 0x2;
+    let d = dev();
+    let s = d.stream(NON_BLOCKING);
+    let event = |flags: u32| {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        assert_eq!(unsafe { cuEventCreate(&mut e, flags) }, 0);
+        e
+    };
+    let (a, b, untimed, unrecorded) = (event(0), event(0), event(DISABLE_TIMING), event(0));
+    let mut ms = 0f32;
+    // SAFETY: events and a stream of this process, out-pointers to locals.
+    unsafe {
+        assert_eq!(
+            cuEventCreate(&mut std::ptr::null_mut(), 0x4),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(cuEventRecord(a, s), 0);
+        assert_eq!(d.launch(s), 0);
+        assert_eq!(d.launch(s), 0);
+        assert_eq!(cuEventRecord(b, s), 0);
+        assert_eq!(cuEventRecord(untimed, s), 0);
+        assert_eq!(cuEventElapsedTime(&mut ms, a, b), CUDA_ERROR_NOT_READY);
+        assert_eq!(cuEventSynchronize(b), 0);
+        assert_eq!(cuEventElapsedTime(&mut ms, a, b), 0);
+        assert!((1.9..2.5).contains(&ms), "two 1 ms kernels: {ms} ms");
+        assert_eq!(
+            cuEventElapsedTime(&mut ms, a, untimed),
+            CUDA_ERROR_INVALID_HANDLE
+        );
+        assert_eq!(
+            cuEventElapsedTime(&mut ms, unrecorded, b),
+            CUDA_ERROR_INVALID_HANDLE
+        );
+    }
+}

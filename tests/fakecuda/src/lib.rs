@@ -121,10 +121,12 @@ enum Obj {
         blocking: bool,
         ctx: usize,
     },
-    /// `captured`: last recorded in the open capture of that id.
+    /// `captured`: last recorded in the open capture of that id;
+    /// `timing`: created without `CU_EVENT_DISABLE_TIMING`.
     Event {
         time: Option<u64>,
         captured: Option<u64>,
+        timing: bool,
     },
     Module,
     Function(Func),

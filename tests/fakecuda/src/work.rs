@@ -303,7 +303,7 @@ pub(crate) fn record_event(e: CUevent, h: CUstream, ptsz: bool) -> R {
         Some(_) => None,
     };
     with_proc(|p| match p.objects.get_mut(&(e as usize)) {
-        Some(Obj::Event { time, captured }) => {
+        Some(Obj::Event { time, captured, .. }) => {
             *captured = capture;
             if t.is_some() {
                 *time = t;
@@ -362,9 +362,24 @@ pub(crate) fn event_time(e: CUevent) -> Result<Option<u64>, CUresult> {
     })
 }
 
+/// `cuEventElapsedTime`: as cuda.h says, an event created with
+/// `CU_EVENT_DISABLE_TIMING`, or one never recorded, is
+/// `CUDA_ERROR_INVALID_HANDLE`; one still pending `CUDA_ERROR_NOT_READY`.
 pub(crate) fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> R {
     let s = initialised()?;
-    let (Some(a), Some(b)) = (event_time(start)?, event_time(end)?) else {
+    let timed = |e: CUevent| {
+        with_proc(|p| {
+            matches!(
+                p.objects.get(&(e as usize)),
+                Some(Obj::Event { timing: true, .. })
+            )
+        })
+    };
+    let (a, b) = (event_time(start)?, event_time(end)?);
+    if !timed(start) || !timed(end) {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    let (Some(a), Some(b)) = (a, b) else {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     };
     let (Some(a), Some(b)) = (s.time_of(a), s.time_of(b)) else {

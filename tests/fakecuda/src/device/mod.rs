@@ -59,6 +59,12 @@
 //!   cgroup's processes leave of it as free. Limits of 0 remove it. The
 //!   soft limit is kept and reported; nothing enforces it.
 //!
+//! - `FAKECUDA_WAKEUP_US`: how late a blocking wait returns after the
+//!   work it waits for ended (default 0): what a host that wakes the
+//!   waiting thread late costs (a blocking-sync context woken by the
+//!   driver's interrupt, a loaded CPU, a descheduled vCPU). A wait for
+//!   work already done returns at once, as it does on a real driver.
+//!
 //! - `FAKECUDA_TIMESLICE_US`: the devices time-slice the work of
 //!   different processes in slices of this many microseconds, as a real
 //!   GPU does (see [`slicing`]); unset or 0, each device runs every
@@ -137,6 +143,8 @@ pub struct Sim {
     /// Legacy default stream tail, per device.
     pub legacy_tail: Vec<std::sync::Arc<AtomicU64>>,
     mem_lock: Mutex<()>,
+    /// `FAKECUDA_WAKEUP_US`, in ns.
+    wakeup_ns: u64,
     /// The time-sliced devices (`FAKECUDA_TIMESLICE_US`).
     pub slicer: Option<slicing::Slicer>,
 }
@@ -348,6 +356,10 @@ impl Sim {
                 .unwrap_or(1024)
                 .max(1),
             pools: env_or("FAKECUDA_POOLS", "1") != "0",
+            wakeup_ns: env_or("FAKECUDA_WAKEUP_US", "0")
+                .parse::<u64>()
+                .unwrap_or(0)
+                .saturating_mul(1000),
             ctx_mem: parse_size::parse_size(env_or("FAKECUDA_CTX_MEM", "500MiB"))
                 .unwrap_or(500 << 20),
             module_mem: match env_or("FAKECUDA_MODULE_MEM", "image").as_str() {
@@ -518,11 +530,19 @@ impl Sim {
     }
 
     /// Waits until the work that ends at `when` (a time or a pending
-    /// value) is done.
+    /// value) is done, and then for the host's wake-up
+    /// (`FAKECUDA_WAKEUP_US`) where it was not done already.
     pub fn wait(&self, when: u64) {
+        if self.wakeup_ns != 0 && self.is_done(when) {
+            return;
+        }
         match &self.slicer {
             Some(ts) => ts.wait(when),
             None => sleep_until(when),
+        }
+        if self.wakeup_ns != 0 {
+            // A late wake-up sleeps; it does not spin.
+            std::thread::sleep(std::time::Duration::from_nanos(self.wakeup_ns));
         }
     }
 
