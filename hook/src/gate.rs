@@ -51,6 +51,7 @@ use crate::syncer;
 mod admission;
 mod ahead;
 mod contexts;
+mod devclock;
 mod late;
 mod leads;
 mod learn;
@@ -234,7 +235,7 @@ fn admit_at(
         }
         // Counted in before the deadline is read (see `admission`).
         if admission::enter(&g.entered, &g.deadline, now, || g.queue_ahead(now, cost)) {
-            g.open(now);
+            g.open(now, launch_ctx.is_none().then_some((stream, per_thread)));
             covers::note_launch(g, covers::stream_key(stream, per_thread));
             return Ok(InCall(Some(g)));
         }
@@ -253,7 +254,8 @@ fn admit_at(
         },
     };
     // Counted in by the slow path, under the gate's lock.
-    slow_path(dev, cost, launch_ctx)?;
+    let on = launch_ctx.is_null().then_some((stream, per_thread));
+    slow_path(dev, cost, launch_ctx, on)?;
     let g: &'static Gate = &state::get().gates[dev];
     covers::note_launch(g, covers::stream_key(stream, per_thread));
     Ok(InCall(Some(g)))
@@ -350,20 +352,26 @@ const UNKNOWN_GRAPH: u64 = u64::MAX;
 /// MaxUtil of 0.3 then made it pay back for 2.7 s.
 const UNKNOWN_LAUNCHES: u64 = 4;
 
-/// Counts in the launch the slow path lets through, before the gate's
-/// lock is let go: counted in after it, a watcher that found the process
-/// quiet could give the token back in between (it saw no call in flight),
-/// and the launch would reach the driver with no token.
-fn count_in(g: &Gate) {
+/// Counts in the launch the slow path lets through (onto `on`, see
+/// `Gate::open`), before the gate's lock is let go: counted in after it,
+/// a watcher that found the process quiet could give the token back in
+/// between (it saw no call in flight), and the launch would reach the
+/// driver with no token.
+fn count_in(g: &Gate, on: Option<(*mut c_void, bool)>) {
     g.entered.fetch_add(1, Ordering::SeqCst);
-    g.open(now_ns());
+    g.open(now_ns(), on);
 }
 
 /// The launch's way when the token does not let it pass on the fast path:
 /// under the gate's lock, a token another thread got meanwhile, else the
 /// token's end and the request for the next (see [`renew`]).
 #[cold]
-fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUresult> {
+fn slow_path(
+    dev: usize,
+    cost: u64,
+    launch_ctx: *mut c_void,
+    on: Option<(*mut c_void, bool)>,
+) -> Result<(), CUresult> {
     let st = state::get();
     let refused = st.refused.load(Ordering::Acquire);
     if refused != 0 {
@@ -383,7 +391,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
     if now < g.deadline.load(Ordering::Acquire) {
         if g.queue_ahead(now, cost) {
             // Another thread got a token meanwhile.
-            count_in(g);
+            count_in(g, on);
             return Ok(());
         }
         // A token whose quota the queued work fills: it ends here.
@@ -397,7 +405,7 @@ fn slow_path(dev: usize, cost: u64, launch_ctx: *mut c_void) -> Result<(), CUres
             g.queued_end.load(Ordering::Relaxed).saturating_sub(now) / 1000
         );
     }
-    renew(&slow, st, dev, g, cost, launch_ctx)
+    renew(&slow, st, dev, g, cost, (launch_ctx, on))
 }
 
 /// The token ran out (or its quota is full): it ends, what it ran goes
@@ -409,7 +417,7 @@ fn renew(
     dev: usize,
     g: &'static Gate,
     cost: u64,
-    launch_ctx: *mut c_void,
+    (launch_ctx, on): (*mut c_void, Option<(*mut c_void, bool)>),
 ) -> Result<(), CUresult> {
     let renewal = match transition(slow, st, dev, g, Transition::End(End::RanOut)) {
         Outcome::Renew(r) => r,
@@ -464,7 +472,7 @@ fn renew(
         launch_ctx,
     };
     transition(slow, st, dev, g, t);
-    count_in(g);
+    count_in(g, on);
     debug!(
         "device {dev}: {} for {quota_us} us (used {} us, burst {} us, {} us per launch){}",
         if lent { "lent token" } else { "token" },

@@ -231,6 +231,9 @@ pub struct Gate {
     /// went to several). See `gate::measure`.
     pub(crate) open_since: AtomicU64,
     pub(crate) open_stream: AtomicUsize,
+    /// The timing events that end the open span on the device's clock
+    /// (see `gate::devclock`).
+    pub(crate) devclock: Mutex<DevClock>,
     /// Work proven done and not reported yet: the device time it
     /// occupied, oldest first (see `gate::measure`).
     pub(crate) ran: Mutex<Vec<gemini_protocol::Span>>,
@@ -241,6 +244,34 @@ pub struct Gate {
     pub(crate) slow: Mutex<()>,
     /// Waits for the work launched under the token (see `syncer`).
     pub(crate) syncer: Syncer,
+}
+
+/// A span's opening event (see `gate::devclock`): recorded on `raw`
+/// (`per_thread`: the null stream is the recording thread's own), which
+/// is stream `key`, in context `ctx`, for the span opened at `since`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClockStart {
+    pub(crate) since: u64,
+    pub(crate) ctx: usize,
+    pub(crate) event: usize,
+    pub(crate) key: usize,
+    pub(crate) raw: usize,
+    pub(crate) per_thread: bool,
+}
+
+/// The timing events that end a gate's open span on the device's clock
+/// (see `gate::devclock`).
+#[derive(Debug, Default)]
+pub(crate) struct DevClock {
+    /// The open span's opening event (or a closed span's, whose `since`
+    /// no longer matches).
+    pub(crate) start: Option<ClockStart>,
+    /// Events of their context, free for a record.
+    pub(crate) spare: Vec<(usize, usize)>,
+    /// Spans in a row whose opening event went unused, and the spans
+    /// opened since they reached `devclock::MISSES`.
+    pub(crate) misses: u32,
+    pub(crate) skipped: u32,
 }
 
 /// Per-process state.

@@ -124,6 +124,7 @@ pub fn context_gone(ctx: *mut c_void) {
             let _ = g
                 .ctx
                 .compare_exchange(ctx as usize, 0, Ordering::AcqRel, Ordering::Relaxed);
+            super::devclock::context_gone(g, ctx as usize);
         }
     }
 }

@@ -10,6 +10,7 @@
 //! token (queued behind a renewal, a collective waiting for its peer) is
 //! charged once proven done, to the time it ran, however late.
 
+use super::devclock::{self, Mark};
 use super::*;
 use gemini_protocol::Span;
 
@@ -21,25 +22,34 @@ const MAX_SPANS: usize = 32;
 
 impl Gate {
     /// A launch was admitted at `now`: its work is outstanding from then,
-    /// unless earlier work still is. Hot path: one load, mostly.
+    /// unless earlier work still is. `on`: the launch's stream (and
+    /// whether its null stream is the thread's own) where the thread's
+    /// current context is the launch's, for the device's clock (see
+    /// `devclock`). Hot path: one load, mostly.
     #[inline]
-    pub(super) fn open(&self, now: u64) {
+    pub(super) fn open(&self, now: u64, on: Option<(*mut c_void, bool)>) {
         if self.open_since.load(Ordering::SeqCst) == 0 {
-            self.open_cold(now.max(1));
+            self.open_cold(now.max(1), on);
         }
     }
 
     #[cold]
-    fn open_cold(&self, now: u64) {
-        if self
+    fn open_cold(&self, now: u64, on: Option<(*mut c_void, bool)>) {
+        // Recorded before the span is open: any launch that finds it open
+        // follows the event.
+        let start = on.and_then(|(stream, per_thread)| devclock::start(self, stream, per_thread));
+        let opened = self
             .open_since
             .compare_exchange(0, now, Ordering::SeqCst, Ordering::Relaxed)
-            .is_ok()
-        {
+            .is_ok();
+        if opened {
             // The first span since one was detached (see `late`).
             let _ = self
                 .resumed_at
                 .compare_exchange(0, now, Ordering::SeqCst, Ordering::Relaxed);
+        }
+        if let Some(start) = start {
+            devclock::opened(self, start, if opened { now } else { 0 });
         }
     }
 
@@ -61,17 +71,24 @@ impl Gate {
     /// span open, or a launch came or is in flight: its work may be
     /// outstanding, and the span goes on).
     pub(super) fn close(&self, at: u64, launches_at: u64) -> bool {
+        self.close_marked(at, launches_at, Mark::Host).is_some()
+    }
+
+    /// [`Gate::close`] by a wait that made `mark` as it began: the span
+    /// ends where the device's clock says its work ended (see
+    /// `devclock`), at `at` at the latest. The end, if it closed.
+    pub(super) fn close_marked(&self, at: u64, launches_at: u64, mark: Mark) -> Option<u64> {
         let moved = |g: &Gate| g.launch_in_flight() || g.launches() != launches_at;
         if moved(self) {
-            return false;
+            return None;
         }
         // The span leaves `open_since` and enters `ran` under the report
         // lock (see `take_report`).
         let mut ran = lock(&self.ran);
-        self.open_stream.store(covers::NO_STREAM, Ordering::SeqCst);
+        let stream = self.open_stream.swap(covers::NO_STREAM, Ordering::SeqCst);
         let since = self.open_since.swap(0, Ordering::SeqCst);
         if since == 0 {
-            return false;
+            return None;
         }
         if moved(self) {
             // A launch came in between: the span goes on from `since`
@@ -83,12 +100,13 @@ impl Gate {
                     (cur == 0 || cur > since).then_some(since)
                 });
             self.open_stream.store(covers::MIXED, Ordering::SeqCst);
-            return false;
+            return None;
         }
+        let end = devclock::end(self, since, stream, at, mark);
         // A span detached before this one opened ends first (see `late`).
         late::end_detached(self, &mut ran);
-        record(&mut ran, since, at.max(since));
-        true
+        record(&mut ran, since, end.max(since));
+        Some(end)
     }
 
     /// Whether work of the process may still run unreported: a span is
@@ -175,7 +193,7 @@ mod tests {
         let g = Gate::default();
         let launch = |g: &Gate, at: u64| {
             g.entered.fetch_add(1, Ordering::SeqCst);
-            g.open(at);
+            g.open(at, None);
             g.exited.fetch_add(1, Ordering::SeqCst);
         };
         launch(&g, 1_000_000);

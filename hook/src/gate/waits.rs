@@ -2,6 +2,7 @@
 //! process busy, and a wait that proves the launches done teaches the
 //! gate their device time (see `covers`).
 
+use super::devclock::{self, Mark};
 use super::*;
 
 /// The guard of a wait call (see [`waiting`]).
@@ -13,6 +14,8 @@ pub struct Waiting {
     covers: Covers,
     /// Launches admitted when the call began.
     launches_at: u64,
+    /// What the call's completion ends the open span at (see `devclock`).
+    mark: Mark,
     /// The call returned with the work before it done (a synchronisation
     /// or blocking copy that succeeded, a query that found it complete).
     finished: bool,
@@ -38,8 +41,9 @@ impl Drop for Waiting {
         // (unless a launch came meanwhile, see `measure`).
         let proved = self.finished && self.covers.proves_open(dev, g, self.launches_at);
         if proved {
-            g.close(now, self.launches_at);
+            g.close_marked(now, self.launches_at, self.mark);
         }
+        devclock::unmark(g, self.mark);
         if g.in_flight().calls != 0 {
             return; // another thread is still launching or waiting
         }
@@ -94,6 +98,7 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
         at: None,
         covers,
         launches_at: 0,
+        mark: Mark::Host,
         finished: false,
     };
     let Some(st) = state::current() else {
@@ -124,6 +129,7 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
         at: Some((st, dev, g)),
         covers,
         launches_at,
+        mark: devclock::mark(g, covers, blocks),
         finished: false,
     }
 }

@@ -285,6 +285,56 @@ fn max_util_holds_for_every_shape() {
     }
 }
 
+/// A lone group capped at MaxUtil 0.4 that waits after every 1 ms
+/// kernel, on a host that wakes each wait 300 µs after its kernel ended
+/// (a blocking-sync context, a loaded CPU): the wake-up is not the
+/// device's time, and the group gets its cap. Charged to it, as when
+/// spans ended on the host's clock, it got 0.4 × 1 / 1.3, about 0.31.
+#[test]
+fn a_late_wakeup_is_not_charged_as_device_time() {
+    const CAP: f64 = 0.4;
+    let _serial = serial();
+    let g = Gemini::start(
+        SimEnv::default().slow_wakeup(300),
+        &format!("[capped]\nMaxUtil={CAP}\n"),
+    );
+    let run = || {
+        let t0 = now_ns();
+        let out = g
+            .hooked(g.sim.workload(), "capped")
+            .args(["--seconds", &RUN_S.to_string()])
+            .args(SYNC_EVERY_KERNEL)
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        g.sim
+            .busy(0, t0 + SKIP_S * SEC, t0 + RUN_S * SEC)
+            .device_share()
+    };
+    let (share, counts) = measured(
+        "MaxUtil 0.4, a sync after every kernel, late wake-ups",
+        0.05,
+        2,
+        run,
+    );
+    eprintln!("capped group with 300 us wake-ups: {share:.3} of the device");
+    assert!(
+        share <= CAP + TOL,
+        "{share:.3} of the device, over its {CAP} cap"
+    );
+    if counts {
+        assert!(
+            share >= CAP - 0.03,
+            "{share:.3} of the device under a {CAP} cap: the wake-ups were charged"
+        );
+    }
+}
+
 /// Two groups whose programs compute 10 ms on the CPU after every 20 ms
 /// step (each alone keeps the device 0.66 busy), one capped at MaxUtil
 /// 0.4 and one without bounds: the capped group gets its cap and never
