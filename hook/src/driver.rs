@@ -307,7 +307,9 @@ pub fn event_record(event: usize, stream: *mut c_void, per_thread: bool) -> CUre
 }
 
 /// `cuEventElapsedTime` between two completed events, in ns; the driver's
-/// error otherwise (`CUDA_ERROR_NOT_READY` while either is pending).
+/// error otherwise (`CUDA_ERROR_NOT_READY` while either is pending), and
+/// `CUDA_ERROR_INVALID_VALUE` where `end` completed before `start` (one
+/// re-recorded meanwhile: no time of the pair's).
 pub fn event_elapsed_ns(start: usize, end: usize) -> Result<u64, CUresult> {
     let mut ms: f32 = 0.0;
     let r = real_call!(
@@ -317,10 +319,12 @@ pub fn event_elapsed_ns(start: usize, end: usize) -> Result<u64, CUresult> {
         start as *mut c_void,
         end as *mut c_void
     );
-    if r == CUDA_SUCCESS {
-        Ok((f64::from(ms.max(0.0)) * 1e6) as u64)
-    } else {
+    if r != CUDA_SUCCESS {
         Err(r)
+    } else if ms < 0.0 || !ms.is_finite() {
+        Err(crate::cuda::CUDA_ERROR_INVALID_VALUE)
+    } else {
+        Ok((f64::from(ms) * 1e6) as u64)
     }
 }
 

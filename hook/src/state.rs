@@ -248,12 +248,14 @@ pub struct Gate {
 
 /// A span's opening event (see `gate::devclock`): recorded on `raw`
 /// (`per_thread`: the null stream is the recording thread's own), which
-/// is stream `key`, in context `ctx`, for the span opened at `since`.
+/// is stream `key`, in context `ctx` (taken in generation `epoch`, see
+/// [`DevClock::epoch`]), for the span opened at `since`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ClockStart {
     pub(crate) since: u64,
     pub(crate) ctx: usize,
     pub(crate) event: usize,
+    pub(crate) epoch: u64,
     pub(crate) key: usize,
     pub(crate) raw: usize,
     pub(crate) per_thread: bool,
@@ -272,6 +274,10 @@ pub(crate) struct DevClock {
     /// opened since they reached `devclock::MISSES`.
     pub(crate) misses: u32,
     pub(crate) skipped: u32,
+    /// Moves on whenever one of the process's contexts goes: an event
+    /// taken before belongs to a context that may have gone with its
+    /// events, and is never given back.
+    pub(crate) epoch: u64,
 }
 
 /// Per-process state.

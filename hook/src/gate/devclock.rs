@@ -5,20 +5,22 @@
 //! idle machine with a spinning wait, hundreds of microseconds on a loaded
 //! CPU or with a blocking-sync context. Charged to the group as device
 //! time, that wake-up takes its share: a group capped at 0.4 that waits
-//! after every 1 ms kernel got 0.37 on a host that woke it 80 µs late.
+//! after every 1 ms kernel got 0.29 on a host that woke it 300 µs late.
 //!
 //! So a span's opening launch is preceded by a timing event recorded on
-//! its stream (the stream is idle then: nothing of the process is known
-//! outstanding), and a blocking wait on that stream by one recorded just
-//! before it; an event the program waits for serves as it is. Where the
-//! wait proves the span done, its end is its host opening time plus
-//! `cuEventElapsedTime` between the two, never past the host's proof.
-//! Anything else (work on several streams, a stream's query, a capture
-//! open, an event without timing, a second context) ends on the host's
-//! clock, as before.
+//! its stream, where the stream is idle then (nothing of the process is
+//! known outstanding, and no earlier token's work runs on: see `late`),
+//! and a blocking wait on that stream by one recorded just before it,
+//! with no launch in flight; an event the program waits for serves as it
+//! is. Where the wait proves the span done, its end is its host opening
+//! time plus `cuEventElapsedTime` between the two, never past the host's
+//! proof. Anything else (work on several streams, a stream's query, a
+//! capture open, an event without timing, a second context, a token's
+//! end) ends on the host's clock, as before.
 //!
 //! Every event is one of the span's context, kept for reuse; a context
-//! that goes takes its events with it (see [`context_gone`]).
+//! that goes takes its events with it (see [`context_gone`]): an event
+//! taken before then is destroyed with it, never given back.
 
 use super::*;
 use crate::covers::stream_key;
@@ -29,10 +31,10 @@ const MAX_SPARE: usize = 4;
 
 /// Spans in a row that opened with an event and ended on the host's
 /// clock (no wait of theirs could be timed: a program that waits only
-/// for copies on other streams, or whose tokens end its spans) after
-/// which only one span in `PROBE` records one: two records a span are
-/// paid only where they serve.
-const MISSES: u32 = 8;
+/// for copies on other streams, or whose tokens end its spans), or whose
+/// event could not be recorded, after which only one span in `PROBE`
+/// records one: two records a span are paid only where they serve.
+pub(crate) const MISSES: u32 = 8;
 const PROBE: u32 = 16;
 
 /// What a wait's completion ends the span at, as the wait began.
@@ -41,9 +43,14 @@ pub(crate) enum Mark {
     /// The host's clock.
     #[default]
     Host,
-    /// An event of context `ctx`, recorded on the span's stream just
-    /// before the wait: the gate's, given back once the wait is over.
-    Recorded { ctx: usize, event: usize },
+    /// An event of context `ctx` (taken in context generation `epoch`),
+    /// recorded on the span's stream just before the wait: the gate's,
+    /// given back once the wait is over.
+    Recorded {
+        ctx: usize,
+        event: usize,
+        epoch: u64,
+    },
     /// The program's event, whose completion the wait proves.
     Event(usize),
 }
@@ -56,9 +63,29 @@ fn current_ctx() -> Option<usize> {
     (r == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx as usize)
 }
 
-/// Gives `event` of `ctx` back for reuse.
-fn give_back(g: &Gate, ctx: usize, event: usize) {
+/// A spare event of `ctx`, or one made there where it is current; and
+/// the generation of the gate's contexts it was taken in.
+fn take_event(g: &Gate, ctx: usize) -> Option<(usize, u64)> {
+    let (spare, epoch) = {
+        let mut c = lock(&g.devclock);
+        let i = c.spare.iter().position(|&(c, _)| c == ctx);
+        (i.map(|i| c.spare.swap_remove(i).1), c.epoch)
+    };
+    let made = || {
+        (current_ctx() == Some(ctx))
+            .then(driver::event_create)
+            .flatten()
+    };
+    spare.or_else(made).map(|e| (e, epoch))
+}
+
+/// Gives `event` of `ctx`, taken in generation `epoch`, back for reuse;
+/// one whose context went since (the generation moved on) went with it.
+fn give_back(g: &Gate, ctx: usize, event: usize, epoch: u64) {
     let mut c = lock(&g.devclock);
+    if c.epoch != epoch {
+        return;
+    }
     if c.spare.len() < MAX_SPARE {
         c.spare.push((ctx, event));
     } else {
@@ -72,35 +99,53 @@ fn record(event: usize, raw: usize, per_thread: bool) -> bool {
     driver::event_record(event, raw as *mut c_void, per_thread) == CUDA_SUCCESS
 }
 
+/// Whether a span may record its opening event now: not after `MISSES`
+/// spans in a row that could not use theirs, but for one in `PROBE`.
+fn may_start(g: &Gate) -> bool {
+    let mut c = lock(&g.devclock);
+    if c.misses < MISSES {
+        return true;
+    }
+    c.skipped = c.skipped.wrapping_add(1);
+    c.skipped.is_multiple_of(PROBE)
+}
+
+/// A span could not use its opening event.
+fn missed(g: &Gate) {
+    let mut c = lock(&g.devclock);
+    c.misses = c.misses.saturating_add(1);
+}
+
 /// A launch onto `stream` under `g`, from a thread whose current context
-/// is the launch's, may open a span: an event recorded on
-/// that stream now, before the launch reaches the driver, so that every
-/// launch of the span follows it. `None` where no event can be recorded
-/// (a capture open, no context).
+/// is the launch's, may open a span: an event recorded on that stream
+/// now, before the launch reaches the driver, so that every launch of the
+/// span follows it. `None` where no event can be recorded (a capture
+/// open, no context), or where the stream may still run an earlier
+/// token's work (the event would complete only behind it, and that
+/// work's time would be charged to nobody).
 pub(super) fn start(g: &Gate, stream: *mut c_void, per_thread: bool) -> Option<Start> {
     if capture::any_open() {
         return None; // a record into a capture makes a node, and times nothing
     }
-    {
-        let mut c = lock(&g.devclock);
-        if c.misses >= MISSES {
-            c.skipped = c.skipped.wrapping_add(1);
-            if !c.skipped.is_multiple_of(PROBE) {
-                return None;
-            }
-        }
+    if g.late_ticket.load(Ordering::Acquire) != 0 || g.late_since.load(Ordering::Acquire) != 0 {
+        return None;
+    }
+    if !may_start(g) {
+        return None;
     }
     let ctx = current_ctx()?;
-    let event = take_event(g, ctx)?;
+    let (event, epoch) = take_event(g, ctx)?;
     let raw = stream as usize;
     if !record(event, raw, per_thread) {
-        give_back(g, ctx, event);
+        give_back(g, ctx, event, epoch);
+        missed(g); // another context's stream, say: back off
         return None;
     }
     Some(Start {
         since: 0,
         ctx,
         event,
+        epoch,
         key: stream_key(stream, per_thread),
         raw,
         per_thread,
@@ -111,12 +156,12 @@ pub(super) fn start(g: &Gate, stream: *mut c_void, per_thread: bool) -> Option<S
 /// 0, another launch opened it first, and the event is spare.
 pub(super) fn opened(g: &Gate, start: Start, since: u64) {
     if since == 0 {
-        give_back(g, start.ctx, start.event);
+        give_back(g, start.ctx, start.event, start.epoch);
         return;
     }
     let old = lock(&g.devclock).start.replace(Start { since, ..start });
     if let Some(old) = old {
-        give_back(g, old.ctx, old.event);
+        give_back(g, old.ctx, old.event, old.epoch);
     }
 }
 
@@ -136,55 +181,61 @@ pub(super) fn mark(g: &Gate, covers: Covers, blocks: bool) -> Mark {
         Covers::Context | Covers::Copy { .. } if blocks => None,
         _ => return Mark::Host,
     };
-    if g.open_since.load(Ordering::SeqCst) == 0 || capture::any_open() {
+    let since = g.open_since.load(Ordering::SeqCst);
+    if since == 0 || capture::any_open() {
         return Mark::Host;
     }
-    let Some(start) = lock(&g.devclock).start else {
+    let Some(start) = lock(&g.devclock).start.filter(|s| s.since == since) else {
         return Mark::Host;
     };
-    // The span's stream, as this thread names it.
-    let here = stream_key(start.raw as *mut c_void, start.per_thread);
-    let ours = match stream {
-        Some(key) => key == start.key && here == key,
-        // The default stream of the current context, which must be the
-        // span's (`cuCtxSynchronize_v2` may name another).
-        None => here == start.key && start.raw <= 2 && current_ctx() == Some(start.ctx),
-    };
-    if !ours {
+    if !marks_span(g, &start, stream) {
         return Mark::Host;
     }
-    let Some(event) = take_event(g, start.ctx) else {
+    // A launch in flight may reach the stream after the record: the event
+    // would end the span before that launch's work.
+    if g.launch_in_flight() {
+        return Mark::Host;
+    }
+    let launches = g.launches();
+    let Some((event, epoch)) = take_event(g, start.ctx) else {
         return Mark::Host;
     };
-    if record(event, start.raw, start.per_thread) {
+    if record(event, start.raw, start.per_thread) && g.launches() == launches {
         Mark::Recorded {
             ctx: start.ctx,
             event,
+            epoch,
         }
     } else {
-        give_back(g, start.ctx, event);
+        give_back(g, start.ctx, event, epoch);
         Mark::Host
     }
 }
 
-/// A spare event of `ctx`, or one made there where it is current.
-fn take_event(g: &Gate, ctx: usize) -> Option<usize> {
-    let spare = {
-        let mut c = lock(&g.devclock);
-        let i = c.spare.iter().position(|&(c, _)| c == ctx);
-        i.map(|i| c.spare.swap_remove(i).1)
-    };
-    spare.or_else(|| {
-        (current_ctx() == Some(ctx))
-            .then(driver::event_create)
-            .flatten()
-    })
+/// Whether an event recorded on the span's stream now, by the calling
+/// thread, follows all the span's work, for a wait for `stream` (`None`:
+/// the context's, or a copy's on a default stream).
+fn marks_span(g: &Gate, start: &Start, stream: Option<usize>) -> bool {
+    // The span's launches went to its opening stream alone, so far.
+    if g.open_stream.load(Ordering::SeqCst) != start.key {
+        return false;
+    }
+    // The span's stream, as this thread names it.
+    let here = stream_key(start.raw as *mut c_void, start.per_thread);
+    if here != start.key || stream.is_some_and(|key| key != start.key) {
+        return false;
+    }
+    // A default stream is the current context's, which must be the
+    // span's (`cuCtxSynchronize_v2` may name another); a stream the
+    // program made is named only by the wait for it.
+    let default = start.raw <= 2;
+    (stream.is_some() || default) && (!default || current_ctx() == Some(start.ctx))
 }
 
 /// The wait that made `mark` is over: its event goes back.
 pub(super) fn unmark(g: &Gate, mark: Mark) {
-    if let Mark::Recorded { ctx, event } = mark {
-        give_back(g, ctx, event);
+    if let Mark::Recorded { ctx, event, epoch } = mark {
+        give_back(g, ctx, event, epoch);
     }
 }
 
@@ -210,24 +261,22 @@ pub(super) fn end(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) -> u
     let elapsed = end_event
         .filter(|_| stream == start.key)
         .and_then(|e| driver::event_elapsed_ns(start.event, e).ok());
-    {
-        let mut c = lock(&g.devclock);
-        c.misses = if elapsed.is_some() {
-            0
-        } else {
-            c.misses.saturating_add(1)
-        };
+    match elapsed {
+        Some(_) => lock(&g.devclock).misses = 0,
+        None => missed(g),
     }
-    give_back(g, start.ctx, start.event);
+    give_back(g, start.ctx, start.event, start.epoch);
     match elapsed {
         Some(ns) => since.saturating_add(ns).clamp(since, at.max(since)),
         None => at,
     }
 }
 
-/// Context `ctx` went, and its events with it.
+/// Context `ctx` went, and its events with it: none of them is used or
+/// given back again.
 pub(crate) fn context_gone(g: &Gate, ctx: usize) {
     let mut c = lock(&g.devclock);
+    c.epoch = c.epoch.wrapping_add(1);
     c.spare.retain(|&(c, _)| c != ctx);
     if c.start.is_some_and(|s| s.ctx == ctx) {
         c.start = None;

@@ -122,6 +122,8 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
     g.entered.fetch_add(1, Ordering::SeqCst);
     g.waits.fetch_add(1, Ordering::SeqCst);
     g.waiting_now.fetch_add(1, Ordering::SeqCst);
+    // Marked before a quieting's round trip, which the mark would count.
+    let mark = devclock::mark(g, covers, blocks);
     if blocks && g.deadline.load(Ordering::Relaxed) != 0 && g.quiet_after_waits(st) {
         quieting(st, dev, g);
     }
@@ -129,7 +131,7 @@ pub fn waiting_on(blocks: bool, covers: Covers, ctx: Option<*mut c_void>) -> Wai
         at: Some((st, dev, g)),
         covers,
         launches_at,
-        mark: devclock::mark(g, covers, blocks),
+        mark,
         finished: false,
     }
 }
