@@ -8,7 +8,7 @@
 use super::*;
 
 /// Runs of the shape: `GEM_BENCH_RUNS`, default 5.
-fn runs() -> usize {
+pub(super) fn runs() -> usize {
     std::env::var("GEM_BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
