@@ -31,11 +31,27 @@ const MAX_SPARE: usize = 4;
 
 /// Spans in a row that opened with an event and ended on the host's
 /// clock (no wait of theirs could be timed: a program that waits only
-/// for copies on other streams, or whose tokens end its spans), or whose
-/// event could not be recorded, after which only one span in `PROBE`
-/// records one: two records a span are paid only where they serve.
+/// for copies on other streams, or whose tokens end its spans), whose
+/// event could not be recorded, or whose device end was close to the
+/// host's (the host woke at once: its clock charges as well, see
+/// [`late`]),
+/// after which only one span in `PROBE` records one: two records a span
+/// are paid only where they serve, and a host that starts to wake late
+/// is seen at the next probe.
 pub(crate) const MISSES: u32 = 8;
 const PROBE: u32 = 16;
+/// A device end this close to the host's proof (and within a hundredth
+/// of the span) is no reason to go on timing spans on the device's
+/// clock: the host's charges at most 1 % more.
+const LAG_NS: u64 = 20_000;
+
+/// Whether the span opened at `since`, proven done at `at`, whose work
+/// the device ran from `begun` on, took the host long enough more than
+/// the device to time spans on the device.
+fn late(since: u64, begun: u64, at: u64) -> bool {
+    let lag = begun.saturating_sub(since);
+    lag >= LAG_NS || lag.saturating_mul(100) >= at.saturating_sub(begun)
+}
 
 /// What a wait's completion ends the span at, as the wait began.
 #[derive(Debug, Clone, Copy, Default)]
@@ -123,7 +139,7 @@ fn missed(g: &Gate) {
 /// open, no context), or where the stream may still run an earlier
 /// token's work (the event would complete only behind it, and that
 /// work's time would be charged to nobody).
-pub(super) fn start(g: &Gate, stream: *mut c_void, per_thread: bool) -> Option<Start> {
+pub(super) fn open(g: &Gate, stream: *mut c_void, per_thread: bool) -> Option<Start> {
     if capture::any_open() {
         return None; // a record into a capture makes a node, and times nothing
     }
@@ -240,11 +256,20 @@ pub(super) fn unmark(g: &Gate, mark: Mark) {
 }
 
 /// Where the span opened at `since`, whose launches went to stream
-/// `stream` (or `covers::MIXED`), ends, proven done at `at` by a wait
-/// that made `mark`: its opening event's device time to the mark's
-/// added to `since`, at most `at`; `at` where the device cannot say.
-/// Called with the span closing (its opening event is taken).
-pub(super) fn end(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) -> u64 {
+/// `stream` (or `covers::MIXED`), and proven done at `at` by a wait that
+/// made `mark`, began: the device time from its opening event to the
+/// mark's before `at`; `since` where the device cannot say. Called with
+/// the span closing (its opening event is taken).
+///
+/// The span is placed to end at the proof, not to begin at `since`: the
+/// time from `since` to `at` is the device's time, its first kernel's
+/// wait for the device (behind another group's queued work, or for a
+/// time slice) and the host's wake-up, and only the first is known not to
+/// be a wait for nothing. Placed from `since`, a span that began behind
+/// another group's work claimed that work's time, which the ledger gave
+/// to the work that began first, and the span was charged its wait the
+/// less (undercharged); ending at `at`, it is charged what it ran.
+pub(super) fn start(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) -> u64 {
     let start = {
         let mut c = lock(&g.devclock);
         match c.start {
@@ -252,7 +277,7 @@ pub(super) fn end(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) -> u
             _ => None,
         }
     };
-    let Some(start) = start else { return at };
+    let Some(start) = start else { return since };
     let end_event = match mark {
         Mark::Recorded { event, .. } => Some(event),
         Mark::Event(e) => Some(e),
@@ -261,15 +286,13 @@ pub(super) fn end(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) -> u
     let elapsed = end_event
         .filter(|_| stream == start.key)
         .and_then(|e| driver::event_elapsed_ns(start.event, e).ok());
-    match elapsed {
-        Some(_) => lock(&g.devclock).misses = 0,
-        None => missed(g),
+    let begun = elapsed.map(|ns| at.saturating_sub(ns).clamp(since, at.max(since)));
+    match begun {
+        Some(begun) if late(since, begun, at) => lock(&g.devclock).misses = 0,
+        _ => missed(g),
     }
     give_back(g, start.ctx, start.event, start.epoch);
-    match elapsed {
-        Some(ns) => since.saturating_add(ns).clamp(since, at.max(since)),
-        None => at,
-    }
+    begun.unwrap_or(since)
 }
 
 /// Context `ctx` went, and its events with it: none of them is used or

@@ -37,7 +37,7 @@ impl Gate {
     fn open_cold(&self, now: u64, on: Option<(*mut c_void, bool)>) {
         // Recorded before the span is open: any launch that finds it open
         // follows the event.
-        let start = on.and_then(|(stream, per_thread)| devclock::start(self, stream, per_thread));
+        let start = on.and_then(|(stream, per_thread)| devclock::open(self, stream, per_thread));
         let opened = self
             .open_since
             .compare_exchange(0, now, Ordering::SeqCst, Ordering::Relaxed)
@@ -75,8 +75,8 @@ impl Gate {
     }
 
     /// [`Gate::close`] by a wait that made `mark` as it began: the span
-    /// ends where the device's clock says its work ended (see
-    /// `devclock`), at `at` at the latest. The end, if it closed.
+    /// is as long as the device's clock says its work ran (see
+    /// `devclock`), and ends at `at`. Its start, if it closed.
     pub(super) fn close_marked(&self, at: u64, launches_at: u64, mark: Mark) -> Option<u64> {
         let moved = |g: &Gate| g.launch_in_flight() || g.launches() != launches_at;
         if moved(self) {
@@ -102,11 +102,11 @@ impl Gate {
             self.open_stream.store(covers::MIXED, Ordering::SeqCst);
             return None;
         }
-        let end = devclock::end(self, since, stream, at, mark);
+        let begun = devclock::start(self, since, stream, at, mark);
         // A span detached before this one opened ends first (see `late`).
         late::end_detached(self, &mut ran);
-        record(&mut ran, since, end.max(since));
-        Some(end)
+        record(&mut ran, begun, at.max(begun));
+        Some(begun)
     }
 
     /// Whether work of the process may still run unreported: a span is

@@ -32,8 +32,12 @@ const GRAPHS: &[&str] = &[
 /// One run of `seconds`: the shares of "low" (graphs) and "high" (eager)
 /// over all but its first 2 s.
 fn one(seconds: u64) -> (f64, f64) {
+    let wakeup = std::env::var("GEM_BENCH_WAKEUP_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let g = Gemini::start_with(
-        SimEnv::new(1, "16GiB").time_sliced(),
+        SimEnv::new(1, "16GiB").time_sliced().slow_wakeup(wakeup),
         "[low]\nMinUtil=0.3\n[high]\nMinUtil=0.7\n",
         &["--log-level", "warn"],
     );
