@@ -60,6 +60,10 @@ test-slurm: setup
 test-prometheus: setup
 	@if [ "$$(id -u)" = 0 ] && [ ! -x /usr/bin/prometheus ] && command -v apt-get >/dev/null 2>&1; then \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || exit 1; fi
+	@if command -v promtool >/dev/null 2>&1; then \
+	  promtool check rules deploy/prometheus/gemini-alerts.yml && \
+	  (cd deploy/prometheus && promtool test rules gemini-alerts.test.yml) || exit 1; \
+	else echo "SKIPPED the alert rules' tests: no promtool (apt-get install prometheus)"; fi
 	$(CARGO) build --workspace --all-targets
 	$(CARGO) test -p gemini-tests --test it -- metrics:: --ignored --nocapture
 
@@ -180,6 +184,10 @@ install:
 	install -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/gemini/README.md
 	install -d $(DESTDIR)$(PREFIX)/share/doc/gemini/docs
 	install -m 644 docs/*.md docs/*.svg $(DESTDIR)$(PREFIX)/share/doc/gemini/docs/
+	install -m 644 CHANGELOG.md $(DESTDIR)$(PREFIX)/share/doc/gemini/CHANGELOG.md
+	install -d $(DESTDIR)$(PREFIX)/share/gemini/prometheus $(DESTDIR)$(PREFIX)/share/gemini/grafana
+	install -m 644 deploy/prometheus/gemini-alerts.yml deploy/prometheus/gemini-alerts.test.yml $(DESTDIR)$(PREFIX)/share/gemini/prometheus/
+	install -m 644 deploy/grafana/gemini-dashboard.json $(DESTDIR)$(PREFIX)/share/gemini/grafana/
 	test -e $(DESTDIR)/etc/gemini/resource.conf || install -m 644 examples/resource.conf $(DESTDIR)/etc/gemini/resource.conf
 
 # Removes what `make install` put in place, but not /etc/gemini (the
@@ -188,7 +196,7 @@ uninstall:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(BINS))
 	rm -f $(DESTDIR)$(PREFIX)/lib/libgemhook.so $(DESTDIR)$(PREFIX)/lib/libgemhook.so.1
 	rm -f $(foreach u,$(UNITS),$(DESTDIR)$(PREFIX)/lib/systemd/system/$(u).service)
-	rm -rf $(DESTDIR)$(PREFIX)/share/doc/gemini
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/gemini $(DESTDIR)$(PREFIX)/share/gemini
 
 clean:
 	$(CARGO) clean

@@ -6,7 +6,9 @@
 #   /usr/bin/       gem-schd gem-holder gem-launch gem-slurm (stripped)
 #   /usr/lib/       libgemhook.so (+ .so.1), the LD_PRELOAD hook
 #   /usr/lib/systemd/system/  gem-schd.service, gem-holder.service
-#   /usr/share/doc/gemini/    README.md, docs/
+#   /usr/share/doc/gemini/    README.md, CHANGELOG.md, docs/
+#   /usr/share/gemini/        prometheus/ (alert rules and their tests),
+#                             grafana/ (the dashboard)
 #   /etc/gemini/resource.conf the example, a conffile: an upgrade keeps
 #                             the operator's edits, a removal keeps it,
 #                             only a purge deletes it

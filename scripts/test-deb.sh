@@ -44,7 +44,9 @@ contents=$(dpkg-deb -c "$deb")
 for f in ./usr/bin/gem-schd ./usr/bin/gem-holder ./usr/bin/gem-launch ./usr/bin/gem-slurm \
     ./usr/lib/libgemhook.so ./usr/lib/systemd/system/gem-schd.service \
     ./usr/lib/systemd/system/gem-holder.service ./usr/share/doc/gemini/README.md \
-    ./usr/share/doc/gemini/copyright ./etc/gemini/resource.conf ./etc/gemini/gemini.toml; do
+    ./usr/share/doc/gemini/copyright ./usr/share/doc/gemini/CHANGELOG.md \
+    ./usr/share/gemini/prometheus/gemini-alerts.yml ./usr/share/gemini/prometheus/gemini-alerts.test.yml \
+    ./usr/share/gemini/grafana/gemini-dashboard.json ./etc/gemini/resource.conf ./etc/gemini/gemini.toml; do
     grep -q " $f\( \|$\)" <<<"$contents" || fail "$f is not in the package"
 done
 awk '{print $2}' <<<"$contents" | grep -qv '^root/root$' && fail "files not owned by root"

@@ -6,7 +6,7 @@
 //! `docs/metrics.md`.
 
 use crate::policy::{GroupCounters, HOLDER_SHOWN as HOLDER};
-use gemini_protocol::StatusReport;
+use gemini_protocol::{Role, StatusReport};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -58,6 +58,15 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// The build.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabel {
+    /// gem-schd's version.
+    pub version: String,
+    /// The newest protocol version it speaks.
+    pub protocol: String,
+}
+
 /// How a reload ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -89,7 +98,14 @@ pub struct Metrics {
     max_util: Family<GroupLabel, FloatGauge>,
     memory_limit: Family<GroupLabel, FloatGauge>,
     clients: Family<GroupLabel, Gauge>,
+    processes: Family<GroupLabel, Gauge>,
+    reserved: Family<GroupLabel, Gauge>,
+    reservation_left: Family<GroupLabel, FloatGauge>,
+    queued: Gauge,
+    queue_oldest: FloatGauge,
+    build: Family<BuildLabel, Gauge>,
     share: Family<GroupDevice, FloatGauge>,
+    gpu_time: Family<GroupDevice, FloatCounter>,
     memory_used: Family<GroupDevice, Gauge>,
     driver_limit: Family<GroupCgroup, Gauge>,
     driver_used: Family<GroupCgroup, Gauge>,
@@ -103,6 +119,7 @@ pub struct Metrics {
     holder_share: Family<DeviceLabel, FloatGauge>,
     holder_memory: Family<DeviceLabel, Gauge>,
     holder_grants: Family<DeviceLabel, Counter>,
+    holder_gpu_time: Family<DeviceLabel, FloatCounter>,
     reloads: Family<ResultLabel, Counter>,
     last_reload_ok: Gauge,
     config_errors: Gauge,
@@ -134,7 +151,14 @@ impl Metrics {
             max_util: Family::default(),
             memory_limit: Family::default(),
             clients: Family::default(),
+            processes: Family::default(),
+            reserved: Family::default(),
+            reservation_left: Family::default(),
+            queued: Gauge::default(),
+            queue_oldest: FloatGauge::default(),
+            build: Family::default(),
             share: Family::default(),
+            gpu_time: Family::default(),
             memory_used: Family::default(),
             driver_limit: Family::default(),
             driver_used: Family::default(),
@@ -148,6 +172,7 @@ impl Metrics {
             holder_share: Family::default(),
             holder_memory: Family::default(),
             holder_grants: Family::default(),
+            holder_gpu_time: Family::default(),
             reloads: Family::default(),
             last_reload_ok: Gauge::default(),
             config_errors: Gauge::default(),
@@ -175,14 +200,52 @@ impl Metrics {
         );
         r.register(
             "group_clients",
-            "Connected processes of the group",
+            "Connections of the group's programs (a program has one, or two while it also controls: see gemini_group_processes)",
             m.clients.clone(),
+        );
+        r.register(
+            "group_processes",
+            "Programs of the group connected to the scheduler (each counted once)",
+            m.processes.clone(),
+        );
+        r.register(
+            "group_reserved_gpus",
+            "GPUs held by reservations of the group (gem-launch --exclusive, gem-launch reserve)",
+            m.reserved.clone(),
+        );
+        r.register_with_unit(
+            "group_reservation_left",
+            "Time until the group's first reservation made without a program (gem-launch reserve) expires; absent where it has none",
+            Unit::Seconds,
+            m.reservation_left.clone(),
+        );
+        r.register(
+            "queue_launches",
+            "Launches waiting in gem-launch's queue for free GPUs",
+            m.queued.clone(),
+        );
+        r.register_with_unit(
+            "queue_oldest_wait",
+            "How long the first launch in gem-launch's queue has waited (0: none waits)",
+            Unit::Seconds,
+            m.queue_oldest.clone(),
+        );
+        r.register(
+            "build_info",
+            "1, labelled with gem-schd's version and the newest protocol version it speaks",
+            m.build.clone(),
         );
         r.register_with_unit(
             "group_share",
-            "Share of the device's time the group used since it became active, over at most the window",
+            "Share of the device's span (the accounting window, or less where the device's first work in it began later) the group's work occupied; the groups' shares on a device add up to at most its busy share",
             Unit::Other("ratio".into()),
             m.share.clone(),
+        );
+        r.register_with_unit(
+            "group_gpu",
+            "Device time charged to the group since gem-schd started: rate() of it is the group's share at any scrape interval",
+            Unit::Seconds,
+            m.gpu_time.clone(),
         );
         r.register_with_unit(
             "group_memory_used",
@@ -257,6 +320,12 @@ impl Metrics {
             "Tokens granted to the holder",
             m.holder_grants.clone(),
         );
+        r.register_with_unit(
+            "holder_gpu",
+            "Device time the holder used since gem-schd started (idle time it filled; no group's)",
+            Unit::Seconds,
+            m.holder_gpu_time.clone(),
+        );
         r.register(
             "config_reloads",
             "Reloads of resource.conf (and its drop-ins) by result",
@@ -296,6 +365,17 @@ impl Metrics {
                 reason: reason.into(),
             });
         }
+        for result in ["ok", "error"] {
+            let _ = m.reloads.get_or_create(&ResultLabel {
+                result: result.into(),
+            });
+        }
+        m.build
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION").into(),
+                protocol: gemini_protocol::PROTOCOL_VERSION.to_string(),
+            })
+            .set(1);
         m.last_reload_ok.set(1);
         Metrics { registry: r, ..m }
     }
@@ -317,10 +397,17 @@ impl Metrics {
         self.busy.clear();
         self.holder_share.clear();
         self.holder_memory.clear();
+        self.processes.clear();
+        self.reserved.clear();
+        self.reservation_left.clear();
+        self.queued.set(st.queue.len() as i64);
+        let oldest = st.queue.iter().map(|q| q.for_us).max().unwrap_or(0);
+        self.queue_oldest.set(oldest as f64 / 1e6);
         for g in &st.groups {
             let l = GroupLabel {
                 group: g.name.clone(),
             };
+            self.group_programs(st, &l);
             self.min_util.get_or_create(&l).set(g.min_util);
             self.max_util.get_or_create(&l).set(g.max_util);
             self.memory_limit
@@ -346,6 +433,10 @@ impl Metrics {
                 device: d.device.to_string(),
             };
             self.busy.get_or_create(&device).set(d.busy);
+            // At 0 where the holder is not on the device: a panel or an
+            // alert finds the series either way.
+            self.holder_share.get_or_create(&device).set(0.0);
+            self.holder_memory.get_or_create(&device).set(0);
             for g in &d.groups {
                 if g.group == HOLDER {
                     self.holder_share.get_or_create(&device).set(g.share);
@@ -363,20 +454,58 @@ impl Metrics {
                 self.waiting.get_or_create(&l).set(i64::from(g.waiting));
             }
         }
-        for c in counters.iter().filter(|c| c.group != HOLDER) {
+        for c in counters {
+            let used = c.used_us as f64 / 1e6;
+            if c.group == HOLDER {
+                let device = DeviceLabel {
+                    device: c.device.to_string(),
+                };
+                raise(&self.holder_gpu_time.get_or_create(&device), used);
+                continue;
+            }
             let l = GroupDevice {
                 group: c.group.clone(),
                 device: c.device.to_string(),
             };
-            let throttled = self.throttled.get_or_create(&l);
-            let secs = c.throttled_us as f64 / 1e6;
-            if secs > throttled.get() {
-                throttled.inc_by(secs - throttled.get());
-            }
+            // The ledger refunds time it charged a group for another's
+            // work: a counter never goes down, so a refund is taken out
+            // of the next charges instead.
+            raise(&self.gpu_time.get_or_create(&l), used);
+            raise(
+                &self.throttled.get_or_create(&l),
+                c.throttled_us as f64 / 1e6,
+            );
             let revoked = self.revocations.get_or_create(&l);
             if c.revocations > revoked.get() {
                 revoked.inc_by(c.revocations - revoked.get());
             }
+        }
+    }
+
+    /// The figures of `group`'s programs: how many are connected, the
+    /// GPUs its reservations hold and when the first made without a
+    /// program expires.
+    fn group_programs(&self, st: &StatusReport, group: &GroupLabel) {
+        let programs: std::collections::BTreeSet<u32> = st
+            .clients
+            .iter()
+            .filter(|c| c.role == Role::Client && c.group == group.group)
+            .map(|c| c.pid)
+            .collect();
+        self.processes
+            .get_or_create(group)
+            .set(programs.len() as i64);
+        let ours = || st.reservations.iter().filter(|r| r.group == group.group);
+        let gpus: usize = ours().map(|r| r.devices.len()).sum();
+        self.reserved.get_or_create(group).set(gpus as i64);
+        if let Some(left) = ours()
+            .filter_map(|r| r.manual.as_ref())
+            .map(|m| m.left_us)
+            .min()
+        {
+            self.reservation_left
+                .get_or_create(group)
+                .set(left as f64 / 1e6);
         }
     }
 
@@ -447,6 +576,77 @@ impl Metrics {
     }
 }
 
+/// The content type of OpenMetrics text.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of Prometheus's text format 0.0.4.
+const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether a scraper that sent `accept` (its `Accept` header; `None`:
+/// none) takes OpenMetrics: where it names it, as Prometheus does. A
+/// scraper that names only `text/plain` (or nothing: `curl`) gets the
+/// older Prometheus text format, which every scraper reads.
+fn wants_openmetrics(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| {
+        a.split(',').any(|part| {
+            let mut params = part.split(';').map(str::trim);
+            let is_om = params.next() == Some("application/openmetrics-text");
+            // `q=0` means "not this one" (RFC 9110).
+            is_om && !params.any(|p| p.replace(' ', "") == "q=0")
+        })
+    })
+}
+
+/// OpenMetrics text rewritten as Prometheus's text format 0.0.4: a
+/// counter's `# TYPE` and `# HELP` name its `_total` sample, `# UNIT`
+/// and `# EOF` go, and an `info` is a gauge of its `_info` sample.
+fn to_text_004(om: &str) -> String {
+    use std::collections::HashMap;
+    // A family's type, from its `# TYPE` line.
+    let types: HashMap<&str, &str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_once(' '))
+        .collect();
+    let renamed = |name: &str| -> String {
+        match types.get(name) {
+            Some(&"counter") => format!("{name}_total"),
+            Some(&"info") => format!("{name}_info"),
+            _ => name.to_string(),
+        }
+    };
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let kind = match kind {
+                "counter" | "gauge" | "histogram" | "summary" => kind,
+                "info" => "gauge",
+                _ => "untyped",
+            };
+            out.push_str(&format!("# TYPE {} {kind}\n", renamed(name)));
+        } else if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            out.push_str(&format!("# HELP {} {help}\n", renamed(name)));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Raises `counter` to `total` (a cumulative figure of the policy's); a
+/// smaller total leaves it as it is.
+fn raise(counter: &FloatCounter, total: f64) {
+    let now = counter.get();
+    if total > now {
+        counter.inc_by(total - now);
+    }
+}
+
 fn lock(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -461,16 +661,22 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<SocketAd
     std::thread::Builder::new()
         .name("gem-schd-metrics".into())
         .spawn(move || {
-            let content_type = tiny_http::Header::from_bytes(
-                &b"Content-Type"[..],
-                &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
-            )
-            .ok();
             for req in server.incoming_requests() {
                 let path = req.url().split('?').next().unwrap_or("");
                 let resp = if path == "/metrics" {
-                    let mut r = tiny_http::Response::from_string(metrics.encode());
-                    if let Some(h) = content_type.clone() {
+                    let accept = req
+                        .headers()
+                        .iter()
+                        .find(|h| h.field.equiv("Accept"))
+                        .map(|h| h.value.as_str().to_string());
+                    let om = metrics.encode();
+                    let (body, kind) = if wants_openmetrics(accept.as_deref()) {
+                        (om, OPENMETRICS)
+                    } else {
+                        (to_text_004(&om), TEXT_004)
+                    };
+                    let mut r = tiny_http::Response::from_string(body);
+                    if let Ok(h) = tiny_http::Header::from_bytes(&b"Content-Type"[..], kind) {
                         r = r.with_header(h);
                     }
                     r
@@ -482,4 +688,115 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<SocketAd
             }
         })?;
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openmetrics_only_for_a_scraper_that_asks_for_it() {
+        // What Prometheus 2.x/3.x sends, and what curl and older scrapers do.
+        let prom = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert!(wants_openmetrics(Some(prom)));
+        assert!(!wants_openmetrics(Some("text/plain;version=0.0.4")));
+        assert!(!wants_openmetrics(Some("*/*")));
+        assert!(!wants_openmetrics(None));
+        assert!(!wants_openmetrics(Some(
+            "application/openmetrics-text; q=0, text/plain"
+        )));
+    }
+
+    #[test]
+    fn the_old_text_format_names_counters_by_their_samples() {
+        let m = Metrics::new();
+        m.granted("a", 0, 0.001);
+        m.reloaded(0);
+        let om = m.encode();
+        assert!(
+            om.contains("# TYPE gemini_group_token_grants counter"),
+            "{om}"
+        );
+        let text = to_text_004(&om);
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE gemini_group_token_grants_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP gemini_group_token_grants_total Tokens granted"),
+            "{text}"
+        );
+        assert!(text.contains("gemini_group_token_grants_total{group=\"a\",device=\"0\"} 1\n"));
+        // Histograms and gauges keep their names.
+        assert!(text.contains("# TYPE gemini_group_token_wait_seconds histogram\n"));
+        assert!(text.contains("# TYPE gemini_config_last_reload_ok gauge\n"));
+        // Every sample line is kept: only comments change.
+        let samples = |t: &str| t.lines().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(samples(&om), samples(&text));
+    }
+
+    #[test]
+    fn every_reload_result_and_the_build_are_shown_from_the_start() {
+        let om = Metrics::new().encode();
+        for line in [
+            "gemini_config_reloads_total{result=\"ok\"} 0",
+            "gemini_config_reloads_total{result=\"error\"} 0",
+        ] {
+            assert!(om.contains(line), "{line} missing:\n{om}");
+        }
+        let build = format!(
+            "gemini_build_info{{version=\"{}\",protocol=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            gemini_protocol::PROTOCOL_VERSION
+        );
+        assert!(om.contains(&build), "{build} missing:\n{om}");
+    }
+
+    /// docs/metrics.md lists every metric gem-schd serves, by the name
+    /// of its samples, and no other.
+    #[test]
+    fn the_doc_lists_every_metric_and_no_other() {
+        let text = to_text_004(&Metrics::new().encode());
+        let served: std::collections::BTreeSet<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .map(str::to_string)
+            .collect();
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md"),
+        )
+        .unwrap();
+        let listed: std::collections::BTreeSet<String> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `gemini_"))
+            .filter_map(|l| l.split('`').next())
+            .map(|n| format!("gemini_{n}"))
+            .collect();
+        assert!(served.len() > 30, "{served:?}");
+        let missing: Vec<_> = served.difference(&listed).collect();
+        let extra: Vec<_> = listed.difference(&served).collect();
+        assert!(
+            missing.is_empty(),
+            "served, not in docs/metrics.md: {missing:?}"
+        );
+        assert!(
+            extra.is_empty(),
+            "in docs/metrics.md, not served: {extra:?}"
+        );
+    }
+
+    #[test]
+    fn a_refunded_charge_never_takes_the_counter_down() {
+        let c = FloatCounter::default();
+        raise(&c, 2.0);
+        raise(&c, 1.5);
+        assert_eq!(c.get(), 2.0);
+        raise(&c, 2.5);
+        assert_eq!(c.get(), 2.5);
+    }
 }

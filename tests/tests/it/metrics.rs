@@ -10,9 +10,16 @@ use std::time::{Duration, Instant};
 
 /// The body of `GET http://addr{path}`.
 pub(crate) fn get(addr: &str, path: &str) -> String {
+    fetch(addr, path, None).1
+}
+
+/// `GET http://addr{path}` with `accept` as its Accept header: the
+/// response's Content-Type and its body.
+pub(crate) fn fetch(addr: &str, path: &str, accept: Option<&str>) -> (String, String) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{accept}\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
@@ -20,8 +27,19 @@ pub(crate) fn get(addr: &str, path: &str) -> String {
         head.starts_with("HTTP/1.") && head.contains(" 200 "),
         "{head}"
     );
-    body.to_string()
+    let kind = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    (kind, body.to_string())
 }
+
+/// What Prometheus asks for (its default scrape protocols).
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
 
 /// The address the scheduler's log says the metrics are served at.
 pub(crate) fn metrics_addr(g: &Gemini) -> String {
@@ -62,11 +80,33 @@ fn metrics_describe_groups_devices_tokens_and_reloads() {
         &["--metrics", "127.0.0.1:0"],
     );
     let addr = metrics_addr(&g);
+    let t0 = gemini_tests::now_ns();
     let (a, b) = (workload(&g, "a", "3"), workload(&g, "b", "3"));
+    let pids = [("a", a.id()), ("b", b.id())];
     std::thread::sleep(Duration::from_millis(2500));
     let text = get(&addr, "/metrics");
     for mut c in [a, b] {
         assert!(c.wait().unwrap().success());
+    }
+    // Each group's GPU time counter is the device time its kernels ran,
+    // as the simulator logged it (the counter follows the ledger about
+    // once a second).
+    let busy = g.sim.busy(0, t0, gemini_tests::now_ns());
+    for (group, pid) in pids {
+        let ran = busy.per_pid.get(&pid).copied().unwrap_or(0) as f64 / 1e9;
+        let series = format!("gemini_group_gpu_seconds_total{{group=\"{group}\",device=\"0\"}}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let counted = loop {
+            let counted = sample(&get(&addr, "/metrics"), &series).unwrap_or(0.0);
+            if (counted - ran).abs() <= 0.03 * ran + 0.02 || Instant::now() > deadline {
+                break counted;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(
+            ran > 0.1 && (counted - ran).abs() <= 0.03 * ran + 0.02,
+            "{group}: {counted:.3} s counted, {ran:.3} s ran on the simulator"
+        );
     }
     let v =
         |series: &str| sample(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
@@ -107,10 +147,25 @@ fn metrics_describe_groups_devices_tokens_and_reloads() {
     );
     assert!(v("gemini_request_handling_seconds_count") > 10.0);
     assert_eq!(v("gemini_config_last_reload_ok"), 1.0);
+    // Every result counted from the start: an alert on the increase of
+    // errors sees the first.
+    assert_eq!(v("gemini_config_reloads_total{result=\"error\"}"), 0.0);
+    assert_eq!(v("gemini_group_processes{group=\"a\"}"), 1.0);
+    assert_eq!(v("gemini_group_reserved_gpus{group=\"b\"}"), 0.0);
+    assert_eq!(v("gemini_queue_launches"), 0.0);
+    assert_eq!(v("gemini_holder_share_ratio{device=\"0\"}"), 0.0);
+    // A scraper that asks for nothing (curl) gets the text format every
+    // scraper reads; Prometheus, which asks for OpenMetrics, gets it.
+    assert!(!text.contains("# EOF"), "{text}");
+    assert!(text.contains("# TYPE gemini_group_token_grants_total counter\n"));
+    let (kind, om) = fetch(&addr, "/metrics", Some(PROMETHEUS_ACCEPT));
+    assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
     assert!(
-        text.trim_end().ends_with("# EOF"),
+        om.trim_end().ends_with("# EOF"),
         "OpenMetrics ends with # EOF"
     );
+    let (kind, _) = fetch(&addr, "/metrics", Some("text/plain;version=0.0.4"));
+    assert!(kind.starts_with("text/plain; version=0.0.4"), "{kind}");
 
     // A broken edit: counted, and the last reload shows it.
     g.write_conf("[a]\nMinUtil=2\n");
@@ -198,17 +253,24 @@ impl Recorder {
         std::thread::spawn(move || {
             for conn in l.incoming() {
                 let Ok(mut conn) = conn else { continue };
-                // The request's head; its path is not looked at.
+                // The request's head; its path is not looked at, its
+                // Accept header is passed on.
                 let mut head = Vec::new();
                 let mut byte = [0u8; 1];
                 while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
                     head.push(byte[0]);
                 }
-                let body = get(&target, "/metrics");
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let accept = head.lines().find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("accept")
+                        .then(|| v.trim().to_string())
+                });
+                let (kind, body) = fetch(&target, "/metrics", accept.as_deref());
                 keep.lock().unwrap().push(body.clone());
                 let _ = write!(
                     conn,
-                    "HTTP/1.0 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    "HTTP/1.0 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 );
             }
@@ -256,10 +318,11 @@ fn prometheus_stores_what_the_scheduler_served() {
     };
     let g = Gemini::start_with(
         SimEnv::default(),
-        "[a]\nMinUtil=0.3\n[b]\nMinUtil=0.7\n",
+        "[a]\nMinUtil=0.3\nMemoryLimit=4GiB\n[b]\nMinUtil=0.7\n",
         &["--metrics", "127.0.0.1:0"],
     );
     let recorder = Recorder::start(metrics_addr(&g));
+    promtool_reads(&metrics_addr(&g));
     let dir = g.sim.path().join("prometheus");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
@@ -364,6 +427,110 @@ fn prometheus_stores_what_the_scheduler_served() {
                 "Prometheus stored {v} of {series}, which gem-schd never served: {served:?}"
             );
         }
+    }
+    dashboard_queries_return_data(&query);
+}
+
+/// `promtool check metrics` finds nothing wrong with the text gem-schd
+/// serves a scraper that asks for nothing in particular (the text format
+/// 0.0.4, which promtool reads).
+fn promtool_reads(addr: &str) {
+    let Some(promtool) = ["/usr/bin/promtool", "/usr/local/bin/promtool"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+    else {
+        panic!("no promtool beside prometheus (apt-get install prometheus)");
+    };
+    let text = get(addr, "/metrics");
+    let mut check = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The Grafana dashboard (`deploy/grafana/gemini-dashboard.json`) is one
+/// of the current schema, and every query of its panels, run against the
+/// Prometheus that scraped gem-schd while two groups ran, returns data.
+fn dashboard_queries_return_data(query: &dyn Fn(&str) -> String) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/grafana/gemini-dashboard.json");
+    let dash: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert!(
+        dash["schemaVersion"].as_u64().unwrap_or(0) >= 36,
+        "schemaVersion"
+    );
+    assert!(dash["uid"].is_string() && dash["title"].is_string());
+    let vars: Vec<&str> = dash["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    let panels = dash["panels"].as_array().unwrap();
+    let mut exprs = Vec::new();
+    for p in panels {
+        let title = p["title"].as_str().unwrap_or("?");
+        let pos = &p["gridPos"];
+        for k in ["h", "w", "x", "y"] {
+            assert!(pos[k].is_u64(), "panel {title}: gridPos.{k}");
+        }
+        if p["type"] == "row" {
+            continue;
+        }
+        let targets = p["targets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("panel {title}: no targets"));
+        assert!(!targets.is_empty(), "panel {title}: no targets");
+        for t in targets {
+            let expr = t["expr"]
+                .as_str()
+                .unwrap_or_else(|| panic!("panel {title}: no expr"));
+            assert!(t["refId"].is_string(), "panel {title}: refId");
+            exprs.push((title.to_string(), expr.to_string()));
+        }
+    }
+    assert!(exprs.len() >= 10, "{} queries", exprs.len());
+    for (title, expr) in exprs {
+        // The dashboard's variables as "All" selects them.
+        let mut q = expr.replace("$__rate_interval", "1m");
+        for v in &vars {
+            q = q.replace(&format!("${v}"), ".*");
+        }
+        assert!(
+            !q.contains('$'),
+            "panel {title}: unknown variable in {expr}"
+        );
+        let encoded: String = q
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let body = query(&encoded);
+        assert!(
+            body.contains("\"status\":\"success\"") && body.contains("\"metric\":"),
+            "panel {title}: {q} returned no data: {body}"
+        );
     }
 }
 
