@@ -75,6 +75,38 @@ impl Client {
         Client::connect_in(&zmq::Context::new(), ipc_dir)
     }
 
+    /// [`Client::connect`] for a command-line tool, which should not wait
+    /// for a scheduler that is not there: where nothing listens on the
+    /// socket (no socket file, or one a stopped scheduler left), the
+    /// answer is a [`ClientError::Connect`] at once, not a timeout.
+    pub fn connect_now(ipc_dir: &Path) -> Result<Client, ClientError> {
+        let path = gemini_protocol::endpoint::scheduler_socket_path(ipc_dir);
+        match std::os::unix::net::UnixStream::connect(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(ClientError::Denied(
+                gemini_protocol::endpoint::denied_message(&path),
+            )),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                Err(ClientError::Connect {
+                    endpoint: path.display().to_string(),
+                    reason: format!(
+                        "no scheduler listens there ({}; start it with `gem-schd --config /etc/gemini/resource.conf`, or give the --ipc-dir it uses)",
+                        if e.kind() == std::io::ErrorKind::NotFound {
+                            "no socket"
+                        } else {
+                            "the socket is left from one that stopped"
+                        }
+                    ),
+                })
+            }
+            _ => Client::connect(ipc_dir),
+        }
+    }
+
     /// [`Client::connect`] sharing a ZeroMQ context (and its I/O thread)
     /// with other clients of the same process.
     pub fn connect_in(ctx: &zmq::Context, ipc_dir: &Path) -> Result<Client, ClientError> {
@@ -261,7 +293,7 @@ impl Client {
 /// previous configuration (the message says why); `Err`: it could not be
 /// asked.
 pub fn reload(ipc_dir: &Path) -> Result<Result<(), String>, ClientError> {
-    let mut client = Client::connect(ipc_dir)?;
+    let mut client = Client::connect_now(ipc_dir)?;
     Ok(
         match client.request(&Request::Reload, Duration::from_secs(5))? {
             Reply::Done => Ok(()),
@@ -280,6 +312,28 @@ mod tests {
     /// A scheduler of protocol 14 (the previous release) refuses a request
     /// in ours, answering in 14: the client sends it again in 14, and
     /// speaks 14 from then on, until told to try its own again.
+    /// A tool asks a scheduler that is not there: told so at once, not
+    /// after a timeout, whether no socket was ever made or a stopped
+    /// scheduler left one behind.
+    #[test]
+    fn no_scheduler_is_said_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let said = |dir: &Path| match Client::connect_now(dir) {
+            Err(ClientError::Connect { reason, .. }) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(said(&dir.path().join("missing")).contains("no socket"));
+        let path = gemini_protocol::endpoint::scheduler_socket_path(dir.path());
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(said(dir.path()).contains("left from one that stopped"));
+        // One that listens is connected to as before.
+        let _l = {
+            std::fs::remove_file(&path).unwrap();
+            std::os::unix::net::UnixListener::bind(&path).unwrap()
+        };
+        assert!(Client::connect_now(dir.path()).is_ok());
+    }
+
     #[test]
     fn a_client_speaks_an_older_schedulers_version() {
         let dir = tempfile::tempdir().unwrap();

@@ -191,6 +191,110 @@ impl ResourceConfig {
         self.groups.get(name)
     }
 
+    /// The groups' `Devices` that name a GPU this machine does not have
+    /// (`gpus`: the indices it has, as NVML numbers them): one line each,
+    /// with where the group is defined. Such a group could never run on
+    /// that GPU; `gem-schd check` refuses the file.
+    pub fn devices_missing(&self, gpus: &[u32]) -> Vec<String> {
+        let mut out = Vec::new();
+        for g in self.groups.values() {
+            let Some(devices) = &g.devices else { continue };
+            let missing: Vec<String> = devices
+                .iter()
+                .filter(|d| !gpus.contains(d))
+                .map(u32::to_string)
+                .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            let listed: Vec<String> = devices.iter().map(u32::to_string).collect();
+            let mut have: Vec<u32> = gpus.to_vec();
+            have.sort_unstable();
+            let have: Vec<String> = have.iter().map(u32::to_string).collect();
+            out.push(format!(
+                "{}: [{}] Devices={}: there is no GPU {} here; this machine has {} GPU(s): {}",
+                g.defined_at(),
+                g.name,
+                listed.join(","),
+                missing.join(", "),
+                have.len(),
+                have.join(", ")
+            ));
+        }
+        out
+    }
+
+    /// Latency-critical groups with no room on a GPU they may use: no
+    /// `MinUtil` of their own while the other groups there have `MinUtil`
+    /// adding up to 1, so that they get only what those leave (1-2 % of a
+    /// busy GPU). One warning line each; `gpus`: the machine's GPU
+    /// indices (empty: not known, and `Devices` lists are compared as
+    /// given).
+    pub fn latency_without_room(&self, gpus: &[u32]) -> Vec<String> {
+        let mut out = Vec::new();
+        for c in self.groups.values() {
+            if c.latency != Latency::Critical || c.min_util > 0.0 {
+                continue;
+            }
+            // The GPUs it may use; all of them, where neither it nor the
+            // machine says which: one stands for all.
+            let devices: Vec<Option<u32>> = match (&c.devices, gpus) {
+                (Some(d), _) => d.iter().copied().map(Some).collect(),
+                (None, []) => vec![None],
+                (None, g) => g.iter().copied().map(Some).collect(),
+            };
+            for d in devices {
+                let others: Vec<&GroupConfig> = self
+                    .groups
+                    .values()
+                    .filter(|g| g.name != c.name && d.is_none_or(|d| g.uses(d)))
+                    .filter(|g| g.min_util > 0.0)
+                    .collect();
+                let sum: f64 = others.iter().map(|g| g.min_util).sum();
+                if sum < 1.0 - SUM_EPSILON {
+                    continue;
+                }
+                let names: Vec<String> = others.iter().map(|g| format!("[{}]", g.name)).collect();
+                let on = d.map_or("its GPUs".to_string(), |d| format!("GPU {d}"));
+                out.push(format!(
+                    "warning: {}: [{}] Latency=critical has no room on {on}: the MinUtil of {} add up to 1, so it gets only what they leave; give it a MinUtil (and lower theirs)",
+                    c.defined_at(),
+                    c.name,
+                    names.join(", ")
+                ));
+                break;
+            }
+        }
+        out
+    }
+
+    /// One line of every setting of group `g`, defaults included, for
+    /// `gem-schd check`'s summary.
+    pub fn summary(g: &GroupConfig) -> String {
+        let list = |v: &Option<Vec<String>>, none: &str| {
+            v.as_ref().map_or(none.to_string(), |v| v.join(","))
+        };
+        let devices = g.devices.as_ref().map_or("all".to_string(), |d| {
+            d.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+        });
+        format!(
+            "[{}] MinUtil={} MaxUtil={} MemoryLimit={} Latency={} Devices={} AllowedUsers={} AllowedGroups={} Cgroups={}",
+            g.name,
+            g.min_util,
+            g.max_util,
+            if g.memory_limit == DEFAULT_MEMORY_LIMIT {
+                "unlimited".to_string()
+            } else {
+                format_size(g.memory_limit)
+            },
+            g.latency,
+            devices,
+            list(&g.allowed_users, "(anyone)"),
+            list(&g.allowed_groups, "(any)"),
+            list(&g.cgroups, "(by name)"),
+        )
+    }
+
     /// Where the `MemoryLimit`s of the groups that may use a GPU add up to
     /// more than it has, one line per such GPU (`gpus`: each GPU's index
     /// and memory in bytes). Not an error: groups rarely all use their

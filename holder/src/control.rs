@@ -115,17 +115,34 @@ pub fn send(ipc_dir: &Path, cmd: &Command) -> anyhow::Result<Answer> {
     send_within(ipc_dir, cmd, 5000)
 }
 
+/// No holder answers in the IPC directory (exit status 3).
+#[derive(Debug)]
+pub struct NoHolder(pub String);
+
+impl std::fmt::Display for NoHolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no gem-holder answers at {} (start one with `gem-holder run`)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for NoHolder {}
+
 fn send_within(ipc_dir: &Path, cmd: &Command, timeout_ms: i64) -> anyhow::Result<Answer> {
+    // No socket: no holder, said at once rather than after the timeout.
+    if !ipc_dir.join(SOCKET).exists() {
+        return Err(NoHolder(endpoint(ipc_dir)).into());
+    }
     let ctx = zmq::Context::new();
     let s = ctx.socket(zmq::REQ)?;
     s.set_linger(0)?;
     s.connect(&endpoint(ipc_dir))?;
     s.send(serde_json::to_vec(cmd)?, 0)?;
     if s.poll(zmq::POLLIN, timeout_ms)? == 0 {
-        anyhow::bail!(
-            "no gem-holder answers at {} (start one with `gem-holder run`)",
-            endpoint(ipc_dir)
-        );
+        return Err(NoHolder(endpoint(ipc_dir)).into());
     }
     Ok(serde_json::from_slice(&s.recv_bytes(0)?)?)
 }

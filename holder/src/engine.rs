@@ -69,6 +69,26 @@ pub struct Device {
     own: u64,
     /// The real client that has the device now, as the scheduler said.
     used_by: Mutex<Option<String>>,
+    /// The minute (ns since start) changes of the device's state are
+    /// being logged in, and how many were.
+    logged: Mutex<(u64, u32)>,
+}
+
+/// A device's changes of state logged per minute at most: a holder told
+/// to wait 0 minutes beside a program that comes and goes would log
+/// every burst.
+const LOG_PER_MINUTE: u32 = 6;
+
+impl Device {
+    /// Whether a change of state at `now` is logged (and then counted).
+    fn may_log(&self, now: u64) -> bool {
+        let mut logged = lock(&self.logged);
+        if now.saturating_sub(logged.0) >= 60_000_000_000 || logged.1 == 0 {
+            *logged = (now, 0);
+        }
+        logged.1 += 1;
+        logged.1 <= LOG_PER_MINUTE
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -139,14 +159,15 @@ impl Engine {
             settings.devices.clone()
         };
         if let Some(&missing) = indices.iter().find(|&&i| i >= count) {
-            anyhow::bail!(
+            return Err(crate::Invalid(format!(
                 "--devices: there is no device {missing}; the driver reports {count} device(s){}",
                 if count > 0 {
                     format!(", numbered 0 to {}", count - 1)
                 } else {
                     String::new()
                 }
-            );
+            ))
+            .into());
         }
         let mut devices = Vec::new();
         let nvml = Nvml::load();
@@ -174,6 +195,7 @@ impl Engine {
                 busy_at: AtomicU64::new(0),
                 own,
                 used_by: Mutex::new(None),
+                logged: Mutex::new((0, 0)),
             });
         }
         Ok(Arc::new(Engine {
@@ -387,11 +409,11 @@ impl Engine {
             let reply = sched.call(&req, POLL + Duration::from_secs(2), &self.held_memory());
             match reply {
                 Ok(Reply::Holder(HolderOrder::FreeMemory { device, bytes })) => {
-                    self.scheduler_up.store(true, Ordering::Relaxed);
+                    self.scheduler_answers();
                     self.free_memory(&mut sched, device, bytes);
                 }
                 Ok(Reply::Holder(HolderOrder::Report(activity))) => {
-                    self.scheduler_up.store(true, Ordering::Relaxed);
+                    self.scheduler_answers();
                     self.update(&mut sched, &activity);
                 }
                 Ok(Reply::Holder(HolderOrder::Stop)) => {
@@ -413,6 +435,13 @@ impl Engine {
             }
         }
         self.release_all(&mut sched);
+    }
+
+    /// The scheduler answered: said once each time it comes (back).
+    fn scheduler_answers(&self) {
+        if !self.scheduler_up.swap(true, Ordering::Relaxed) {
+            tracing::info!("the scheduler answers: idle GPUs will be held");
+        }
     }
 
     /// Decides, per device, whether to hold it.
@@ -448,7 +477,14 @@ impl Engine {
                     let last = now.saturating_sub(a.idle_us.saturating_mul(1000));
                     d.busy_at.fetch_max(last, Ordering::Relaxed);
                 }
-                *lock(&d.used_by) = a.used_by.clone();
+                let mut used_by = lock(&d.used_by);
+                if a.used_by != *used_by
+                    && let Some(who) = &a.used_by
+                    && d.may_log(now)
+                {
+                    tracing::info!("GPU {}: yielded to {who}", d.index);
+                }
+                used_by.clone_from(&a.used_by);
             }
             let idle_for = now.saturating_sub(d.busy_at.load(Ordering::Relaxed));
             let idle = !self.stopped.load(Ordering::Relaxed) && idle_for >= settings.wait_ns();
@@ -458,10 +494,23 @@ impl Engine {
                     self.take_memory(sched, d, &settings);
                 }
                 d.holding.store(true, Ordering::Relaxed);
+                d.may_log(now).then(|| {
+                    tracing::info!(
+                        "GPU {}: idle for {:.1} min: holding it ({} of memory)",
+                        d.index,
+                        idle_for as f64 / 60e9,
+                        gemini_protocol::units::format_size(d.held.load(Ordering::Relaxed))
+                    )
+                });
             } else if !idle && holding {
                 // A real client came back: compute stops at once; memory is
                 // kept until one needs it.
                 d.holding.store(false, Ordering::Relaxed);
+                d.may_log(now).then(|| tracing::info!(
+                    "GPU {}: in use again: compute stopped ({} of memory kept until a program needs it)",
+                    d.index,
+                    gemini_protocol::units::format_size(d.held.load(Ordering::Relaxed))
+                ));
             }
         }
     }
@@ -529,6 +578,10 @@ impl Engine {
             d.held
                 .fetch_sub(freed.min(d.held.load(Ordering::Relaxed)), Ordering::Relaxed);
         }
+        tracing::info!(
+            "GPU {device}: a program needs memory: gave back {}",
+            gemini_protocol::units::format_size(freed)
+        );
         let _ = sched.call(
             &Request::ReleaseMemory {
                 device,

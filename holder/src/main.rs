@@ -4,7 +4,7 @@
 //! of the lowest priority.
 //!
 //! ```text
-//! gem-holder run [--devices 0,1] [--wait-minutes 10] [--mem-threshold 0.5GB]
+//! gem-holder run [--devices 0,1] [--wait-minutes 10] [--mem-threshold 512MiB]
 //!                [--hold-mem 50%] [--hold-util 0.5] [--max-kernel-ms 1]
 //! gem-holder status [--json] | stop | start | restart [flags] | shutdown
 //! ```
@@ -34,11 +34,32 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tracing::{info, warn};
 
+/// The exit statuses, for `--help`.
+const EXIT_HELP: &str = "Exit status:
+  0  done
+  1  invalid settings: a flag's value (--devices, --hold-util, ...) or the settings file
+  2  bad usage
+  3  no gem-holder answers (status, stop, start, restart, shutdown)
+  4  any other failure: a holder already runs in the IPC directory, the IPC directory does not exist, the devices cannot be opened";
+
+/// Invalid settings (exit status 1).
+#[derive(Debug)]
+struct Invalid(String);
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Invalid {}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "gem-holder",
     version,
-    about = "Keeps idle GPUs occupied for gemini; hands them back at once when a real program needs them"
+    about = "Keeps idle GPUs occupied for gemini; hands them back at once when a real program needs them",
+    after_help = EXIT_HELP
 )]
 struct Cli {
     /// IPC directory of the scheduler (and of the holder's control socket) [default: ipc_dir in the settings file, else /tmp/gemini/ipc]
@@ -79,7 +100,7 @@ struct Flags {
     /// Minutes a device must stay idle before it is held [default: 10]
     #[arg(long, value_parser = |s: &str| number_in(s, 0.0, MAX_WAIT_MINUTES))]
     wait_minutes: Option<f64>,
-    /// Memory used by others under which a device counts idle [default: 0.5GB]
+    /// Memory used by others under which a device counts idle [default: 512MiB]
     #[arg(long, value_parser = gemini_protocol::units::parse_size)]
     mem_threshold: Option<u64>,
     /// Memory to hold: a size (8GiB) or a share of free memory (50%) [default: 50%]
@@ -110,7 +131,7 @@ fn defaults() -> Settings {
     Settings {
         devices: Vec::new(),
         wait_minutes: 10.0,
-        mem_threshold: 500_000_000,
+        mem_threshold: 512 << 20,
         hold_mem: HoldMem::FractionOfFree(0.5),
         hold_util: 0.5,
         max_kernel_ms: 1.0,
@@ -133,7 +154,7 @@ fn main() -> ExitCode {
         Ok(d) => d,
         Err(e) => {
             eprintln!("gem-holder: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(1);
         }
     };
     let result = match cli.command {
@@ -148,7 +169,13 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gem-holder: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(if e.is::<Invalid>() {
+                1
+            } else if e.is::<control::NoHolder>() {
+                3
+            } else {
+                4
+            })
         }
     }
 }
@@ -171,21 +198,28 @@ fn ask(ipc: &Path, cmd: &Command, json: bool) -> anyhow::Result<()> {
                 format_size(s.settings.mem_threshold),
                 s.settings.max_kernel_ms
             );
+            // The state last: "yielded to pid 4242 (group train)" is as
+            // long as it is, and the columns before it stay aligned.
             println!(
-                "{:<7} {:<8} {:>14} {:>6} {:>6} {:>14} {:>10}",
-                "DEVICE", "STATE", "HELD", "DUTY", "UTIL", "OTHERS USE", "IDLE (s)"
+                "{:<7} {:>14} {:>6} {:>6} {:>14} {:>10}  STATE",
+                "DEVICE", "HELD", "DUTY", "UTIL", "OTHERS USE", "IDLE (s)"
             );
             for d in &s.devices {
+                // The utilisation the holder steers by is measured only
+                // while it holds the device: otherwise it is stale.
+                let util = d
+                    .utilisation
+                    .filter(|_| d.state == "holding")
+                    .map_or("-".into(), |u| format!("{:.0}%", u * 100.0));
                 println!(
-                    "{:<7} {:<8} {:>14} {:>6.2} {:>6} {:>14} {:>10.1}",
+                    "{:<7} {:>14} {:>6.2} {:>6} {:>14} {:>10.1}  {}",
                     d.device,
-                    d.state,
                     format_size(d.held_bytes),
                     d.duty,
-                    d.utilisation
-                        .map_or("-".into(), |u| format!("{:.0}%", u * 100.0)),
+                    util,
                     format_size(d.others_used),
-                    d.idle_seconds
+                    d.idle_seconds,
+                    d.state,
                 );
             }
         }
@@ -209,7 +243,7 @@ fn init_logging() {
 }
 
 fn run(settings: Settings, ipc: &Path) -> anyhow::Result<()> {
-    settings.validate().map_err(anyhow::Error::msg)?;
+    settings.validate().map_err(Invalid)?;
     init_logging();
     if control::running(ipc) {
         anyhow::bail!(

@@ -3,7 +3,7 @@
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use gemini_config::{Overrides, format_size, load_resource, load_settings};
+use gemini_config::{Overrides, load_resource, load_settings};
 use gemini_protocol::{
     Reply, Request, StatusReport,
     endpoint::{locate_ipc_dir, settings_path},
@@ -21,6 +21,8 @@ use std::time::Duration;
 const EXIT_INVALID: u8 = 1;
 /// Exit code when the scheduler cannot be reached.
 const EXIT_UNREACHABLE: u8 = 3;
+/// Exit code when this user may not use the scheduler's socket.
+const EXIT_DENIED: u8 = 5;
 /// Exit code for any other failure: gem-schd could not start (another
 /// runs in the IPC directory, the socket cannot be made) or do what was
 /// asked.
@@ -32,7 +34,8 @@ const EXIT_HELP: &str = "Exit status:
   1  invalid resource.conf or settings (check, or at start)
   2  bad usage
   3  no scheduler answers (status, top, reload, shutdown)
-  4  any other failure: gem-schd could not start (another one runs in the IPC directory, the socket cannot be made) or do what was asked";
+  4  any other failure: gem-schd could not start (another one runs in the IPC directory, the socket cannot be made) or do what was asked
+  5  permission denied: this user may not use the scheduler's socket (status, top, reload, shutdown)";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -171,6 +174,11 @@ fn main() -> ExitCode {
                 .is_some_and(|c| matches!(c, ClientError::Connect { .. } | ClientError::Timeout(_)))
             {
                 ExitCode::from(EXIT_UNREACHABLE)
+            } else if e
+                .downcast_ref::<ClientError>()
+                .is_some_and(|c| matches!(c, ClientError::Denied(_)))
+            {
+                ExitCode::from(EXIT_DENIED)
             } else if e.is::<gemini_scheduler::daemon::InvalidConfig>()
                 || e.is::<gemini_config::SettingsError>()
                 || e.is::<ReloadRefused>()
@@ -231,18 +239,29 @@ fn check(file: &std::path::Path) -> ExitCode {
                 );
             }
             let memory: Vec<(u32, u64)> = gpus.iter().map(|(i, _, m)| (*i, *m)).collect();
+            let indices: Vec<u32> = gpus.iter().map(|(i, ..)| *i).collect();
             for line in cfg.memory_overcommit(&memory) {
                 eprintln!("{line}");
             }
+            for line in cfg.latency_without_room(&indices) {
+                eprintln!("{line}");
+            }
+            // Only where the GPUs can be seen: a file checked on another
+            // machine than the one it is for says nothing of them.
+            let missing = if indices.is_empty() {
+                Vec::new()
+            } else {
+                cfg.devices_missing(&indices)
+            };
+            for line in &missing {
+                eprintln!("{line}");
+            }
+            if !missing.is_empty() {
+                return ExitCode::from(EXIT_INVALID);
+            }
             println!("{}: OK, {} group(s)", file.display(), cfg.groups.len());
             for g in cfg.groups.values() {
-                println!(
-                    "  [{}] MinUtil={} MaxUtil={} MemoryLimit={}",
-                    g.name,
-                    g.min_util,
-                    g.max_util,
-                    format_size(g.memory_limit)
-                );
+                println!("  {}", gemini_config::ResourceConfig::summary(g));
             }
             ExitCode::SUCCESS
         }
@@ -263,11 +282,11 @@ fn fetch_status(client: &mut Client) -> anyhow::Result<StatusReport> {
 fn status(ipc_dir: &std::path::Path, json: bool, watch: Option<f64>) -> anyhow::Result<()> {
     use std::io::Write as _;
     let Some(secs) = watch else {
-        let report = fetch_status(&mut Client::connect(ipc_dir)?)?;
+        let report = fetch_status(&mut Client::connect_now(ipc_dir)?)?;
         return print_status(&mut std::io::stdout().lock(), &report, json, false);
     };
     let period = Duration::from_secs_f64(secs.max(0.1));
-    let mut client = Client::connect(ipc_dir)?;
+    let mut client = Client::connect_now(ipc_dir)?;
     let mut away = false;
     loop {
         // A restarted scheduler (or one briefly gone) is waited for, not
@@ -364,7 +383,7 @@ fn top(ipc_dir: &Path, interval: f64) -> anyhow::Result<()> {
 }
 
 fn shutdown(ipc_dir: &std::path::Path) -> anyhow::Result<()> {
-    let mut client = Client::connect(ipc_dir)?;
+    let mut client = Client::connect_now(ipc_dir)?;
     match client.request(&Request::Shutdown, Duration::from_secs(2))? {
         Reply::Done => {
             println!("gem-schd in {} is stopping", ipc_dir.display());

@@ -284,7 +284,7 @@ pub fn run(ipc_dir: &Path, interval: Duration) -> anyhow::Result<()> {
             "top needs a terminal; use `gem-schd status --watch SECONDS` (or `--json`) for a file or a pipe"
         );
     }
-    let mut client = Client::connect(ipc_dir)?;
+    let mut client = Client::connect_now(ipc_dir)?;
     // Fail before taking over the terminal when no scheduler answers.
     let mut last = fetch(&mut client)?;
     let mut history = History::default();

@@ -858,13 +858,23 @@ impl Daemon {
             self.adopt_stand_in(pid);
         }
         // A hello refused for another reason than a permission (logged
-        // with every refusal below): an unknown group, say.
+        // with every refusal below): an unknown group, say. Not a hello
+        // said again on a connection that said one (a program that
+        // started before this scheduler says hello as it comes and again
+        // as it learns the scheduler is new): the hook takes that answer
+        // as a welcome, and nothing is wrong.
         if let Some(claimed) = hello_pid
             && let Some(e) = actions.iter().find_map(|a| match a {
                 Action::Reply {
                     reply: Reply::Error(e),
                     ..
-                } if e.kind != ErrorKind::PermissionDenied => Some(e),
+                } if !matches!(
+                    e.kind,
+                    ErrorKind::PermissionDenied | ErrorKind::AlreadyRegistered
+                ) =>
+                {
+                    Some(e)
+                }
                 _ => None,
             })
             && self.loud(client)

@@ -80,18 +80,21 @@ fn idle_device_is_held_at_the_target_utilisation() {
 /// 500 MiB (as a PyTorch context takes 518 MiB on an H200), the holder
 /// holds: its own context is not others' memory (it was, and the default
 /// threshold of 0.5 GB then kept it waiting for ever). While a real
-/// program has the device its status says to whom it yielded.
+/// program has the device its status says to whom it yielded, and its
+/// log says each change: the scheduler answering, holding, yielded to
+/// whom, in use again (it logged only its start).
 #[test]
 fn the_holder_holds_with_its_defaults_beside_its_own_context() {
     let _serial = serial();
     let g = Gemini::start(SimEnv::default().driver_memory("500MiB"), "[a]\n");
+    let log = g.sim.path().join("holder.log");
     let h = g
         .holder(&["run", "--wait-minutes", "0.02"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let _h = Holder { child: h };
+    let h = Holder { child: h };
     // 1.2 s of waiting, then holding.
     g.wait_holder("holding", |s| s.contains("\"state\": \"holding\""));
     // A real program: the holder yields to it, and says to whom.
@@ -104,6 +107,18 @@ fn the_holder_holds_with_its_defaults_beside_its_own_context() {
     });
     let _ = client.kill();
     let _ = client.wait();
+    // Holding again once the GPU is idle for its 1.2 s.
+    g.wait_holder("holding again", |s| s.contains("\"state\": \"holding\""));
+    drop(h);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines = |what: &str| text.lines().filter(|l| l.contains(what)).count();
+    assert_eq!(lines("the scheduler answers"), 1, "{text}");
+    assert!(
+        lines("GPU 0: idle for") >= 2 && lines("holding it") >= 2,
+        "{text}"
+    );
+    assert!(lines("GPU 0: yielded to pid") >= 1, "{text}");
+    assert!(lines("GPU 0: in use again: compute stopped") >= 1, "{text}");
 }
 
 #[test]
@@ -306,25 +321,41 @@ fn restart_applies_new_settings_and_bad_ones_are_refused() {
 #[test]
 fn the_holder_refuses_bad_devices_and_says_what_it_waits_for() {
     let g = Gemini::start(SimEnv::new(2, "16GiB"), "[a]\n");
-    let refused = |args: &[&str], expected: &str| {
+    // Each refusal with its exit status, as `--help` lists them: 1 for
+    // invalid settings, 3 for no holder, 4 for any other failure.
+    let refused = |args: &[&str], expected: &str, code: i32| {
         let out = g.holder(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} accepted");
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
         assert!(err.contains(expected), "{args:?}: {err}");
         assert!(!err.contains("DriverError"), "{args:?}: {err}");
     };
     refused(
         &["run", "--devices", "0,0"],
         "--devices lists device 0 twice",
+        1,
     );
     refused(
         &["run", "--devices", "1,5"],
         "there is no device 5; the driver reports 2 device(s), numbered 0 to 1",
+        1,
     );
     let missing = g.sim.path().join("no-such-dir");
     refused(
         &["--ipc-dir", missing.to_str().unwrap(), "run"],
         "does not exist: start gem-schd first",
+        4,
+    );
+    refused(
+        &["--ipc-dir", missing.to_str().unwrap(), "status"],
+        "no gem-holder answers",
+        3,
+    );
+    let help = g.holder(&["--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("Exit status:") && help.contains("3  no gem-holder answers"),
+        "{help}"
     );
 
     // No scheduler in this directory: the holder says so and holds nothing.

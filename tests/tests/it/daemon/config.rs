@@ -225,6 +225,64 @@ fn check_warns_where_memory_limits_add_up_past_a_gpu() {
     );
 }
 
+/// `gem-schd check` refuses `Devices` that name a GPU the machine does
+/// not have (where NVML shows the GPUs), warns of a latency-critical
+/// group with no room beside groups whose `MinUtil` adds up to 1, and
+/// its summary shows every setting of every group.
+#[test]
+fn check_refuses_missing_gpus_and_warns_of_a_critical_group_without_room() {
+    let sim = SimEnv::new(2, "16GiB");
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("resource.conf");
+    let check = |text: &str| {
+        fs::write(&conf, text).unwrap();
+        let out = sim
+            .command(schd_bin())
+            .arg("check")
+            .arg(&conf)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = check("[a]\nDevices=0,7\n");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{} line 1: [a] Devices=0,7: there is no GPU 7 here; this machine has 2 GPU(s): 0, 1",
+            conf.display()
+        )),
+        "{err}"
+    );
+    let (code, out, err) = check(
+        "[serve]\nLatency=critical\nAllowedUsers=alice,bob\n[a]\nMinUtil=0.6\nDevices=1\n[b]\nMinUtil=0.4\n",
+    );
+    assert_eq!(code, Some(0), "a warning, not an error: {err}");
+    assert!(
+        err.contains(
+            "[serve] Latency=critical has no room on GPU 1: the MinUtil of [a], [b] add up to 1"
+        ),
+        "{err}"
+    );
+    assert!(
+        !err.contains("GPU 0"),
+        "on GPU 0 only [b] has a MinUtil: {err}"
+    );
+    assert!(
+        out.contains(
+            "[serve] MinUtil=0 MaxUtil=1 MemoryLimit=unlimited Latency=critical Devices=all AllowedUsers=alice,bob AllowedGroups=(any) Cgroups=(by name)"
+        ) && out.contains("[a] MinUtil=0.6 MaxUtil=1 MemoryLimit=unlimited Latency=normal Devices=1"),
+        "{out}"
+    );
+    // With room (a MinUtil of its own), nothing to say.
+    let (code, _, err) = check("[serve]\nLatency=critical\nMinUtil=0.2\n[a]\nMinUtil=0.8\n");
+    assert_eq!(code, Some(0));
+    assert!(!err.contains("no room"), "{err}");
+}
+
 /// SIGHUP re-reads resource.conf (it used to kill the daemon silently and
 /// leave its socket behind), and `gem-schd reload` does the same on
 /// request: the new groups are in force when it returns, and a broken file

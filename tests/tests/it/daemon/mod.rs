@@ -157,18 +157,41 @@ fn status_watch_survives_a_restart_and_a_closed_pipe() {
     let _ = again.wait();
 }
 
+/// Every tool command without a scheduler says so at once (no socket:
+/// nothing to wait for), with exit status 3, whether the IPC directory
+/// exists or not; a socket a stopped scheduler left behind says that.
 #[test]
 fn status_without_a_daemon_fails_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir");
+    for (args, ipc) in [
+        (&["status"][..], dir.path()),
+        (&["status", "--json"][..], missing.as_path()),
+        (&["reload"][..], dir.path()),
+        (&["shutdown"][..], missing.as_path()),
+    ] {
+        let out = Command::new(schd_bin())
+            .args(args)
+            .arg("--ipc-dir")
+            .arg(ipc)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+        assert!(
+            err.contains("no scheduler listens there (no socket"),
+            "{args:?}: {err}"
+        );
+    }
+    drop(std::os::unix::net::UnixListener::bind(dir.path().join("scheduler.sock")).unwrap());
     let out = Command::new(schd_bin())
-        .arg("status")
-        .arg("--ipc-dir")
+        .args(["status", "--ipc-dir"])
         .arg(dir.path())
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(3));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("is gem-schd running?"), "{err}");
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("left from one that stopped"), "{err}");
 }
 
 #[test]

@@ -266,8 +266,8 @@ fn a_user_refused_the_socket_is_told_and_the_program_gives_up() {
     status.arg("status").arg("--ipc-dir").arg(g.ipc());
     let out = as_nobody(status).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    // Not "no scheduler" (3): one answers, but not to this user (4).
-    assert_eq!(out.status.code(), Some(4), "{err}");
+    // Not "no scheduler" (3): one answers, but not to this user (5).
+    assert_eq!(out.status.code(), Some(5), "{err}");
     assert!(
         err.contains("permission denied on") && !err.contains("is gem-schd running"),
         "{err}"
@@ -285,6 +285,14 @@ fn program_started_before_the_scheduler_waits_for_it() {
     let r = &reports(&out.stdout)[0];
     assert!(field(r, "kernels") > 100, "{r:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("no scheduler answers"));
+    // Its hellos, sent while no scheduler ran and answered twice by the
+    // new one, are no refusal: nothing to warn an operator of.
+    let log = g.log();
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("refused"))
+        .collect();
+    assert!(warned.is_empty(), "{warned:?}");
 }
 
 /// Environment values that do not parse are said, once each, instead of
