@@ -236,18 +236,30 @@ impl ResourceConfig {
             if c.latency != Latency::Critical || c.min_util > 0.0 {
                 continue;
             }
-            // The GPUs it may use; all of them, where neither it nor the
-            // machine says which: one stands for all.
+            // The GPUs it may use; where neither it nor the machine says
+            // which, every GPU a group names, and one for the rest.
             let devices: Vec<Option<u32>> = match (&c.devices, gpus) {
                 (Some(d), _) => d.iter().copied().map(Some).collect(),
-                (None, []) => vec![None],
+                (None, []) => {
+                    let mut named: Vec<u32> = self
+                        .groups
+                        .values()
+                        .filter_map(|g| g.devices.clone())
+                        .flatten()
+                        .collect();
+                    named.sort_unstable();
+                    named.dedup();
+                    named.into_iter().map(Some).chain([None]).collect()
+                }
                 (None, g) => g.iter().copied().map(Some).collect(),
             };
             for d in devices {
+                // `None`: a GPU no group names, which only the groups
+                // without `Devices` use.
                 let others: Vec<&GroupConfig> = self
                     .groups
                     .values()
-                    .filter(|g| g.name != c.name && d.is_none_or(|d| g.uses(d)))
+                    .filter(|g| g.name != c.name && d.map_or(g.devices.is_none(), |d| g.uses(d)))
                     .filter(|g| g.min_util > 0.0)
                     .collect();
                 let sum: f64 = others.iter().map(|g| g.min_util).sum();

@@ -477,14 +477,20 @@ impl Engine {
                     let last = now.saturating_sub(a.idle_us.saturating_mul(1000));
                     d.busy_at.fetch_max(last, Ordering::Relaxed);
                 }
+                // Said only where the holder had something to yield (a
+                // program's every burst would be a line otherwise).
+                let had = d.holding.load(Ordering::Relaxed) || d.held.load(Ordering::Relaxed) != 0;
                 let mut used_by = lock(&d.used_by);
-                if a.used_by != *used_by
-                    && let Some(who) = &a.used_by
+                let yielded = (a.used_by != *used_by && had)
+                    .then(|| a.used_by.clone())
+                    .flatten();
+                used_by.clone_from(&a.used_by);
+                drop(used_by);
+                if let Some(who) = yielded
                     && d.may_log(now)
                 {
                     tracing::info!("GPU {}: yielded to {who}", d.index);
                 }
-                used_by.clone_from(&a.used_by);
             }
             let idle_for = now.saturating_sub(d.busy_at.load(Ordering::Relaxed));
             let idle = !self.stopped.load(Ordering::Relaxed) && idle_for >= settings.wait_ns();
@@ -578,10 +584,12 @@ impl Engine {
             d.held
                 .fetch_sub(freed.min(d.held.load(Ordering::Relaxed)), Ordering::Relaxed);
         }
-        tracing::info!(
-            "GPU {device}: a program needs memory: gave back {}",
-            gemini_protocol::units::format_size(freed)
-        );
+        if freed > 0 && d.may_log(self.now()) {
+            tracing::info!(
+                "GPU {device}: a program needs memory: gave back {}",
+                gemini_protocol::units::format_size(freed)
+            );
+        }
         let _ = sched.call(
             &Request::ReleaseMemory {
                 device,

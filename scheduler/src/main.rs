@@ -286,7 +286,8 @@ fn status(ipc_dir: &std::path::Path, json: bool, watch: Option<f64>) -> anyhow::
         return print_status(&mut std::io::stdout().lock(), &report, json, false);
     };
     let period = Duration::from_secs_f64(secs.max(0.1));
-    let mut client = Client::connect_now(ipc_dir)?;
+    // Watching waits for a scheduler that is not there yet.
+    let mut client = Client::connect(ipc_dir)?;
     let mut away = false;
     loop {
         // A restarted scheduler (or one briefly gone) is waited for, not

@@ -433,6 +433,20 @@ impl Metrics {
                 device: d.device.to_string(),
             };
             self.busy.get_or_create(&device).set(d.busy);
+            // Every group that may use the device, from 0: a group that
+            // waits and was never charged has series too, for an alert.
+            for g in st
+                .groups
+                .iter()
+                .filter(|g| g.devices.as_ref().is_none_or(|ds| ds.contains(&d.device)))
+            {
+                let l = GroupDevice {
+                    group: g.name.clone(),
+                    device: device.device.clone(),
+                };
+                let _ = self.gpu_time.get_or_create(&l);
+                self.waiting.get_or_create(&l).set(0);
+            }
             // At 0 where the holder is not on the device: a panel or an
             // alert finds the series either way.
             self.holder_share.get_or_create(&device).set(0.0);
@@ -589,9 +603,16 @@ fn wants_openmetrics(accept: Option<&str>) -> bool {
     accept.is_some_and(|a| {
         a.split(',').any(|part| {
             let mut params = part.split(';').map(str::trim);
-            let is_om = params.next() == Some("application/openmetrics-text");
-            // `q=0` means "not this one" (RFC 9110).
-            is_om && !params.any(|p| p.replace(' ', "") == "q=0")
+            let is_om = params
+                .next()
+                .is_some_and(|t| t.eq_ignore_ascii_case("application/openmetrics-text"));
+            // `q=0` (or 0.0, 0.000) means "not this one" (RFC 9110).
+            let refused = |p: &str| {
+                let p = p.replace(' ', "");
+                p.strip_prefix("q=")
+                    .is_some_and(|q| q.parse::<f64>().is_ok_and(|q| q == 0.0))
+            };
+            is_om && !params.any(refused)
         })
     })
 }
@@ -631,7 +652,12 @@ fn to_text_004(om: &str) -> String {
             let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
             out.push_str(&format!("# HELP {} {help}\n", renamed(name)));
         } else {
-            out.push_str(line);
+            // A sample: its value as the text format writes infinities.
+            match line.rsplit_once(' ') {
+                Some((series, "inf")) => out.push_str(&format!("{series} +Inf")),
+                Some((series, "-inf")) => out.push_str(&format!("{series} -Inf")),
+                _ => out.push_str(line),
+            }
             out.push('\n');
         }
     }
@@ -705,6 +731,10 @@ mod tests {
         assert!(!wants_openmetrics(Some(
             "application/openmetrics-text; q=0, text/plain"
         )));
+        assert!(!wants_openmetrics(Some(
+            "application/openmetrics-text;q=0.0"
+        )));
+        assert!(wants_openmetrics(Some("Application/OpenMetrics-Text")));
     }
 
     #[test]

@@ -518,3 +518,41 @@ fn a_memory_limit_in_powers_of_ten_draws_a_warning() {
         "{w:?}"
     );
 }
+
+/// A latency-critical group without `MinUtil` has no room where the other
+/// groups on a GPU it may use have `MinUtil` adding up to 1; groups pinned
+/// to different GPUs do not add up, whether the GPUs are known or not.
+#[test]
+fn a_critical_group_without_room_is_named() {
+    let (cfg, _) = parse(
+        "[serve]\nLatency=critical\n[a]\nMinUtil=0.6\nDevices=0\n[b]\nMinUtil=0.6\nDevices=1\n",
+    )
+    .unwrap();
+    assert!(cfg.latency_without_room(&[]).is_empty());
+    assert!(cfg.latency_without_room(&[0, 1]).is_empty());
+    let (cfg, _) =
+        parse("[serve]\nLatency=critical\n[a]\nMinUtil=0.6\nDevices=1\n[b]\nMinUtil=0.4\n")
+            .unwrap();
+    for gpus in [&[][..], &[0, 1][..]] {
+        let lines = cfg.latency_without_room(gpus);
+        assert_eq!(lines.len(), 1, "{gpus:?}: {lines:?}");
+        assert!(
+            lines[0].contains("[serve] Latency=critical has no room on GPU 1")
+                && lines[0].contains("[a], [b] add up to 1"),
+            "{lines:?}"
+        );
+    }
+    // Its own MinUtil is room.
+    let (cfg, _) = parse("[serve]\nLatency=critical\nMinUtil=0.1\n[a]\nMinUtil=0.9\n").unwrap();
+    assert!(cfg.latency_without_room(&[0]).is_empty());
+    // Devices a machine lacks, named with the group's file and line.
+    let (cfg, _) = parse("[x]\n[a]\nDevices=0,7\n").unwrap();
+    let missing = cfg.devices_missing(&[0, 1]);
+    assert_eq!(missing.len(), 1);
+    assert!(
+        missing[0].ends_with(
+            "line 2: [a] Devices=0,7: there is no GPU 7 here; this machine has 2 GPU(s): 0, 1"
+        ),
+        "{missing:?}"
+    );
+}

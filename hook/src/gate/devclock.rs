@@ -12,11 +12,11 @@
 //! known outstanding, and no earlier token's work runs on: see `late`),
 //! and a blocking wait on that stream by one recorded just before it,
 //! with no launch in flight; an event the program waits for serves as it
-//! is. Where the wait proves the span done, its end is its host opening
-//! time plus `cuEventElapsedTime` between the two, never past the host's
-//! proof. Anything else (work on several streams, a stream's query, a
-//! capture open, an event without timing, a second context, a token's
-//! end) ends on the host's clock, as before.
+//! is. Where the wait proves the span done, it is `cuEventElapsedTime`
+//! between the two long, at most from its first launch, and ends at the
+//! host's proof (see [`start`]). Anything else (work on several streams,
+//! a stream's query, a capture open, an event without timing, a second
+//! context, a token's end) keeps the host's times, as before.
 //!
 //! Every event is one of the span's context, kept for reuse; a context
 //! that goes takes its events with it (see [`context_gone`]): an event
@@ -303,5 +303,27 @@ pub(crate) fn context_gone(g: &Gate, ctx: usize) {
     c.spare.retain(|&(c, _)| c != ctx);
     if c.start.is_some_and(|s| s.ctx == ctx) {
         c.start = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::late;
+
+    /// The device's clock is worth its records where the host's time
+    /// exceeds the device's by 20 µs or by 1 % of the device's time.
+    #[test]
+    fn a_span_is_late_where_the_host_took_20_us_or_1_percent_more() {
+        const MS: u64 = 1_000_000;
+        // 1 ms on the device, the host 5 µs more: not worth it.
+        assert!(!late(0, 5_000, MS + 5_000));
+        // 300 µs more: worth it.
+        assert!(late(0, 300_000, MS + 300_000));
+        // 100 µs on the device, 2 µs more (2 %): worth it.
+        assert!(late(0, 2_000, 102_000));
+        // 10 ms on the device, 25 µs more (0.25 %, but over 20 µs).
+        assert!(late(0, 25_000, 10 * MS + 25_000));
+        // No difference at all.
+        assert!(!late(7, 7, MS));
     }
 }

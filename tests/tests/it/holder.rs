@@ -112,7 +112,7 @@ fn the_holder_holds_with_its_defaults_beside_its_own_context() {
     drop(h);
     let text = std::fs::read_to_string(&log).unwrap();
     let lines = |what: &str| text.lines().filter(|l| l.contains(what)).count();
-    assert_eq!(lines("the scheduler answers"), 1, "{text}");
+    assert!(lines("the scheduler answers") >= 1, "{text}");
     assert!(
         lines("GPU 0: idle for") >= 2 && lines("holding it") >= 2,
         "{text}"
