@@ -384,25 +384,38 @@ impl Metrics {
     /// cumulative counters.
     pub fn refresh(&self, st: &StatusReport, counters: &[GroupCounters]) {
         let _g = lock(&self.refresh);
+        self.clear_gauges();
+        self.driver_limits.set(i64::from(st.driver_limits));
+        self.queued.set(st.queue.len() as i64);
+        let oldest = st.queue.iter().map(|q| q.for_us).max().unwrap_or(0);
+        self.queue_oldest.set(oldest as f64 / 1e6);
+        self.refresh_groups(st);
+        self.refresh_devices(st);
+        self.refresh_counters(counters);
+    }
+
+    /// Empties the gauges rebuilt at each refresh (a group or a device
+    /// gone drops out).
+    fn clear_gauges(&self) {
         for f in [&self.min_util, &self.max_util, &self.memory_limit] {
             f.clear();
         }
-        self.clients.clear();
+        for f in [&self.clients, &self.processes, &self.reserved] {
+            f.clear();
+        }
+        self.reservation_left.clear();
         self.share.clear();
         self.memory_used.clear();
         self.driver_limit.clear();
         self.driver_used.clear();
-        self.driver_limits.set(i64::from(st.driver_limits));
         self.waiting.clear();
         self.busy.clear();
         self.holder_share.clear();
         self.holder_memory.clear();
-        self.processes.clear();
-        self.reserved.clear();
-        self.reservation_left.clear();
-        self.queued.set(st.queue.len() as i64);
-        let oldest = st.queue.iter().map(|q| q.for_us).max().unwrap_or(0);
-        self.queue_oldest.set(oldest as f64 / 1e6);
+    }
+
+    /// The configured groups' settings, programs and driver limits.
+    fn refresh_groups(&self, st: &StatusReport) {
         for g in &st.groups {
             let l = GroupLabel {
                 group: g.name.clone(),
@@ -428,6 +441,11 @@ impl Metrics {
                 self.driver_used.get_or_create(&c).set(m.used as i64);
             }
         }
+    }
+
+    /// Each device's busy share, the holder's figures there, and each
+    /// group's share, memory and waiting processes there.
+    fn refresh_devices(&self, st: &StatusReport) {
         for d in &st.devices {
             let device = DeviceLabel {
                 device: d.device.to_string(),
@@ -468,6 +486,10 @@ impl Metrics {
                 self.waiting.get_or_create(&l).set(i64::from(g.waiting));
             }
         }
+    }
+
+    /// The counters, raised to the policy's cumulative figures.
+    fn refresh_counters(&self, counters: &[GroupCounters]) {
         for c in counters {
             let used = c.used_us as f64 / 1e6;
             if c.group == HOLDER {
