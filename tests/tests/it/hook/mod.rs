@@ -185,8 +185,12 @@ fn learned_per_launch(log: &str) -> Vec<u64> {
 }
 
 /// Asserts that a hook's debug `log` has at least `tokens` grants that
-/// carry a learned device time per launch, and that 90 % of them learned
-/// 1 ms kernels as 0.9-1.1 ms.
+/// carry a learned device time per launch, that 80 % of them learned
+/// 1 ms kernels as 0.9-1.1 ms, and none as less than half. (The failures
+/// these tests guard against learned 0 and 99 µs. On a loaded 2-core
+/// machine one sample can come short, a token's wait taken out of it
+/// while the device still ran, and the estimate takes a few tokens to
+/// climb back: 620, 711, 839, 898 µs in a fresh-clone CI run.)
 fn learned_1ms(log: &str, tokens: usize) {
     let learned = learned_per_launch(log);
     assert!(learned.len() >= tokens, "few tokens:\n{log}");
@@ -195,7 +199,7 @@ fn learned_1ms(log: &str, tokens: usize) {
         .filter(|&&us| (900..=1100).contains(&us))
         .count();
     assert!(
-        close * 10 >= learned.len() * 9,
+        close * 10 >= learned.len() * 8 && learned.iter().all(|&us| us >= 500),
         "1 ms kernels learned as {learned:?} us per launch"
     );
 }
