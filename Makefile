@@ -185,6 +185,8 @@ install:
 	install -d $(DESTDIR)$(PREFIX)/share/doc/gemini/docs
 	install -m 644 docs/*.md docs/*.svg $(DESTDIR)$(PREFIX)/share/doc/gemini/docs/
 	install -m 644 CHANGELOG.md $(DESTDIR)$(PREFIX)/share/doc/gemini/CHANGELOG.md
+	install -d $(DESTDIR)$(PREFIX)/share/doc/gemini/examples
+	install -m 644 examples/gemini.toml examples/resource.conf $(DESTDIR)$(PREFIX)/share/doc/gemini/examples/
 	install -d $(DESTDIR)$(PREFIX)/share/gemini/prometheus $(DESTDIR)$(PREFIX)/share/gemini/grafana
 	install -m 644 deploy/prometheus/gemini-alerts.yml deploy/prometheus/gemini-alerts.test.yml $(DESTDIR)$(PREFIX)/share/gemini/prometheus/
 	install -m 644 deploy/grafana/gemini-dashboard.json $(DESTDIR)$(PREFIX)/share/gemini/grafana/

@@ -92,6 +92,12 @@ ipc_dir = "/run/gemini/ipc"
 # (default: half the machine's), for at most this long.
 # reserve_max_gpus = 4
 # reserve_max_duration = "1d"
+
+# The accounting log `gem-schd report` reads (in the unit's
+# StateDirectory): kept across upgrades and reboots.
+accounting = "/var/lib/gemini/accounting.jsonl"
+
+# Every setting, with its default: /usr/share/doc/gemini/examples/gemini.toml
 EOF
 printf '/etc/gemini/resource.conf\n/etc/gemini/gemini.toml\n' > "$stage/DEBIAN/conffiles"
 cat > "$stage/usr/share/doc/gemini/copyright" <<'EOF'

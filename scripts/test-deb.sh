@@ -46,7 +46,8 @@ for f in ./usr/bin/gem-schd ./usr/bin/gem-holder ./usr/bin/gem-launch ./usr/bin/
     ./usr/lib/systemd/system/gem-holder.service ./usr/share/doc/gemini/README.md \
     ./usr/share/doc/gemini/copyright ./usr/share/doc/gemini/CHANGELOG.md \
     ./usr/share/gemini/prometheus/gemini-alerts.yml ./usr/share/gemini/prometheus/gemini-alerts.test.yml \
-    ./usr/share/gemini/grafana/gemini-dashboard.json ./etc/gemini/resource.conf ./etc/gemini/gemini.toml; do
+    ./usr/share/gemini/grafana/gemini-dashboard.json ./etc/gemini/resource.conf ./etc/gemini/gemini.toml \
+    ./usr/share/doc/gemini/examples/gemini.toml ./usr/share/doc/gemini/examples/resource.conf; do
     grep -q " $f\( \|$\)" <<<"$contents" || fail "$f is not in the package"
 done
 awk '{print $2}' <<<"$contents" | grep -qv '^root/root$' && fail "files not owned by root"
@@ -59,6 +60,9 @@ done
 grep -q "ExecStart=/usr/bin/gem-schd" /usr/lib/systemd/system/gem-schd.service || fail "the unit does not run /usr/bin/gem-schd"
 # The socket in a directory only root can make, for every part alike.
 grep -q "^RuntimeDirectory=gemini$" /usr/lib/systemd/system/gem-schd.service || fail "the unit makes no /run/gemini"
+grep -q "^StateDirectory=gemini$" /usr/lib/systemd/system/gem-schd.service || fail "the unit makes no /var/lib/gemini"
+grep -q '^accounting = "/var/lib/gemini/accounting.jsonl"$' /etc/gemini/gemini.toml \
+    || fail "the installed settings do not keep the accounting log in /var/lib/gemini"
 where=$(GEMINI_SETTINGS=/etc/gemini/gemini.toml /usr/bin/gem-schd status 2>&1 || true)
 grep -q "/run/gemini/ipc" <<<"$where" || fail "the installed settings do not put the socket in /run/gemini/ipc: $where"
 cmp -s /etc/gemini/resource.conf examples/resource.conf || fail "/etc/gemini/resource.conf is not the example"
@@ -92,6 +96,12 @@ kill "$schd" 2>/dev/null || true
 wait "$schd" 2>/dev/null || true
 schd=""
 echo "test-deb: the installed gem-schd runs with the edited resource.conf"
+# It kept its accounting log, which the report reads once it stopped.
+report=$(GEMINI_SETTINGS=/dev/null /usr/bin/gem-schd --ipc-dir "$ipc" report --since 1h 2>&1) \
+    || fail "gem-schd report: $report"
+grep -q "no GPU time recorded in this period" <<<"$report" || fail "gem-schd report: $report"
+grep -q '"event":"stop"' "$ipc/accounting.jsonl" || fail "no stop in the accounting log: $(cat "$ipc/accounting.jsonl")"
+echo "test-deb: the installed gem-schd kept an accounting log gem-schd report reads"
 
 dpkg -r gemini >/dev/null || fail "dpkg -r failed"
 [ ! -e /usr/bin/gem-schd ] && [ ! -e /usr/lib/libgemhook.so ] || fail "binaries left after removal"

@@ -16,6 +16,8 @@
 //! reserve_max_duration = "1d"  # longest `gem-launch reserve --duration` a user may ask (root and the daemon's user: 30d)
 //! reserve_max_gpus = 4  # most GPUs one user may hold reserved at once (default: half the GPUs, at least 1)
 //! allow_unverified_peers = false  # serve peers whose credentials the kernel cannot give (tests only)
+//! accounting = "/var/lib/gemini/accounting.jsonl"  # the usage log `gem-schd report` reads ("off": none; default: $STATE_DIRECTORY, else beside the socket)
+//! accounting_max_size = "512MiB"  # the log and its rotated files together, at most
 //!
 //! [slurm]                # gem-slurm, the Slurm prolog, epilog and task prolog
 //! max_util = 1.0         # MaxUtil of a job's group (default 1: a job may use what others leave)
@@ -64,6 +66,10 @@ pub struct RawSettings {
     pub reserve_max_gpus: Option<u32>,
     /// Serve peers whose credentials the kernel cannot give.
     pub allow_unverified_peers: Option<bool>,
+    /// The accounting log (`off`: none).
+    pub accounting: Option<PathBuf>,
+    /// The accounting log and its rotated files together, at most.
+    pub accounting_max_size: Option<String>,
     /// `[slurm]`: gem-slurm's settings.
     pub slurm: Option<RawSlurm>,
 }
@@ -147,9 +153,49 @@ pub struct Settings {
     /// built without `SO_PEERCRED`): every one of them may then act as
     /// any user. Off: gem-schd refuses to start without them.
     pub allow_unverified_peers: bool,
+    /// Where the accounting log is appended.
+    pub accounting: AccountingLog,
+    /// Bytes the accounting log and its rotated files take together, at
+    /// most.
+    pub accounting_max_size: u64,
     /// gem-slurm's settings.
     pub slurm: SlurmSettings,
 }
+
+/// Where gem-schd appends its accounting log (`gem-schd report` reads it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccountingLog {
+    /// `$STATE_DIRECTORY/accounting.jsonl` under systemd, else
+    /// `accounting.jsonl` beside the socket.
+    Default,
+    /// No log (`accounting = "off"`).
+    Off,
+    /// This file.
+    At(PathBuf),
+}
+
+impl AccountingLog {
+    /// The file, with the IPC directory `ipc_dir` for the default
+    /// (`None`: off).
+    pub fn path(&self, ipc_dir: &Path) -> Option<PathBuf> {
+        match self {
+            AccountingLog::Off => None,
+            AccountingLog::At(p) => Some(p.clone()),
+            AccountingLog::Default => Some(
+                std::env::var_os("STATE_DIRECTORY")
+                    .filter(|d| !d.is_empty())
+                    // systemd may list several, separated by colons.
+                    .and_then(|d| d.to_string_lossy().split(':').next().map(PathBuf::from))
+                    .unwrap_or_else(|| ipc_dir.to_path_buf())
+                    .join("accounting.jsonl"),
+            ),
+        }
+    }
+}
+
+/// Default `accounting_max_size`: 512 MiB (about a year of a busy
+/// 8-GPU machine's minutes, see docs/operation.md).
+pub const DEFAULT_ACCOUNTING_MAX_SIZE: u64 = 512 << 20;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -167,6 +213,8 @@ impl Default for Settings {
             reserve_max_duration: DEFAULT_RESERVE_MAX_DURATION,
             reserve_max_gpus: None,
             allow_unverified_peers: false,
+            accounting: AccountingLog::Default,
+            accounting_max_size: DEFAULT_ACCOUNTING_MAX_SIZE,
             slurm: SlurmSettings::default(),
         }
     }
@@ -235,6 +283,8 @@ impl RawSettings {
             reserve_max_duration: over.reserve_max_duration.or(self.reserve_max_duration),
             reserve_max_gpus: over.reserve_max_gpus.or(self.reserve_max_gpus),
             allow_unverified_peers: over.allow_unverified_peers.or(self.allow_unverified_peers),
+            accounting: over.accounting.or(self.accounting),
+            accounting_max_size: over.accounting_max_size.or(self.accounting_max_size),
             slurm: over.slurm.or(self.slurm),
         }
     }
@@ -271,6 +321,29 @@ impl RawSettings {
             )?,
             reserve_max_gpus: self.reserve_max_gpus,
             allow_unverified_peers: self.allow_unverified_peers.unwrap_or(false),
+            accounting: match self.accounting {
+                None => AccountingLog::Default,
+                Some(p) if p.as_os_str() == "off" => AccountingLog::Off,
+                Some(p) if p.as_os_str().is_empty() => {
+                    return Err(err(
+                        "accounting: expected a file, or \"off\" for none; got an empty path"
+                            .into(),
+                    ));
+                }
+                Some(p) => AccountingLog::At(p),
+            },
+            accounting_max_size: match self.accounting_max_size {
+                None => d.accounting_max_size,
+                Some(t) => match gemini_protocol::units::parse_size(&t) {
+                    Ok(n) if n >= 1 << 20 => n,
+                    Ok(_) => {
+                        return Err(err(format!(
+                            "accounting_max_size: expected at least 1MiB, got {t:?}"
+                        )));
+                    }
+                    Err(e) => return Err(err(format!("accounting_max_size: {e}"))),
+                },
+            },
             slurm: slurm_settings(file, self.slurm.unwrap_or_default())?,
         };
         if s.reserve_max_duration.is_zero() {
@@ -470,6 +543,79 @@ mod tests {
                 .validate("g.toml")
                 .unwrap_err()
                 .to_string();
+            assert!(e.starts_with(&format!("g.toml: {what}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_example_shipped_holds_every_setting_with_its_default() {
+        let text = include_str!("../../examples/gemini.toml");
+        let s = parse_settings(text, "examples/gemini.toml")
+            .unwrap()
+            .validate("examples/gemini.toml")
+            .unwrap();
+        let d = Settings::default();
+        assert_eq!(s, d, "the example's values are the defaults");
+        // Every key of the file's, set or commented out.
+        for key in [
+            "config",
+            "ipc_dir",
+            "ipc_group",
+            "window",
+            "base_quota",
+            "min_quota",
+            "max_quota",
+            "token_grace",
+            "log_level",
+            "devices",
+            "reserve_max_gpus",
+            "reserve_max_duration",
+            "metrics",
+            "accounting",
+            "accounting_max_size",
+            "allow_unverified_peers",
+            "[slurm]",
+            "max_util",
+            "shards_per_gpu",
+            "gpu_memory",
+            "hook",
+        ] {
+            assert!(
+                text.lines()
+                    .any(|l| l.trim_start_matches("# ").starts_with(key)),
+                "the example lacks {key}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_accounting_log_is_where_it_is_said_or_off() {
+        let read = |text: &str| parse_settings(text, "g.toml").unwrap().validate("g.toml");
+        let ipc = Path::new("/run/gemini");
+        let s = read("accounting = \"/var/lib/gemini/a.jsonl\"\naccounting_max_size = \"8MiB\"\n")
+            .unwrap();
+        assert_eq!(
+            (s.accounting.path(ipc), s.accounting_max_size),
+            (Some(PathBuf::from("/var/lib/gemini/a.jsonl")), 8 << 20)
+        );
+        assert_eq!(
+            read("accounting = \"off\"\n").unwrap().accounting.path(ipc),
+            None
+        );
+        let d = read("").unwrap();
+        assert_eq!(
+            (d.accounting, d.accounting_max_size),
+            (AccountingLog::Default, DEFAULT_ACCOUNTING_MAX_SIZE)
+        );
+        for (text, what) in [
+            ("accounting = \"\"\n", "accounting: expected a file"),
+            (
+                "accounting_max_size = \"1KiB\"\n",
+                "accounting_max_size: expected at least 1MiB",
+            ),
+            ("accounting_max_size = \"big\"\n", "accounting_max_size: "),
+        ] {
+            let e = read(text).unwrap_err().to_string();
             assert!(e.starts_with(&format!("g.toml: {what}")), "{e}");
         }
     }

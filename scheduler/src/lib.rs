@@ -5,8 +5,10 @@
 
 /// The client side, re-exported for the CLI, the demo and the tests.
 pub use gemini_client as client;
+pub mod accounting;
 pub mod daemon;
 pub mod metrics;
 pub mod policy;
 pub mod status;
 pub mod top;
+pub mod usage_report;

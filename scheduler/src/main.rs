@@ -96,6 +96,9 @@ struct RunArgs {
     /// Serve peers whose uid, gid and pid the kernel cannot give (a libzmq built without SO_PEERCRED): each may then act as any user. For tests only [default: refuse to start without them]
     #[arg(long)]
     allow_unverified_peers: bool,
+    /// Append the accounting log `gem-schd report` reads to FILE ("off": none) [default: $STATE_DIRECTORY/accounting.jsonl under systemd, else accounting.jsonl in the IPC directory]
+    #[arg(long, value_name = "FILE")]
+    accounting: Option<PathBuf>,
 }
 
 /// A duration flag (`--window 10s`), checked as the settings file's are,
@@ -106,6 +109,11 @@ fn duration_flag(text: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `--since`/`--until WHEN`, checked before the report reads anything.
+fn time_flag(text: &str) -> Result<String, String> {
+    gemini_scheduler::usage_report::parse_time(text, 0.0).map(|_| text.to_string())
+}
+
 /// `--metrics ADDR`, checked as the settings file's `metrics` is.
 fn metrics_flag(text: &str) -> Result<String, String> {
     gemini_config::parse_metrics(text).map(|_| text.to_string())
@@ -114,6 +122,7 @@ fn metrics_flag(text: &str) -> Result<String, String> {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Validate a resource.conf and print its groups; exits 1 if it is invalid
+    #[command(override_usage = "gem-schd check <FILE>")]
     Check {
         /// The file to check
         file: PathBuf,
@@ -140,6 +149,33 @@ enum Command {
     /// Re-read resource.conf now (as SIGHUP does); exits 1 with the file's
     /// errors if it is invalid (the running configuration then stays)
     Reload,
+    /// GPU time and GPU-hours per group, user or GPU over a period, from
+    /// the accounting log gem-schd appends to (it need not be running)
+    #[command(
+        after_help = "Examples:\n  gem-schd report                      the last 7 days, by group\n  gem-schd report --since 30d --by user\n  gem-schd report --since 2026-11-01 --until 2026-12-01 --by group,user --json"
+    )]
+    Report {
+        /// Start of the period: a duration before now (7d, 12h) or a UTC date or time (2026-11-01, "2026-11-01 12:00:00")
+        #[arg(long, value_name = "WHEN", default_value = "7d", value_parser = time_flag)]
+        since: String,
+        /// End of the period, as --since [default: now]
+        #[arg(long, value_name = "WHEN", value_parser = time_flag)]
+        until: Option<String>,
+        /// Rows by group, user or gpu; several with commas (group,user)
+        #[arg(
+            long,
+            value_name = "KEYS",
+            value_delimiter = ',',
+            default_value = "group"
+        )]
+        by: Vec<gemini_scheduler::usage_report::Key>,
+        /// Print JSON instead of a table (durations in seconds)
+        #[arg(long)]
+        json: bool,
+        /// The accounting log [default: `accounting` in the settings file, else where gem-schd writes it by default]
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -162,6 +198,22 @@ fn main() -> ExitCode {
         Some(Command::Top { interval }) => top(&ipc_dir, interval),
         Some(Command::Shutdown) => shutdown(&ipc_dir),
         Some(Command::Reload) => reload(&ipc_dir),
+        Some(Command::Report {
+            since,
+            until,
+            by,
+            json,
+            log,
+        }) => {
+            let ask = ReportArgs {
+                since,
+                until,
+                by,
+                json,
+                log,
+            };
+            report(ask, settings.as_deref(), &ipc_dir)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -207,6 +259,7 @@ fn run(args: RunArgs, settings: Option<&Path>, ipc_dir: PathBuf) -> anyhow::Resu
         ipc_group: args.ipc_group,
         metrics: args.metrics,
         allow_unverified_peers: args.allow_unverified_peers.then_some(true),
+        accounting: args.accounting,
         ..Overrides::default()
     };
     let settings = load_settings(settings, over)?;
@@ -393,4 +446,66 @@ fn shutdown(ipc_dir: &std::path::Path) -> anyhow::Result<()> {
         Reply::Error(e) => anyhow::bail!("{}", e.message),
         other => anyhow::bail!("unexpected answer to shutdown: {other:?}"),
     }
+}
+
+/// What `gem-schd report` was asked.
+struct ReportArgs {
+    since: String,
+    until: Option<String>,
+    by: Vec<gemini_scheduler::usage_report::Key>,
+    json: bool,
+    log: Option<PathBuf>,
+}
+
+fn report(ask: ReportArgs, settings: Option<&Path>, ipc_dir: &Path) -> anyhow::Result<()> {
+    use gemini_scheduler::usage_report as r;
+    let log = match ask.log {
+        Some(l) => l,
+        None => load_settings(settings, Overrides::default())?
+            .accounting
+            .path(ipc_dir)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the settings say accounting = \"off\": there is no log to report on (or give --log FILE)"
+                )
+            })?,
+    };
+    let now = gemini_scheduler::accounting::unix_now();
+    let since = r::parse_time(&ask.since, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?;
+    let until = match &ask.until {
+        Some(u) => r::parse_time(u, now).map_err(|e| anyhow::anyhow!("--until: {e}"))?,
+        None => now,
+    };
+    if until <= since {
+        anyhow::bail!(
+            "--until ({}) must come after --since ({})",
+            r::when(until),
+            r::when(since)
+        );
+    }
+    let mut by = ask.by;
+    by.dedup();
+    let (records, skipped) = r::read(&log)?;
+    if skipped > 0 {
+        eprintln!(
+            "gem-schd report: {skipped} line(s) of {} could not be read (torn by a crash, or from a newer gemini) and were left out",
+            log.display()
+        );
+    }
+    let q = r::Query { since, until, by };
+    let rows = r::summarize(&records, &q);
+    let text = if ask.json {
+        format!(
+            "{}\n",
+            serde_json::to_string_pretty(&r::json(&rows, &q, &log))?
+        )
+    } else {
+        r::render(&rows, &q, &log)
+    };
+    let mut out = std::io::stdout().lock();
+    let w = std::io::Write::write_all(&mut out, text.as_bytes());
+    if closed(&w) {
+        return Ok(());
+    }
+    Ok(w?)
 }

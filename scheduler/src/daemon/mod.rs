@@ -4,6 +4,7 @@
 //! when it changes, and a liveness check that releases what dead clients
 //! held. A bad frame gets an error reply and a log line, never a panic.
 
+mod accounting;
 mod driver_limits;
 mod ipc;
 mod paced;
@@ -212,6 +213,8 @@ pub struct Daemon {
     paced: Paced,
     /// Log lines about other users' connections, rationed.
     log_budget: LogBudget,
+    /// The accounting log (`None`: off).
+    accounting: Option<accounting::Accounting>,
     /// Serve peers the kernel does not name (`allow_unverified_peers`).
     allow_unverified: bool,
 }
@@ -462,8 +465,57 @@ impl Daemon {
             gpus: gpus.into_iter().map(|(i, uuid, _)| (uuid, i)).collect(),
             driver_limits,
             stopping: false,
+            accounting: settings.accounting.path(ipc_dir).map(|p| {
+                info!("accounting log: {}", p.display());
+                accounting::Accounting::new(p, settings.accounting_max_size)
+            }),
             allow_unverified: settings.allow_unverified_peers,
         })
+    }
+
+    /// Writes the programs that ended, and the usage when it is due, to
+    /// the accounting log.
+    fn account(&mut self) {
+        let ended = self.policy.take_ended();
+        let Some(a) = &mut self.accounting else {
+            return;
+        };
+        if !ended.is_empty() {
+            a.programs_ended(&ended);
+        }
+        if a.due() {
+            let now = gemini_protocol::clock::monotonic_us().saturating_sub(self.epoch_us);
+            a.usage(&self.policy.counters(now), false);
+        }
+    }
+
+    /// The work a report says ran in the gap between the gem-schd before
+    /// this one and this one's start, for the accounting log: neither
+    /// ledger has it (the one before charged its clients to its stop;
+    /// this one takes reports from its start).
+    fn account_gap(&mut self, client: ClientId, req: &Request) {
+        let (device, ran) = match req {
+            Request::AcquireToken { device, ran, .. }
+            | Request::ReleaseToken { device, ran, .. }
+            | Request::LateUsage { device, ran, .. } => (*device, ran),
+            _ => return,
+        };
+        let Some(a) = &mut self.accounting else {
+            return;
+        };
+        let Some(from) = a.gap_start(self.epoch_us) else {
+            return;
+        };
+        let to = self.epoch_us;
+        let us: Micros = ran
+            .iter()
+            .map(|s| s.end_us.min(to).saturating_sub(s.start_us.max(from)))
+            .sum();
+        if us > 0
+            && let Some(p) = self.policy.program(client)
+        {
+            a.before_start(&p, device, us, to - from);
+        }
     }
 
     /// Refreshes the metrics' gauges about once a second.
@@ -570,6 +622,7 @@ impl Daemon {
             let actions = self.policy.handle(Event::Tick, now);
             self.send_actions(actions);
             self.save_reservations();
+            self.account();
             self.save_memory(false);
             self.driver_limits.poll();
             self.refresh_metrics();
@@ -580,6 +633,7 @@ impl Daemon {
         info!("gem-schd stopping");
         // What each process holds, for the next gem-schd (an upgrade).
         self.save_memory(true);
+
         // What each group was charged, for the record (and for the tests'
         // check that no kernel ran outside its group's tokens).
         let now = self.now();
@@ -588,6 +642,15 @@ impl Daemon {
                 "charged: group {:?} device {} {} us",
                 c.group, c.device, c.used_us
             );
+        }
+        // The accounting log: with what the clients ran under their last
+        // tokens and have not reported (the next gem-schd takes reports
+        // only from its own start).
+        let ended = self.policy.take_ended();
+        if let Some(a) = &mut self.accounting {
+            self.policy.settle(now);
+            a.programs_ended(&ended);
+            a.stop(&self.policy.counters(now));
         }
         // Tell the holder to let go of everything, and give the message
         // time to leave before the socket closes.
@@ -841,6 +904,7 @@ impl Daemon {
             _ => None,
         };
         let mut req = req;
+        self.account_gap(client, &req);
         rebase(&mut req, self.epoch_us);
         let actions = self
             .policy
@@ -856,6 +920,9 @@ impl Daemon {
         {
             let pid = self.conn(client).and_then(|c| c.cred).map_or(claimed, |c| c.pid);
             self.adopt_stand_in(pid);
+            if let (Some(a), Some(p)) = (&mut self.accounting, self.policy.program(client)) {
+                a.program_start(&p);
+            }
         }
         // A hello refused for another reason than a permission (logged
         // with every refusal below): an unknown group, say. Not a hello

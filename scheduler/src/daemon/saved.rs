@@ -3,7 +3,9 @@
 //! hooked process holds (until it says hello to the new daemon itself,
 //! which an idle process does only at its next CUDA call).
 
+use super::accounting::ReservationKey;
 use super::*;
+use std::collections::BTreeMap;
 
 /// A GPU reservation as the state file keeps it across restarts: the
 /// process that holds it, identified by its pid and its start time (a pid
@@ -285,6 +287,24 @@ impl Daemon {
                 },
             ),
         );
+        // For the accounting log: told apart by when they were made on
+        // this scheduler's clock (the Unix time computed from it moves by
+        // a microsecond or so from one look to the next).
+        let seen: BTreeMap<ReservationKey, u64> = held
+            .iter()
+            .map(|r| {
+                let pid = self.conn(r.client).and_then(|c| c.pid).unwrap_or(0);
+                let key = (r.group.clone(), r.devices.clone(), r.since, r.owner, pid);
+                (key, since_unix(r.since))
+            })
+            .chain(manual.iter().map(|(group, devices, uid, _, _, since)| {
+                let key = (group.clone(), devices.clone(), *since, Some(*uid), 0);
+                (key, since_unix(*since))
+            }))
+            .collect();
+        if let Some(a) = &mut self.accounting {
+            a.reservations(seen);
+        }
         let path = reservations_path(&self.ipc_dir);
         match write_state(&path, &now, self.access) {
             Ok(()) => self.saved_reservations = Some(state),

@@ -28,6 +28,9 @@ pub(super) struct GroupUse {
     pub(super) revocations: u64,
     /// Device time charged to the group since the scheduler started (µs).
     pub(super) used_total: Micros,
+    /// What its programs' reports claimed, by user (µs, since the
+    /// scheduler started; refunds are not taken from it).
+    pub(super) used_by: std::collections::BTreeMap<Option<u32>, Micros>,
 }
 
 impl GroupUse {

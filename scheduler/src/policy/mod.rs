@@ -388,6 +388,13 @@ struct Client {
     long_launch: Micros,
     /// Devices where its last token, not reported yet, was lent.
     lent: BTreeSet<DeviceId>,
+    /// Its user, as the kernel named its connection (`None`: unverified),
+    /// and the user's name.
+    uid: Option<u32>,
+    user: String,
+    /// Per device, the device time charged to it (µs): what its reports
+    /// claimed, before any later refund to another group's work.
+    gpu_used: BTreeMap<DeviceId, Micros>,
 }
 
 #[derive(Debug, Clone)]
@@ -409,6 +416,28 @@ struct Grant {
     ends: bool,
 }
 
+/// A hooked program (its client connection), for the accounting log
+/// and `gem-schd status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Program {
+    /// Its connection.
+    pub client: ClientId,
+    /// Its process.
+    pub pid: u32,
+    /// Its user (`None`: an unverified peer).
+    pub uid: Option<u32>,
+    /// Its user's name (empty where unknown).
+    pub user: String,
+    /// Its group.
+    pub group: String,
+    /// Device time charged to it since it said hello, per device (µs).
+    pub gpu_us: Vec<(DeviceId, Micros)>,
+}
+
+/// The most ended programs kept for the daemon to take: more (a daemon
+/// that never takes them, as in tests) drops the oldest.
+const MAX_ENDED: usize = 4096;
+
 /// Cumulative figures of one group on one device, for metrics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupCounters {
@@ -424,6 +453,11 @@ pub struct GroupCounters {
     pub revocations: u64,
     /// Device time charged to the group since the scheduler started (µs).
     pub used_us: Micros,
+    /// What its programs' reports claimed since the scheduler started,
+    /// by user (µs; `None`: unverified peers): the split of `used_us`
+    /// among users, in proportion (a refund to another group's work is
+    /// taken from the group, not from one of its users).
+    pub by_user: Vec<(Option<u32>, Micros)>,
 }
 
 #[derive(Debug, Default)]
@@ -477,13 +511,13 @@ impl Device {
     /// has, now or later (see `ledger`).
     fn charge_estimate(
         &mut self,
-        group: &GroupKey,
+        (group, uid): (&GroupKey, Option<u32>),
         (start, end): (Micros, Micros),
         now: Micros,
         max_util: impl Fn(&GroupKey) -> f64,
         cap: Micros,
     ) -> Micros {
-        let charged = self.claim(group, (start, end), start, cap, true);
+        let charged = self.claim((group, uid), (start, end), start, cap, true);
         self.charge_credit(group, start, now, charged, max_util(group), cap);
         charged
     }
@@ -497,7 +531,7 @@ impl Device {
     /// that had lost it (a lone group capped at 0.8 got 0.57).
     fn claim(
         &mut self,
-        group: &GroupKey,
+        (group, uid): (&GroupKey, Option<u32>),
         (start, end): (Micros, Micros),
         since: Micros,
         cap: Micros,
@@ -528,6 +562,8 @@ impl Device {
             self.busy.add(s, e);
             charged += e - s;
         }
+        let by = g.used_by.entry(uid).or_default();
+        *by = by.saturating_add(charged);
         charged
     }
 
@@ -585,6 +621,9 @@ pub struct Policy {
     released_at: BTreeMap<DeviceId, Micros>,
     /// Connections' verified peers.
     peers: BTreeMap<ClientId, Peer>,
+    /// Programs that ended since the daemon last took them
+    /// ([`Policy::take_ended`]), for the accounting log.
+    ended: Vec<Program>,
     /// Open turns of jobs spanning devices, by their leader device.
     turns: BTreeMap<DeviceId, gang::Turn>,
 }
@@ -659,6 +698,7 @@ impl Policy {
             queue: Default::default(),
             released_at: BTreeMap::new(),
             peers: BTreeMap::new(),
+            ended: Vec::new(),
             turns: BTreeMap::new(),
             ranks: 0,
         }
@@ -719,7 +759,7 @@ impl Policy {
     }
 
     fn disconnect(&mut self, client: ClientId, now: Micros, out: &mut Vec<Action>) {
-        let Some(c) = self.clients.remove(&client) else {
+        let Some(mut c) = self.clients.remove(&client) else {
             return;
         };
         if c.job.is_some() {
@@ -730,18 +770,60 @@ impl Policy {
                 *m = m.saturating_sub(*bytes);
             }
         }
-        for (device, dev) in self.devices.iter_mut() {
+        for dev in self.devices.values_mut() {
             dev.waiters.retain(|w| w.client != client);
             if dev.token.as_ref().is_some_and(|t| t.client == client) {
                 dev.token = None;
             }
-            // It cannot report any more, and its work is gone with it (the
-            // driver drops a dead process's work). What it had not
-            // reported ran, as far as can be known, from its oldest
-            // unreported token (or the end of what it was charged) for as
-            // long as its last token may be held (its quota and the
-            // grace): charged so, but only where no measured claim has
-            // that time, now or when it is reported later (see `ledger`).
+        }
+        // It cannot report any more, and its work is gone with it (the
+        // driver drops a dead process's work).
+        self.charge_unreported(&mut c, now);
+        // A process that exits while its group waits for nothing leaves the
+        // group away (a restart's absence is a pause, see OWED_ABSENCE).
+        let devices: Vec<DeviceId> = self.devices.keys().copied().collect();
+        for device in devices {
+            self.mark_away(&c.group, device, now);
+        }
+        if let Some(name) = c.group.name()
+            && !self.clients.values().any(|o| o.group == c.group)
+        {
+            self.retired.remove(name);
+        }
+        if c.role == Role::Holder {
+            self.holder_gone(client, out);
+        }
+        if c.role == Role::Client {
+            if self.ended.len() >= MAX_ENDED {
+                self.ended.remove(0);
+            }
+            self.ended.push(program(client, &c));
+        }
+        self.end_reservations(client, now, out);
+    }
+
+    /// The programs that ended since the last call, with the device time
+    /// each was charged.
+    pub fn take_ended(&mut self) -> Vec<Program> {
+        std::mem::take(&mut self.ended)
+    }
+
+    /// Program `client`, if it is one (a hooked process's connection).
+    pub fn program(&self, client: ClientId) -> Option<Program> {
+        self.clients
+            .get(&client)
+            .filter(|c| c.role == Role::Client)
+            .map(|c| program(client, c))
+    }
+
+    /// Charges what `c` had not reported: it ran, as far as can be known,
+    /// from its oldest unreported token (or the end of what it was
+    /// charged) for as long as its last token may be held (its quota and
+    /// the grace), or until `now` if that is sooner: charged so, but only
+    /// where no measured claim has that time, now or when it is reported
+    /// later (see `ledger`).
+    fn charge_unreported(&mut self, c: &mut Client, now: Micros) {
+        for (device, dev) in self.devices.iter_mut() {
             let (Some(&anchor), Some(&(granted_at, quota))) =
                 (c.anchor.get(device), c.granted.get(device))
             else {
@@ -757,29 +839,45 @@ impl Policy {
                     .saturating_add(self.params.grace),
             );
             let (config, retired) = (&self.config, &self.retired);
-            dev.charge_estimate(
-                &c.group,
+            let charged = dev.charge_estimate(
+                (&c.group, c.uid),
                 (from, until),
                 now,
                 |k| limits(config, retired, k).max_util,
                 self.params.saved_credit(),
             );
+            let used = c.gpu_used.entry(*device).or_default();
+            *used = used.saturating_add(charged);
         }
-        // A process that exits while its group waits for nothing leaves the
-        // group away (a restart's absence is a pause, see OWED_ABSENCE).
-        let devices: Vec<DeviceId> = self.devices.keys().copied().collect();
-        for device in devices {
-            self.mark_away(&c.group, device, now);
+    }
+
+    /// The scheduler stops: what the holders of the devices' tokens ran
+    /// under them and have not reported is charged as estimated, to
+    /// `now` (the next scheduler takes their reports only from its own
+    /// start), so that the charges this one leaves behind, in the
+    /// accounting log, hold that work too. Other clients' unreported work
+    /// (a token given back with work in flight) is left out: an estimate
+    /// of it would run into the token holders' time.
+    pub fn settle(&mut self, now: Micros) {
+        let holders: BTreeSet<ClientId> = self
+            .devices
+            .values()
+            .filter_map(|d| d.token.as_ref().map(|t| t.client))
+            .collect();
+        for id in holders {
+            if let Some(mut c) = self.clients.remove(&id) {
+                let holds: Vec<DeviceId> = self
+                    .devices
+                    .iter()
+                    .filter(|(_, d)| d.token.as_ref().is_some_and(|t| t.client == id))
+                    .map(|(&d, _)| d)
+                    .collect();
+                c.anchor.retain(|d, _| holds.contains(d));
+                self.charge_unreported(&mut c, now);
+                c.anchor.clear();
+                self.clients.insert(id, c);
+            }
         }
-        if let Some(name) = c.group.name()
-            && !self.clients.values().any(|o| o.group == c.group)
-        {
-            self.retired.remove(name);
-        }
-        if c.role == Role::Holder {
-            self.holder_gone(client, out);
-        }
-        self.end_reservations(client, now, out);
     }
 
     fn reconfigure(&mut self, cfg: ResourceConfig) {
@@ -840,3 +938,15 @@ pub type ProcessMemory = (u32, String, Vec<(DeviceId, u64)>);
 
 #[cfg(test)]
 mod tests;
+
+/// `c`, connection `client`, as a [`Program`].
+fn program(client: ClientId, c: &Client) -> Program {
+    Program {
+        client,
+        pid: c.pid,
+        uid: c.uid,
+        user: c.user.clone(),
+        group: c.group.shown(),
+        gpu_us: c.gpu_used.iter().map(|(&d, &t)| (d, t)).collect(),
+    }
+}

@@ -154,6 +154,8 @@ impl Policy {
         let dev = devices.entry(device).or_default();
         dev.ledger.forget_before(can.horizon);
         let charged = claim_spans(c, dev, device, ran, &can, params.saved_credit());
+        let used = c.gpu_used.entry(device).or_default();
+        *used = used.saturating_add(charged.time);
         // The report's credit at once (see `Device::claim`); a report that
         // charged nothing (all clipped, or none ran) looks up no limits.
         if charged.time > 0 {
@@ -227,7 +229,7 @@ fn claim_spans(
             Some(&since) if s.start_us <= from && from > can.anchor => since,
             _ => start,
         };
-        let claimed = dev.claim(&c.group, (start, end), since, cap, false);
+        let claimed = dev.claim((&c.group, c.uid), (start, end), since, cap, false);
         if claimed > 0 && charged.time == 0 {
             charged.first = start;
         }

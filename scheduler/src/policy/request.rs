@@ -666,6 +666,13 @@ impl Policy {
                 launch_floor: 0,
                 long_launch: 0,
                 lent: BTreeSet::new(),
+                uid: self.peers.get(&client).map(|p| p.uid),
+                user: self
+                    .peers
+                    .get(&client)
+                    .map(|p| p.user.clone())
+                    .unwrap_or_default(),
+                gpu_used: BTreeMap::new(),
             },
         );
         Reply::Welcome {

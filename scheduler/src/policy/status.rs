@@ -23,6 +23,7 @@ impl Policy {
                     throttled_us: g.throttled + open,
                     revocations: g.revocations,
                     used_us: g.used_total,
+                    by_user: g.used_by.iter().map(|(&u, &t)| (u, t)).collect(),
                 });
             }
         }

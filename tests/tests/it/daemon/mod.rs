@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod access;
+mod accounting;
 mod config;
 
 const T: Duration = Duration::from_secs(3);
