@@ -731,7 +731,10 @@ fn elapsed_time_needs_two_completed_timing_events() {
         assert_eq!(cuEventElapsedTime(&mut ms, a, b), CUDA_ERROR_NOT_READY);
         assert_eq!(cuEventSynchronize(b), 0);
         assert_eq!(cuEventElapsedTime(&mut ms, a, b), 0);
-        assert!((1.9..2.5).contains(&ms), "two 1 ms kernels: {ms} ms");
+        // At least the work between them (the host may take its time to
+        // launch the second kernel on a loaded machine: no upper bound
+        // but a sane one).
+        assert!((1.9..1000.0).contains(&ms), "two 1 ms kernels: {ms} ms");
         assert_eq!(
             cuEventElapsedTime(&mut ms, a, untimed),
             CUDA_ERROR_INVALID_HANDLE
