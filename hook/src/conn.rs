@@ -268,7 +268,8 @@ impl State {
     fn roundtrip(&self, req: &Request, device: u32) -> Result<Reply, Failure> {
         let sent = Instant::now();
         let seq = self.send(req).map_err(Failure::Refused)?;
-        let reply = self.wait_for(seq, device)?;
+        let token = matches!(req, Request::AcquireToken { .. });
+        let reply = self.wait_for(seq, device, token)?;
         let elapsed = sent.elapsed().as_nanos() as u64;
         if let Some(ns) = gemini_protocol::roundtrip::sample_of(req, &reply, elapsed) {
             self.rtt.sample(ns);
@@ -277,8 +278,10 @@ impl State {
     }
 
     /// Waits for the reply to `seq` (a request about `device`), checking
-    /// with pings that the scheduler still knows us.
-    fn wait_for(&self, seq: u32, device: u32) -> Result<Reply, Failure> {
+    /// with pings that the scheduler still knows us. A wait for `device`'s
+    /// token (`token`) pings by asking why it waits, and says once on
+    /// stderr when another group's reservation of the device is why.
+    fn wait_for(&self, seq: u32, device: u32, token: bool) -> Result<Reply, Failure> {
         let mut last = Instant::now();
         // When the scheduler last answered anything (a ping while a token
         // request waits its turn counts): GEMINI_CONNECT_TIMEOUT bounds
@@ -299,7 +302,13 @@ impl State {
             if let Some(p) = ping {
                 match self.take(p) {
                     Some(r) if forgets_us(&r) => return Err(Failure::Forgotten),
-                    Some(_) => {
+                    Some(r) => {
+                        if let Ok(Reply::WaitReason {
+                            reserved: Some(held),
+                        }) = r
+                        {
+                            self.say_reserved(device, &held);
+                        }
                         ping = None;
                         last = Instant::now();
                         heard = last;
@@ -310,8 +319,14 @@ impl State {
             // A ping unanswered for as long is asked again: one written to
             // a scheduler killed before it read it is lost, and the request
             // with it (its late answer, if any, is dropped with the stash).
+            // (A scheduler of protocol 15 or older has no WaitReason.)
             if last.elapsed() >= PING_AFTER {
-                ping = self.send(&Request::MemoryInfo { device }).ok();
+                let ask = if token && self.speaks() >= 16 {
+                    Request::WaitReason { device }
+                } else {
+                    Request::MemoryInfo { device }
+                };
+                ping = self.send(&ask).ok();
                 last = Instant::now();
             }
             if heard.elapsed() >= 5 * PING_AFTER && !warned {
@@ -334,6 +349,41 @@ impl State {
                 return Err(Failure::Refused(self.refuse(CUDA_ERROR_NOT_INITIALIZED)));
             }
         }
+    }
+
+    /// Says once per device and group, on stderr whatever `GEMINI_LOG`
+    /// says, that this program waits for `device` because it is reserved
+    /// for another group: a program that stalls must say why.
+    fn say_reserved(&self, device: u32, held: &gemini_protocol::ReservedFor) {
+        static TOLD: std::sync::Mutex<Vec<(u32, String)>> = std::sync::Mutex::new(Vec::new());
+        let key = (device, held.group.clone());
+        {
+            let mut told = lock(&TOLD);
+            if told.contains(&key) {
+                return;
+            }
+            told.push(key);
+        }
+        let whose = if held.user.is_empty() {
+            String::new()
+        } else {
+            format!(" of user {}", held.user)
+        };
+        let until = match held.left_us {
+            Some(us) => format!(
+                "for {} more",
+                gemini_protocol::units::format_length(Duration::from_micros(us))
+            ),
+            None => "until its program ends".to_string(),
+        };
+        let mine = match self.settings.group.as_deref() {
+            Some(g) if !g.is_empty() => format!(" (group {g})"),
+            _ => String::new(),
+        };
+        error!(
+            "GPU {device} is reserved for group {}{whose} {until}; this program{mine} waits for it (gem-launch status lists the reservations)",
+            held.group
+        );
     }
 
     /// Sends `req` and waits for its reply, registering first and again
@@ -403,7 +453,7 @@ impl State {
     /// if the scheduler forgot the request (it restarted; ask again with
     /// [`State::call`]). `Err` is the CUDA result to return.
     pub fn answer(&self, seq: u32, device: u32) -> Result<Option<Reply>, u32> {
-        match self.wait_for(seq, device) {
+        match self.wait_for(seq, device, true) {
             Ok(r) => Ok(Some(r)),
             Err(Failure::Refused(code)) => Err(code),
             Err(Failure::Forgotten) => {

@@ -8,7 +8,8 @@ use gemini_protocol::{GpuRequest, ReservationStatus, Role, StatusReport};
 use serde::Serialize;
 use std::fmt::Write as _;
 
-/// The user's view, as `--json` prints it.
+/// The user's view, as `--json` prints it. Durations are integer
+/// microseconds, named `…_us`, as in `gem-schd status --json`.
 #[derive(Debug, Serialize)]
 pub struct UserView {
     /// Whose view it is.
@@ -25,10 +26,10 @@ pub struct UserView {
 #[derive(Debug, Serialize)]
 pub struct GpuView {
     pub gpu: u32,
-    /// Share of `span_s` the GPU was busy.
+    /// Share of `span_us` the GPU was busy.
     pub busy: f64,
-    /// Seconds `busy` is measured over.
-    pub span_s: f64,
+    /// What `busy` is measured over (µs).
+    pub span_us: u64,
     /// Reservations holding it.
     pub reserved: Vec<Held>,
     /// Programs running on it.
@@ -40,9 +41,9 @@ pub struct GpuView {
 pub struct Held {
     pub group: String,
     pub user: String,
-    /// `gem-launch reserve`: seconds left. A launch's lasts while its
-    /// program runs (`None`).
-    pub left_s: Option<f64>,
+    /// `gem-launch reserve`: how long it has left (µs). A launch's lasts
+    /// while its program runs (`None`).
+    pub left_us: Option<u64>,
     /// The launched program's process (0 for `gem-launch reserve`).
     pub pid: u32,
 }
@@ -54,7 +55,8 @@ pub struct QueueEntry {
     pub group: String,
     pub user: String,
     pub gpus: String,
-    pub waiting_s: f64,
+    /// How long it has waited (µs).
+    pub waiting_us: u64,
     /// The waiting launch's command line.
     pub command: String,
 }
@@ -67,6 +69,15 @@ pub struct Program {
     pub group: String,
     pub gpus: Vec<u32>,
     pub command: String,
+    /// The GPUs whose token it waits for now.
+    pub waiting: Vec<u32>,
+    /// Why, where a reservation of another group is why:
+    /// `GPU 0 is reserved for group b (bob)`.
+    pub waits_for: Option<String>,
+    /// Memory it holds, bytes (all GPUs).
+    pub memory: u64,
+    /// Device time it was charged since it said hello (µs).
+    pub gpu_us: u64,
 }
 
 fn asked(x: &ReservationStatus) -> String {
@@ -91,6 +102,28 @@ pub fn view(st: &StatusReport, user: &str) -> UserView {
             group: c.group.clone(),
             gpus: c.devices.clone(),
             command: c.command.clone(),
+            waiting: c.waiting.clone(),
+            waits_for: c.waiting.iter().find_map(|&d| {
+                let x = st
+                    .reservations
+                    .iter()
+                    .find(|x| x.devices.contains(&d) && x.group != c.group)?;
+                // Only where its own group holds no reservation of it.
+                if st
+                    .reservations
+                    .iter()
+                    .any(|y| y.devices.contains(&d) && y.group == c.group)
+                {
+                    return None;
+                }
+                Some(if x.user.is_empty() {
+                    format!("GPU {d} is reserved for group {}", x.group)
+                } else {
+                    format!("GPU {d} is reserved for group {} ({})", x.group, x.user)
+                })
+            }),
+            memory: c.memory.iter().map(|m| m.bytes).sum(),
+            gpu_us: c.gpu_us,
         })
         .collect();
     let gpus = st
@@ -99,7 +132,7 @@ pub fn view(st: &StatusReport, user: &str) -> UserView {
         .map(|d| GpuView {
             gpu: d.device,
             busy: d.busy,
-            span_s: d.span_us as f64 / 1e6,
+            span_us: d.span_us,
             reserved: st
                 .reservations
                 .iter()
@@ -107,7 +140,7 @@ pub fn view(st: &StatusReport, user: &str) -> UserView {
                 .map(|x| Held {
                     group: x.group.clone(),
                     user: x.user.clone(),
-                    left_s: x.manual.as_ref().map(|m| m.left_us as f64 / 1e6),
+                    left_us: x.manual.as_ref().map(|m| m.left_us),
                     pid: x.pid,
                 })
                 .collect(),
@@ -127,7 +160,7 @@ pub fn view(st: &StatusReport, user: &str) -> UserView {
             group: x.group.clone(),
             user: x.user.clone(),
             gpus: asked(x),
-            waiting_s: x.for_us as f64 / 1e6,
+            waiting_us: x.for_us,
             command: x.command.clone(),
         })
         .collect();
@@ -139,14 +172,14 @@ pub fn view(st: &StatusReport, user: &str) -> UserView {
     }
 }
 
-/// `s` seconds for a reader: `45s`, `12m 3s`, `3h 5m`.
-fn length(s: f64) -> String {
-    gemini_protocol::units::format_length(std::time::Duration::from_secs_f64(s.max(0.0)))
+/// `us` µs for a reader: `45s`, `12m 3s`, `3h 5m`.
+fn length(us: u64) -> String {
+    gemini_protocol::units::format_length(std::time::Duration::from_micros(us))
 }
 
-/// When `s` seconds from now is, in UTC.
-fn at(s: f64) -> String {
-    let t = std::time::SystemTime::now() + std::time::Duration::from_secs_f64(s.max(0.0));
+/// When `us` µs from now is, in UTC.
+fn at(us: u64) -> String {
+    let t = std::time::SystemTime::now() + std::time::Duration::from_micros(us);
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
@@ -162,7 +195,7 @@ pub fn render(v: &UserView) -> String {
         let reserved: Vec<String> = g
             .reserved
             .iter()
-            .map(|h| match h.left_s {
+            .map(|h| match h.left_us {
                 Some(left) => format!(
                     "{} ({}, until {}, {} left)",
                     h.group,
@@ -176,13 +209,25 @@ pub fn render(v: &UserView) -> String {
         let running: Vec<String> = g
             .running
             .iter()
-            .map(|p| format!("{} {} pid {}", p.group, p.user, p.pid))
+            .map(|p| {
+                format!(
+                    "{} {} pid {}{}",
+                    p.group,
+                    p.user,
+                    p.pid,
+                    if p.waiting.contains(&g.gpu) {
+                        " (waiting)"
+                    } else {
+                        ""
+                    }
+                )
+            })
             .collect();
         let _ = writeln!(
             s,
             "{:<4} {:<16} {:<48} {}",
             g.gpu,
-            format!("{:.0}% of {}", g.busy * 100.0, length(g.span_s)),
+            format!("{:.0}% of {}", g.busy * 100.0, length(g.span_us)),
             if reserved.is_empty() {
                 "-".to_string()
             } else {
@@ -207,7 +252,7 @@ pub fn render(v: &UserView) -> String {
                 q.group,
                 if q.user.is_empty() { "-" } else { &q.user },
                 q.gpus,
-                length(q.waiting_s),
+                length(q.waiting_us),
                 if q.command.is_empty() {
                     String::new()
                 } else {
@@ -223,12 +268,22 @@ pub fn render(v: &UserView) -> String {
         for p in &v.mine {
             let _ = writeln!(
                 s,
-                "  pid {:<8} {:<16} GPU {:<6} {}",
+                "  pid {:<8} {:<16} GPU {:<6} {:<8} {}",
                 p.pid,
                 p.group,
                 format_gpus(&p.gpus),
+                if p.waiting.is_empty() {
+                    "running"
+                } else {
+                    "WAITING"
+                },
                 p.command
             );
+            // A program that waits says for what, where a reservation is
+            // why (it said so on its stderr too).
+            if let Some(why) = &p.waits_for {
+                let _ = writeln!(s, "    waits: {why}, until it is released");
+            }
         }
     }
     s
@@ -245,9 +300,11 @@ mod tests {
             busy,
             span_us: 6_000_000,
             rtt_us: 0,
-            holder: None,
+            token_client: None,
             waiting: 0,
             groups: vec![],
+            memory_total: None,
+            memory_free: None,
         };
         let client = |id: u64, pid: u32, user: &str, group: &str, devices: Vec<u32>| ClientStatus {
             id,
@@ -260,6 +317,9 @@ mod tests {
             devices,
             protocol: gemini_protocol::PROTOCOL_VERSION,
             build: gemini_protocol::BUILD.into(),
+            waiting: vec![],
+            memory: vec![],
+            gpu_us: 0,
         };
         StatusReport {
             server: "test".into(),
@@ -328,7 +388,7 @@ mod tests {
         );
         assert!(
             text.contains(
-                "YOUR PROGRAMS (alice)\n  pid 100      train            GPU 0      python train.py"
+                "YOUR PROGRAMS (alice)\n  pid 100      train            GPU 0      running  python train.py"
             ),
             "{text}"
         );
@@ -337,5 +397,30 @@ mod tests {
         assert_eq!(json["gpus"][0]["reserved"][0]["user"], "alice");
         assert_eq!(json["queue"][0]["user"], "bob");
         assert_eq!(json["mine"].as_array().map(Vec::len), Some(1));
+        assert_eq!(json["gpus"][0]["span_us"], 6_000_000);
+        assert_eq!(json["queue"][0]["waiting_us"], 5_000_000);
+    }
+
+    /// A program waiting for a GPU another group reserved is marked so,
+    /// with whose reservation it waits for; one of the reserving group
+    /// waits for its turn, not for a reservation.
+    #[test]
+    fn a_program_kept_off_a_reserved_gpu_is_shown_waiting_and_why() {
+        let mut st = report();
+        st.clients[1].waiting = vec![0];
+        let v = view(&st, "bob");
+        let text = render(&v);
+        assert!(
+            text.contains("pid 200      notebook         GPU 0      WAITING  python notebook.py\n    waits: GPU 0 is reserved for group train (alice), until it is released"),
+            "{text}"
+        );
+        assert!(text.contains("notebook bob pid 200 (waiting)"), "{text}");
+        let json = serde_json::to_value(&v).unwrap();
+        assert_eq!(json["mine"][0]["waiting"], serde_json::json!([0]));
+        st.clients[1].waiting.clear();
+        st.clients[0].waiting = vec![0];
+        let v = view(&st, "alice");
+        assert_eq!(v.mine[0].waits_for, None);
+        assert!(render(&v).contains("WAITING  python train.py"));
     }
 }

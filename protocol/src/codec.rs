@@ -460,6 +460,65 @@ mod tests {
         }
     }
 
+    /// A status reply written by a 0.2.0 development build (protocol 15:
+    /// `gem-schd status` of a scheduler built from main before 16), kept
+    /// as it wrote it: read as meant, with what 15 lacks left empty, and
+    /// written for a peer of 15 byte for byte without what 16 added.
+    #[test]
+    fn a_status_of_protocol_15_is_read_and_written_as_it_was() {
+        let frame: Vec<u8> = {
+            let hex = include_str!("../tests/data/v15-frames.txt")
+                .lines()
+                .find_map(|l| l.strip_prefix("S "))
+                .unwrap();
+            (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect()
+        };
+        let (version, seq, reply) = decode_reply_versioned(&frame).unwrap();
+        assert_eq!((version, seq), (15, 7));
+        let Reply::Status(mut report) = reply.clone() else {
+            panic!("{reply:?}");
+        };
+        assert_eq!(report.devices[0].token_client, Some(3));
+        assert_eq!(report.devices[0].rtt_us, 180);
+        assert_eq!(report.devices[0].memory_total, None);
+        assert_eq!(report.groups[0].latency, "");
+        assert_eq!(report.clients[0].command, "python train.py");
+        assert!(report.clients[0].waiting.is_empty() && report.clients[0].gpu_us == 0);
+        assert_eq!(report.refused[0].user, "bob");
+        assert_eq!(encode_reply_as(15, 7, &reply), frame);
+        // What 16 added does not go to a peer of 15.
+        report.groups[0].latency = "critical".into();
+        report.devices[0].memory_total = Some(80 << 30);
+        report.clients[0].waiting = vec![0];
+        report.clients[0].gpu_us = 5;
+        assert_eq!(
+            encode_reply_as(15, 7, &Reply::Status(report.clone())),
+            frame
+        );
+        // And all of it goes to a peer of 16.
+        let ours = Reply::Status(report);
+        assert_eq!(decode_reply(&encode_reply(7, &ours)), Ok((7, ours)));
+    }
+
+    /// The question a waiting hook asks, and its answer, are new in 16:
+    /// they go as they are (no older peer sends or gets them).
+    #[test]
+    fn the_wait_reason_round_trips() {
+        let req = Request::WaitReason { device: 3 };
+        assert_eq!(decode_request(&encode_request(9, &req)), Ok((9, req)));
+        let reply = Reply::WaitReason {
+            reserved: Some(crate::ReservedFor {
+                group: "b".into(),
+                user: "bob".into(),
+                left_us: None,
+            }),
+        };
+        assert_eq!(decode_reply(&encode_reply(9, &reply)), Ok((9, reply)));
+    }
+
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         assert_eq!(decode_request(b""), Err(CodecError::TooShort(0)));
@@ -493,6 +552,7 @@ mod tests {
             clients: 0,
             devices: None,
             driver_memory: vec![],
+            latency: "normal".into(),
         };
         let json = serde_json::to_value(&g).unwrap();
         assert!(json["memory_limit"].is_null(), "{json}");
@@ -528,6 +588,7 @@ mod tests {
                     clients: 0,
                     devices: None,
                     driver_memory: vec![],
+                    latency: String::new(),
                 })
                 .collect(),
             devices: vec![],

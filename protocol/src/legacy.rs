@@ -56,8 +56,8 @@ mod v14 {
         pub(super) config_error: Option<String>,
         pub(super) window_us: u64,
         pub(super) uptime_us: u64,
-        pub(super) groups: Vec<GroupStatus>,
-        pub(super) devices: Vec<DeviceStatus>,
+        pub(super) groups: Vec<v15::Group>,
+        pub(super) devices: Vec<v15::Device>,
         pub(super) clients: Vec<Client>,
         pub(super) reservations: Vec<ReservationStatus>,
         pub(super) queue: Vec<ReservationStatus>,
@@ -83,8 +83,8 @@ mod v14 {
             config_error: r.config_error.clone(),
             window_us: r.window_us,
             uptime_us: r.uptime_us,
-            groups: r.groups.clone(),
-            devices: r.devices.clone(),
+            groups: r.groups.iter().map(v15::group_from).collect(),
+            devices: r.devices.iter().map(v15::device_from).collect(),
             clients: r
                 .clients
                 .iter()
@@ -112,8 +112,8 @@ mod v14 {
             config_error: s.config_error,
             window_us: s.window_us,
             uptime_us: s.uptime_us,
-            groups: s.groups,
-            devices: s.devices,
+            groups: s.groups.into_iter().map(v15::group_into).collect(),
+            devices: s.devices.into_iter().map(v15::device_into).collect(),
             clients: s
                 .clients
                 .into_iter()
@@ -129,6 +129,9 @@ mod v14 {
                     // A scheduler of protocol 14 serves peers of 14 only.
                     protocol: 14,
                     build: release_of(14).unwrap_or_default().to_string(),
+                    waiting: Vec::new(),
+                    memory: Vec::new(),
+                    gpu_us: 0,
                 })
                 .collect(),
             reservations: s.reservations,
@@ -136,6 +139,187 @@ mod v14 {
             driver_limits: s.driver_limits,
             refused: Vec::new(),
             protocol: 14,
+        }
+    }
+}
+
+/// Protocol 15 (0.2.0 development builds): the status report without each
+/// group's latency class, each device's memory, and each client's waits,
+/// memory and device time (and the token's connection named `holder`).
+mod v15 {
+    use super::*;
+    use crate::{DriverMemory, GroupDeviceStatus, RefusedPeer};
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct Group {
+        pub(super) name: String,
+        pub(super) min_util: f64,
+        pub(super) max_util: f64,
+        pub(super) memory_limit: u64,
+        pub(super) clients: u32,
+        pub(super) devices: Option<Vec<DeviceId>>,
+        pub(super) driver_memory: Vec<DriverMemory>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct Device {
+        pub(super) device: DeviceId,
+        pub(super) busy: f64,
+        pub(super) span_us: u64,
+        pub(super) holder: Option<ClientId>,
+        pub(super) waiting: u32,
+        pub(super) groups: Vec<GroupDeviceStatus>,
+        pub(super) rtt_us: u64,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct Client {
+        pub(super) id: ClientId,
+        pub(super) pid: u32,
+        pub(super) role: Role,
+        pub(super) group: String,
+        pub(super) job: Option<String>,
+        pub(super) user: String,
+        pub(super) command: String,
+        pub(super) devices: Vec<DeviceId>,
+        pub(super) protocol: u16,
+        pub(super) build: String,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct Status {
+        pub(super) server: String,
+        pub(super) config_path: String,
+        pub(super) config_error: Option<String>,
+        pub(super) window_us: u64,
+        pub(super) uptime_us: u64,
+        pub(super) groups: Vec<Group>,
+        pub(super) devices: Vec<Device>,
+        pub(super) clients: Vec<Client>,
+        pub(super) reservations: Vec<ReservationStatus>,
+        pub(super) queue: Vec<ReservationStatus>,
+        pub(super) driver_limits: bool,
+        pub(super) refused: Vec<RefusedPeer>,
+        pub(super) protocol: u16,
+    }
+
+    pub(super) fn group_from(g: &GroupStatus) -> Group {
+        Group {
+            name: g.name.clone(),
+            min_util: g.min_util,
+            max_util: g.max_util,
+            memory_limit: g.memory_limit,
+            clients: g.clients,
+            devices: g.devices.clone(),
+            driver_memory: g.driver_memory.clone(),
+        }
+    }
+
+    pub(super) fn group_into(g: Group) -> GroupStatus {
+        GroupStatus {
+            name: g.name,
+            min_util: g.min_util,
+            max_util: g.max_util,
+            memory_limit: g.memory_limit,
+            clients: g.clients,
+            devices: g.devices,
+            driver_memory: g.driver_memory,
+            latency: String::new(),
+        }
+    }
+
+    pub(super) fn device_from(d: &DeviceStatus) -> Device {
+        Device {
+            device: d.device,
+            busy: d.busy,
+            span_us: d.span_us,
+            holder: d.token_client,
+            waiting: d.waiting,
+            groups: d.groups.clone(),
+            rtt_us: d.rtt_us,
+        }
+    }
+
+    pub(super) fn device_into(d: Device) -> DeviceStatus {
+        DeviceStatus {
+            device: d.device,
+            busy: d.busy,
+            span_us: d.span_us,
+            token_client: d.holder,
+            waiting: d.waiting,
+            groups: d.groups,
+            rtt_us: d.rtt_us,
+            memory_total: None,
+            memory_free: None,
+        }
+    }
+
+    pub(super) fn status_from(r: &StatusReport) -> Status {
+        Status {
+            server: r.server.clone(),
+            config_path: r.config_path.clone(),
+            config_error: r.config_error.clone(),
+            window_us: r.window_us,
+            uptime_us: r.uptime_us,
+            groups: r.groups.iter().map(group_from).collect(),
+            devices: r.devices.iter().map(device_from).collect(),
+            clients: r
+                .clients
+                .iter()
+                .map(|c| Client {
+                    id: c.id,
+                    pid: c.pid,
+                    role: c.role,
+                    group: c.group.clone(),
+                    job: c.job.clone(),
+                    user: c.user.clone(),
+                    command: c.command.clone(),
+                    devices: c.devices.clone(),
+                    protocol: c.protocol,
+                    build: c.build.clone(),
+                })
+                .collect(),
+            reservations: r.reservations.clone(),
+            queue: r.queue.clone(),
+            driver_limits: r.driver_limits,
+            refused: r.refused.clone(),
+            protocol: r.protocol,
+        }
+    }
+
+    pub(super) fn status_into(s: Status) -> StatusReport {
+        StatusReport {
+            server: s.server,
+            config_path: s.config_path,
+            config_error: s.config_error,
+            window_us: s.window_us,
+            uptime_us: s.uptime_us,
+            groups: s.groups.into_iter().map(group_into).collect(),
+            devices: s.devices.into_iter().map(device_into).collect(),
+            clients: s
+                .clients
+                .into_iter()
+                .map(|c| ClientStatus {
+                    id: c.id,
+                    pid: c.pid,
+                    role: c.role,
+                    group: c.group,
+                    job: c.job,
+                    user: c.user,
+                    command: c.command,
+                    devices: c.devices,
+                    protocol: c.protocol,
+                    build: c.build,
+                    waiting: Vec::new(),
+                    memory: Vec::new(),
+                    gpu_us: 0,
+                })
+                .collect(),
+            reservations: s.reservations,
+            queue: s.queue,
+            driver_limits: s.driver_limits,
+            refused: s.refused,
+            protocol: s.protocol,
         }
     }
 }
@@ -180,6 +364,9 @@ pub(crate) fn encode_reply(version: u16, seq: u32, reply: &Reply) -> Vec<u8> {
         Reply::Status(r) if version == 14 => {
             changed(header(version), seq, STATUS, &v14::status_from(r))
         }
+        Reply::Status(r) if version == 15 => {
+            changed(header(version), seq, STATUS, &v15::status_from(r))
+        }
         _ => crate::codec::encode_as(version, seq, reply),
     }
 }
@@ -220,6 +407,10 @@ pub(crate) fn decode_reply(version: u16, body: &[u8]) -> Result<(u32, Reply), Co
     if version == 14 && variant == STATUS {
         let s: v14::Status = take_all(fields)?;
         return Ok((seq, Reply::Status(Box::new(v14::status_into(s)))));
+    }
+    if version == 15 && variant == STATUS {
+        let s: v15::Status = take_all(fields)?;
+        return Ok((seq, Reply::Status(Box::new(v15::status_into(s)))));
     }
     crate::codec::decode_current(body)
 }

@@ -298,6 +298,13 @@ pub enum Request {
         /// As in [`Request::AcquireToken`].
         rtt_us: u32,
     },
+    /// Why a token asked for on `device` has not come: asked by a hook
+    /// whose token request has waited a while (protocol 16). Reply:
+    /// [`Reply::WaitReason`].
+    WaitReason {
+        /// The device.
+        device: DeviceId,
+    },
 }
 
 /// Scheduler → client.
@@ -386,6 +393,25 @@ pub enum Reply {
         /// Indices, by the request's order.
         devices: Vec<Option<DeviceId>>,
     },
+    /// Answer to [`Request::WaitReason`].
+    WaitReason {
+        /// The device is reserved for another group, which the asker's
+        /// group waits for (`None`: not that).
+        reserved: Option<ReservedFor>,
+    },
+}
+
+/// A reservation another group holds of a device, as a waiting program is
+/// told of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservedFor {
+    /// The group it is for.
+    pub group: String,
+    /// Its user (empty where unknown).
+    pub user: String,
+    /// How long it has left, in microseconds (`None`: until its program
+    /// ends).
+    pub left_us: Option<u64>,
 }
 
 /// Which GPUs a launch wants.
@@ -601,6 +627,10 @@ pub struct GroupStatus {
     /// cgroup; empty where the hook alone caps the group's memory.
     #[serde(default)]
     pub driver_memory: Vec<DriverMemory>,
+    /// Its latency class (`Latency=`): `normal` or `critical` (protocol
+    /// 16; empty from an older scheduler).
+    #[serde(default)]
+    pub latency: String,
 }
 
 /// A device memory limit the driver enforces for one cgroup of a group on
@@ -630,8 +660,9 @@ pub struct DeviceStatus {
     /// the window began later (µs).
     #[serde(default)]
     pub span_us: u64,
-    /// Client holding the token now.
-    pub holder: Option<ClientId>,
+    /// The connection holding the device's token now (a program's, or
+    /// gem-holder's).
+    pub token_client: Option<ClientId>,
     /// Clients waiting for the token.
     pub waiting: u32,
     /// Per-group figures on this device.
@@ -640,6 +671,13 @@ pub struct DeviceStatus {
     /// reported yet): the leads that hide it are derived from it.
     #[serde(default)]
     pub rtt_us: u64,
+    /// The device's memory, bytes, as NVML gives it (protocol 16; `None`
+    /// where gem-schd has no NVML).
+    #[serde(default)]
+    pub memory_total: Option<u64>,
+    /// Of it, what no process holds now, bytes, as NVML gives it.
+    #[serde(default)]
+    pub memory_free: Option<u64>,
 }
 
 /// One group on one device.
@@ -701,4 +739,14 @@ pub struct ClientStatus {
     /// which did not say, the release that spoke it).
     #[serde(default)]
     pub build: String,
+    /// The devices whose token it waits for now (protocol 16).
+    #[serde(default)]
+    pub waiting: Vec<DeviceId>,
+    /// The memory it holds, per device (protocol 16).
+    #[serde(default)]
+    pub memory: Vec<HeldMemory>,
+    /// The device time it was charged since it said hello, all devices,
+    /// in microseconds (protocol 16).
+    #[serde(default)]
+    pub gpu_us: u64,
 }

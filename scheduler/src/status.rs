@@ -91,6 +91,121 @@ fn reservation(x: &gemini_protocol::ReservationStatus, what: &str) -> String {
     }
 }
 
+/// Who holds a device's token: `free`, `pid 42 (train)`, `gem-holder`.
+pub(crate) fn token_of(r: &StatusReport, client: Option<gemini_protocol::ClientId>) -> String {
+    let Some(id) = client else {
+        return "free".into();
+    };
+    match r.clients.iter().find(|c| c.id == id) {
+        Some(c) if c.role == gemini_protocol::Role::Holder => "gem-holder".into(),
+        Some(c) => format!("pid {} ({})", c.pid, c.group),
+        None => format!("connection {id}"),
+    }
+}
+
+/// One program: its connections (a hooked process's, and the control
+/// connection of the `gem-launch` it runs under, which has its pid) as
+/// one row.
+struct Program<'a> {
+    pid: u32,
+    user: &'a str,
+    group: &'a str,
+    devices: std::collections::BTreeSet<u32>,
+    memory: u64,
+    gpu_us: u64,
+    waiting: std::collections::BTreeSet<u32>,
+    token: std::collections::BTreeSet<u32>,
+    build: &'a str,
+    command: &'a str,
+    job: Option<&'a str>,
+}
+
+/// The report's programs (by pid, each once), and how many other
+/// connections there are (gem-holder, tools).
+fn program_rows(r: &StatusReport) -> (Vec<Program<'_>>, usize) {
+    use gemini_protocol::Role;
+    let mut rows: std::collections::BTreeMap<u32, Program<'_>> = Default::default();
+    for c in r.clients.iter().filter(|c| c.role == Role::Client) {
+        let p = rows.entry(c.pid).or_insert_with(|| Program {
+            pid: c.pid,
+            user: &c.user,
+            group: &c.group,
+            devices: Default::default(),
+            memory: 0,
+            gpu_us: 0,
+            waiting: Default::default(),
+            token: Default::default(),
+            build: &c.build,
+            command: &c.command,
+            job: c.job.as_deref(),
+        });
+        p.devices.extend(&c.devices);
+        p.memory += c.memory.iter().map(|m| m.bytes).sum::<u64>();
+        p.gpu_us += c.gpu_us;
+        p.waiting.extend(&c.waiting);
+        p.token.extend(
+            r.devices
+                .iter()
+                .filter(|d| d.token_client == Some(c.id))
+                .map(|d| d.device),
+        );
+    }
+    let others = r
+        .clients
+        .iter()
+        .filter(|c| c.role != Role::Client && !rows.contains_key(&c.pid))
+        .count();
+    (rows.into_values().collect(), others)
+}
+
+/// The programs' table.
+fn programs(s: &mut String, r: &StatusReport) {
+    let (rows, others) = program_rows(r);
+    let _ = writeln!(
+        s,
+        "\n{} program(s){}",
+        rows.len(),
+        match others {
+            0 => String::new(),
+            n => format!("; {n} other connection(s) (gem-holder, gem-launch, tools)"),
+        }
+    );
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "  {:<8} {:<12} {:<16} {:<6} {:>9} {:>9} {:<10} {:<8} COMMAND",
+        "PID", "USER", "GROUP", "GPUS", "MEMORY", "GPU TIME", "STATE", "VERSION"
+    );
+    for p in &rows {
+        let gpus: Vec<u32> = p.devices.iter().copied().collect();
+        // Waiting wins: a program that holds one GPU's token and waits
+        // for another's is held up.
+        let state = if let Some(d) = p.waiting.first() {
+            format!("waits {d}")
+        } else if let Some(d) = p.token.first() {
+            format!("runs {d}")
+        } else {
+            "-".to_string()
+        };
+        let _ = writeln!(
+            s,
+            "  {:<8} {:<12} {:<16} {:<6} {:>9} {:>9} {:<10} {:<8} {}{}",
+            p.pid,
+            if p.user.is_empty() { "-" } else { p.user },
+            if p.group.is_empty() { "-" } else { p.group },
+            format_gpus(&gpus),
+            format_size(p.memory),
+            seconds(p.gpu_us),
+            state,
+            if p.build.is_empty() { "-" } else { p.build },
+            if p.command.is_empty() { "-" } else { p.command },
+            p.job.map(|j| format!("  (job {j})")).unwrap_or_default()
+        );
+    }
+}
+
 /// Renders a report as tables for humans.
 pub fn render(r: &StatusReport) -> String {
     let mut s = String::new();
@@ -110,18 +225,23 @@ pub fn render(r: &StatusReport) -> String {
     }
     let _ = writeln!(
         s,
-        "\n{:<16} {:>7} {:>7} {:>12} {:>8}  GPUS",
-        "GROUP", "MIN", "MAX", "MEM LIMIT", "CLIENTS"
+        "\n{:<16} {:>7} {:>7} {:>12} {:>8} {:<8}  GPUS",
+        "GROUP", "MIN", "MAX", "MEM LIMIT", "CLIENTS", "LATENCY"
     );
     for g in &r.groups {
         let _ = writeln!(
             s,
-            "{:<16} {:>7} {:>7} {:>12} {:>8}  {}",
+            "{:<16} {:>7} {:>7} {:>12} {:>8} {:<8}  {}",
             g.name,
             pct(g.min_util),
             pct(g.max_util),
             format_size(g.memory_limit),
             g.clients,
+            if g.latency.is_empty() {
+                "-"
+            } else {
+                &g.latency
+            },
             gpus(g.devices.as_deref())
         );
     }
@@ -163,20 +283,25 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
         );
     }
     for d in &r.devices {
-        let holder = d
-            .holder
-            .map_or("free".to_string(), |c| format!("client {c}"));
         let _ = writeln!(
             s,
-            "\nDEVICE {}  busy {} over the last {}  token {}  waiting {}{}",
+            "\nDEVICE {}  busy {} over the last {}  token {}  waiting {}{}{}",
             d.device,
             pct(d.busy),
             seconds(d.span_us),
-            holder,
+            token_of(r, d.token_client),
             d.waiting,
             match d.rtt_us {
                 0 => String::new(),
                 us => format!("  round trip {us} µs"),
+            },
+            match (d.memory_free, d.memory_total) {
+                (Some(free), Some(total)) => format!(
+                    "  memory {} free of {}",
+                    format_size(free),
+                    format_size(total)
+                ),
+                _ => String::new(),
             }
         );
         for x in r
@@ -255,36 +380,7 @@ MemoryLimit is enforced by the hook (the driver has no per-cgroup limits)"
             }
         }
     }
-    let _ = writeln!(s, "\n{} client(s)", r.clients.len());
-    if !r.clients.is_empty() {
-        let _ = writeln!(
-            s,
-            "  {:<6} {:<8} {:<12} {:<8} {:<16} {:<6} {:<8} COMMAND",
-            "CLIENT", "PID", "USER", "ROLE", "GROUP", "GPUS", "VERSION"
-        );
-    }
-    for c in &r.clients {
-        let _ = writeln!(
-            s,
-            "  {:<6} {:<8} {:<12} {:<8} {:<16} {:<6} {:<8} {}{}",
-            c.id,
-            c.pid,
-            if c.user.is_empty() { "-" } else { &c.user },
-            format!("{:?}", c.role).to_lowercase(),
-            if c.group.is_empty() { "-" } else { &c.group },
-            format_gpus(&c.devices),
-            if c.build.is_empty() { "-" } else { &c.build },
-            if c.command.is_empty() {
-                "-"
-            } else {
-                &c.command
-            },
-            c.job
-                .as_deref()
-                .map(|j| format!("  (job {j})"))
-                .unwrap_or_default()
-        );
-    }
+    programs(&mut s, r);
     let older: Vec<String> = r
         .clients
         .iter()
@@ -340,6 +436,7 @@ pub(crate) mod tests {
             clients: 0,
             devices,
             driver_memory: vec![],
+            latency: "normal".into(),
         };
         let report = StatusReport {
             server: "test".into(),
@@ -394,6 +491,7 @@ pub(crate) mod tests {
                     limit: 1 << 30,
                     used: 256 << 20,
                 }],
+                latency: "normal".into(),
             }],
             devices,
             clients: vec![],
@@ -434,7 +532,9 @@ pub(crate) mod tests {
             busy: 0.0,
             span_us: 10_000_000,
             rtt_us: 150,
-            holder: None,
+            token_client: None,
+            memory_total: None,
+            memory_free: None,
             waiting: 0,
             groups: vec![],
         }];
@@ -486,7 +586,9 @@ pub(crate) mod tests {
             busy: 0.0,
             span_us: 10_000_000,
             rtt_us: 150,
-            holder: None,
+            token_client: None,
+            memory_total: None,
+            memory_free: None,
             waiting: 2,
             groups: vec![row("job"), row("notebook")],
         }];
@@ -497,6 +599,90 @@ pub(crate) mod tests {
             "{text}"
         );
         assert!(!text.contains("job waits:"), "{text}");
+    }
+
+    /// Each program is listed once, though it has two connections (its
+    /// hook's and the control connection of the gem-launch it runs
+    /// under): with its memory, its device time and what it does; the
+    /// device names who holds its token and its memory; a group's
+    /// latency class is shown.
+    #[test]
+    fn each_program_is_one_row_with_its_memory_time_and_state() {
+        use gemini_protocol::{ClientStatus, HeldMemory, Role};
+        let mut report = driver_limited_job(0, vec![]);
+        report.groups[0].latency = "critical".into();
+        let conn = |id: u64, pid: u32, role: Role| ClientStatus {
+            id,
+            pid,
+            role,
+            group: if role == Role::Client {
+                "job".into()
+            } else {
+                String::new()
+            },
+            job: None,
+            user: "alice".into(),
+            command: "python train.py".into(),
+            devices: vec![0],
+            protocol: gemini_protocol::PROTOCOL_VERSION,
+            build: "0.2.0".into(),
+            waiting: vec![],
+            memory: if role == Role::Client {
+                vec![HeldMemory {
+                    device: 0,
+                    bytes: 1 << 30,
+                }]
+            } else {
+                vec![]
+            },
+            gpu_us: if role == Role::Client { 12_500_000 } else { 0 },
+        };
+        let mut waiting = conn(4, 51, Role::Client);
+        waiting.waiting = vec![0];
+        report.clients = vec![
+            conn(1, 50, Role::Control),
+            conn(2, 50, Role::Client),
+            conn(3, 60, Role::Holder),
+            waiting,
+        ];
+        report.devices = vec![gemini_protocol::DeviceStatus {
+            device: 0,
+            busy: 0.5,
+            span_us: 10_000_000,
+            rtt_us: 0,
+            token_client: Some(2),
+            memory_total: Some(80 << 30),
+            memory_free: Some(60 << 30),
+            waiting: 1,
+            groups: vec![],
+        }];
+        let text = render(&report);
+        assert!(
+            text.contains(
+                "\n2 program(s); 1 other connection(s) (gem-holder, gem-launch, tools)\n"
+            ),
+            "{text}"
+        );
+        let row = |pid: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(pid))
+                .unwrap_or_else(|| panic!("no row of {pid}:\n{text}"))
+                .to_string()
+        };
+        assert_eq!(text.matches("python train.py").count(), 2, "{text}");
+        assert!(
+            row("50 ").contains("1.0 GiB") && row("50 ").contains("12 s"),
+            "{text}"
+        );
+        assert!(row("50 ").contains("runs 0"), "{text}");
+        assert!(row("51 ").contains("waits 0"), "{text}");
+        assert!(
+            text.contains("token pid 50 (job)")
+                && text.contains("memory 60.0 GiB free of 80.0 GiB"),
+            "{text}"
+        );
+        let group = text.lines().find(|l| l.starts_with("job ")).unwrap();
+        assert!(group.contains("critical"), "{text}");
     }
 
     /// The driver's limits are listed per group, GPU and cgroup, with the

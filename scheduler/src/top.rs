@@ -144,6 +144,7 @@ pub fn view(st: &StatusReport, history: &History, note: Option<&str>) -> Vec<Lin
         ));
     }
     let config: BTreeMap<&str, _> = st.groups.iter().map(|g| (g.name.as_str(), g)).collect();
+    let critical = |name: &str| config.get(name).is_some_and(|c| c.latency == "critical");
     if st.devices.is_empty() {
         lines.push(Line::raw(""));
         lines.push(Line::styled("no device has seen a request yet", dim));
@@ -153,12 +154,17 @@ pub fn view(st: &StatusReport, history: &History, note: Option<&str>) -> Vec<Lin
         lines.push(Line::from(vec![
             Span::styled(format!("GPU {}", d.device), bold),
             Span::raw(format!(
-                "  busy {} over {:.0} s  {}  waiting {}",
+                "  busy {} over {:.0} s  token: {}  waiting {}{}",
                 pct(d.busy),
                 d.span_us as f64 / 1e6,
-                d.holder
-                    .map_or("token free".to_string(), |c| format!("token: client {c}")),
-                d.waiting
+                crate::status::token_of(st, d.token_client),
+                d.waiting,
+                match (d.memory_free, d.memory_total) {
+                    (Some(free), Some(total)) => {
+                        format!("  free {}/{}", short_size(free), short_size(total))
+                    }
+                    _ => String::new(),
+                }
             )),
         ]));
         lines.push(Line::styled(
@@ -197,7 +203,15 @@ pub fn view(st: &StatusReport, history: &History, note: Option<&str>) -> Vec<Lin
             lines.push(Line::from(vec![
                 Span::raw("  "),
                 Span::styled(
-                    fit(&g.group, NAME_W),
+                    // A latency-critical group is marked (see the legend).
+                    fit(
+                        &if critical(g.group.as_str()) {
+                            format!("{}*", g.group)
+                        } else {
+                            g.group.clone()
+                        },
+                        NAME_W,
+                    ),
                     if holder {
                         Style::default().fg(Color::Blue)
                     } else {
@@ -253,13 +267,23 @@ pub fn view(st: &StatusReport, history: &History, note: Option<&str>) -> Vec<Lin
     lines.push(Line::raw(""));
     lines.push(Line::styled(
         format!(
-            "{} client(s); {} group(s){}",
-            st.clients.len(),
+            "{} program(s); {} group(s){}{}",
+            st.clients
+                .iter()
+                .filter(|c| c.role == gemini_protocol::Role::Client)
+                .map(|c| c.pid)
+                .collect::<std::collections::BTreeSet<u32>>()
+                .len(),
             st.groups.len(),
             if idle.is_empty() {
                 String::new()
             } else {
                 format!(", idle: {}", idle.join(", "))
+            },
+            if st.groups.iter().any(|g| g.latency == "critical") {
+                "; *: Latency=critical"
+            } else {
+                ""
             }
         ),
         dim,
@@ -361,7 +385,9 @@ mod tests {
                 busy: 0.5,
                 span_us: 10_000_000,
                 rtt_us: 150,
-                holder: None,
+                token_client: None,
+                memory_total: None,
+                memory_free: None,
                 waiting: 0,
                 groups: vec![GroupDeviceStatus {
                     short_of_min: false,

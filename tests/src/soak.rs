@@ -183,7 +183,11 @@ pub fn chaos(duration: Duration, seed: u64) -> ChaosReport {
             continue;
         };
         let held: u64 = memory_by_group(&s).values().sum();
-        let tokens = s.devices.iter().filter(|d| d.holder.is_some()).count();
+        let tokens = s
+            .devices
+            .iter()
+            .filter(|d| d.token_client.is_some())
+            .count();
         if s.clients.is_empty() && held == 0 && tokens == 0 {
             break;
         }

@@ -178,6 +178,8 @@ pub struct Daemon {
     /// The memory as last written to its state file, and when it was
     /// last looked at.
     saved_memory: Option<Vec<crate::policy::ProcessMemory>>,
+    /// What contexts took, as last written to their state file.
+    saved_contexts: Option<Vec<(u32, DeviceId, u64)>>,
     last_memory_save: Instant,
     reload_due: Option<Instant>,
     /// resource.conf itself had content at the last good load (groups may
@@ -199,6 +201,8 @@ pub struct Daemon {
     gpus: HashMap<String, DeviceId>,
     /// The machine's GPUs' memory, by index (for `MemoryLimit` warnings).
     gpu_memory: Vec<(DeviceId, u64)>,
+    /// NVML, for each GPU's free memory in the status (`None`: none).
+    nvml: Option<nvml_wrapper::Nvml>,
     /// Where the `MemoryLimit`s add up past a GPU, as last said.
     overcommit: Vec<String>,
     /// The driver's per-cgroup memory limits, where it has them.
@@ -444,6 +448,7 @@ impl Daemon {
             last_watch_check: Instant::now(),
             saved_reservations: None,
             saved_memory: None,
+            saved_contexts: None,
             last_memory_save: Instant::now(),
             refused: HashMap::new(),
             resolver: Resolver::start()?,
@@ -461,6 +466,10 @@ impl Daemon {
             last_metrics: Instant::now(),
             asked: HashMap::new(),
             gpu_memory,
+            nvml: nvml_wrapper::Nvml::builder()
+                .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
+                .init()
+                .ok(),
             overcommit,
             gpus: gpus.into_iter().map(|(i, uuid, _)| (uuid, i)).collect(),
             driver_limits,
@@ -537,6 +546,17 @@ impl Daemon {
         let mut report = self.policy.status(self.now());
         report.config_error = self.config_error.clone();
         self.driver_limits.report(&mut report);
+        // Each GPU's memory, as the driver counts it (every process's,
+        // gemini's or not). A status is paced per user: a few NVML calls
+        // each.
+        if let Some(nvml) = &self.nvml {
+            for d in &mut report.devices {
+                if let Ok(m) = nvml.device_by_index(d.device).and_then(|h| h.memory_info()) {
+                    d.memory_total = Some(m.total);
+                    d.memory_free = Some(m.free);
+                }
+            }
+        }
         report
     }
 
@@ -547,6 +567,7 @@ impl Daemon {
     /// Runs until shutdown is asked or a signal arrives.
     pub fn run(mut self) -> anyhow::Result<()> {
         self.restore_reservations();
+        self.restore_contexts();
         self.restore_memory();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.now();

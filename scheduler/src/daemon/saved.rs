@@ -88,6 +88,26 @@ pub(super) fn memory_path(ipc_dir: &Path) -> PathBuf {
     ipc_dir.join("memory.json")
 }
 
+/// The state file of what a context took, per user and GPU (`CONTEXTS` in
+/// the status, and what a new process reserves for its context): the
+/// processes reported it once, when their contexts were made, and do not
+/// again after a restart.
+pub(super) fn contexts_path(ipc_dir: &Path) -> PathBuf {
+    ipc_dir.join("contexts.json")
+}
+
+/// What a context took, as its state file keeps it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(super) struct SavedContext {
+    pub(super) uid: u32,
+    pub(super) device: u32,
+    pub(super) bytes: u64,
+}
+
+/// The most entries taken from the contexts' state file (one per user
+/// and GPU).
+const MAX_SAVED_CONTEXTS: usize = 65_536;
+
 /// Writes `value` as JSON to `path`, aside then renamed: never half a file.
 /// Readable by the daemon's user only (0600), or also by the `ipc_group`
 /// (0640, that group's): they name processes and users.
@@ -345,6 +365,46 @@ impl Daemon {
         match write_state(&path, &held, self.access) {
             Ok(()) => self.saved_memory = Some(now_held),
             Err(e) => warn!("cannot write {}: {e}", path.display()),
+        }
+        self.save_contexts();
+    }
+
+    /// Writes what contexts took to their state file, when it changed.
+    fn save_contexts(&mut self) {
+        let costs = self.policy.context_costs();
+        if self.saved_contexts.as_ref() == Some(&costs) {
+            return;
+        }
+        let saved: Vec<SavedContext> = costs
+            .iter()
+            .map(|&(uid, device, bytes)| SavedContext { uid, device, bytes })
+            .collect();
+        let path = contexts_path(&self.ipc_dir);
+        match write_state(&path, &saved, self.access) {
+            Ok(()) => self.saved_contexts = Some(costs),
+            Err(e) => warn!("cannot write {}: {e}", path.display()),
+        }
+    }
+
+    /// Takes back what contexts took under the previous daemon on this
+    /// directory: `CONTEXTS` is shown, and a new process reserves its
+    /// context's memory, at once after a restart, a crash included.
+    pub(super) fn restore_contexts(&mut self) {
+        let path = contexts_path(&self.ipc_dir);
+        let Ok(bytes) = std::fs::read(&path) else {
+            return;
+        };
+        match serde_json::from_slice::<Vec<SavedContext>>(&bytes) {
+            Ok(saved) => {
+                for c in saved.into_iter().take(MAX_SAVED_CONTEXTS) {
+                    self.policy.restore_context_cost(c.uid, c.device, c.bytes);
+                }
+                self.saved_contexts = Some(self.policy.context_costs());
+            }
+            Err(e) => warn!(
+                "{}: unreadable ({e}); no context sizes restored",
+                path.display()
+            ),
         }
     }
 

@@ -133,6 +133,26 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// What a context took, per user and device, as `(uid, device,
+    /// bytes)`, for the daemon's state file.
+    pub fn context_costs(&self) -> Vec<(u32, DeviceId, u64)> {
+        self.context_cost
+            .iter()
+            .map(|(&(uid, device), &bytes)| (uid, device, bytes))
+            .collect()
+    }
+
+    /// Takes back what a context of `uid` took on `device`, from the state
+    /// file of the daemon before this one.
+    pub fn restore_context_cost(&mut self, uid: u32, device: DeviceId, bytes: u64) {
+        if device < super::MAX_DEVICES {
+            let cost = self.context_cost.entry((uid, device)).or_default();
+            *cost = (*cost).max(bytes);
+        }
+    }
+}
+
 /// Whose reports of context sizes `client`'s are: its peer's uid (one
 /// bucket for the connections the transport could not name).
 pub(super) fn user_of(peers: &BTreeMap<ClientId, Peer>, client: ClientId) -> u32 {

@@ -234,6 +234,9 @@ impl Policy {
             | Request::ReleaseToken { .. }
             | Request::LateUsage { .. }
             | Request::Quieting { .. } => self.token_request(asker, req, now, out),
+            Request::WaitReason { device } => {
+                out.push(asker.reply(self.wait_reason(client, device, now)));
+            }
             Request::ReserveMemory { .. }
             | Request::ReleaseMemory { .. }
             | Request::NeedMemory { .. }

@@ -19,6 +19,7 @@ use super::{Action, GroupKey, Micros, Policy, error};
 use gemini_config::GroupConfig;
 use gemini_protocol::{
     ClientId, DeviceId, ErrorKind, GpuRequest, ManualReservation, Reply, ReservationStatus,
+    ReservedFor,
 };
 
 /// The longest reservation without a program: 30 days.
@@ -684,6 +685,41 @@ impl Policy {
             }),
         });
         Ok(())
+    }
+
+    /// The user of reservation `r`: its launch's peer's, or the one who
+    /// made it without a program.
+    fn reservation_user(&self, r: &Reservation) -> String {
+        r.manual.as_ref().map_or_else(
+            || {
+                self.peers
+                    .get(&r.client)
+                    .map(|p| p.user.clone())
+                    .unwrap_or_default()
+            },
+            |m| m.user.clone(),
+        )
+    }
+
+    /// Why `client` waits for `device`'s token, as far as a reservation
+    /// says: the device is reserved for another group
+    /// ([`Request::WaitReason`](gemini_protocol::Request::WaitReason)).
+    pub(super) fn wait_reason(&self, client: ClientId, device: DeviceId, now: Micros) -> Reply {
+        let reserved = self.clients.get(&client).and_then(|c| {
+            if !kept_out(&reserved_for(&self.reservations, device), &c.group) {
+                return None;
+            }
+            let r = self
+                .reservations
+                .iter()
+                .find(|r| r.devices.contains(&device))?;
+            Some(ReservedFor {
+                group: r.group.clone(),
+                user: self.reservation_user(r),
+                left_us: r.manual.as_ref().map(|m| m.until.saturating_sub(now)),
+            })
+        });
+        Reply::WaitReason { reserved }
     }
 
     /// Reservations and queue for `gem-schd status`.

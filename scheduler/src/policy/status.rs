@@ -73,6 +73,7 @@ impl Policy {
                     .count() as u32,
                 devices: g.devices.clone(),
                 driver_memory: Vec::new(),
+                latency: g.latency.to_string(),
             })
             .collect();
         groups.sort_by(|a, b| a.name.cmp(&b.name));
@@ -159,6 +160,14 @@ impl Policy {
                 // The daemon knows each connection's version and build.
                 protocol: 0,
                 build: String::new(),
+                waiting: waits_on.get(&id).cloned().unwrap_or_default(),
+                memory: c
+                    .memory
+                    .iter()
+                    .filter(|(_, b)| **b > 0)
+                    .map(|(&device, &bytes)| gemini_protocol::HeldMemory { device, bytes })
+                    .collect(),
+                gpu_us: c.gpu_used.values().sum(),
             })
             .collect()
     }
@@ -221,10 +230,13 @@ impl Figures<'_> {
             device: id,
             busy: dev.busy.used(now, window) as f64 / span as f64,
             span_us: span,
-            holder: dev.token.as_ref().map(|t| t.client),
+            token_client: dev.token.as_ref().map(|t| t.client),
             waiting: dev.waiters.len() as u32,
             groups: rows,
             rtt_us: dev.rtt_ns / 1000,
+            // The daemon's, from NVML.
+            memory_total: None,
+            memory_free: None,
         }
     }
 
@@ -309,7 +321,7 @@ impl Figures<'_> {
             device: id,
             busy: 0.0,
             span_us: self.window,
-            holder: None,
+            token_client: None,
             waiting: 0,
             groups: memory_only_rows(
                 self.memory,
@@ -319,6 +331,8 @@ impl Figures<'_> {
                 |_| false,
             ),
             rtt_us: 0,
+            memory_total: None,
+            memory_free: None,
         }
     }
 }

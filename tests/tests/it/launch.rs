@@ -473,7 +473,7 @@ fn ipc_dir_in_the_settings_file_moves_every_part() {
     loop {
         let out = tool("gem-schd").arg("status").output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        if text.contains("\n1 client(s)") {
+        if text.contains("\n1 program(s)") {
             break;
         }
         assert!(
@@ -763,6 +763,7 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
         ],
     )
     .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
     .spawn()
     .unwrap();
     // Killed if an assertion fails: it would wait for ever otherwise.
@@ -814,7 +815,22 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
         "{json}"
     );
     assert_eq!(json["gpus"][0]["reserved"][0]["group"], "train", "{json}");
-    std::thread::sleep(Duration::from_millis(300));
+    // It is marked as waiting, and says for whom.
+    let notebook_row = mine.iter().find(|p| p["group"] == "notebook").unwrap();
+    assert_eq!(notebook_row["waiting"], serde_json::json!([0]), "{json}");
+    assert!(
+        notebook_row["waits_for"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("GPU 0 is reserved for group train (")),
+        "{json}"
+    );
+    assert!(
+        view.contains("WAITING") && view.contains("waits: GPU 0 is reserved for group train ("),
+        "{view}"
+    );
+    // Long enough for the program's hook to ask why it waits (it asks
+    // after a second), which it then says on its stderr.
+    std::thread::sleep(Duration::from_millis(1800));
     assert_eq!(
         g.sim.busy(0, t0, now_ns()).device,
         0,
@@ -840,6 +856,19 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
     assert!(
         g.sim.busy(0, t0, now_ns()).device > 0,
         "it ran once released"
+    );
+    // It said why it waited, once, on its stderr.
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(
+        err.matches("GPU 0 is reserved for group train of user ")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        err.contains("more; this program (group notebook) waits for it"),
+        "{err}"
     );
 }
 

@@ -37,7 +37,7 @@ fn a_lent_token_passes_to_the_owed_group_at_its_end_without_the_borrowers_report
     assert!(send(&mut p, 2, acquire_ran(50 * MS, end + 2 * MS), end + 2 * MS).is_empty());
     let st = p.status(end + 2 * MS);
     let dev = &st.devices[0];
-    assert_eq!(dev.holder, Some(1), "{dev:?}");
+    assert_eq!(dev.token_client, Some(1), "{dev:?}");
     // hi's work from its first launch, at its grant, to 12 ms later
     // began behind lo's overrun: charged from its end, 10 ms less the
     // lead, once.
@@ -408,7 +408,7 @@ fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
     );
     assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
     let st = p.status(22 * MS);
-    assert_eq!(st.devices[0].holder, Some(2));
+    assert_eq!(st.devices[0].token_client, Some(2));
     let hi = st.devices[0]
         .groups
         .iter()
