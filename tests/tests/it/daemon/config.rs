@@ -180,6 +180,12 @@ fn check_subcommand_validates_files() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
+    // Without a file: a usage line of what check needs alone (it named
+    // --ipc-dir and --settings, which check never reads).
+    let out = Command::new(schd_bin()).arg("check").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("Usage: gem-schd check <FILE>\n"), "{err}");
 }
 
 /// `gem-schd check` compares the groups' memory limits with the GPUs'
