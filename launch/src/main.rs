@@ -46,6 +46,8 @@ const EXIT_NO_GPU: i32 = 13;
 const EXIT_REFUSED: i32 = 14;
 /// `release`: no reservation of yours to give back.
 const EXIT_NOTHING_RESERVED: i32 = 15;
+/// This user may not use the scheduler's socket.
+const EXIT_DENIED: i32 = 16;
 /// The command could not be run.
 const EXIT_NOT_EXECUTABLE: i32 = 126;
 /// The command was not found.
@@ -61,6 +63,7 @@ const EXIT_HELP: &str = "Exit status:
   13   no GPU free (--nonblock), or none became free in time (--timeout)
   14   the scheduler refused the reservation as asked (more GPUs than there are, unknown GPU ids, a length out of range)
   15   release: no reservation of yours to give back
+  16   permission denied: you may not use the scheduler's socket (ipc_group in gemini.toml)
   126  the command is not executable
   127  the command was not found";
 
@@ -169,6 +172,16 @@ fn fail(code: i32, msg: impl std::fmt::Display) -> ! {
     std::process::exit(code)
 }
 
+/// Exits for a connection that failed: permission denied (16) apart
+/// from no scheduler answering (11).
+fn no_scheduler(e: ClientError) -> ! {
+    let code = match e {
+        gemini_client::ClientError::Denied(_) => EXIT_DENIED,
+        _ => EXIT_NO_SCHEDULER,
+    };
+    fail(code, e)
+}
+
 /// `libgemhook.so` next to this binary's install (`PREFIX/bin/../lib`),
 /// beside it (a build directory), or in the usual prefixes.
 fn find_hook() -> Option<PathBuf> {
@@ -254,7 +267,7 @@ fn main() {
             EXIT_NO_SCHEDULER,
             format!("unexpected answer from the scheduler: {other:?}"),
         ),
-        Err(e) => fail(EXIT_NO_SCHEDULER, e),
+        Err(e) => no_scheduler(e),
     };
 
     if let Some(Sub::Status { json }) = &args.sub {
@@ -397,7 +410,7 @@ fn registered(session: &mut Session) -> &mut Client {
             EXIT_NO_SCHEDULER,
             format!("the scheduler did not accept the connection: {refused:?}"),
         ),
-        Err(e) => fail(EXIT_NO_SCHEDULER, e),
+        Err(e) => no_scheduler(e),
     }
 }
 

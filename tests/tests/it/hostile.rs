@@ -220,6 +220,22 @@ fn a_hostile_tenant_takes_nothing_from_the_victims() {
         held(&g, st).iter().all(|&(c, d)| c > 0 && c == d) && memory(&g, st, "open").0 > 0
     });
     assert!(ready, "the workloads did not start:\n{}", logs(&g));
+    // A user outside the IPC group is told permission denied, with its
+    // own exit status, by every tool (not "no scheduler answers").
+    for (tool, args, code) in [
+        ("gem-launch", &["status"][..], 16),
+        ("gem-schd", &["status"][..], 5),
+    ] {
+        let mut c = g.sim.command(bin(tool));
+        c.env("GEMINI_IPC_DIR", g.ipc()).args(args);
+        let out = as_user(c, 65534, 65534).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(code) && err.to_lowercase().contains("permission"),
+            "{tool} as nobody: {:?} {err}",
+            out.status
+        );
+    }
     // Victim a reserves GPU 1 for an hour, as its own user.
     let mut r = g.sim.command(bin("gem-launch"));
     r.env("GEMINI_IPC_DIR", g.ipc()).args([
