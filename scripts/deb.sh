@@ -6,7 +6,8 @@
 #   /usr/bin/       gem-schd gem-holder gem-launch gem-slurm (stripped)
 #   /usr/lib/       libgemhook.so (+ .so.1), the LD_PRELOAD hook
 #   /usr/lib/systemd/system/  gem-schd.service, gem-holder.service
-#   /usr/share/doc/gemini/    README.md, CHANGELOG.md, docs/
+#   /usr/share/doc/gemini/    README.md, CHANGELOG.md, docs/, examples/
+#   /usr/share/man/man1/      a page per tool, from its --help (help2man)
 #   /usr/share/gemini/        prometheus/ (alert rules and their tests),
 #                             grafana/ (the dashboard)
 #   /etc/gemini/resource.conf the example, a conffile: an upgrade keeps
@@ -36,6 +37,25 @@ stage=$out/gemini_${version}_$arch
 rm -rf "$stage"
 mkdir -p "$stage"
 make -s install DESTDIR="$(cd "$stage" && pwd)" PREFIX=/usr RELEASE_DIR="$release" >/dev/null
+
+# A man page per tool, from its own --help and --version (help2man: the
+# pages say what the tools say, and cannot drift from them).
+if ! command -v help2man >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends help2man >/dev/null
+    else
+        echo "deb: help2man is missing (Debian: apt-get install help2man)" >&2; exit 1
+    fi
+fi
+mkdir -p "$stage/usr/share/man/man1"
+for b in gem-schd:"the gemini token scheduler: guaranteed shares of GPU time and memory caps per group" \
+    gem-holder:"gemini's holder: keeps idle GPUs occupied and hands them back at once" \
+    gem-launch:"run a program under gemini: group, GPUs, queue" \
+    gem-slurm:"gemini under Slurm: prolog, epilog and task prolog"; do
+    name=${b%%:*}
+    help2man --no-info --no-discard-stderr --section 1 --name "${b#*:}" \
+        "$stage/usr/bin/$name" | gzip -9n > "$stage/usr/share/man/man1/$name.1.gz"
+done
 
 # Depends: the packages that hold the shared libraries the binaries and
 # the hook load (glib, pcre2, libstdc++, libc), as this machine names them,

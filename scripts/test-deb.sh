@@ -47,7 +47,9 @@ for f in ./usr/bin/gem-schd ./usr/bin/gem-holder ./usr/bin/gem-launch ./usr/bin/
     ./usr/share/doc/gemini/copyright ./usr/share/doc/gemini/CHANGELOG.md \
     ./usr/share/gemini/prometheus/gemini-alerts.yml ./usr/share/gemini/prometheus/gemini-alerts.test.yml \
     ./usr/share/gemini/grafana/gemini-dashboard.json ./etc/gemini/resource.conf ./etc/gemini/gemini.toml \
-    ./usr/share/doc/gemini/examples/gemini.toml ./usr/share/doc/gemini/examples/resource.conf; do
+    ./usr/share/doc/gemini/examples/gemini.toml ./usr/share/doc/gemini/examples/resource.conf \
+    ./usr/share/man/man1/gem-schd.1.gz ./usr/share/man/man1/gem-holder.1.gz \
+    ./usr/share/man/man1/gem-launch.1.gz ./usr/share/man/man1/gem-slurm.1.gz; do
     grep -q " $f\( \|$\)" <<<"$contents" || fail "$f is not in the package"
 done
 awk '{print $2}' <<<"$contents" | grep -qv '^root/root$' && fail "files not owned by root"
@@ -71,6 +73,10 @@ wants=/etc/systemd/system/multi-user.target.wants/gem-schd.service
 if command -v deb-systemd-helper >/dev/null 2>&1; then
     [ -L "$wants" ] || fail "gem-schd.service is not enabled after installation"
 fi
+# The man pages say what --help says: gem-schd's lists its subcommands.
+man_schd=$(zcat /usr/share/man/man1/gem-schd.1.gz)
+grep -q '^\.TH GEM-SCHD "1"' <<<"$man_schd" && grep -q 'report' <<<"$man_schd" \
+    || fail "gem-schd.1 is not a man page of gem-schd's --help: $(head -5 <<<"$man_schd")"
 echo "test-deb: installed ok"
 
 # The operator's edit, then an upgrade: the same files at a higher version.
