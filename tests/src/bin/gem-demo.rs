@@ -75,7 +75,8 @@ fn main() {
     let conf_path = args.config;
     let secs = args.seconds;
     let long = format!("{secs}");
-    let short = format!("{}", secs * 0.4);
+    // Rounded: 3 s * 0.4 printed as 1.2000000000000002.
+    let short = format!("{}", (secs * 0.4 * 10.0).round() / 10.0);
     let ns = |s: f64| (s * 1e9) as u64;
     let fail = |msg: String| -> ! {
         eprintln!("gem-demo: {msg}");
@@ -119,7 +120,7 @@ fn main() {
     let busy = g.sim.busy(0, t0 + ns(secs / 5.0), t0 + ns(secs));
     println!(
         "   shares of device time over seconds {}-{secs}, from the simulator's busy log:",
-        secs / 5.0
+        (secs / 5.0 * 10.0).round() / 10.0
     );
     header();
     let want = entitlements(&[limits("train"), limits("notebook")]);

@@ -25,6 +25,50 @@ fn the_demo_runs_every_step() {
     for step in ["\n1. ", "\n2. ", "\n3. ", "\n4. "] {
         assert!(text.contains(step), "step{step}missing:\n{text}");
     }
+    // The README shows what the demo prints: the same steps, in order
+    // (their lengths masked: this run's are shorter), and the same
+    // sections of the status.
+    let readme = include_str!("../../../README.md");
+    let block = readme
+        .split("```text\n1. ")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .map(|b| format!("1. {b}"))
+        .expect("README.md shows the demo's output in a text block");
+    let shape = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| {
+                l.starts_with(|c: char| c.is_ascii_digit())
+                    || l.starts_with("GROUP")
+                    || l.starts_with("DEVICE")
+                    || l.contains("program(s)")
+            })
+            .map(|l| {
+                // The heading, with its figures masked.
+                let l = l.split("  busy").next().unwrap_or(l);
+                let mut masked = String::new();
+                for c in l.chars() {
+                    if c.is_ascii_digit() || (c == '.' && masked.ends_with('#')) {
+                        if !masked.ends_with('#') {
+                            masked.push('#');
+                        }
+                    } else {
+                        masked.push(c);
+                    }
+                }
+                masked.split_whitespace().collect::<Vec<_>>().join(" ")
+            })
+            .collect()
+    };
+    let printed = text
+        .split_once("\n1. ")
+        .map(|(_, t)| format!("1. {t}"))
+        .unwrap();
+    assert_eq!(
+        shape(&block),
+        shape(&printed),
+        "README.md's demo block is not what make demo prints:\n{printed}"
+    );
     // Every achieved share (the 4th column of a group's row) is positive.
     let steps = text.split("\n4. ").next().unwrap();
     let rows: Vec<f64> = steps
