@@ -17,7 +17,7 @@
 //! reserve_max_gpus = 4  # most GPUs one user may hold reserved at once (default: half the GPUs, at least 1)
 //! allow_unverified_peers = false  # serve peers whose credentials the kernel cannot give (tests only)
 //! accounting = "/var/lib/gemini/accounting.jsonl"  # the usage log `gem-schd report` reads ("off": none; default: $STATE_DIRECTORY, else beside the socket)
-//! accounting_max_size = "512MiB"  # the log and its rotated files together, at most
+//! accounting_max_size = "2GiB"  # the log and its rotated files together, at most
 //!
 //! [slurm]                # gem-slurm, the Slurm prolog, epilog and task prolog
 //! max_util = 1.0         # MaxUtil of a job's group (default 1: a job may use what others leave)
@@ -193,9 +193,36 @@ impl AccountingLog {
     }
 }
 
-/// Default `accounting_max_size`: 512 MiB (about a year of a busy
-/// 8-GPU machine's minutes, see docs/operation.md).
-pub const DEFAULT_ACCOUNTING_MAX_SIZE: u64 = 512 << 20;
+impl AccountingLog {
+    /// Where a reader (`gem-schd report`, from a shell without systemd's
+    /// `STATE_DIRECTORY`) looks for the log, in order: where the daemon
+    /// writes it by default under systemd and the package
+    /// (`/var/lib/gemini`), then beside the socket. `Off`: nowhere.
+    pub fn candidates(&self, ipc_dir: &Path) -> Vec<PathBuf> {
+        match self {
+            AccountingLog::Off => Vec::new(),
+            AccountingLog::At(p) => vec![p.clone()],
+            AccountingLog::Default => {
+                let mut v: Vec<PathBuf> = self.path(ipc_dir).into_iter().collect();
+                for p in [
+                    PathBuf::from("/var/lib/gemini/accounting.jsonl"),
+                    ipc_dir.join("accounting.jsonl"),
+                ] {
+                    if !v.contains(&p) {
+                        v.push(p);
+                    }
+                }
+                v
+            }
+        }
+    }
+}
+
+/// Default `accounting_max_size`: 2 GiB, half for the usage (a line of
+/// about 150 bytes a minute per group, GPU and user that ran: 55 days of
+/// 10 groups busy on all of 8 GPUs, half a year of 3 groups) and half for
+/// the events.
+pub const DEFAULT_ACCOUNTING_MAX_SIZE: u64 = 2 << 30;
 
 impl Default for Settings {
     fn default() -> Self {

@@ -122,7 +122,7 @@ pub fn view(st: &StatusReport, user: &str) -> UserView {
                     format!("GPU {d} is reserved for group {} ({})", x.group, x.user)
                 })
             }),
-            memory: c.memory.iter().map(|m| m.bytes).sum(),
+            memory: c.memory.iter().fold(0, |a, m| a.saturating_add(m.bytes)),
             gpu_us: c.gpu_us,
         })
         .collect();

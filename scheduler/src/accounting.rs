@@ -6,8 +6,8 @@
 //! few lines a minute), a reader needs nothing but a text editor or `jq`,
 //! a crash can lose at most the line being written (a torn last line is
 //! skipped), and rotation is a rename. A report reads every line of the
-//! log and its rotated files: at the default bound of 512 MiB, a few
-//! seconds, once.
+//! log and its rotated files, line by line: a full 2 GiB (the default
+//! bound) takes tens of seconds, once.
 //!
 //! Times are seconds since the Unix epoch; durations are seconds.
 
@@ -29,6 +29,18 @@ pub enum Record {
     Stop {
         /// When.
         at: f64,
+        /// When, on CLOCK_MONOTONIC (µs), of boot `boot`: where the gap
+        /// to the next gem-schd's start begins.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mono_us: Option<u64>,
+        /// `/proc/sys/kernel/random/boot_id`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        boot: Option<String>,
+        /// The programs that held a GPU's token then, as `[pid, GPU]`:
+        /// what they ran after the stop is taken from their first reports
+        /// to the next gem-schd.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        holders: Vec<[u32; 2]>,
     },
     /// Device time a group's programs used on a GPU over `[from, to)`, by
     /// one user: the ledger's charge, split among the group's users in
@@ -136,6 +148,27 @@ pub fn rotated(path: &Path, n: u32) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(format!(".{n}"));
     PathBuf::from(s)
+}
+
+/// The events file beside the usage file `path`: `accounting.jsonl` →
+/// `accounting.events.jsonl` (else `FILE.events`). Programs' and
+/// reservations' lines go there, so that no user starting programs
+/// without end can rotate the usage out.
+pub fn events_path(path: &Path) -> PathBuf {
+    let s = path.as_os_str().to_string_lossy();
+    match s.strip_suffix(".jsonl") {
+        Some(stem) => PathBuf::from(format!("{stem}.events.jsonl")),
+        None => PathBuf::from(format!("{s}.events")),
+    }
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`): CLOCK_MONOTONIC
+/// times compare only within one boot.
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// Seconds since the Unix epoch, now.

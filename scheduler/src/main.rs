@@ -461,14 +461,17 @@ fn report(ask: ReportArgs, settings: Option<&Path>, ipc_dir: &Path) -> anyhow::R
     use gemini_scheduler::usage_report as r;
     let log = match ask.log {
         Some(l) => l,
-        None => load_settings(settings, Overrides::default())?
-            .accounting
-            .path(ipc_dir)
-            .ok_or_else(|| {
-                anyhow::anyhow!(
+        None => {
+            let candidates = load_settings(settings, Overrides::default())?
+                .accounting
+                .candidates(ipc_dir);
+            let Some(first) = candidates.first().cloned() else {
+                anyhow::bail!(
                     "the settings say accounting = \"off\": there is no log to report on (or give --log FILE)"
-                )
-            })?,
+                );
+            };
+            candidates.into_iter().find(|p| p.exists()).unwrap_or(first)
+        }
     };
     let now = gemini_scheduler::accounting::unix_now();
     let since = r::parse_time(&ask.since, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?;
@@ -485,15 +488,14 @@ fn report(ask: ReportArgs, settings: Option<&Path>, ipc_dir: &Path) -> anyhow::R
     }
     let mut by = ask.by;
     by.dedup();
-    let (records, skipped) = r::read(&log)?;
+    let q = r::Query { since, until, by };
+    let (rows, skipped) = r::summarize_log(&log, &q)?;
     if skipped > 0 {
         eprintln!(
             "gem-schd report: {skipped} line(s) of {} could not be read (torn by a crash, or from a newer gemini) and were left out",
             log.display()
         );
     }
-    let q = r::Query { since, until, by };
-    let rows = r::summarize(&records, &q);
     let text = if ask.json {
         format!(
             "{}\n",

@@ -140,8 +140,13 @@ fn program_rows(r: &StatusReport) -> (Vec<Program<'_>>, usize) {
             job: c.job.as_deref(),
         });
         p.devices.extend(&c.devices);
-        p.memory += c.memory.iter().map(|m| m.bytes).sum::<u64>();
-        p.gpu_us += c.gpu_us;
+        // Saturating: a hello may claim up to u64::MAX where a group has
+        // no MemoryLimit.
+        p.memory = c
+            .memory
+            .iter()
+            .fold(p.memory, |a, m| a.saturating_add(m.bytes));
+        p.gpu_us = p.gpu_us.saturating_add(c.gpu_us);
         p.waiting.extend(&c.waiting);
         p.token.extend(
             r.devices

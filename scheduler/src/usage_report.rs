@@ -1,7 +1,7 @@
 //! `gem-schd report`: GPU time per group, user or GPU over a period, from
 //! the accounting log (see [`crate::accounting`]).
 
-use crate::accounting::{Record, files};
+use crate::accounting::{Record, events_path, files};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -70,47 +70,41 @@ pub struct Row {
     pub programs: usize,
 }
 
-/// The log's lines that can be read, and how many could not (a line torn
-/// by a crash, or written by a newer gemini).
-pub fn read(path: &Path) -> std::io::Result<(Vec<Record>, usize)> {
-    let all = files(path);
-    if all.is_empty() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!(
-                "{}: no accounting log there (gem-schd writes it where `accounting` in gemini.toml says; see docs/operation.md)",
-                path.display()
-            ),
-        ));
-    }
-    let (mut records, mut skipped) = (Vec::new(), 0);
-    for f in all {
-        let text = std::fs::read_to_string(&f)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", f.display())))?;
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            match serde_json::from_str::<Record>(line) {
-                Ok(r) => records.push(r),
-                Err(_) => skipped += 1,
-            }
-        }
-    }
-    Ok((records, skipped))
+/// A row's group, user and GPU, as the query tells rows apart.
+type RowKey = (Option<String>, Option<String>, Option<u32>);
+
+/// The rows of a query, summed line by line (a log of hundreds of MiB is
+/// never held whole).
+#[derive(Debug)]
+pub struct Summary<'q> {
+    q: &'q Query,
+    time: BTreeMap<RowKey, f64>,
+    programs: BTreeMap<RowKey, BTreeSet<(u32, String, String)>>,
 }
 
-/// The rows of `q` over `records`, most GPU time first. A usage line
-/// that straddles the period's bounds counts for the part inside it.
-pub fn summarize(records: &[Record], q: &Query) -> Vec<Row> {
-    type RowKey = (Option<String>, Option<String>, Option<u32>);
-    let key = |group: &str, user: &str, gpu: Option<u32>| -> RowKey {
+impl<'q> Summary<'q> {
+    /// An empty summary of `q`.
+    pub fn new(q: &'q Query) -> Summary<'q> {
+        Summary {
+            q,
+            time: BTreeMap::new(),
+            programs: BTreeMap::new(),
+        }
+    }
+
+    fn key(&self, group: &str, user: &str, gpu: Option<u32>) -> RowKey {
+        let by = &self.q.by;
         (
-            q.by.contains(&Key::Group).then(|| group.to_string()),
-            q.by.contains(&Key::User).then(|| user.to_string()),
-            if q.by.contains(&Key::Gpu) { gpu } else { None },
+            by.contains(&Key::Group).then(|| group.to_string()),
+            by.contains(&Key::User).then(|| user.to_string()),
+            if by.contains(&Key::Gpu) { gpu } else { None },
         )
-    };
-    let mut time: BTreeMap<RowKey, f64> = BTreeMap::new();
-    let mut programs: BTreeMap<RowKey, BTreeSet<(u32, String, String)>> = BTreeMap::new();
-    for r in records {
+    }
+
+    /// Adds one line. A usage line that straddles the period's bounds
+    /// counts for the part inside it.
+    pub fn add(&mut self, r: &Record) {
+        let q = self.q;
         match r {
             Record::Usage {
                 from,
@@ -129,8 +123,9 @@ pub fn summarize(records: &[Record], q: &Query) -> Vec<Row> {
                 } else {
                     0.0
                 };
-                if part > 0.0 {
-                    *time.entry(key(group, user, Some(*gpu))).or_default() += gpu_seconds * part;
+                if part > 0.0 && gpu_seconds.is_finite() {
+                    let k = self.key(group, user, Some(*gpu));
+                    *self.time.entry(k).or_default() += gpu_seconds * part;
                 }
             }
             Record::ProgramStart {
@@ -140,33 +135,86 @@ pub fn summarize(records: &[Record], q: &Query) -> Vec<Row> {
                 group,
                 ..
             } if (q.since..q.until).contains(at) && !q.by.contains(&Key::Gpu) => {
-                programs.entry(key(group, user, None)).or_default().insert((
-                    *pid,
-                    user.clone(),
-                    group.clone(),
-                ));
+                let k = self.key(group, user, None);
+                self.programs
+                    .entry(k)
+                    .or_default()
+                    .insert((*pid, user.clone(), group.clone()));
             }
             _ => {}
         }
     }
-    let keys: BTreeSet<RowKey> = time.keys().chain(programs.keys()).cloned().collect();
-    let mut rows: Vec<Row> = keys
-        .into_iter()
-        .map(|k| {
-            let s = time.get(&k).copied().unwrap_or(0.0);
-            let n = programs.get(&k).map_or(0, BTreeSet::len);
-            Row {
-                group: k.0,
-                user: k.1,
-                gpu: k.2,
-                gpu_seconds: s,
-                gpu_hours: s / 3600.0,
-                programs: n,
+
+    /// The rows, most GPU time first.
+    pub fn rows(self) -> Vec<Row> {
+        let keys: BTreeSet<RowKey> = self
+            .time
+            .keys()
+            .chain(self.programs.keys())
+            .cloned()
+            .collect();
+        let mut rows: Vec<Row> = keys
+            .into_iter()
+            .map(|k| {
+                let s = self.time.get(&k).copied().unwrap_or(0.0);
+                let n = self.programs.get(&k).map_or(0, BTreeSet::len);
+                Row {
+                    group: k.0,
+                    user: k.1,
+                    gpu: k.2,
+                    gpu_seconds: s,
+                    gpu_hours: s / 3600.0,
+                    programs: n,
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| b.gpu_seconds.total_cmp(&a.gpu_seconds));
+        rows
+    }
+}
+
+/// The rows of `q` over `records`, most GPU time first.
+pub fn summarize(records: &[Record], q: &Query) -> Vec<Row> {
+    let mut s = Summary::new(q);
+    for r in records {
+        s.add(r);
+    }
+    s.rows()
+}
+
+/// The rows of `q` over the log at `path` (its usage files and its
+/// events files, rotated ones included), read line by line, and how many
+/// lines could not be read (a line torn by a crash, or written by a newer
+/// gemini).
+pub fn summarize_log(path: &Path, q: &Query) -> std::io::Result<(Vec<Row>, usize)> {
+    use std::io::BufRead as _;
+    let usage = files(path);
+    if usage.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "{}: no accounting log there (gem-schd writes it where `accounting` in gemini.toml says; see docs/operation.md)",
+                path.display()
+            ),
+        ));
+    }
+    let mut summary = Summary::new(q);
+    let mut skipped = 0;
+    for f in usage.into_iter().chain(files(&events_path(path))) {
+        let file = std::fs::File::open(&f)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", f.display())))?;
+        for line in std::io::BufReader::new(file).split(b'\n') {
+            let line = line?;
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
             }
-        })
-        .collect();
-    rows.sort_by(|a, b| b.gpu_seconds.total_cmp(&a.gpu_seconds));
-    rows
+            match serde_json::from_slice::<Record>(&line) {
+                Ok(r) => summary.add(&r),
+                Err(_) => skipped += 1,
+            }
+        }
+    }
+    Ok((summary.rows(), skipped))
 }
 
 /// `secs` as `1h 02m 03s`, `2m 03.4s` or `3.45s`.
@@ -429,18 +477,22 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_line_is_skipped_and_counted() {
+    fn a_torn_line_is_skipped_and_counted_and_programs_come_from_the_events() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.jsonl");
-        let line = serde_json::to_string(&log()[0]).unwrap();
-        std::fs::write(&path, format!("{line}\n{{\"event\":\"usa")).unwrap();
-        let (records, skipped) = read(&path).unwrap();
-        assert_eq!((records.len(), skipped), (1, 1));
-        assert!(
-            read(&dir.path().join("none"))
-                .unwrap_err()
-                .to_string()
-                .contains("no accounting log")
+        let line = |r: &Record| serde_json::to_string(r).unwrap();
+        std::fs::write(&path, format!("{}\n{{\"event\":\"usa", line(&log()[0]))).unwrap();
+        std::fs::write(events_path(&path), format!("{}\n", line(&log()[3]))).unwrap();
+        let query = q(0.0, 200.0, &[Key::Group]);
+        let (rows, skipped) = summarize_log(&path, &query).unwrap();
+        assert_eq!(skipped, 1);
+        assert_eq!(
+            rows.iter()
+                .map(|r| (r.gpu_seconds, r.programs))
+                .collect::<Vec<_>>(),
+            [(30.0, 1)]
         );
+        let missing = summarize_log(&dir.path().join("none"), &query).unwrap_err();
+        assert!(missing.to_string().contains("no accounting log"));
     }
 }

@@ -1,8 +1,11 @@
 //! Appends the accounting log (see [`crate::accounting`]): each group's
-//! device time per GPU and user every [`EVERY`] and at the stop, the
-//! programs' starts and ends, the reservations' starts and ends.
+//! device time per GPU and user every [`EVERY`] and at the stop, in the
+//! usage file; the programs' and reservations' starts and ends in the
+//! events file beside it, at most [`EVENT_LINES_PER_USER`] a user each
+//! period: a user who starts programs or reservations without end can
+//! push events out, never the usage.
 
-use crate::accounting::{KEPT, Record, rotated, unix_now};
+use crate::accounting::{KEPT, Record, boot_id, events_path, rotated, unix_now};
 use crate::policy::{GroupCounters, Micros, Program};
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -19,19 +22,30 @@ pub(super) const EVERY: Duration = Duration::from_secs(60);
 /// the scheduler's clock), uid, pid.
 pub(super) type ReservationKey = (String, Vec<u32>, i64, Option<u32>, u32);
 
-/// Program lines (starts and ends) one user gets written per [`EVERY`]:
-/// a user who starts programs by the thousand (or connections that say
-/// hello and leave) cannot rotate everybody's history out of the log.
-/// The usage lines, from the ledger, are never left out.
-pub(super) const PROGRAM_LINES_PER_USER: u32 = 240;
+/// Event lines (programs' and reservations' starts and ends) one user
+/// gets written per [`EVERY`]: at about 130 bytes each, a user who starts
+/// programs by the thousand fills the events' half of the default 2 GiB
+/// in about three months, and the usage file not at all.
+pub(super) const EVENT_LINES_PER_USER: u32 = 60;
 
 /// A group's charge on a GPU as last written, and each user's claims
 /// (µs since gem-schd started).
 type Written = (Micros, BTreeMap<Option<u32>, Micros>);
 
+/// The old gem-schd's stop, as the gap after it is told: when (Unix s
+/// and, on this boot, CLOCK_MONOTONIC µs), and which programs held which
+/// GPU's token then, as `(pid, GPU)`.
+#[derive(Debug, Clone, PartialEq)]
+struct Gap {
+    at: f64,
+    mono_us: Micros,
+    holders: Vec<[u32; 2]>,
+}
+
 /// The log being appended to.
 pub(super) struct Accounting {
     path: PathBuf,
+    events: PathBuf,
     /// Bytes one file may take before it is rotated.
     file_max: u64,
     /// When the usage was last written (Unix s, and on the monotonic
@@ -48,19 +62,20 @@ pub(super) struct Accounting {
     reservations: Option<BTreeMap<ReservationKey, u64>>,
     /// The last write's error, said once until the log works again.
     failing: Option<String>,
-    /// When the gem-schd before this one stopped (Unix s), if it stopped
-    /// cleanly: what its programs ran from then to this one's start is
-    /// taken from their first reports (see [`Accounting::before_start`]).
-    gap_from: Option<f64>,
-    /// What programs reported of that gap, per (group, GPU, user) (µs),
-    /// until the first usage lines.
+    /// The gem-schd before this one, if it stopped cleanly on this boot:
+    /// what the programs that held its tokens ran from its stop to this
+    /// one's start is taken from their first reports (see
+    /// [`Accounting::before_start`]).
+    gap_from: Option<Gap>,
+    /// What they reported of that gap, per (group, GPU, user) (µs), until
+    /// the first usage lines.
     gap: BTreeMap<(String, u32, Option<u32>), Micros>,
-    /// Per GPU, what was taken of the gap so far (µs): never more than
-    /// the gap, whatever the reports say.
-    gap_taken: BTreeMap<u32, Micros>,
-    /// Program lines written per user since the period began, and those
-    /// left out ([`PROGRAM_LINES_PER_USER`]).
-    program_lines: BTreeMap<Option<u32>, u32>,
+    /// Per (pid, GPU) of a holder, what was taken of the gap (µs): never
+    /// more than the gap.
+    gap_taken: BTreeMap<[u32; 2], Micros>,
+    /// Event lines written per user since the period began, and those
+    /// left out ([`EVENT_LINES_PER_USER`]).
+    event_lines: BTreeMap<Option<u32>, u32>,
     left_out: u64,
 }
 
@@ -69,8 +84,10 @@ impl Accounting {
     pub(super) fn new(path: PathBuf, max_size: u64) -> Accounting {
         let gap_from = last_stop(&path);
         let mut a = Accounting {
+            events: events_path(&path),
             path,
-            file_max: (max_size / u64::from(KEPT + 1)).max(1),
+            // The usage and the events files, each with KEPT rotated ones.
+            file_max: (max_size / 2 / u64::from(KEPT + 1)).max(1),
             since: unix_now(),
             last_flush: Instant::now(),
             written: BTreeMap::new(),
@@ -80,7 +97,7 @@ impl Accounting {
             gap_from,
             gap: BTreeMap::new(),
             gap_taken: BTreeMap::new(),
-            program_lines: BTreeMap::new(),
+            event_lines: BTreeMap::new(),
             left_out: 0,
         };
         a.append(&[Record::Start {
@@ -91,19 +108,24 @@ impl Accounting {
     }
 
     /// Where the gap between the gem-schd before and this one starts, on
-    /// the monotonic clock (µs) whose `epoch_us` is this one's start: no
-    /// gap (`None`) after a crash, or once the first usage was written.
-    pub(super) fn gap_start(&self, epoch_us: Micros) -> Option<Micros> {
-        let from = self.gap_from?;
-        let before = ((self.since - from).max(0.0) * 1e6) as Micros;
-        Some(epoch_us.saturating_sub(before))
+    /// CLOCK_MONOTONIC (µs; this one started at `epoch_us`), if program
+    /// `pid` held `gpu`'s token at that stop: no gap after a crash, after
+    /// a reboot, for another program or GPU, or once the first usage was
+    /// written.
+    pub(super) fn gap_start(&self, pid: u32, gpu: u32, epoch_us: Micros) -> Option<Micros> {
+        let g = self.gap_from.as_ref()?;
+        (g.mono_us <= epoch_us && g.holders.contains(&[pid, gpu])).then_some(g.mono_us)
     }
 
-    /// Program `p` reported `us` µs of work on `gpu` in the gap before
-    /// this gem-schd started (after the one before stopped): neither
-    /// scheduler's ledger has it. Bounded per GPU by the gap's length.
+    /// Program `p` reported `us` µs of work on `gpu` (merged, clipped to
+    /// the gap) in the gap before this gem-schd started: neither
+    /// scheduler's ledger has it. Taken only from the programs that held
+    /// the GPU's token at the stop ([`Accounting::gap_start`]), each at
+    /// most the gap's length `gap_us`.
     pub(super) fn before_start(&mut self, p: &Program, gpu: u32, us: Micros, gap_us: Micros) {
-        let taken = self.gap_taken.entry(gpu).or_default();
+        let Some(taken) = self.gap_taken_of(p.pid, gpu) else {
+            return;
+        };
         let us = us.min(gap_us.saturating_sub(*taken));
         if us == 0 {
             return;
@@ -112,11 +134,21 @@ impl Accounting {
         *self.gap.entry((p.group.clone(), gpu, p.uid)).or_default() += us;
     }
 
-    /// Whether a program line of user `uid` may be written in this
-    /// period ([`PROGRAM_LINES_PER_USER`]).
-    fn program_line(&mut self, uid: Option<u32>) -> bool {
-        let n = self.program_lines.entry(uid).or_default();
-        if *n >= PROGRAM_LINES_PER_USER {
+    /// What holder `pid` took of `gpu`'s gap so far (`None`: it held no
+    /// token there).
+    fn gap_taken_of(&mut self, pid: u32, gpu: u32) -> Option<&mut Micros> {
+        let g = self.gap_from.as_ref()?;
+        if !g.holders.contains(&[pid, gpu]) {
+            return None;
+        }
+        Some(self.gap_taken.entry([pid, gpu]).or_default())
+    }
+
+    /// Whether an event line of user `uid` may be written in this period
+    /// ([`EVENT_LINES_PER_USER`]).
+    fn event_line(&mut self, uid: Option<u32>) -> bool {
+        let n = self.event_lines.entry(uid).or_default();
+        if *n >= EVENT_LINES_PER_USER {
             self.left_out += 1;
             return false;
         }
@@ -132,10 +164,10 @@ impl Accounting {
         {
             self.names.insert(uid, p.user.clone());
         }
-        if !self.program_line(p.uid) {
+        if !self.event_line(p.uid) {
             return;
         }
-        self.append(&[Record::ProgramStart {
+        self.append_events(&[Record::ProgramStart {
             at: unix_now(),
             pid: p.pid,
             uid: p.uid,
@@ -147,7 +179,7 @@ impl Accounting {
     /// Programs that ended.
     pub(super) fn programs_ended(&mut self, ended: &[Program]) {
         let at = unix_now();
-        let ended: Vec<&Program> = ended.iter().filter(|p| self.program_line(p.uid)).collect();
+        let ended: Vec<&Program> = ended.iter().filter(|p| self.event_line(p.uid)).collect();
         let lines: Vec<Record> = ended
             .iter()
             .map(|p| Record::ProgramEnd {
@@ -157,10 +189,15 @@ impl Accounting {
                 user: self.name(p.uid),
                 group: p.group.clone(),
                 gpus: p.gpu_us.iter().map(|&(d, _)| d).collect(),
-                gpu_seconds: p.gpu_us.iter().map(|&(_, t)| t).sum::<Micros>() as f64 / 1e6,
+                gpu_seconds: p
+                    .gpu_us
+                    .iter()
+                    .map(|&(_, t)| t)
+                    .fold(0, Micros::saturating_add) as f64
+                    / 1e6,
             })
             .collect();
-        self.append(&lines);
+        self.append_events(&lines);
     }
 
     /// The reservations now: those new and those gone since the last look
@@ -194,17 +231,23 @@ impl Accounting {
                 }
             }
         };
-        let mut lines: Vec<Record> = before
+        let changed: Vec<(bool, (&ReservationKey, &u64))> = before
             .iter()
             .filter(|(k, _)| !now.contains_key(k))
-            .map(|r| line(r, false))
+            .map(|r| (false, r))
+            .chain(
+                now.iter()
+                    .filter(|(k, _)| !before.contains_key(k))
+                    .map(|r| (true, r)),
+            )
             .collect();
-        lines.extend(
-            now.iter()
-                .filter(|(k, _)| !before.contains_key(k))
-                .map(|r| line(r, true)),
-        );
-        self.append(&lines);
+        let mut lines = Vec::new();
+        for (made, r) in changed {
+            if self.event_line(r.0.3) {
+                lines.push(line(r, made));
+            }
+        }
+        self.append_events(&lines);
     }
 
     /// [`EVERY`] has passed since the usage was last written.
@@ -224,20 +267,32 @@ impl Accounting {
         self.append(&lines);
         self.since = to;
         self.last_flush = Instant::now();
-        self.program_lines.clear();
+        self.event_lines.clear();
         if self.left_out > 0 {
             warn!(
-                "accounting log: {} program start or end line(s) left out in the last period (over {PROGRAM_LINES_PER_USER} a user); the usage lines hold all GPU time",
+                "accounting log: {} program or reservation line(s) left out in the last period (over {EVENT_LINES_PER_USER} a user); the usage lines hold all GPU time",
                 self.left_out
             );
             self.left_out = 0;
         }
     }
 
-    /// gem-schd stops: the usage until now, and the stop.
-    pub(super) fn stop(&mut self, counters: &[GroupCounters]) {
+    /// gem-schd stops: the usage until now, and the stop with the
+    /// programs holding tokens (`holders`, as `(pid, GPU)`), at `mono_us`
+    /// on CLOCK_MONOTONIC.
+    pub(super) fn stop(
+        &mut self,
+        counters: &[GroupCounters],
+        holders: Vec<[u32; 2]>,
+        mono_us: Micros,
+    ) {
         self.usage(counters, true);
-        self.append(&[Record::Stop { at: unix_now() }]);
+        self.append(&[Record::Stop {
+            at: unix_now(),
+            mono_us: Some(mono_us),
+            boot: boot_id(),
+            holders,
+        }]);
     }
 
     /// The usage lines over `[from, to)`: each group's charge since the
@@ -289,9 +344,10 @@ impl Accounting {
 
     /// The usage of the gap before this gem-schd's start, once.
     fn gap_lines(&mut self) -> Vec<Record> {
-        let Some(from) = self.gap_from.take() else {
+        let Some(g) = self.gap_from.take() else {
             return Vec::new();
         };
+        let from = g.at;
         let gap = std::mem::take(&mut self.gap);
         gap.into_iter()
             .map(|((group, gpu, uid), us)| Record::Usage {
@@ -314,10 +370,22 @@ impl Accounting {
         }
     }
 
-    /// Appends `lines`, rotating the file first where it is full. A
+    /// Appends `lines` to the usage file.
+    fn append(&mut self, lines: &[Record]) {
+        let path = self.path.clone();
+        self.append_to(&path, lines);
+    }
+
+    /// Appends `lines` to the events file.
+    fn append_events(&mut self, lines: &[Record]) {
+        let path = self.events.clone();
+        self.append_to(&path, lines);
+    }
+
+    /// Appends `lines` to `path`, rotating it first where it is full. A
     /// failure is said once (until the log works again) and loses those
     /// lines, never the daemon.
-    fn append(&mut self, lines: &[Record]) {
+    fn append_to(&mut self, path: &std::path::Path, lines: &[Record]) {
         if lines.is_empty() {
             return;
         }
@@ -328,14 +396,14 @@ impl Accounting {
                 text.push('\n');
             }
         }
-        match self.write(text.as_bytes()) {
+        match self.write(path, text.as_bytes()) {
             Ok(()) => self.failing = None,
             Err(e) => {
                 let e = e.to_string();
                 if self.failing.as_ref() != Some(&e) {
                     warn!(
                         "accounting log {}: {e}; its lines are lost until it can be written",
-                        self.path.display()
+                        path.display()
                     );
                     self.failing = Some(e);
                 }
@@ -343,49 +411,61 @@ impl Accounting {
         }
     }
 
-    fn write(&self, bytes: &[u8]) -> std::io::Result<()> {
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+    fn write(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
-        let size = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        let size = std::fs::symlink_metadata(path).map_or(0, |m| m.len());
         if size > 0 && size + bytes.len() as u64 > self.file_max {
-            self.rotate()?;
+            rotate(path)?;
         }
+        // Never through a symbolic link someone put in its place.
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o640)
-            .open(&self.path)?;
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)?;
         // One write of whole lines: a reader never sees half of one unless
         // the disk fills.
         f.write_all(bytes)
     }
-
-    /// `FILE.6` → `FILE.7` … `FILE` → `FILE.1` (the oldest dropped).
-    fn rotate(&self) -> std::io::Result<()> {
-        for n in (1..KEPT).rev() {
-            let from = rotated(&self.path, n);
-            if from.exists() {
-                std::fs::rename(&from, rotated(&self.path, n + 1))?;
-            }
-        }
-        std::fs::rename(&self.path, rotated(&self.path, 1))
-    }
 }
 
-/// When the gem-schd that last wrote to `path` stopped (Unix s): its
-/// last line, if that is a stop (a crash leaves none).
-fn last_stop(path: &std::path::Path) -> Option<f64> {
+/// `FILE.6` → `FILE.7` … `FILE` → `FILE.1` (the oldest dropped).
+fn rotate(path: &std::path::Path) -> std::io::Result<()> {
+    for n in (1..KEPT).rev() {
+        let from = rotated(path, n);
+        if from.exists() {
+            std::fs::rename(&from, rotated(path, n + 1))?;
+        }
+    }
+    std::fs::rename(path, rotated(path, 1))
+}
+
+/// The stop of the gem-schd that last wrote to `path`: its last line, if
+/// that is a stop (a crash leaves none) made on this boot.
+fn last_stop(path: &std::path::Path) -> Option<Gap> {
     use std::io::{Read as _, Seek as _};
     let mut f = std::fs::File::open(path).ok()?;
     let len = f.metadata().ok()?.len();
-    f.seek(std::io::SeekFrom::Start(len.saturating_sub(4096)))
+    f.seek(std::io::SeekFrom::Start(len.saturating_sub(8192)))
         .ok()?;
-    let mut tail = String::new();
-    f.read_to_string(&mut tail).ok()?;
+    let mut tail = Vec::new();
+    f.read_to_end(&mut tail).ok()?;
+    let tail = String::from_utf8_lossy(&tail);
     let last = tail.lines().rev().find(|l| !l.trim().is_empty())?;
     match serde_json::from_str(last).ok()? {
-        Record::Stop { at } => Some(at),
+        Record::Stop {
+            at,
+            mono_us: Some(mono_us),
+            boot: Some(boot),
+            holders,
+        } if Some(&boot) == boot_id().as_ref() => Some(Gap {
+            at,
+            mono_us,
+            holders,
+        }),
         _ => None,
     }
 }
@@ -480,30 +560,42 @@ mod tests {
     }
 
     #[test]
-    fn the_gap_after_a_clean_stop_is_taken_from_reports_at_most_its_length() {
+    fn the_gap_after_a_clean_stop_is_taken_from_its_token_holders_at_most_its_length() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
-        Accounting::new(path.clone(), 1 << 30).stop(&[]);
+        // Program 7 held GPU 0's token at the stop, at 900 ms.
+        Accounting::new(path.clone(), 1 << 30).stop(&[], vec![[7, 0]], 900_000);
         let mut a = Accounting::new(path.clone(), 1 << 30);
-        let start = a.gap_start(1_000_000_000).expect("stopped cleanly: a gap");
-        assert!(start <= 1_000_000_000);
-        let p = Program {
+        assert_eq!(a.gap_start(7, 0, 1_000_000), Some(900_000));
+        assert_eq!(a.gap_start(7, 1, 1_000_000), None, "another GPU");
+        assert_eq!(a.gap_start(8, 0, 1_000_000), None, "another program");
+        let p = |pid| Program {
             client: 1,
-            pid: 7,
+            pid,
             uid: Some(1),
             user: "alice".into(),
             group: "g".into(),
             gpu_us: vec![],
         };
-        // Reports of 30 ms then 80 ms in a gap of 100 ms: 100 ms taken.
-        a.before_start(&p, 0, 30_000, 100_000);
-        a.before_start(&p, 0, 80_000, 100_000);
+        // Reports of 30 ms then 80 ms in a gap of 100 ms: 100 ms taken;
+        // another program's report of the gap, none.
+        a.before_start(&p(7), 0, 30_000, 100_000);
+        a.before_start(&p(7), 0, 80_000, 100_000);
+        a.before_start(&p(8), 0, 80_000, 100_000);
         a.usage(&[], true);
         assert_eq!(usage(&read(&path)), [(Some(1), 0.1)]);
-        assert_eq!(a.gap_start(1_000_000_000), None, "the gap is written once");
+        assert_eq!(
+            a.gap_start(7, 0, 1_000_000),
+            None,
+            "the gap is written once"
+        );
         // After a crash (no stop last), no gap.
         drop(a);
-        assert!(Accounting::new(path, 1 << 30).gap_start(1).is_none());
+        assert!(
+            Accounting::new(path, 1 << 30)
+                .gap_start(7, 0, 1_000_000)
+                .is_none()
+        );
     }
 
     #[test]
@@ -513,7 +605,11 @@ mod tests {
         let mut a = Accounting::new(path.clone(), 1 << 30);
         a.usage(&[counters("g", 1_000_000, &[(Some(1), 1_000_000)])], false);
         assert!(usage(&read(&path)).is_empty());
-        a.stop(&[counters("g", 1_000_000, &[(Some(1), 1_000_000)])]);
+        a.stop(
+            &[counters("g", 1_000_000, &[(Some(1), 1_000_000)])],
+            vec![],
+            0,
+        );
         let r = read(&path);
         assert_eq!(usage(&r), [(Some(1), 1.0)]);
         assert!(matches!(r.last(), Some(Record::Stop { .. })));
@@ -523,7 +619,7 @@ mod tests {
     fn a_full_file_is_rotated_and_the_oldest_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
-        // 8 files of 1 KiB at most.
+        // The events' 8 files of 512 bytes at most (half of 8 KiB).
         let mut a = Accounting::new(path.clone(), 8 << 10);
         let p = Program {
             client: 1,
@@ -533,21 +629,23 @@ mod tests {
             group: "g".into(),
             gpu_us: vec![(0, 5)],
         };
-        for _ in 0..400 {
+        for _ in 0..EVENT_LINES_PER_USER {
             a.programs_ended(std::slice::from_ref(&p));
         }
-        let files = crate::accounting::files(&path);
+        let files = crate::accounting::files(&events_path(&path));
         assert_eq!(files.len(), KEPT as usize + 1, "{files:?}");
         for f in &files {
             let len = std::fs::metadata(f).unwrap().len();
-            assert!(len <= 1 << 10, "{} is {len} bytes", f.display());
+            assert!(len <= 512, "{} is {len} bytes", f.display());
             // Whole lines only.
             assert!(!read(f).is_empty());
         }
+        // The usage file is another: it holds its start line still.
+        assert!(matches!(read(&path)[..], [Record::Start { .. }]));
     }
 
     #[test]
-    fn a_user_gets_a_bounded_number_of_program_lines_a_period() {
+    fn a_user_gets_a_bounded_number_of_event_lines_a_period() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let mut a = Accounting::new(path.clone(), 1 << 30);
@@ -559,21 +657,28 @@ mod tests {
             group: "g".into(),
             gpu_us: vec![],
         };
+        a.reservations(BTreeMap::new());
         for _ in 0..1000 {
             a.program_start(&p(1));
         }
         a.program_start(&p(2));
-        let lines = || {
-            read(&path)
-                .iter()
-                .filter(|r| matches!(r, Record::ProgramStart { .. }))
-                .count()
+        // Reservations count against the same budget.
+        let reserved = |uid: u32| -> BTreeMap<ReservationKey, u64> {
+            [(("g".to_string(), vec![0], 1, Some(uid), 0), 1)].into()
         };
-        assert_eq!(lines(), PROGRAM_LINES_PER_USER as usize + 1);
+        a.reservations(reserved(1));
+        a.reservations(reserved(2));
+        let events = || read(&events_path(&path));
+        let count = |f: &dyn Fn(&Record) -> bool| events().iter().filter(|r| f(r)).count();
+        let starts = |r: &Record| matches!(r, Record::ProgramStart { .. });
+        assert_eq!(count(&starts), EVENT_LINES_PER_USER as usize + 1);
+        let of = |uid| move |r: &Record| matches!(r, Record::Reserve { uid: u, .. } | Record::Release { uid: u, .. } if *u == Some(uid));
+        // (1 made one, left out; it went as 2 made one: left out too.)
+        assert_eq!((count(&of(1)), count(&of(2))), (0, 1), "{:?}", events());
         // The next period, again.
         a.usage(&[], true);
         a.program_start(&p(1));
-        assert_eq!(lines(), PROGRAM_LINES_PER_USER as usize + 2);
+        assert_eq!(count(&starts), EVENT_LINES_PER_USER as usize + 2);
     }
 
     #[test]
@@ -588,7 +693,7 @@ mod tests {
         // a new one.
         a.reservations([(r1.clone(), 11), (r2.clone(), 20)].into());
         a.reservations([(r2, 20)].into());
-        let events: Vec<String> = read(&path)
+        let events: Vec<String> = read(&events_path(&path))
             .iter()
             .map(|r| match r {
                 Record::Reserve { group, .. } => format!("+{group}"),

@@ -201,8 +201,10 @@ pub struct Daemon {
     gpus: HashMap<String, DeviceId>,
     /// The machine's GPUs' memory, by index (for `MemoryLimit` warnings).
     gpu_memory: Vec<(DeviceId, u64)>,
-    /// NVML, for each GPU's free memory in the status (`None`: none).
+    /// NVML, for each GPU's free memory in the status (`None`: none), and
+    /// what it last said, by GPU: `(total, free)`, and when.
     nvml: Option<nvml_wrapper::Nvml>,
+    gpu_memory_now: (HashMap<DeviceId, (u64, u64)>, Option<Instant>),
     /// Where the `MemoryLimit`s add up past a GPU, as last said.
     overcommit: Vec<String>,
     /// The driver's per-cgroup memory limits, where it has them.
@@ -470,6 +472,7 @@ impl Daemon {
                 .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
                 .init()
                 .ok(),
+            gpu_memory_now: (HashMap::new(), None),
             overcommit,
             gpus: gpus.into_iter().map(|(i, uuid, _)| (uuid, i)).collect(),
             driver_limits,
@@ -512,17 +515,29 @@ impl Daemon {
         let Some(a) = &mut self.accounting else {
             return;
         };
-        let Some(from) = a.gap_start(self.epoch_us) else {
+        let Some(p) = self.policy.program(client) else {
+            return;
+        };
+        let Some(from) = a.gap_start(p.pid, device, self.epoch_us) else {
             return;
         };
         let to = self.epoch_us;
-        let us: Micros = ran
+        // The spans clipped to the gap, merged: one said twice counts once.
+        let mut clipped: Vec<(Micros, Micros)> = ran
             .iter()
-            .map(|s| s.end_us.min(to).saturating_sub(s.start_us.max(from)))
-            .sum();
-        if us > 0
-            && let Some(p) = self.policy.program(client)
-        {
+            .map(|s| (s.start_us.max(from), s.end_us.min(to)))
+            .filter(|(b, e)| e > b)
+            .collect();
+        clipped.sort_unstable();
+        let (mut us, mut reach) = (0, from);
+        for (b, e) in clipped {
+            let b = b.max(reach);
+            if e > b {
+                us += e - b;
+                reach = e;
+            }
+        }
+        if us > 0 {
             a.before_start(&p, device, us, to - from);
         }
     }
@@ -547,14 +562,25 @@ impl Daemon {
         report.config_error = self.config_error.clone();
         self.driver_limits.report(&mut report);
         // Each GPU's memory, as the driver counts it (every process's,
-        // gemini's or not). A status is paced per user: a few NVML calls
-        // each.
-        if let Some(nvml) = &self.nvml {
-            for d in &mut report.devices {
+        // gemini's or not), asked of NVML at most once a second: an NVML
+        // call may wait behind other NVML users (DCGM, nvidia-smi), and
+        // statuses come by the hundred a second.
+        let (known, asked) = &mut self.gpu_memory_now;
+        if let Some(nvml) = &self.nvml
+            && asked.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            *asked = Some(Instant::now());
+            known.clear();
+            for d in &report.devices {
                 if let Ok(m) = nvml.device_by_index(d.device).and_then(|h| h.memory_info()) {
-                    d.memory_total = Some(m.total);
-                    d.memory_free = Some(m.free);
+                    known.insert(d.device, (m.total, m.free));
                 }
+            }
+        }
+        for d in &mut report.devices {
+            if let Some(&(total, free)) = known.get(&d.device) {
+                d.memory_total = Some(total);
+                d.memory_free = Some(free);
             }
         }
         report
@@ -669,9 +695,14 @@ impl Daemon {
         // only from its own start).
         let ended = self.policy.take_ended();
         if let Some(a) = &mut self.accounting {
+            let holders = self.policy.token_holders();
             self.policy.settle(now);
             a.programs_ended(&ended);
-            a.stop(&self.policy.counters(now));
+            a.stop(
+                &self.policy.counters(now),
+                holders,
+                now.saturating_add(self.epoch_us),
+            );
         }
         // Tell the holder to let go of everything, and give the message
         // time to leave before the socket closes.

@@ -341,6 +341,9 @@ impl Daemon {
         self.last_memory_save = Instant::now();
         // Compared before the process start times are read from /proc: a
         // scheduler of many processes reads them only when memory moved.
+        // What contexts took changes apart from the memory: its own file,
+        // its own check.
+        self.save_contexts();
         let mut now_held = self.policy.client_memory();
         now_held.sort_by_key(|m| m.0);
         if self.saved_memory.as_ref() == Some(&now_held) {
@@ -366,7 +369,6 @@ impl Daemon {
             Ok(()) => self.saved_memory = Some(now_held),
             Err(e) => warn!("cannot write {}: {e}", path.display()),
         }
-        self.save_contexts();
     }
 
     /// Writes what contexts took to their state file, when it changed.

@@ -802,6 +802,17 @@ impl Policy {
         self.end_reservations(client, now, out);
     }
 
+    /// The programs holding a device's token now, as `[pid, device]`.
+    pub fn token_holders(&self) -> Vec<[u32; 2]> {
+        self.devices
+            .iter()
+            .filter_map(|(&d, dev)| {
+                let c = self.clients.get(&dev.token.as_ref()?.client)?;
+                (c.role == Role::Client).then_some([c.pid, d])
+            })
+            .collect()
+    }
+
     /// The programs that ended since the last call, with the device time
     /// each was charged.
     pub fn take_ended(&mut self) -> Vec<Program> {

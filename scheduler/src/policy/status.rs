@@ -167,7 +167,7 @@ impl Policy {
                     .filter(|(_, b)| **b > 0)
                     .map(|(&device, &bytes)| gemini_protocol::HeldMemory { device, bytes })
                     .collect(),
-                gpu_us: c.gpu_used.values().sum(),
+                gpu_us: c.gpu_used.values().fold(0, |a, &t| a.saturating_add(t)),
             })
             .collect()
     }

@@ -828,9 +828,30 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
         view.contains("WAITING") && view.contains("waits: GPU 0 is reserved for group train ("),
         "{view}"
     );
-    // Long enough for the program's hook to ask why it waits (it asks
-    // after a second), which it then says on its stderr.
-    std::thread::sleep(Duration::from_millis(1800));
+    // The program's hook asks why it waits (after a second of waiting)
+    // and says it on its stderr: read as it comes, until it does.
+    let mut stderr = notebook.0.as_mut().unwrap().stderr.take().unwrap();
+    let (said_tx, said_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut err = String::new();
+        let mut buf = [0u8; 4096];
+        let mut told = false;
+        while let Ok(n) = std::io::Read::read(&mut stderr, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            err.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if !told && err.contains("waits for it") {
+                told = true;
+                let _ = said_tx.send(());
+            }
+        }
+        err
+    });
+    assert!(
+        said_rx.recv_timeout(Duration::from_secs(20)).is_ok(),
+        "the waiting program never said why it waits"
+    );
     assert_eq!(
         g.sim.busy(0, t0, now_ns()).device,
         0,
@@ -858,8 +879,7 @@ fn a_program_of_another_group_waits_on_a_reserved_gpu() {
         "it ran once released"
     );
     // It said why it waited, once, on its stderr.
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let err = reader.join().unwrap();
     assert_eq!(
         err.matches("GPU 0 is reserved for group train of user ")
             .count(),

@@ -70,7 +70,8 @@ fn report_gives_each_groups_gpu_time_as_the_device_ran_it_across_a_restart() {
     }
     // The log holds each scheduler's start and stop, and each program's
     // start (twice: once to each) and end.
-    let log = std::fs::read_to_string(g.ipc().join("accounting.jsonl")).unwrap();
+    let log = std::fs::read_to_string(g.ipc().join("accounting.jsonl")).unwrap()
+        + &std::fs::read_to_string(g.ipc().join("accounting.events.jsonl")).unwrap();
     let count = |event: &str| {
         log.lines()
             .filter(|l| l.contains(&format!("\"event\":\"{event}\"")))

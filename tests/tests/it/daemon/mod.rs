@@ -563,8 +563,14 @@ fn what_a_context_took_is_kept_across_a_restart_or_a_crash() {
         if how == "shutdown" {
             s.shutdown_scheduler();
         } else {
-            // The state files are brought up to date every second.
-            std::thread::sleep(Duration::from_millis(1500));
+            // The state files are brought up to date every second: once
+            // this one says it, the crash.
+            let path = s.ipc().join("contexts.json");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !std::fs::read_to_string(&path).is_ok_and(|t| t.contains("524288000")) {
+                assert!(Instant::now() < deadline, "contexts.json never written");
+                std::thread::sleep(Duration::from_millis(50));
+            }
             s.kill_scheduler();
         }
         s.start_scheduler();
