@@ -20,6 +20,10 @@ pub struct UserView {
     pub queue: Vec<QueueEntry>,
     /// The user's own programs.
     pub mine: Vec<Program>,
+    /// Whether the scheduler says which programs wait (protocol 16 and
+    /// newer): an older one's programs are shown neither running nor
+    /// waiting.
+    pub waits_known: bool,
 }
 
 /// One GPU.
@@ -169,6 +173,7 @@ pub fn view(st: &StatusReport, user: &str) -> UserView {
         gpus,
         queue,
         mine: programs.into_iter().filter(|p| p.user == user).collect(),
+        waits_known: st.protocol >= 16,
     }
 }
 
@@ -272,7 +277,9 @@ pub fn render(v: &UserView) -> String {
                 p.pid,
                 p.group,
                 format_gpus(&p.gpus),
-                if p.waiting.is_empty() {
+                if !v.waits_known {
+                    "-"
+                } else if p.waiting.is_empty() {
                     "running"
                 } else {
                     "WAITING"
@@ -422,5 +429,13 @@ mod tests {
         let v = view(&st, "alice");
         assert_eq!(v.mine[0].waits_for, None);
         assert!(render(&v).contains("WAITING  python train.py"));
+        // A scheduler of protocol 15 says nothing of waits: neither.
+        st.protocol = 15;
+        st.clients[0].waiting.clear();
+        let text = render(&view(&st, "alice"));
+        assert!(
+            text.contains("GPU 0      -        python train.py"),
+            "{text}"
+        );
     }
 }

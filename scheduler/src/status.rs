@@ -187,7 +187,11 @@ fn programs(s: &mut String, r: &StatusReport) {
         let gpus: Vec<u32> = p.devices.iter().copied().collect();
         // Waiting wins: a program that holds one GPU's token and waits
         // for another's is held up.
-        let state = if let Some(d) = p.waiting.first() {
+        // A scheduler of protocol 15 or older says neither.
+        let known = r.protocol >= 16;
+        let state = if !known {
+            "-".to_string()
+        } else if let Some(d) = p.waiting.first() {
             format!("waits {d}")
         } else if let Some(d) = p.token.first() {
             format!("runs {d}")
@@ -201,8 +205,12 @@ fn programs(s: &mut String, r: &StatusReport) {
             if p.user.is_empty() { "-" } else { p.user },
             if p.group.is_empty() { "-" } else { p.group },
             format_gpus(&gpus),
-            format_size(p.memory),
-            seconds(p.gpu_us),
+            if known {
+                format_size(p.memory)
+            } else {
+                "-".into()
+            },
+            if known { seconds(p.gpu_us) } else { "-".into() },
             state,
             if p.build.is_empty() { "-" } else { p.build },
             if p.command.is_empty() { "-" } else { p.command },
