@@ -613,10 +613,14 @@ impl Daemon {
                 .filter_map(|(&pid, w)| w.pidfd.as_ref().map(|fd| (pid, fd.as_raw_fd())))
                 .collect();
             let (sock_ready, resolved, dead) = {
-                let mut items = Vec::with_capacity(2 + pids.len());
+                let mut items = Vec::with_capacity(3 + pids.len());
                 items.push(self.sock.as_poll_item(zmq::POLLIN));
                 items.push(zmq::PollItem::from_fd(self.resolver.wake_fd(), zmq::POLLIN));
                 for &(_, fd) in &pids {
+                    items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
+                }
+                // resource.conf's watch, last (read in check_reload).
+                if let Some(fd) = self.watch.fd() {
                     items.push(zmq::PollItem::from_fd(fd, zmq::POLLIN));
                 }
                 // zmq_poll counts whole milliseconds. A deadline (a token's

@@ -7,23 +7,52 @@ use super::*;
 /// editor's save is several events.
 pub(super) const RELOAD_DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// A live watch of resource.conf: the watcher, its events, and the
-/// directories it watches with their identity when armed (a directory
+/// A live watch of resource.conf, read from the daemon's own loop (its
+/// inotify descriptor is among those the loop polls): the file's
+/// directory for its entries coming and going only, the file itself for
+/// its content, and the drop-in directory and a symbolic link's target
+/// directory for anything. A directory shared with busy files (a log
+/// written per kernel) wakes nobody: its files' writes are not asked for.
+/// The directories are kept with their identity when armed (a directory
 /// removed and made again, or renamed away, is a new inode the watch does
 /// not follow: it is armed again).
 pub(super) struct ConfigWatch {
-    pub(super) _watcher: Option<notify::RecommendedWatcher>,
-    pub(super) rx: mpsc::Receiver<()>,
+    inotify: Option<inotify::Inotify>,
+    /// The file's directory, the file, and the others (drop-ins, a link's
+    /// target directory).
+    parent: Option<inotify::WatchDescriptor>,
+    file: Option<inotify::WatchDescriptor>,
+    others: Vec<inotify::WatchDescriptor>,
     pub(super) dirs: Vec<(PathBuf, Option<(u64, u64)>)>,
     /// A watched directory itself was removed or renamed (the inode check
     /// alone misses a directory made again with its inode number reused).
-    pub(super) lost: Arc<AtomicBool>,
+    lost: bool,
     /// The file watched and what it was when the watch was made: the
     /// directory of its target if it was a symbolic link.
     pub(super) path: PathBuf,
     pub(super) target: Option<PathBuf>,
     /// Whether the drop-in directory existed, and is watched.
     pub(super) drop_ins: bool,
+}
+
+/// What is asked of the file's directory: its entries coming and going
+/// (the file saved by rename, made, removed; the drop-in directory made),
+/// and the directory itself going; not its files' writes.
+fn parent_mask() -> inotify::WatchMask {
+    use inotify::WatchMask as M;
+    M::CREATE | M::DELETE | M::MOVED_FROM | M::MOVED_TO | M::DELETE_SELF | M::MOVE_SELF | M::ONLYDIR
+}
+
+/// What is asked of the file: its content and its going.
+fn file_mask() -> inotify::WatchMask {
+    use inotify::WatchMask as M;
+    M::MODIFY | M::CLOSE_WRITE | M::ATTRIB | M::DELETE_SELF | M::MOVE_SELF
+}
+
+/// What is asked of a directory that is all configuration (drop-ins, a
+/// ConfigMap's target): anything.
+fn dir_mask() -> inotify::WatchMask {
+    parent_mask() | file_mask()
 }
 
 /// The directory a symbolic link at `path` leads into (`None`: not a link).
@@ -51,75 +80,58 @@ pub(super) fn dir_id(dir: &Path) -> Option<(u64, u64)> {
 }
 
 impl ConfigWatch {
-    /// Watches `path`'s directory for changes to it; if `path` is a
-    /// symbolic link (a Kubernetes ConfigMap's `..data` swap, a link into
-    /// a configuration repository), also its target's directory, and any
-    /// change in either counts.
+    /// Watches `path` (see [`ConfigWatch`]); if `path` is a symbolic link
+    /// (a Kubernetes ConfigMap's `..data` swap, a link into a
+    /// configuration repository), also its target's directory, and any
+    /// change of the file's directory's entries counts.
     pub(super) fn new(path: &Path) -> anyhow::Result<ConfigWatch> {
-        use notify::{EventKind, RecursiveMode, Watcher};
         let parent = |p: &Path| match p.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let linked = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
         let target = link_target_dir(path);
-        let mut dirs = vec![parent(path)];
+        let inotify = inotify::Inotify::init().context("cannot start the file watcher")?;
+        let mut watches = inotify.watches();
+        let dir = parent(path);
+        // Watch the directory, not only the file: an editor's save
+        // replaces the file (write to a temporary, rename), which a file
+        // watch alone loses.
+        let parent_wd = watches
+            .add(&dir, parent_mask())
+            .with_context(|| format!("cannot watch {}", dir.display()))?;
+        let mut dirs = vec![(dir_id(&dir), dir)];
+        let mut others = Vec::new();
+        let mut also = Vec::new();
         if let Some(d) = &target
-            && !dirs.contains(d)
+            && !dirs.iter().any(|(_, x)| x == d)
         {
-            dirs.push(d.clone());
+            also.push(d.clone());
         }
         // Drop-in groups: the directory is watched while it exists; its
         // coming or going is seen in the parent's watch.
         let drop_in = gemini_config::drop_in_dir(path);
         let drop_ins = drop_in.is_dir();
         if drop_ins {
-            dirs.push(drop_in.clone());
+            also.push(drop_in);
         }
-        let name = path.file_name().map(|n| n.to_os_string());
-        let (tx, rx) = mpsc::channel();
-        let lost = Arc::new(AtomicBool::new(false));
-        let (lost_cb, dirs_cb) = (Arc::clone(&lost), dirs.clone());
-        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            let Ok(ev) = res else { return };
-            if matches!(ev.kind, EventKind::Access(_)) {
-                return;
-            }
-            if matches!(
-                ev.kind,
-                EventKind::Remove(_) | EventKind::Modify(notify::event::ModifyKind::Name(_))
-            ) && ev.paths.iter().any(|p| dirs_cb.contains(p))
-            {
-                lost_cb.store(true, Ordering::Release);
-                let _ = tx.send(());
-                return;
-            }
-            if linked
-                || ev.paths.iter().any(|p| {
-                    p.file_name().map(|n| n.to_os_string()) == name
-                        || p == &drop_in
-                        || p.parent() == Some(drop_in.as_path())
-                })
-            {
-                let _ = tx.send(());
-            }
-        })
-        .context("cannot start the file watcher")?;
-        // Watch the directory, not the file: an editor's save replaces the
-        // file (write to a temporary, rename), which a file watch loses.
-        let mut watched = Vec::new();
-        for d in dirs {
-            watcher
-                .watch(&d, RecursiveMode::NonRecursive)
-                .with_context(|| format!("cannot watch {}", d.display()))?;
-            let id = dir_id(&d);
-            watched.push((d, id));
+        for d in also {
+            others.push(
+                watches
+                    .add(&d, dir_mask())
+                    .with_context(|| format!("cannot watch {}", d.display()))?,
+            );
+            dirs.push((dir_id(&d), d));
         }
+        // The file itself, where it exists (made later: seen in the
+        // parent's watch, and watched then).
+        let file = watches.add(path, file_mask()).ok();
         Ok(ConfigWatch {
-            _watcher: Some(watcher),
-            rx,
-            dirs: watched,
-            lost,
+            inotify: Some(inotify),
+            parent: Some(parent_wd),
+            file,
+            others,
+            dirs: dirs.into_iter().map(|(id, d)| (d, id)).collect(),
+            lost: false,
             path: path.to_path_buf(),
             target,
             drop_ins,
@@ -129,20 +141,80 @@ impl ConfigWatch {
     /// A watch that sees nothing (none could be made).
     pub(super) fn none() -> ConfigWatch {
         ConfigWatch {
-            _watcher: None,
-            rx: mpsc::channel().1,
+            inotify: None,
+            parent: None,
+            file: None,
+            others: Vec::new(),
             dirs: Vec::new(),
-            lost: Arc::new(AtomicBool::new(true)),
+            lost: true,
             path: PathBuf::new(),
             target: None,
             drop_ins: false,
         }
     }
 
+    /// The descriptor the daemon's loop polls (`None`: no watch).
+    pub(super) fn fd(&self) -> Option<i32> {
+        self.inotify.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Reads what the watch saw since the last call, without waiting:
+    /// whether the configuration may have changed.
+    pub(super) fn changed(&mut self) -> bool {
+        let Some(inotify) = self.inotify.as_mut() else {
+            return false;
+        };
+        let name = self.path.file_name().map(std::ffi::OsStr::to_os_string);
+        let drop_in = gemini_config::drop_in_dir(&self.path);
+        let drop_in_name = drop_in.file_name().map(std::ffi::OsStr::to_os_string);
+        let linked = self.target.is_some();
+        let mut buf = [0u8; 4096];
+        let (mut changed, mut rewatch) = (false, false);
+        // Bounded: the queue holds what came since the last call (the
+        // kernel's queue is bounded too, and says when it overflowed).
+        while let Ok(events) = inotify.read_events(&mut buf) {
+            let mut any = false;
+            for e in events {
+                any = true;
+                use inotify::EventMask as E;
+                let gone = e.mask.intersects(E::DELETE_SELF | E::MOVE_SELF);
+                if e.mask.contains(E::Q_OVERFLOW) {
+                    changed = true;
+                } else if Some(&e.wd) == self.parent.as_ref() {
+                    if gone {
+                        self.lost = true;
+                        changed = true;
+                    } else if e.name.map(std::ffi::OsStr::to_os_string) == name {
+                        // The file was made, replaced or removed: a new
+                        // file is watched anew.
+                        changed = true;
+                        rewatch = true;
+                    } else if linked || e.name.map(std::ffi::OsStr::to_os_string) == drop_in_name {
+                        changed = true;
+                    }
+                } else if Some(&e.wd) == self.file.as_ref() {
+                    changed = true;
+                } else if self.others.contains(&e.wd) {
+                    if gone {
+                        self.lost = true;
+                    }
+                    changed = true;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        if rewatch {
+            self.file = inotify.watches().add(&self.path, file_mask()).ok();
+        }
+        changed
+    }
+
     /// Whether a watched directory is gone or is not the one watched, or
     /// the file became (or stopped being, or moved) a symbolic link.
     pub(super) fn stale(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.lost
             || self.dirs.is_empty()
             || self.dirs.iter().any(|(d, id)| dir_id(d) != *id)
             || link_target_dir(&self.path) != self.target
@@ -158,10 +230,7 @@ impl Daemon {
             let _ = self.reload();
             return;
         }
-        let mut changed = false;
-        while self.watch.rx.try_recv().is_ok() {
-            changed = true;
-        }
+        let mut changed = self.watch.changed();
         if self.last_watch_check.elapsed() >= Duration::from_secs(1) {
             self.last_watch_check = Instant::now();
             if self.watch.stale() {
@@ -244,5 +313,63 @@ impl Daemon {
                 Err(e.to_string())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the watch has anything to read: events it was not asked
+    /// for never reach it.
+    fn pending(w: &ConfigWatch) -> bool {
+        let mut fds = [libc::pollfd {
+            fd: w.fd().unwrap(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: one valid pollfd, a zero timeout.
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) == 1 }
+    }
+
+    /// A directory shared with a busy file (a log written per kernel)
+    /// wakes nobody; resource.conf's writes, its save by rename and a
+    /// write after that, its drop-in directory made, all count.
+    #[test]
+    fn only_the_configurations_own_files_wake_the_watch() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("resource.conf");
+        std::fs::write(&conf, "[a]\n").unwrap();
+        let mut w = ConfigWatch::new(&conf).unwrap();
+        // Another file made is an entry of the directory, read and let
+        // be; its writes are not even read.
+        let mut log = std::fs::File::create(dir.path().join("train.log")).unwrap();
+        assert!(!w.changed());
+        for i in 0..10_000 {
+            std::io::Write::write_all(&mut log, format!("kernel {i}\n").as_bytes()).unwrap();
+        }
+        drop(log);
+        assert!(!pending(&w), "a log's writes woke the watch");
+        // Written in place.
+        std::fs::write(&conf, "[a]\nMinUtil=0.5\n").unwrap();
+        assert!(pending(&w) && w.changed());
+        // Saved as an editor does, then written in place again: the new
+        // file is watched.
+        let tmp = dir.path().join("resource.conf.swp");
+        std::fs::write(&tmp, "[a]\n").unwrap();
+        std::fs::rename(&tmp, &conf).unwrap();
+        assert!(w.changed());
+        std::fs::write(&conf, "[b]\n").unwrap();
+        assert!(w.changed(), "a write after a save by rename was missed");
+        // Removed, then made again.
+        std::fs::remove_file(&conf).unwrap();
+        assert!(w.changed());
+        std::fs::write(&conf, "[c]\n").unwrap();
+        assert!(w.changed());
+        // The drop-in directory made (the daemon then watches anew).
+        std::fs::create_dir(gemini_config::drop_in_dir(&conf)).unwrap();
+        assert!(w.changed());
+        assert!(w.stale());
+        assert!(!w.changed(), "nothing more came");
     }
 }
