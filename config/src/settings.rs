@@ -196,18 +196,20 @@ impl AccountingLog {
 impl AccountingLog {
     /// Where a reader (`gem-schd report`, from a shell without systemd's
     /// `STATE_DIRECTORY`) looks for the log, in order: where the daemon
-    /// writes it by default under systemd and the package
-    /// (`/var/lib/gemini`), then beside the socket. `Off`: nowhere.
-    pub fn candidates(&self, ipc_dir: &Path) -> Vec<PathBuf> {
+    /// writes it by default (under systemd `$STATE_DIRECTORY`, else
+    /// beside the socket), then, where the IPC directory was not named
+    /// (`system`), the package's `/var/lib/gemini`. `Off`: nowhere.
+    pub fn candidates(&self, ipc_dir: &Path, system: bool) -> Vec<PathBuf> {
         match self {
             AccountingLog::Off => Vec::new(),
             AccountingLog::At(p) => vec![p.clone()],
             AccountingLog::Default => {
                 let mut v: Vec<PathBuf> = self.path(ipc_dir).into_iter().collect();
-                for p in [
-                    PathBuf::from("/var/lib/gemini/accounting.jsonl"),
-                    ipc_dir.join("accounting.jsonl"),
-                ] {
+                let mut more = vec![ipc_dir.join("accounting.jsonl")];
+                if system {
+                    more.push(PathBuf::from("/var/lib/gemini/accounting.jsonl"));
+                }
+                for p in more {
                     if !v.contains(&p) {
                         v.push(p);
                     }

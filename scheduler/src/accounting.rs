@@ -36,11 +36,12 @@ pub enum Record {
         /// `/proc/sys/kernel/random/boot_id`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         boot: Option<String>,
-        /// The programs that held a GPU's token then, as `[pid, GPU]`:
-        /// what they ran after the stop is taken from their first reports
-        /// to the next gem-schd.
+        /// The programs that held a GPU's token then, as `[pid, GPU,
+        /// start time]` (the process's, in clock ticks since boot: a pid
+        /// reused since is not theirs): what they ran after the stop is
+        /// taken from their first reports to the next gem-schd.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        holders: Vec<[u32; 2]>,
+        holders: Vec<[u64; 3]>,
     },
     /// Device time a group's programs used on a GPU over `[from, to)`, by
     /// one user: the ledger's charge, split among the group's users in
@@ -130,8 +131,9 @@ pub enum Record {
     },
 }
 
-/// Rotated files kept beside the log (`FILE.1`, newest, to `FILE.7`):
-/// each file takes at most an eighth of `accounting_max_size`.
+/// Rotated files kept beside each of the log's two files (`FILE.1`,
+/// newest, to `FILE.7`): each file takes at most a sixteenth of
+/// `accounting_max_size`.
 pub const KEPT: u32 = 7;
 
 /// The log's files, oldest first: `FILE.7` … `FILE.1`, `FILE` (those that

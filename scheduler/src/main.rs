@@ -212,7 +212,10 @@ fn main() -> ExitCode {
                 json,
                 log,
             };
-            report(ask, settings.as_deref(), &ipc_dir)
+            // The package's log is looked for only where no IPC
+            // directory was named (a test's or a second scheduler's).
+            let system = cli.ipc_dir.is_none();
+            report(ask, settings.as_deref(), &ipc_dir, system)
         }
     };
     match result {
@@ -457,14 +460,19 @@ struct ReportArgs {
     log: Option<PathBuf>,
 }
 
-fn report(ask: ReportArgs, settings: Option<&Path>, ipc_dir: &Path) -> anyhow::Result<()> {
+fn report(
+    ask: ReportArgs,
+    settings: Option<&Path>,
+    ipc_dir: &Path,
+    system: bool,
+) -> anyhow::Result<()> {
     use gemini_scheduler::usage_report as r;
     let log = match ask.log {
         Some(l) => l,
         None => {
             let candidates = load_settings(settings, Overrides::default())?
                 .accounting
-                .candidates(ipc_dir);
+                .candidates(ipc_dir, system);
             let Some(first) = candidates.first().cloned() else {
                 anyhow::bail!(
                     "the settings say accounting = \"off\": there is no log to report on (or give --log FILE)"

@@ -187,11 +187,10 @@ fn programs(s: &mut String, r: &StatusReport) {
         let gpus: Vec<u32> = p.devices.iter().copied().collect();
         // Waiting wins: a program that holds one GPU's token and waits
         // for another's is held up.
-        // A scheduler of protocol 15 or older says neither.
+        // A scheduler of protocol 15 or older says who holds each token,
+        // not who waits.
         let known = r.protocol >= 16;
-        let state = if !known {
-            "-".to_string()
-        } else if let Some(d) = p.waiting.first() {
+        let state = if let Some(d) = p.waiting.first().filter(|_| known) {
             format!("waits {d}")
         } else if let Some(d) = p.token.first() {
             format!("runs {d}")

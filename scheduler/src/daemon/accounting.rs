@@ -5,6 +5,7 @@
 //! period: a user who starts programs or reservations without end can
 //! push events out, never the usage.
 
+use super::saved::process_start_time;
 use crate::accounting::{KEPT, Record, boot_id, events_path, rotated, unix_now};
 use crate::policy::{GroupCounters, Micros, Program};
 use std::collections::BTreeMap;
@@ -34,12 +35,18 @@ type Written = (Micros, BTreeMap<Option<u32>, Micros>);
 
 /// The old gem-schd's stop, as the gap after it is told: when (Unix s
 /// and, on this boot, CLOCK_MONOTONIC µs), and which programs held which
-/// GPU's token then, as `(pid, GPU)`.
+/// GPU's token then, as `[pid, GPU, process start time]`.
 #[derive(Debug, Clone, PartialEq)]
 struct Gap {
     at: f64,
     mono_us: Micros,
-    holders: Vec<[u32; 2]>,
+    holders: Vec<[u64; 3]>,
+}
+
+/// Whether program `pid` (its process started at `started`, in clock
+/// ticks since boot) held `gpu`'s token at the stop.
+fn held(g: &Gap, pid: u32, gpu: u32, started: Option<u64>) -> bool {
+    started.is_some_and(|t| g.holders.contains(&[u64::from(pid), u64::from(gpu), t]))
 }
 
 /// The log being appended to.
@@ -70,9 +77,10 @@ pub(super) struct Accounting {
     /// What they reported of that gap, per (group, GPU, user) (µs), until
     /// the first usage lines.
     gap: BTreeMap<(String, u32, Option<u32>), Micros>,
-    /// Per (pid, GPU) of a holder, what was taken of the gap (µs): never
-    /// more than the gap.
-    gap_taken: BTreeMap<[u32; 2], Micros>,
+    /// Per (pid, GPU) of a holder, what was taken of the gap (µs, never
+    /// more than the gap) and the end of the last span taken: a span
+    /// reported again counts once.
+    gap_taken: BTreeMap<[u32; 2], (Micros, Micros)>,
     /// Event lines written per user since the period began, and those
     /// left out ([`EVENT_LINES_PER_USER`]).
     event_lines: BTreeMap<Option<u32>, u32>,
@@ -114,34 +122,48 @@ impl Accounting {
     /// written.
     pub(super) fn gap_start(&self, pid: u32, gpu: u32, epoch_us: Micros) -> Option<Micros> {
         let g = self.gap_from.as_ref()?;
-        (g.mono_us <= epoch_us && g.holders.contains(&[pid, gpu])).then_some(g.mono_us)
+        (g.mono_us <= epoch_us && held(g, pid, gpu, process_start_time(pid))).then_some(g.mono_us)
     }
 
-    /// Program `p` reported `us` µs of work on `gpu` (merged, clipped to
-    /// the gap) in the gap before this gem-schd started: neither
+    /// Whether the gap before this gem-schd is still to be written (its
+    /// first minute).
+    pub(super) fn gap_open(&self) -> bool {
+        self.gap_from.is_some()
+    }
+
+    /// Program `p` reported `spans` of work on `gpu` in the gap before
+    /// this gem-schd started (clipped to it, in order): neither
     /// scheduler's ledger has it. Taken only from the programs that held
-    /// the GPU's token at the stop ([`Accounting::gap_start`]), each at
-    /// most the gap's length `gap_us`.
-    pub(super) fn before_start(&mut self, p: &Program, gpu: u32, us: Micros, gap_us: Micros) {
-        let Some(taken) = self.gap_taken_of(p.pid, gpu) else {
+    /// the GPU's token at the stop ([`Accounting::gap_start`]), what was
+    /// not taken from them before, at most the gap's length `gap_us`.
+    pub(super) fn before_start(
+        &mut self,
+        p: &Program,
+        gpu: u32,
+        spans: &[(Micros, Micros)],
+        gap_us: Micros,
+    ) {
+        let Some(g) = self.gap_from.as_ref() else {
             return;
         };
+        if !held(g, p.pid, gpu, process_start_time(p.pid)) {
+            return;
+        }
+        let (taken, reach) = self.gap_taken.entry([p.pid, gpu]).or_default();
+        let mut us = 0;
+        for &(b, e) in spans {
+            let b = b.max(*reach);
+            if e > b {
+                us += e - b;
+                *reach = e;
+            }
+        }
         let us = us.min(gap_us.saturating_sub(*taken));
         if us == 0 {
             return;
         }
         *taken += us;
         *self.gap.entry((p.group.clone(), gpu, p.uid)).or_default() += us;
-    }
-
-    /// What holder `pid` took of `gpu`'s gap so far (`None`: it held no
-    /// token there).
-    fn gap_taken_of(&mut self, pid: u32, gpu: u32) -> Option<&mut Micros> {
-        let g = self.gap_from.as_ref()?;
-        if !g.holders.contains(&[pid, gpu]) {
-            return None;
-        }
-        Some(self.gap_taken.entry([pid, gpu]).or_default())
     }
 
     /// Whether an event line of user `uid` may be written in this period
@@ -283,7 +305,7 @@ impl Accounting {
     pub(super) fn stop(
         &mut self,
         counters: &[GroupCounters],
-        holders: Vec<[u32; 2]>,
+        holders: Vec<[u64; 3]>,
         mono_us: Micros,
     ) {
         self.usage(counters, true);
@@ -563,12 +585,17 @@ mod tests {
     fn the_gap_after_a_clean_stop_is_taken_from_its_token_holders_at_most_its_length() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
-        // Program 7 held GPU 0's token at the stop, at 900 ms.
-        Accounting::new(path.clone(), 1 << 30).stop(&[], vec![[7, 0]], 900_000);
+        // This process held GPU 0's token at the stop, at 900 ms; a pid of
+        // the same number started at another time is not it.
+        let me = std::process::id();
+        let started = process_start_time(me).unwrap();
+        let holders = vec![[u64::from(me), 0, started], [1, 0, 12345]];
+        Accounting::new(path.clone(), 1 << 30).stop(&[], holders, 900_000);
         let mut a = Accounting::new(path.clone(), 1 << 30);
-        assert_eq!(a.gap_start(7, 0, 1_000_000), Some(900_000));
-        assert_eq!(a.gap_start(7, 1, 1_000_000), None, "another GPU");
-        assert_eq!(a.gap_start(8, 0, 1_000_000), None, "another program");
+        assert!(a.gap_open());
+        assert_eq!(a.gap_start(me, 0, 1_000_000), Some(900_000));
+        assert_eq!(a.gap_start(me, 1, 1_000_000), None, "another GPU");
+        assert_eq!(a.gap_start(1, 0, 1_000_000), None, "a pid reused");
         let p = |pid| Program {
             client: 1,
             pid,
@@ -577,25 +604,18 @@ mod tests {
             group: "g".into(),
             gpu_us: vec![],
         };
-        // Reports of 30 ms then 80 ms in a gap of 100 ms: 100 ms taken;
-        // another program's report of the gap, none.
-        a.before_start(&p(7), 0, 30_000, 100_000);
-        a.before_start(&p(7), 0, 80_000, 100_000);
-        a.before_start(&p(8), 0, 80_000, 100_000);
+        // 30 ms, the same 30 ms said again, then 80 ms more, in a gap of
+        // 100 ms: 100 ms taken; another program's report, none.
+        a.before_start(&p(me), 0, &[(900_000, 930_000)], 100_000);
+        a.before_start(&p(me), 0, &[(900_000, 930_000)], 100_000);
+        a.before_start(&p(me), 0, &[(920_000, 1_000_000)], 100_000);
+        a.before_start(&p(1), 0, &[(900_000, 980_000)], 100_000);
         a.usage(&[], true);
         assert_eq!(usage(&read(&path)), [(Some(1), 0.1)]);
-        assert_eq!(
-            a.gap_start(7, 0, 1_000_000),
-            None,
-            "the gap is written once"
-        );
+        assert!(!a.gap_open(), "the gap is written once");
         // After a crash (no stop last), no gap.
         drop(a);
-        assert!(
-            Accounting::new(path, 1 << 30)
-                .gap_start(7, 0, 1_000_000)
-                .is_none()
-        );
+        assert!(!Accounting::new(path, 1 << 30).gap_open());
     }
 
     #[test]

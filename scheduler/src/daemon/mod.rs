@@ -512,33 +512,28 @@ impl Daemon {
             | Request::LateUsage { device, ran, .. } => (*device, ran),
             _ => return,
         };
-        let Some(a) = &mut self.accounting else {
+        // Nothing to look up once the gap is written (after the first
+        // minute), nor for a program that held no token at the stop.
+        let Some(a) = self.accounting.as_mut().filter(|a| a.gap_open()) else {
             return;
         };
-        let Some(p) = self.policy.program(client) else {
+        let Some(pid) = self.policy.client_pid(client) else {
             return;
         };
-        let Some(from) = a.gap_start(p.pid, device, self.epoch_us) else {
+        let Some(from) = a.gap_start(pid, device, self.epoch_us) else {
             return;
         };
         let to = self.epoch_us;
-        // The spans clipped to the gap, merged: one said twice counts once.
-        let mut clipped: Vec<(Micros, Micros)> = ran
+        let mut spans: Vec<(Micros, Micros)> = ran
             .iter()
             .map(|s| (s.start_us.max(from), s.end_us.min(to)))
             .filter(|(b, e)| e > b)
             .collect();
-        clipped.sort_unstable();
-        let (mut us, mut reach) = (0, from);
-        for (b, e) in clipped {
-            let b = b.max(reach);
-            if e > b {
-                us += e - b;
-                reach = e;
-            }
-        }
-        if us > 0 {
-            a.before_start(&p, device, us, to - from);
+        spans.sort_unstable();
+        if let Some(p) = self.policy.program(client)
+            && !spans.is_empty()
+        {
+            a.before_start(&p, device, &spans, to - from);
         }
     }
 
@@ -612,7 +607,7 @@ impl Daemon {
                 .iter()
                 .filter_map(|(&pid, w)| w.pidfd.as_ref().map(|fd| (pid, fd.as_raw_fd())))
                 .collect();
-            let (sock_ready, resolved, dead) = {
+            let (sock_ready, resolved, dead, watch_ready) = {
                 let mut items = Vec::with_capacity(3 + pids.len());
                 items.push(self.sock.as_poll_item(zmq::POLLIN));
                 items.push(zmq::PollItem::from_fd(self.resolver.wake_fd(), zmq::POLLIN));
@@ -650,7 +645,13 @@ impl Daemon {
                     .filter(|(_, it)| it.is_readable())
                     .map(|(p, _)| p.0)
                     .collect();
-                (items[0].is_readable(), items[1].is_readable(), dead)
+                let watched = items.get(2 + pids.len()).is_some_and(|it| it.is_readable());
+                (
+                    items[0].is_readable(),
+                    items[1].is_readable(),
+                    dead,
+                    watched,
+                )
             };
             let busy_since = Instant::now();
             if resolved && self.resolved() {
@@ -667,7 +668,7 @@ impl Daemon {
             }
             self.poll_pids_without_fd();
             self.forget_quiet_conns();
-            self.check_reload();
+            self.check_reload(watch_ready);
             self.check_socket();
             let now = self.now();
             let actions = self.policy.handle(Event::Tick, now);
@@ -699,7 +700,20 @@ impl Daemon {
         // only from its own start).
         let ended = self.policy.take_ended();
         if let Some(a) = &mut self.accounting {
-            let holders = self.policy.token_holders();
+            // With each process's start time: a pid reused by the next
+            // gem-schd's time is not the holder's.
+            let holders: Vec<[u64; 3]> = self
+                .policy
+                .token_holders()
+                .into_iter()
+                .filter_map(|[pid, gpu]| {
+                    Some([
+                        u64::from(pid),
+                        u64::from(gpu),
+                        saved::process_start_time(pid)?,
+                    ])
+                })
+                .collect();
             self.policy.settle(now);
             a.programs_ended(&ended);
             a.stop(

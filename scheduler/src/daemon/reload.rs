@@ -24,8 +24,12 @@ pub(super) struct ConfigWatch {
     file: Option<inotify::WatchDescriptor>,
     others: Vec<inotify::WatchDescriptor>,
     pub(super) dirs: Vec<(PathBuf, Option<(u64, u64)>)>,
+    /// The file as watched, `(device, inode)` (its target's, for a link):
+    /// another one there is watched anew.
+    file_id: Option<(u64, u64)>,
     /// A watched directory itself was removed or renamed (the inode check
-    /// alone misses a directory made again with its inode number reused).
+    /// alone misses a directory made again with its inode number reused),
+    /// or events were lost (the kernel's queue overflowed).
     lost: bool,
     /// The file watched and what it was when the watch was made: the
     /// directory of its target if it was a symbolic link.
@@ -102,8 +106,14 @@ impl ConfigWatch {
         let mut dirs = vec![(dir_id(&dir), dir)];
         let mut others = Vec::new();
         let mut also = Vec::new();
+        // A link's target directory, unless it is the parent itself (by
+        // inode: a relative path or a linked /etc/gemini names it
+        // otherwise, and a second watch of one inode would replace the
+        // parent's mask with one that wakes for every write there).
         if let Some(d) = &target
-            && !dirs.iter().any(|(_, x)| x == d)
+            && !dirs
+                .iter()
+                .any(|(id, x)| x == d || (id.is_some() && *id == dir_id(d)))
         {
             also.push(d.clone());
         }
@@ -129,6 +139,7 @@ impl ConfigWatch {
             inotify: Some(inotify),
             parent: Some(parent_wd),
             file,
+            file_id: dir_id(path),
             others,
             dirs: dirs.into_iter().map(|(id, d)| (d, id)).collect(),
             lost: false,
@@ -146,6 +157,7 @@ impl ConfigWatch {
             file: None,
             others: Vec::new(),
             dirs: Vec::new(),
+            file_id: None,
             lost: true,
             path: PathBuf::new(),
             target: None,
@@ -177,8 +189,12 @@ impl ConfigWatch {
             for e in events {
                 any = true;
                 use inotify::EventMask as E;
-                let gone = e.mask.intersects(E::DELETE_SELF | E::MOVE_SELF);
+                let gone = e
+                    .mask
+                    .intersects(E::DELETE_SELF | E::MOVE_SELF | E::IGNORED | E::UNMOUNT);
                 if e.mask.contains(E::Q_OVERFLOW) {
+                    // Events were lost: watched anew from scratch.
+                    self.lost = true;
                     changed = true;
                 } else if Some(&e.wd) == self.parent.as_ref() {
                     if gone {
@@ -205,8 +221,19 @@ impl ConfigWatch {
                 break;
             }
         }
-        if rewatch {
-            self.file = inotify.watches().add(&self.path, file_mask()).ok();
+        // The file may be another one now (made, replaced, or a link's
+        // target saved by rename): watched anew, the old watch dropped (a
+        // backup kept under another name would wake us for ever).
+        if (rewatch || changed) && dir_id(&self.path) != self.file_id {
+            let mut watches = inotify.watches();
+            let new = watches.add(&self.path, file_mask()).ok();
+            if let Some(old) = self.file.take()
+                && Some(&old) != new.as_ref()
+            {
+                let _ = watches.remove(old);
+            }
+            self.file = new;
+            self.file_id = dir_id(&self.path);
         }
         changed
     }
@@ -216,6 +243,7 @@ impl ConfigWatch {
     pub(super) fn stale(&self) -> bool {
         self.lost
             || self.dirs.is_empty()
+            || dir_id(&self.path) != self.file_id
             || self.dirs.iter().any(|(d, id)| dir_id(d) != *id)
             || link_target_dir(&self.path) != self.target
             || gemini_config::drop_in_dir(&self.path).is_dir() != self.drop_ins
@@ -223,14 +251,15 @@ impl ConfigWatch {
 }
 
 impl Daemon {
-    pub(super) fn check_reload(&mut self) {
+    /// `watch_ready`: the watch's descriptor has something to read.
+    pub(super) fn check_reload(&mut self, watch_ready: bool) {
         if self.hup.swap(false, Ordering::AcqRel) {
             info!("SIGHUP: reloading {}", self.config_path.display());
             self.reload_due = None;
             let _ = self.reload();
             return;
         }
-        let mut changed = self.watch.changed();
+        let mut changed = watch_ready && self.watch.changed();
         if self.last_watch_check.elapsed() >= Duration::from_secs(1) {
             self.last_watch_check = Instant::now();
             if self.watch.stale() {
@@ -371,5 +400,26 @@ mod tests {
         assert!(w.changed());
         assert!(w.stale());
         assert!(!w.changed(), "nothing more came");
+    }
+
+    /// resource.conf a link to a file beside it: the target saved by
+    /// rename (sed -i, most editors), then written in place, is seen; the
+    /// file watched before is not watched any more.
+    #[test]
+    fn a_link_to_a_file_beside_it_is_followed_across_saves() {
+        let dir = tempfile::tempdir().unwrap();
+        let prod = dir.path().join("resource.conf.prod");
+        let conf = dir.path().join("resource.conf");
+        std::fs::write(&prod, "[a]\n").unwrap();
+        std::os::unix::fs::symlink("resource.conf.prod", &conf).unwrap();
+        let mut w = ConfigWatch::new(&conf).unwrap();
+        let tmp = dir.path().join("sedXYZ");
+        std::fs::write(&tmp, "[b]\n").unwrap();
+        std::fs::rename(&tmp, &prod).unwrap();
+        assert!(w.changed());
+        std::fs::write(&prod, "[c]\n").unwrap();
+        assert!(w.changed(), "a write after the target's save was missed");
+        assert!(!w.stale());
+        assert!(!w.changed());
     }
 }

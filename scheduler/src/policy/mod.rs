@@ -802,6 +802,15 @@ impl Policy {
         self.end_reservations(client, now, out);
     }
 
+    /// The process of program `client` (`None`: not a program's
+    /// connection).
+    pub fn client_pid(&self, client: ClientId) -> Option<u32> {
+        self.clients
+            .get(&client)
+            .filter(|c| c.role == Role::Client)
+            .map(|c| c.pid)
+    }
+
     /// The programs holding a device's token now, as `[pid, device]`.
     pub fn token_holders(&self) -> Vec<[u32; 2]> {
         self.devices
