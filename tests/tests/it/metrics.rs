@@ -64,7 +64,8 @@ pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
         .map(|v| v.trim().parse().unwrap())
 }
 
-fn workload(g: &Gemini, group: &str, seconds: &str) -> Child {
+/// A hooked workload of `group` running 1 ms kernels for `seconds`.
+pub(crate) fn workload(g: &Gemini, group: &str, seconds: &str) -> Child {
     let mut c = g.hooked(g.sim.workload(), group);
     c.args(["--seconds", seconds, "--kernel-us", "1000"])
         .stdout(Stdio::null())

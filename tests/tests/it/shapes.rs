@@ -207,6 +207,38 @@ fn a_group_back_from_a_short_gap_finds_the_device_at_once() {
     assert!(device >= 0.85, "device busy {device:.3}");
 }
 
+/// Runs at once, for `RUN_S`, a hooked workload with each `(device,
+/// args)` of `runs` on that device, in group `g{device}`; each device's
+/// share of its busy log from `SKIP_S` on.
+fn one_group_per_device(g: &Gemini, runs: &[(usize, &[&str])]) -> Vec<(usize, f64)> {
+    let t0 = now_ns();
+    let children: Vec<_> = runs
+        .iter()
+        .map(|&(i, args)| {
+            let mut c = g.hooked(g.sim.workload(), &format!("g{i}"));
+            c.args(["--seconds", &RUN_S.to_string(), "--device", &i.to_string()])
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    runs.iter()
+        .map(|&(d, _)| {
+            let busy = g.sim.busy(d as u32, t0 + SKIP_S * SEC, t0 + RUN_S * SEC);
+            (d, busy.device_share())
+        })
+        .collect()
+}
+
 /// The shapes (a)-(f), one per device, each a lone group capped at
 /// MaxUtil 0.4 for RUN_S (the devices are independent: five shapes run at
 /// once; (c), a sync after every kernel, which a busy CPU's late wake-ups
@@ -231,33 +263,8 @@ fn max_util_holds_for_every_shape() {
         .collect();
     let g = Gemini::start(SimEnv::new(shapes.len() as u32, "16GiB"), &conf);
     let run = |batch: &[usize]| {
-        let t0 = now_ns();
-        let children: Vec<_> = batch
-            .iter()
-            .map(|&i| {
-                let mut c = g.hooked(g.sim.workload(), &format!("g{i}"));
-                c.args(["--seconds", &RUN_S.to_string(), "--device", &i.to_string()])
-                    .args(shapes[i].1)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::piped());
-                c.spawn().unwrap()
-            })
-            .collect();
-        for c in children {
-            let out = c.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        batch
-            .iter()
-            .map(|&d| {
-                let busy = g.sim.busy(d as u32, t0 + SKIP_S * SEC, t0 + RUN_S * SEC);
-                (d, busy.device_share())
-            })
-            .collect::<Vec<(usize, f64)>>()
+        let runs: Vec<(usize, &[&str])> = batch.iter().map(|&i| (i, shapes[i].1)).collect();
+        one_group_per_device(&g, &runs)
     };
     let (mut got, counts) = measured("MaxUtil 0.4, five shapes at once", MAX_STEAL, 2, || {
         run(&[0, 1, 3, 4, 5])
@@ -300,38 +307,20 @@ fn a_late_wakeup_is_not_charged_as_device_time() {
     let conf: String = (0..WAITS.len())
         .map(|i| format!("[g{i}]\nMaxUtil={CAP}\nDevices={i}\n"))
         .collect();
-    let g = Gemini::start(
+    let mut g = Gemini::start(
         SimEnv::new(WAITS.len() as u32, "16GiB").slow_wakeup(300),
         &conf,
     );
+    let args: Vec<[&str; 6]> = WAITS
+        .iter()
+        .map(|wait| ["--iter-kernels", "1", "--kernel-us", "1000", "--wait", wait])
+        .collect();
     let run = || {
-        let t0 = now_ns();
-        let children: Vec<_> = WAITS
-            .iter()
-            .enumerate()
-            .map(|(i, wait)| {
-                let mut c = g.hooked(g.sim.workload(), &format!("g{i}"));
-                c.args(["--seconds", &RUN_S.to_string(), "--device", &i.to_string()])
-                    .args(["--iter-kernels", "1", "--kernel-us", "1000", "--wait", wait])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::piped());
-                c.spawn().unwrap()
-            })
-            .collect();
-        for c in children {
-            let out = c.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        (0..WAITS.len() as u32)
-            .map(|d| {
-                g.sim
-                    .busy(d, t0 + SKIP_S * SEC, t0 + RUN_S * SEC)
-                    .device_share()
-            })
+        let runs: Vec<(usize, &[&str])> =
+            args.iter().enumerate().map(|(i, a)| (i, &a[..])).collect();
+        one_group_per_device(&g, &runs)
+            .into_iter()
+            .map(|(_, share)| share)
             .collect::<Vec<f64>>()
     };
     let (shares, counts) = measured(
@@ -352,6 +341,22 @@ fn a_late_wakeup_is_not_charged_as_device_time() {
                 "{wait}: {share:.3} of the device under a {CAP} cap: the wake-ups were charged"
             );
         }
+    }
+    // What each group was charged against what its kernels ran, over the
+    // whole run: a 300 µs wake-up after each 1 ms kernel, charged, would
+    // make it 1.3 times as much.
+    assert!(g.stop_scheduler(), "gem-schd did not stop");
+    for a in g.device_accounts().expect("the scheduler's charges") {
+        let ratio = a.charged_ns as f64 / a.ran_ns.max(1) as f64;
+        eprintln!("group {}: charged / ran {ratio:.3}", a.group);
+        assert!(
+            ratio <= 1.1,
+            "group {} ({}): charged {:.1} ms for {:.1} ms its kernels ran: the wake-ups were charged",
+            a.group,
+            WAITS[a.device as usize],
+            a.charged_ns as f64 / 1e6,
+            a.ran_ns as f64 / 1e6
+        );
     }
 }
 

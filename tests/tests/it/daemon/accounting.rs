@@ -1,15 +1,7 @@
 //! The accounting log gem-schd appends to, and `gem-schd report` over it.
 
 use super::*;
-use std::process::Child;
-
-fn workload(g: &Gemini, group: &str, seconds: &str) -> Child {
-    let mut c = g.hooked(g.sim.workload(), group);
-    c.args(["--seconds", seconds, "--kernel-us", "1000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    c.spawn().unwrap()
-}
+use crate::metrics::workload;
 
 fn report(g: &Gemini, args: &[&str]) -> std::process::Output {
     g.sim

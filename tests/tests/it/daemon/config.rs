@@ -188,6 +188,15 @@ fn check_subcommand_validates_files() {
     assert!(err.contains("Usage: gem-schd check <FILE>\n"), "{err}");
 }
 
+/// `gem-schd check FILE` on `sim`'s NVML.
+fn check_on(sim: &SimEnv, file: &Path) -> std::process::Output {
+    sim.command(schd_bin())
+        .arg("check")
+        .arg(file)
+        .output()
+        .unwrap()
+}
+
 /// `gem-schd check` compares the groups' memory limits with the GPUs'
 /// memory (through NVML): limits that add up to more than a GPU has are
 /// a warning, not an error; where NVML finds no GPU, it says that they
@@ -202,12 +211,7 @@ fn check_warns_where_memory_limits_add_up_past_a_gpu() {
         "[a]\nMemoryLimit=10GiB\n[b]\nMemoryLimit=8GiB\nDevices=0\n[c]\n",
     )
     .unwrap();
-    let out = sim
-        .command(schd_bin())
-        .arg("check")
-        .arg(&conf)
-        .output()
-        .unwrap();
+    let out = check_on(&sim, &conf);
     assert!(out.status.success(), "a warning, not an error");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -242,12 +246,7 @@ fn check_refuses_missing_gpus_and_warns_of_a_critical_group_without_room() {
     let conf = dir.path().join("resource.conf");
     let check = |text: &str| {
         fs::write(&conf, text).unwrap();
-        let out = sim
-            .command(schd_bin())
-            .arg("check")
-            .arg(&conf)
-            .output()
-            .unwrap();
+        let out = check_on(&sim, &conf);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
