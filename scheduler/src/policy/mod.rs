@@ -397,6 +397,44 @@ struct Client {
     gpu_used: BTreeMap<DeviceId, Micros>,
 }
 
+impl Client {
+    /// A client that just said hello: `role`, of `group`, process `pid`,
+    /// holding `memory` (per device; held under the scheduler before
+    /// this one), its connection's peer `peer`.
+    fn new(
+        role: Role,
+        group: GroupKey,
+        pid: u32,
+        memory: BTreeMap<DeviceId, u64>,
+        peer: Option<&Peer>,
+    ) -> Client {
+        // Memory held at hello: it ran there under the scheduler before.
+        let restored = memory.keys().copied().collect();
+        Client {
+            role,
+            group,
+            pid,
+            memory,
+            uncharged: BTreeMap::new(),
+            granted: BTreeMap::new(),
+            charged_until: BTreeMap::new(),
+            anchor: BTreeMap::new(),
+            clipped: 0,
+            stretch: BTreeMap::new(),
+            in_flight: BTreeSet::new(),
+            restored,
+            job: None,
+            turn_done: BTreeMap::new(),
+            launch_floor: 0,
+            long_launch: 0,
+            lent: BTreeSet::new(),
+            uid: peer.map(|p| p.uid),
+            user: peer.map(|p| p.user.clone()).unwrap_or_default(),
+            gpu_used: BTreeMap::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Waiter {
     client: ClientId,

@@ -6,7 +6,7 @@ use super::{
 };
 use gemini_config::Latency;
 use gemini_protocol::{ClientId, DeviceId, ErrorKind, HeldMemory, Reply, Request, Role, Span};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// A process whose bursts are at most this long (µs, as its hook predicts
 /// them) has its token asked ahead served even while another group has
@@ -647,37 +647,8 @@ impl Policy {
                 *g = g.saturating_add(h.bytes);
             }
         }
-        // Memory held at hello: it ran there under the scheduler before.
-        let restored = memory.keys().copied().collect();
-        self.clients.insert(
-            client,
-            Client {
-                role,
-                group,
-                pid,
-                memory,
-                uncharged: BTreeMap::new(),
-                granted: BTreeMap::new(),
-                charged_until: BTreeMap::new(),
-                anchor: BTreeMap::new(),
-                clipped: 0,
-                stretch: BTreeMap::new(),
-                in_flight: BTreeSet::new(),
-                restored,
-                job: None,
-                turn_done: BTreeMap::new(),
-                launch_floor: 0,
-                long_launch: 0,
-                lent: BTreeSet::new(),
-                uid: self.peers.get(&client).map(|p| p.uid),
-                user: self
-                    .peers
-                    .get(&client)
-                    .map(|p| p.user.clone())
-                    .unwrap_or_default(),
-                gpu_used: BTreeMap::new(),
-            },
-        );
+        let c = Client::new(role, group, pid, memory, self.peers.get(&client));
+        self.clients.insert(client, c);
         Reply::Welcome {
             client,
             server: env!("CARGO_PKG_VERSION").to_string(),
