@@ -43,15 +43,7 @@ fn lowered_memory_limit_applies_to_running_clients() {
     let s = Gemini::daemon("[a]\nMemoryLimit=2GiB\n");
     let mut c = s.client();
     hello(&mut c, "a");
-    let r = c
-        .request(
-            &Request::ReserveMemory {
-                device: 0,
-                bytes: 1 << 30,
-            },
-            T,
-        )
-        .unwrap();
+    let r = reserve(&mut c, 1 << 30);
     assert!(matches!(r, Reply::Memory { .. }));
     save_like_an_editor(&s.conf(), "[a]\nMemoryLimit=1GiB\n");
     s.wait_status(5.0, "new limit", |st| st.groups[0].memory_limit == 1 << 30);
@@ -459,15 +451,7 @@ fn emptied_config_refuses_new_clients_and_keeps_running_ones() {
         error_kind(&hello(&mut newcomer, "a")),
         Some(ErrorKind::UnknownGroup)
     );
-    let r = running
-        .request(
-            &Request::ReserveMemory {
-                device: 0,
-                bytes: 1 << 30,
-            },
-            T,
-        )
-        .unwrap();
+    let r = reserve(&mut running, 1 << 30);
     assert_eq!(
         r,
         Reply::Memory {

@@ -36,6 +36,12 @@ fn hello(c: &mut Client, group: &str) -> Reply {
     c.request(&req, T).unwrap()
 }
 
+/// Asks for `bytes` of GPU 0's memory on `c`'s connection.
+fn reserve(c: &mut Client, bytes: u64) -> Reply {
+    c.request(&Request::ReserveMemory { device: 0, bytes }, T)
+        .unwrap()
+}
+
 fn error_kind(r: &Reply) -> Option<ErrorKind> {
     match r {
         Reply::Error(e) => Some(e.kind),
@@ -264,15 +270,7 @@ fn tokens_and_memory_through_the_daemon() {
         held_us > 0 && held_us <= waited,
         "held {held_us} µs of {waited}"
     );
-    let r = a
-        .request(
-            &Request::ReserveMemory {
-                device: 0,
-                bytes: 1 << 30,
-            },
-            T,
-        )
-        .unwrap();
+    let r = reserve(&mut a, 1 << 30);
     assert_eq!(
         r,
         Reply::Memory {
@@ -505,15 +503,7 @@ fn dead_client_releases_token_and_memory() {
     );
     let mut c = s.client();
     hello(&mut c, "a");
-    let r = c
-        .request(
-            &Request::ReserveMemory {
-                device: 0,
-                bytes: 1 << 30,
-            },
-            T,
-        )
-        .unwrap();
+    let r = reserve(&mut c, 1 << 30);
     assert!(matches!(r, Reply::Memory { .. }), "{r:?}");
 }
 
@@ -534,15 +524,7 @@ fn what_a_context_took_is_kept_across_a_restart_or_a_crash() {
     let connect = |s: &Gemini| {
         let mut c = s.client();
         assert!(matches!(hello(&mut c, "a"), Reply::Welcome { .. }));
-        let r = c
-            .request(
-                &Request::ReserveMemory {
-                    device: 0,
-                    bytes: 1 << 30,
-                },
-                T,
-            )
-            .unwrap();
+        let r = reserve(&mut c, 1 << 30);
         assert!(matches!(r, Reply::Memory { .. }), "{r:?}");
         c
     };
@@ -692,15 +674,7 @@ fn helper_client_process() {
     };
     let mut c = Client::connect(Path::new(&ipc)).unwrap();
     assert!(matches!(hello(&mut c, "a"), Reply::Welcome { .. }));
-    let r = c
-        .request(
-            &Request::ReserveMemory {
-                device: 0,
-                bytes: 1 << 30,
-            },
-            T,
-        )
-        .unwrap();
+    let r = reserve(&mut c, 1 << 30);
     assert!(matches!(r, Reply::Memory { .. }));
     let r = c
         .request(
