@@ -17,6 +17,10 @@ pub(super) struct GroupUse {
     pub(super) away_since: Option<Micros>,
     /// Smoothed length of the group's past absences (0: none seen yet).
     pub(super) away_avg: Micros,
+    /// The short edge of its past absences: down to a shorter one at
+    /// once, up by an eighth of the way to a longer one, so that most
+    /// returns come after it (0: none seen yet).
+    pub(super) away_short: Micros,
     /// Past absences longer than [`OWED_ABSENCE`] (pauses): left out of
     /// the span the group's share is taken over.
     pub(super) excused: Usage,
@@ -102,6 +106,28 @@ impl GroupUse {
         }
         let back = since + self.away_avg;
         (now < back + self.away_avg + late_by).then_some(back)
+    }
+
+    /// When the group is back at the earliest, as its returns go (its
+    /// short absence after it left); `None` as for
+    /// [`expected_back`](Self::expected_back).
+    pub(super) fn early_back(&self, now: Micros, late_by: Micros) -> Option<Micros> {
+        self.expected_back(now, late_by)?;
+        Some(self.away_since? + self.away_short)
+    }
+
+    /// Learns an absence of `away` µs.
+    pub(super) fn learn_absence(&mut self, away: Micros) {
+        self.away_avg = if self.away_avg == 0 {
+            away
+        } else {
+            (self.away_avg + away) / 2
+        };
+        self.away_short = if self.away_short == 0 || away < self.away_short {
+            away
+        } else {
+            self.away_short + (away - self.away_short) / 8
+        };
     }
 
     /// Share of the time since the group became active (at most a window)

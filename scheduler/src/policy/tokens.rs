@@ -147,11 +147,7 @@ impl Policy {
             if away > OWED_ABSENCE {
                 g.excused.add(since, now);
             }
-            g.away_avg = if g.away_avg == 0 {
-                away
-            } else {
-                (g.away_avg + away) / 2
-            };
+            g.learn_absence(away);
         }
     }
 
@@ -350,6 +346,9 @@ struct Return {
     /// When it is expected back (`None`: not known yet, or long past;
     /// see `GroupUse::expected_back`).
     expected: Option<Micros>,
+    /// When it is back at the earliest, as its returns go (`None` as
+    /// `expected`; see `GroupUse::early_back`).
+    early: Option<Micros>,
     /// When it may run (its `MaxUtil`).
     may_run: Micros,
 }
@@ -688,6 +687,7 @@ impl Decision<'_> {
         let may_run = g.eligible_at(self.now, max_util, self.params.saved_credit())?;
         Some(Return {
             expected: g.expected_back(self.now, self.params.min_quota),
+            early: g.early_back(self.now, self.params.min_quota),
             may_run,
         })
     }
@@ -704,17 +704,21 @@ impl Decision<'_> {
             }
             // Within its room: ranked before all others.
             let owed = |r: GroupRank| r.class == 0 && r.key < -1.0;
-            let Some(Return { expected, may_run }) = self.owed_back(dev, &u.key, owed) else {
+            let Some(Return {
+                expected,
+                early,
+                may_run,
+            }) = self.owed_back(dev, &u.key, owed)
+            else {
                 continue;
             };
             critical.owed = true;
             let at = expected.map(|t| t.max(may_run));
             critical.back = critical.back.into_iter().chain(at).min();
-            // Its return: when it is expected, or when it may run if that
-            // is later; in the past while it is late. It is waited for
-            // until CRITICAL_LEND_MAX past that (a return is an average:
-            // about half come after it).
-            let due = self.due(expected, may_run);
+            // Its return: when it is back at the earliest, or when it may
+            // run if that is later; in the past while it is late. It is
+            // waited for until CRITICAL_LEND_MAX past that.
+            let due = self.due(early, may_run);
             if let Some(due) = due.filter(|&d| self.now < d + CRITICAL_LEND_MAX)
                 && critical.due.is_none_or(|b| due < b)
             {
@@ -761,7 +765,10 @@ impl Decision<'_> {
                     below.set(r.class == 0);
                     r.class == 0 || (class == 1 && r.class == 1 && r.key < key)
                 };
-                let Some(Return { expected, may_run }) = self.owed_back(dev, &u.key, owed) else {
+                let Some(Return {
+                    expected, may_run, ..
+                }) = self.owed_back(dev, &u.key, owed)
+                else {
                     continue;
                 };
                 lending.lent = true;

@@ -84,12 +84,27 @@ struct Sim {
     /// real client wakes up and launches): the device idles that long at
     /// every hand-over.
     wake: Micros,
+    /// A `Bursty` client's gaps vary by up to this much either way (a
+    /// host's wake-ups), the same in every run.
+    gap_jitter: Micros,
 }
 
 const DONE: u8 = 0; // token use finished
 const WAKE: u8 = 1; // idle gap finished, ask again
 
 impl Sim {
+    /// `gap` moved by up to `gap_jitter` either way, by a hash of the
+    /// time and the client.
+    fn jittered(&self, gap: Micros, idx: usize) -> Micros {
+        if self.gap_jitter == 0 {
+            return gap;
+        }
+        let mut h = (self.now ^ (idx as u64) << 48).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+        let span = 2 * self.gap_jitter + 1;
+        (gap + h % span).saturating_sub(self.gap_jitter)
+    }
+
     fn new(text: &str) -> Sim {
         Sim::with_params(text, Params::default())
     }
@@ -102,6 +117,7 @@ impl Sim {
             queue: BinaryHeap::new(),
             device_free_at: 0,
             wake: 0,
+            gap_jitter: 0,
         }
     }
 
@@ -270,6 +286,7 @@ impl Sim {
                             in_flight: false,
                         },
                     );
+                    let gap = self.jittered(gap, idx);
                     self.queue.push(Reverse((self.now + gap, idx, WAKE)));
                 } else {
                     let left = c.left;
