@@ -359,6 +359,14 @@ fn memory_opened_through_ipc_is_paid_by_its_owner() {
             "20",
         ],
     ));
+    // The opener starts once the owner's memory is allocated: a module it
+    // loads while the owner allocates would be measured, without NVML
+    // listing the opener yet, by the device's used memory across the
+    // load, the owner's 384 MiB included (refused under 128 MiB).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !file.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let out = finish(spawn(rust(
         &g,
         "opener",
