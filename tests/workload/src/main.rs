@@ -95,6 +95,14 @@ struct Args {
     /// seconds (0: no retry)
     #[arg(long, default_value_t = 0.0)]
     retry_alloc_seconds: f64,
+    /// After the allocations, this many cuMemAlloc + cuMemFree pairs of
+    /// --chunk bytes (1 MiB by default), each call timed: the report gives
+    /// each call's median (alloc_pair_p50_ns, free_pair_p50_ns)
+    #[arg(long, default_value_t = 0)]
+    alloc_free: u32,
+    /// Go on with --alloc-free's pairs for at least this many seconds
+    #[arg(long, default_value_t = 0.0)]
+    alloc_free_seconds: f64,
     /// Kernels per iteration, as a training step queues them; after them
     /// the iteration waits for its work as --wait says, then idles
     /// --gap-ms (0: launch for --burst-ms instead)
@@ -342,6 +350,9 @@ struct Report {
     helper: Option<(u64, u64, u64)>,
     /// NVML's (free, total) and _v2's (free, total, used), when asked.
     nvml: Option<(u64, u64, u64, u64, u64)>,
+    /// With --alloc-free: the median time of a cuMemAlloc and of a
+    /// cuMemFree (ns).
+    pairs: Option<(u64, u64)>,
     kernels: u64,
     allocated: u64,
     alloc_error: CUresult,
@@ -451,11 +462,14 @@ fn main() -> anyhow::Result<()> {
             let helper = r.helper.map_or(String::new(), |(n, bad, us)| {
                 format!(" helper_calls={n} helper_bad={bad} helper_slowest_us={us}")
             });
+            let pairs = r.pairs.map_or(String::new(), |(a, f)| {
+                format!(" alloc_pair_p50_ns={a} free_pair_p50_ns={f}")
+            });
             let nvml = r.nvml.map_or(String::new(), |(f, t, f2, t2, u2)| {
                 format!(" nvml_free={f} nvml_total={t} nvml_v2_free={f2} nvml_v2_total={t2} nvml_v2_used={u2}")
             });
             println!(
-                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={} host_error={} ipc_error={}{nvml}{helper}",
+                "workload pid={} role={role} kernels={} kernel_us={} seconds={:.3} allocated={} alloc_error={} alloc_start_ns={} alloc_done_ns={} free={} total={} host_error={} ipc_error={}{nvml}{helper}{pairs}",
                 std::process::id(),
                 r.kernels,
                 args.kernel_us,

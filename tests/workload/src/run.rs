@@ -32,6 +32,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<Report> {
             ipc_error: 0,
             helper: None,
             nvml: before_init,
+            pairs: None,
             kernels: 0,
             allocated: 0,
             alloc_error: 0,
@@ -123,6 +124,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<Report> {
             }
         }
         report.alloc_done_ns = monotonic_ns();
+        if args.alloc_free > 0 {
+            report.pairs = Some(alloc_free_pairs(&d, args)?);
+        }
         if let (Some(path), Some(&p)) = (&args.ipc_export, ptrs.first()) {
             let mut h = IpcMemHandle([0; 64]);
             check("cuIpcGetMemHandle", (d.ipc_get)(&mut h, p))?;
@@ -484,4 +488,36 @@ fn join_nccl(spec: &str) -> anyhow::Result<()> {
         std::mem::forget(nccl);
     }
     Ok(())
+}
+
+/// `args.alloc_free` cuMemAlloc + cuMemFree pairs of `--chunk` bytes (1
+/// MiB by default), each call timed: the median of each (ns).
+fn alloc_free_pairs(d: &Driver, args: &Args) -> anyhow::Result<(u64, u64)> {
+    let n = args.chunk.unwrap_or(1 << 20).max(1) as usize;
+    let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+    let until = Instant::now() + Duration::from_secs_f64(args.alloc_free_seconds);
+    let mut done = 0;
+    while done < args.alloc_free || Instant::now() < until {
+        done += 1;
+        let mut p = 0u64;
+        let t0 = monotonic_ns();
+        // SAFETY: an out-pointer to a local, in the context `run` made
+        // current; `p` is freed once, just after.
+        let r = unsafe { (d.mem_alloc)(&mut p, n) };
+        let t1 = monotonic_ns();
+        check("cuMemAlloc", r)?;
+        // SAFETY: `p` was allocated just now and is not used again.
+        let r = unsafe { (d.mem_free)(p) };
+        let t2 = monotonic_ns();
+        check("cuMemFree", r)?;
+        if allocs.len() < 1 << 20 {
+            allocs.push(t1 - t0);
+            frees.push(t2 - t1);
+        }
+    }
+    let median = |v: &mut Vec<u64>| {
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    Ok((median(&mut allocs), median(&mut frees)))
 }
