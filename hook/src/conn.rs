@@ -87,7 +87,7 @@ impl State {
     }
 
     /// The protocol version the connection speaks.
-    fn speaks(&self) -> u16 {
+    pub(crate) fn speaks(&self) -> u16 {
         lock(&self.conn)
             .as_ref()
             .map_or(gemini_protocol::PROTOCOL_VERSION, Client::version)
@@ -399,6 +399,15 @@ impl State {
                 Err(Failure::Forgotten) => self.forgotten(),
             }
         }
+    }
+
+    /// The protocol version the scheduler speaks, registering first if
+    /// need be. `Err` is the CUDA result to return.
+    pub fn speaks_registered(&self) -> Result<u16, u32> {
+        if !self.registered.load(Ordering::Acquire) {
+            self.register()?;
+        }
+        Ok(self.speaks())
     }
 
     /// The scheduler answered that it does not know us (it restarted): the

@@ -95,8 +95,7 @@ fn charge(device: u32, want: u64) -> bool {
 /// another thread's allocation or free in flight makes it smaller, never
 /// larger.
 fn own_part(device: u32, footprint: u64) -> u64 {
-    let st = state::get();
-    let reserved = lock(&st.reserved).get(&device).copied().unwrap_or(0);
+    let reserved = memory::reserved_for_allocations(device);
     footprint.saturating_sub(reserved.saturating_sub(held_on(device)))
 }
 

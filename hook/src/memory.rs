@@ -11,13 +11,35 @@
 //! (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`), reserved before an allocation
 //! that makes it grow and settled with the pool after it and after every
 //! synchronisation (where the driver trims pools).
+//!
+//! Leases: with each reservation the scheduler may lease the process some
+//! more of its group's memory on that device (64 MiB at most, for 50 ms;
+//! see gem-schd's `policy::memory`). Allocations within the lease take
+//! from it with no round trip, frees give back to it (up to what was
+//! leased), and a thread of the hook's returns what is left when it
+//! ends. The
+//! scheduler counts the lease as the group's, so the `MemoryLimit` holds
+//! across processes; a process whose group is short while others hold
+//! leases waits for them to come back (at most a second), then is
+//! refused.
 
+use crate::clock::now_ns;
 use crate::cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult};
-use crate::state::{self, lock};
-use gemini_protocol::{ErrorKind, Reply, Request};
+use crate::state::{self, Lease, State, lock};
+use gemini_protocol::{ErrorKind, ErrorReply, Reply, Request};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The protocol version from which the scheduler leases memory.
+const LEASES_SINCE: u16 = 17;
+/// What a reservation asks to lease: the scheduler grants at most its own
+/// bound.
+const LEASE_WANT: u64 = 64 << 20;
+/// The longest an allocation waits for its group's other processes to
+/// give their leases back before it is refused.
+const RECALL_WAIT: Duration = Duration::from_secs(1);
 
 /// Device ordinal of the current context, if any.
 pub fn current_ordinal() -> Option<u32> {
@@ -59,8 +81,17 @@ pub fn reserve(dev: u32, bytes: u64) -> Result<u32, CUresult> {
 
 /// [`reserve`] on physical `device`.
 pub fn reserve_physical(device: u32, bytes: u64) -> Result<u32, CUresult> {
-    match ask(device, bytes)? {
-        Reply::Memory { .. } => Ok(device),
+    let st = state::get();
+    let reply = if st.speaks_registered()? >= LEASES_SINCE {
+        match leased(st, device, bytes)? {
+            None => return Ok(device),
+            Some(r) => r,
+        }
+    } else {
+        ask(device, bytes)?
+    };
+    match reply {
+        Reply::Memory { .. } | Reply::Leased { .. } => Ok(device),
         Reply::Error(e) if e.kind == ErrorKind::OutOfMemory => {
             // Once per process whatever GEMINI_LOG says: a PyTorch user
             // must be able to tell the group's cap from a full GPU.
@@ -90,12 +121,183 @@ pub fn reserve_physical(device: u32, bytes: u64) -> Result<u32, CUresult> {
     }
 }
 
-/// Returns a reservation (the real allocation failed, or was freed).
+/// Reserves `bytes` on physical `device` through the process's lease
+/// there: `None` if the lease held them (no round trip); else the
+/// scheduler's answer to a reservation that renews the lease (the
+/// renewal is made under the lock, so that other threads allocating
+/// meanwhile take from the new lease). While the group's other leases
+/// are recalled, asks again as told, for at most [`RECALL_WAIT`].
+fn leased(st: &'static State, device: u32, bytes: u64) -> Result<Option<Reply>, CUresult> {
+    let deadline = Instant::now() + RECALL_WAIT;
+    loop {
+        let mut leases = lock(&st.leases);
+        if let Some(l) = leases.get_mut(&device)
+            && now_ns() < l.ends
+            && l.slack >= bytes
+        {
+            l.slack -= bytes;
+            return Ok(None);
+        }
+        let returned = leases.remove(&device).map_or(0, |l| l.slack);
+        note_lease_ends(st, &leases);
+        let sent = now_ns();
+        let req = Request::ReserveLeased {
+            device,
+            bytes,
+            returned,
+            lease: LEASE_WANT,
+        };
+        let reply = st.call(&req, device);
+        // Taken back first whatever the answer. (Counted as held until
+        // now: a scheduler that restarted meanwhile was told it at hello,
+        // and the repeated request takes it back from there.)
+        count(device, -i128::from(returned));
+        match reply? {
+            r @ Reply::Leased { lease, ttl_us, .. } => {
+                count(device, i128::from(bytes) + i128::from(lease));
+                if lease > 0 {
+                    let ends = sent.saturating_add(ttl_us.saturating_mul(1000));
+                    let granted = lease;
+                    leases.insert(
+                        device,
+                        Lease {
+                            slack: lease,
+                            granted,
+                            ends,
+                        },
+                    );
+                    note_lease_ends(st, &leases);
+                    start_lease_thread(st);
+                }
+                return Ok(Some(r));
+            }
+            Reply::Recalled { retry_us, .. } if Instant::now() < deadline => {
+                drop(leases);
+                crate::log::debug!(
+                    "device {device}: the group's other processes give their leases back; asking again in {retry_us} µs"
+                );
+                let left = deadline.saturating_duration_since(Instant::now());
+                std::thread::sleep(Duration::from_micros(retry_us.max(1_000)).min(left));
+            }
+            Reply::Recalled { .. } => {
+                return Ok(Some(Reply::Error(ErrorReply {
+                    kind: ErrorKind::OutOfMemory,
+                    message: format!(
+                        "the group's other processes on device {device} did not give back the memory leased to them within {} s",
+                        RECALL_WAIT.as_secs()
+                    ),
+                })));
+            }
+            Reply::Error(e) if matches!(e.kind, ErrorKind::Malformed | ErrorKind::BadRequest) => {
+                // A scheduler older than leases took over meanwhile.
+                drop(leases);
+                return ask(device, bytes).map(Some);
+            }
+            other => return Ok(Some(other)),
+        }
+    }
+}
+
+/// Keeps when the first lease ends, and wakes the lease thread to wait
+/// for it.
+fn note_lease_ends(st: &State, leases: &HashMap<u32, Lease>) {
+    let first = leases.values().map(|l| l.ends).min().unwrap_or(0);
+    st.lease_ends.store(first, Ordering::Release);
+    st.lease_cv.notify_one();
+}
+
+/// Starts the thread that gives leases back as they end (once per
+/// process, at its first lease; a forked child starts its own).
+fn start_lease_thread(st: &'static State) {
+    if st.lease_thread.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("gemini-lease".into())
+        .spawn(move || lease_thread(st));
+    if spawned.is_err() {
+        st.lease_thread.store(false, Ordering::Release);
+    }
+}
+
+/// Waits for the first lease to end, then gives back what is left of
+/// those that ended; sleeps while none is held.
+fn lease_thread(st: &'static State) {
+    loop {
+        {
+            let leases = lock(&st.leases);
+            let first = st.lease_ends.load(Ordering::Acquire);
+            let now = now_ns();
+            if first == 0 {
+                drop(st.lease_cv.wait(leases));
+            } else if now < first {
+                let wait = Duration::from_nanos(first - now);
+                drop(st.lease_cv.wait_timeout(leases, wait));
+            }
+        }
+        end_leases(st);
+    }
+}
+
+/// Gives back to the scheduler what is left of the leases that ended.
+fn end_leases(st: &'static State) {
+    let first = st.lease_ends.load(Ordering::Acquire);
+    if first == 0 || now_ns() < first {
+        return;
+    }
+    let mut leases = lock(&st.leases);
+    let now = now_ns();
+    let ended: Vec<(u32, u64)> = leases
+        .iter()
+        .filter(|(_, l)| now >= l.ends)
+        .map(|(&device, l)| (device, l.slack))
+        .collect();
+    for (device, bytes) in ended {
+        leases.remove(&device);
+        let _ = st.call(&Request::ReturnLease { device, bytes }, device);
+        count(device, -i128::from(bytes));
+    }
+    note_lease_ends(st, &leases);
+}
+
+/// Gives `bytes` freed on `device` back to the lease there, if it holds
+/// and has room for them: true if it took them.
+fn give_to_lease(st: &State, device: u32, bytes: u64) -> bool {
+    let mut leases = lock(&st.leases);
+    let Some(l) = leases.get_mut(&device) else {
+        return false;
+    };
+    if now_ns() >= l.ends || l.slack.saturating_add(bytes) > l.granted {
+        return false;
+    }
+    l.slack += bytes;
+    true
+}
+
+/// What is left of the lease on `device` (0: none).
+fn lease_slack(st: &State, device: u32) -> u64 {
+    lock(&st.leases).get(&device).map_or(0, |l| l.slack)
+}
+
+/// What the process holds reserved on physical `device` for memory the
+/// driver has (or is about to have): all it reserved but what is left of
+/// its lease.
+pub fn reserved_for_allocations(device: u32) -> u64 {
+    let st = state::get();
+    let reserved = lock(&st.reserved).get(&device).copied().unwrap_or(0);
+    reserved.saturating_sub(lease_slack(st, device))
+}
+
+/// Returns a reservation (the real allocation failed, or was freed): to
+/// the lease on `device` while it holds, else to the scheduler.
 pub fn unreserve(device: u32, bytes: u64) {
     if bytes == 0 {
         return;
     }
     let st = state::get();
+    if give_to_lease(st, device, bytes) {
+        return;
+    }
     count(device, -i128::from(bytes));
     let _ = st.call(&Request::ReleaseMemory { device, bytes }, device);
 }
@@ -441,7 +643,11 @@ pub fn view_physical(device: u32) -> Option<(u64, u64, u64)> {
             limit,
             reclaimable,
             ..
-        } => Some((used, limit, reclaimable)),
+        } => {
+            // What is left of this process's lease is free to it.
+            let used = used.saturating_sub(lease_slack(st, device));
+            Some((used, limit, reclaimable))
+        }
         _ => None,
     }
 }

@@ -336,6 +336,16 @@ pub struct State {
     /// physical device: every reservation, whatever it is for (said again
     /// to a restarted scheduler).
     pub reserved: Mutex<HashMap<u32, u64>>,
+    /// Of that, the leases the scheduler granted, by physical device:
+    /// allocations within one make no round trip (see `memory::leased`).
+    pub leases: Mutex<HashMap<u32, Lease>>,
+    /// When the first of `leases` ends (ns; 0: none held), for the lease
+    /// thread, which gives leases back as they end; woken by `lease_cv`
+    /// at each new lease.
+    pub lease_ends: AtomicU64,
+    pub lease_cv: Condvar,
+    /// The lease thread runs.
+    pub lease_thread: AtomicBool,
     /// Of that, what is reserved for the memory the driver keeps for the
     /// process itself (contexts, their limits, modules), by physical
     /// device (see `memory::driver_held`).
@@ -447,6 +457,10 @@ pub fn get() -> &'static State {
         contexts: Mutex::new(Vec::new()),
         syncing: Mutex::new(HashMap::new()),
         reserved: Mutex::new(HashMap::new()),
+        leases: Mutex::new(HashMap::new()),
+        lease_ends: AtomicU64::new(0),
+        lease_cv: Condvar::new(),
+        lease_thread: AtomicBool::new(false),
         driver_held: Mutex::new(HashMap::new()),
         measuring: Mutex::new(()),
         rtt: gemini_protocol::roundtrip::RoundTrip::new(),
@@ -471,6 +485,17 @@ pub fn get() -> &'static State {
             }
         }
     }
+}
+
+/// Memory the scheduler leased to this process on a device (see
+/// `memory::leased`): allocations take from `slack` without asking until
+/// `ends` (ns, counted from when the request was sent, so never after the
+/// scheduler's own end), and frees give back to it up to `granted`.
+#[derive(Debug, Clone, Copy)]
+pub struct Lease {
+    pub slack: u64,
+    pub granted: u64,
+    pub ends: u64,
 }
 
 /// One device's synchronisation thread and what it was asked (run by

@@ -305,6 +305,33 @@ pub enum Request {
         /// The device.
         device: DeviceId,
     },
+    /// Reserve `bytes` of device memory for an allocation, as
+    /// [`Request::ReserveMemory`], after giving back `returned` bytes of
+    /// the client's lease on `device` (what is left of it), and lease up
+    /// to `lease` bytes more: the client's later allocations within its
+    /// lease make no round trip until it ends (protocol 17). Reply:
+    /// [`Reply::Leased`]; [`Reply::Recalled`] where the group has room
+    /// only once its other processes' leases are back; or
+    /// [`ErrorKind::OutOfMemory`].
+    ReserveLeased {
+        /// The device.
+        device: DeviceId,
+        /// Bytes to reserve for the allocation.
+        bytes: u64,
+        /// Bytes of the lease held, unused, given back first.
+        returned: u64,
+        /// Bytes wanted as a lease (the scheduler grants at most its own
+        /// bound, and none while the group is short).
+        lease: u64,
+    },
+    /// The client's lease on `device` ended: `bytes`, what is left of it,
+    /// are given back (0: all used). Reply: [`Reply::Memory`].
+    ReturnLease {
+        /// The device.
+        device: DeviceId,
+        /// Bytes given back.
+        bytes: u64,
+    },
 }
 
 /// Scheduler → client.
@@ -398,6 +425,31 @@ pub enum Reply {
         /// The device is reserved for another group, which the asker's
         /// group waits for (`None`: not that).
         reserved: Option<ReservedFor>,
+    },
+    /// Answer to [`Request::ReserveLeased`]: the allocation's bytes are
+    /// reserved, and `lease` more are the client's until `ttl_us` from
+    /// when it sent the request.
+    Leased {
+        /// The device.
+        device: DeviceId,
+        /// Bytes the group has reserved there, leases included.
+        used: u64,
+        /// The group's `MemoryLimit`.
+        limit: u64,
+        /// Bytes leased (0: none).
+        lease: u64,
+        /// How long the lease lasts, in microseconds.
+        ttl_us: u64,
+    },
+    /// Answer to [`Request::ReserveLeased`]: the group has room only once
+    /// the leases of its other processes on `device` are back, which the
+    /// scheduler has stopped renewing: ask again in `retry_us`. Nothing
+    /// was reserved (the `returned` bytes were taken back).
+    Recalled {
+        /// The device.
+        device: DeviceId,
+        /// When to ask again, in microseconds.
+        retry_us: u64,
     },
 }
 

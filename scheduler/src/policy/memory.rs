@@ -1,8 +1,38 @@
 //! Memory reserved per group and device, and the group's view of it.
+//!
+//! Leases: a client process that reserves memory for an allocation may
+//! lease some more ([`LEASE_MAX`] at most, and at most half of what its
+//! group has left), which its later allocations take without asking,
+//! until [`LEASE_TTL`] has passed; it then gives back what is left. The
+//! lease is reserved for the group like any allocation, so the group's
+//! `MemoryLimit` holds across its processes. A process whose group is
+//! short, where its other processes' leases would make room, is told to
+//! ask again once they end ([`Reply::Recalled`]); none is granted or
+//! renewed meanwhile, until it is served or has had [`LEASE_TTL`] more
+//! to ask. So a lease holds back at most [`LEASE_MAX`] of the group's
+//! memory from its other processes, for at most [`LEASE_TTL`] and
+//! [`RECALL_SLACK`].
 
-use super::{GroupKey, Peer, Policy, error};
+use super::{GroupKey, Lease, Micros, Peer, Policy, error};
 use gemini_protocol::{ClientId, DeviceId, ErrorKind, Reply, Role};
 use std::collections::BTreeMap;
+
+/// The most memory leased to one process on one device: 64 MiB.
+pub const LEASE_MAX: u64 = 64 << 20;
+/// How long a lease lasts (µs): 50 ms.
+pub const LEASE_TTL: Micros = 50_000;
+/// How long after its end a lease is back at the latest (µs): the hook's
+/// idle watcher gives it back within its tick (2 ms at most) and a round
+/// trip. A lease later than that is not waited for: its process does not
+/// run, and what it leased may be allocated.
+pub const RECALL_SLACK: Micros = 5_000;
+
+/// A [`gemini_protocol::Request::ReserveLeased`]'s amounts.
+pub(super) struct LeaseAsk {
+    pub(super) bytes: u64,
+    pub(super) returned: u64,
+    pub(super) lease: u64,
+}
 
 impl Policy {
     pub(super) fn reserve(&mut self, client: ClientId, device: DeviceId, bytes: u64) -> Reply {
@@ -47,6 +77,145 @@ impl Policy {
                 )
             }),
         }
+    }
+
+    /// Reserves `ask.bytes` for `client`'s allocation on `device` after
+    /// taking back what is left of its lease (`ask.returned`), and leases
+    /// it up to `ask.lease` more (see the module's notes).
+    pub(super) fn reserve_leased(
+        &mut self,
+        client: ClientId,
+        device: DeviceId,
+        ask: LeaseAsk,
+        now: Micros,
+    ) -> Reply {
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.leases.remove(&device);
+        }
+        if ask.returned > 0 {
+            self.release_memory(client, device, ask.returned);
+        }
+        match self.reserve(client, device, ask.bytes) {
+            Reply::Memory { used, limit, .. } => {
+                self.recall_served(client, device);
+                let lease = self.grant_lease(client, device, ask.lease, now);
+                Reply::Leased {
+                    device,
+                    used: used.saturating_add(lease),
+                    limit,
+                    lease,
+                    ttl_us: if lease > 0 { LEASE_TTL } else { 0 },
+                }
+            }
+            Reply::Error(e) if e.kind == ErrorKind::OutOfMemory => {
+                match self.recall_leases(client, device, ask.bytes, now) {
+                    Some(retry_us) => Reply::Recalled { device, retry_us },
+                    None => Reply::Error(e),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Leases `client` up to `want` bytes on `device` (see the module's
+    /// notes); returns what it got.
+    fn grant_lease(&mut self, client: ClientId, device: DeviceId, want: u64, now: Micros) -> u64 {
+        let Some(c) = self.clients.get(&client).filter(|c| c.role == Role::Client) else {
+            return 0;
+        };
+        let key = (c.group.clone(), device);
+        if self
+            .recalls
+            .get(&key)
+            .is_some_and(|&(until, _)| now < until)
+        {
+            return 0;
+        }
+        self.recalls.remove(&key);
+        let limit = self.limits(&key.0).memory_limit;
+        let used = self.memory.get(&key).copied().unwrap_or(0);
+        let lease = want.min(LEASE_MAX).min(limit.saturating_sub(used) / 2);
+        if lease == 0 || !matches!(self.reserve(client, device, lease), Reply::Memory { .. }) {
+            return 0;
+        }
+        if let Some(c) = self.clients.get_mut(&client) {
+            let until = now.saturating_add(LEASE_TTL);
+            c.leases.insert(
+                device,
+                Lease {
+                    bytes: lease,
+                    until,
+                },
+            );
+        }
+        lease
+    }
+
+    /// `client`'s group has no room for `bytes` more on `device`: where
+    /// the leases its other processes hold there (and are still due back)
+    /// would make room, they are recalled (none granted or renewed until
+    /// they are due back), and the asker is told when to ask again (µs).
+    fn recall_leases(
+        &mut self,
+        client: ClientId,
+        device: DeviceId,
+        bytes: u64,
+        now: Micros,
+    ) -> Option<u64> {
+        let group = self.clients.get(&client)?.group.clone();
+        let (mut leased, mut due) = (0u64, 0);
+        for (_, c) in self
+            .clients
+            .iter()
+            .filter(|(id, c)| **id != client && c.group == group)
+        {
+            if let Some(l) = c.leases.get(&device)
+                && now < l.until.saturating_add(RECALL_SLACK)
+            {
+                leased = leased.saturating_add(l.bytes);
+                due = due.max(l.until.saturating_add(RECALL_SLACK));
+            }
+        }
+        let limit = self.limits(&group).memory_limit;
+        let used = self
+            .memory
+            .get(&(group.clone(), device))
+            .copied()
+            .unwrap_or(0);
+        if leased == 0 || used.saturating_sub(leased).saturating_add(bytes) > limit {
+            return None;
+        }
+        // In force until the asker is served, or has had a lease's time
+        // to ask again: a process of the group renewing its lease in all
+        // the while would otherwise take a new one at `due`, before the
+        // asker's return, time after time.
+        self.recalls.retain(|_, (until, _)| now < *until);
+        let until = due.saturating_add(LEASE_TTL);
+        self.recalls.insert((group, device), (until, client));
+        Some(due - now)
+    }
+
+    /// `client` was served on `device`: a recall made for it ends.
+    fn recall_served(&mut self, client: ClientId, device: DeviceId) {
+        let Some(group) = self.clients.get(&client).map(|c| c.group.clone()) else {
+            return;
+        };
+        let key = (group, device);
+        if self
+            .recalls
+            .get(&key)
+            .is_some_and(|&(_, asker)| asker == client)
+        {
+            self.recalls.remove(&key);
+        }
+    }
+
+    /// `client`'s lease on `device` ended, `bytes` of it unused.
+    pub(super) fn return_lease(&mut self, client: ClientId, device: DeviceId, bytes: u64) -> Reply {
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.leases.remove(&device);
+        }
+        self.release_memory(client, device, bytes)
     }
 
     pub(super) fn release_memory(

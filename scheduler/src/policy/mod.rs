@@ -395,6 +395,17 @@ struct Client {
     /// Per device, the device time charged to it (µs): what its reports
     /// claimed, before any later refund to another group's work.
     gpu_used: BTreeMap<DeviceId, Micros>,
+    /// Per device, the memory leased to it (part of `memory`, which its
+    /// allocations take without asking) and until when (see `memory`).
+    leases: BTreeMap<DeviceId, Lease>,
+}
+
+/// Memory leased to a client on a device: at most `bytes` of what it
+/// holds reserved there are not allocated yet, until `until`.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    bytes: u64,
+    until: Micros,
 }
 
 impl Client {
@@ -431,6 +442,7 @@ impl Client {
             uid: peer.map(|p| p.uid),
             user: peer.map(|p| p.user.clone()).unwrap_or_default(),
             gpu_used: BTreeMap::new(),
+            leases: BTreeMap::new(),
         }
     }
 }
@@ -643,6 +655,10 @@ pub struct Policy {
     /// The most a context took per user and device, as that user's
     /// processes measured it (see [`Policy::context_cost`]).
     context_cost: BTreeMap<(u32, DeviceId), u64>,
+    /// Groups short of memory on a device, until when their processes'
+    /// leases there are recalled (none is granted or renewed meanwhile),
+    /// and for which client.
+    recalls: BTreeMap<(GroupKey, DeviceId), (Micros, ClientId)>,
     /// When a real client last asked for a token or memory, per device.
     activity: BTreeMap<DeviceId, Micros>,
     /// The holder's pending poll for orders.
@@ -728,6 +744,7 @@ impl Policy {
             devices: BTreeMap::new(),
             memory: BTreeMap::new(),
             context_cost: BTreeMap::new(),
+            recalls: BTreeMap::new(),
             activity: BTreeMap::new(),
             poll: None,
             orders: Default::default(),

@@ -66,6 +66,8 @@ fn device_of(req: &Request) -> Option<DeviceId> {
         | Request::Quieting { device, .. }
         | Request::ReserveMemory { device, .. }
         | Request::ReleaseMemory { device, .. }
+        | Request::ReserveLeased { device, .. }
+        | Request::ReturnLease { device, .. }
         | Request::NeedMemory { device, .. }
         | Request::ContextCost { device, .. }
         | Request::MemoryInfo { device } => Some(*device),
@@ -205,6 +207,7 @@ impl Policy {
             req,
             Request::MemoryInfo { .. }
                 | Request::ReleaseMemory { .. }
+                | Request::ReturnLease { .. }
                 | Request::ContextCost { .. }
         );
         let cfg = c
@@ -239,6 +242,8 @@ impl Policy {
             }
             Request::ReserveMemory { .. }
             | Request::ReleaseMemory { .. }
+            | Request::ReserveLeased { .. }
+            | Request::ReturnLease { .. }
             | Request::NeedMemory { .. }
             | Request::MemoryInfo { .. }
             | Request::ContextCost { .. } => self.memory_request(asker, req, now, out),
@@ -450,6 +455,25 @@ impl Policy {
                     self.activity.insert(device, now);
                 }
                 out.push(asker.reply(self.reserve(client, device, bytes)));
+            }
+            Request::ReserveLeased {
+                device,
+                bytes,
+                returned,
+                lease,
+            } => {
+                if role == Role::Client {
+                    self.activity.insert(device, now);
+                }
+                let ask = memory::LeaseAsk {
+                    bytes,
+                    returned,
+                    lease,
+                };
+                out.push(asker.reply(self.reserve_leased(client, device, ask, now)));
+            }
+            Request::ReturnLease { device, bytes } => {
+                out.push(asker.reply(self.return_lease(client, device, bytes)));
             }
             Request::ReleaseMemory { device, bytes } => {
                 out.push(asker.reply(self.release_memory(client, device, bytes)));

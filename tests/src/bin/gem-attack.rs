@@ -118,6 +118,29 @@ fn main() {
                 ask(&c, &memory, MS);
                 report("context-cost-client", said(ask(&c, &huge, MS)));
             }
+            // A lease as large as can be asked, giving back what was
+            // never leased: at most the scheduler's bound, and none of
+            // anyone else's memory.
+            "lease" => {
+                let s = dealer(&ctx, ipc, None);
+                ask(&s, &hello(Role::Client, &a.open, 0, vec![]), MS);
+                let greedy = Request::ReserveLeased {
+                    device: 0,
+                    bytes: 1 << 20,
+                    returned: u64::MAX,
+                    lease: u64::MAX,
+                };
+                let what = match ask(&s, &greedy, MS) {
+                    Some(Reply::Leased { lease, .. }) => format!("Leased {lease}"),
+                    r => said(r),
+                };
+                report("lease", what);
+                let back = Request::ReturnLease {
+                    device: 0,
+                    bytes: u64::MAX,
+                };
+                report("lease-return", said(ask(&s, &back, MS)));
+            }
             "held" => {
                 let s = dealer(&ctx, ipc, None);
                 let held = vec![HeldMemory {

@@ -12,6 +12,7 @@ use std::path::Path;
 mod access;
 mod holder;
 mod latency;
+mod leases;
 mod memory;
 mod reserve;
 mod shares;

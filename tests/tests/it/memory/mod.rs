@@ -154,15 +154,32 @@ impl Memwork {
 }
 
 /// What the scheduler has the group hold on `dev`.
+///
+/// Once its processes' leases are back: a lease (64 MiB at most) is
+/// charged to the group until its process gives back what is left of it
+/// (50 ms after it was granted, and the idle watcher's tick), so this
+/// waits, up to 2 s, for the charge to be what the driver holds.
 fn charged(g: &Gemini, group: &str, dev: u32) -> u64 {
-    g.status()
-        .devices
-        .iter()
-        .filter(|d| d.device == dev)
-        .flat_map(|d| d.groups.iter())
-        .filter(|r| r.group == group)
-        .map(|r| r.memory_used)
-        .sum()
+    let read = || -> u64 {
+        g.status()
+            .devices
+            .iter()
+            .filter(|d| d.device == dev)
+            .flat_map(|d| d.groups.iter())
+            .filter(|r| r.group == group)
+            .map(|r| r.memory_used)
+            .sum()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let charged = read();
+        if charged == g.sim.group_memory(group).now[dev as usize]
+            || std::time::Instant::now() >= until
+        {
+            return charged;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// llama.cpp and Ollama grow their VMM pool by mapping each new handle
@@ -608,4 +625,62 @@ fn modules_load_side_by_side_charged_their_images() {
     assert_eq!(enumerations(), before, "NVML enumerated during the loads");
     assert_eq!(charged(&g, "a", 0), 32 * MIB, "each image's size");
     w.end();
+}
+
+/// A process that allocates and frees all the time holds a lease of its
+/// group's memory (64 MiB) nearly always. A group-mate that needs all but
+/// that lease of the group's 1 GiB is not refused: gem-schd recalls the
+/// lease (renews none, though the busy process asks all the time), and
+/// the allocation is made once it is back. The group never holds more
+/// than its limit.
+#[test]
+fn a_group_mates_lease_is_recalled_before_an_allocation_is_refused() {
+    let g = Gemini::start(SimEnv::default(), "[a]\nMemoryLimit=1GiB\n");
+    let mut c = g.hooked(g.sim.command(bin("gem-workload")), "a");
+    c.args([
+        "--seconds",
+        "0",
+        "--alloc-free",
+        "1",
+        "--alloc-free-seconds",
+        "60",
+    ]);
+    let mut busy = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Its loop is under way once the group holds a lease.
+    let reserved = || -> u64 {
+        g.status()
+            .devices
+            .iter()
+            .flat_map(|d| d.groups.iter())
+            .filter(|r| r.group == "a")
+            .map(|r| r.memory_used)
+            .sum()
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    while reserved() < 64 * MIB {
+        assert!(Instant::now() < until, "the busy process never leased");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut big = Memwork::start(&g, "a", &["host", "--host", "1MiB", "--device", "1000MiB"]);
+    big.at("held");
+    assert_eq!(
+        big.num("device_error"),
+        0,
+        "1000 MiB fits beside the busy process's 1 MiB once its lease is back"
+    );
+    // (The busy process was in its loop all along.)
+    assert!(busy.try_wait().unwrap().is_none(), "the busy process ended");
+    busy.kill().unwrap();
+    busy.wait().unwrap();
+    let held = g.sim.group_memory("a");
+    assert!(
+        held.peak[0] <= 1 << 30,
+        "the group held {} MiB under a 1 GiB limit",
+        held.peak[0] / MIB
+    );
+    big.end();
 }
