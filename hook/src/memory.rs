@@ -82,6 +82,9 @@ pub fn reserve(dev: u32, bytes: u64) -> Result<u32, CUresult> {
 /// [`reserve`] on physical `device`.
 pub fn reserve_physical(device: u32, bytes: u64) -> Result<u32, CUresult> {
     let st = state::get();
+    if take_from_lease(st, device, bytes) {
+        return Ok(device);
+    }
     let reply = if st.speaks_registered()? >= LEASES_SINCE {
         match leased(st, device, bytes)? {
             None => return Ok(device),
@@ -131,11 +134,7 @@ fn leased(st: &'static State, device: u32, bytes: u64) -> Result<Option<Reply>, 
     let deadline = Instant::now() + RECALL_WAIT;
     loop {
         let mut leases = lock(&st.leases);
-        if let Some(l) = leases.get_mut(&device)
-            && now_ns() < l.ends
-            && l.slack >= bytes
-        {
-            l.slack -= bytes;
+        if take_within(&mut leases, device, bytes) {
             return Ok(None);
         }
         let returned = leases.remove(&device).map_or(0, |l| l.slack);
@@ -147,12 +146,12 @@ fn leased(st: &'static State, device: u32, bytes: u64) -> Result<Option<Reply>, 
             returned,
             lease: LEASE_WANT,
         };
-        let reply = st.call(&req, device);
-        // Taken back first whatever the answer. (Counted as held until
-        // now: a scheduler that restarted meanwhile was told it at hello,
-        // and the repeated request takes it back from there.)
-        count(device, -i128::from(returned));
-        match reply? {
+        let reply = st.call(&req, device)?;
+        // (Counted as held until now: a scheduler that restarted
+        // meanwhile was told it at hello, and the repeated request takes
+        // it back from there.)
+        returned_with(st, device, returned, &reply);
+        match reply {
             r @ Reply::Leased { lease, ttl_us, .. } => {
                 count(device, i128::from(bytes) + i128::from(lease));
                 if lease > 0 {
@@ -196,6 +195,51 @@ fn leased(st: &'static State, device: u32, bytes: u64) -> Result<Option<Reply>, 
             other => return Ok(Some(other)),
         }
     }
+}
+
+/// Takes `bytes` from the lease on `device` in `leases`, if it holds
+/// and has them.
+fn take_within(leases: &mut HashMap<u32, Lease>, device: u32, bytes: u64) -> bool {
+    match leases.get_mut(&device) {
+        Some(l) if now_ns() < l.ends && l.slack >= bytes => {
+            l.slack -= bytes;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// [`take_within`] the process's leases: an allocation within one makes
+/// no call to the scheduler, nor waits for the connection.
+fn take_from_lease(st: &State, device: u32, bytes: u64) -> bool {
+    take_within(&mut lock(&st.leases), device, bytes)
+}
+
+/// `returned` bytes of the lease on `device` were sent back with a
+/// request answered `reply`: the scheduler took them back where the
+/// request reached it (answered as a reservation is); else (refused
+/// before, or an older scheduler that does not know leases) they are
+/// released on their own, so that the group is not charged them until
+/// the process ends.
+fn returned_with(st: &State, device: u32, returned: u64, reply: &Reply) {
+    if returned == 0 {
+        return;
+    }
+    let taken = match reply {
+        Reply::Leased { .. } | Reply::Recalled { .. } | Reply::Memory { .. } => true,
+        Reply::Error(e) => matches!(e.kind, ErrorKind::OutOfMemory | ErrorKind::Unexpected),
+        _ => false,
+    };
+    if !taken {
+        let _ = st.call(
+            &Request::ReleaseMemory {
+                device,
+                bytes: returned,
+            },
+            device,
+        );
+    }
+    count(device, -i128::from(returned));
 }
 
 /// Keeps when the first lease ends, and wakes the lease thread to wait
@@ -254,8 +298,10 @@ fn end_leases(st: &'static State) {
         .collect();
     for (device, bytes) in ended {
         leases.remove(&device);
-        let _ = st.call(&Request::ReturnLease { device, bytes }, device);
-        count(device, -i128::from(bytes));
+        match st.call(&Request::ReturnLease { device, bytes }, device) {
+            Ok(reply) => returned_with(st, device, bytes, &reply),
+            Err(_) => count(device, -i128::from(bytes)),
+        }
     }
     note_lease_ends(st, &leases);
 }
@@ -284,8 +330,14 @@ fn lease_slack(st: &State, device: u32) -> u64 {
 /// its lease.
 pub fn reserved_for_allocations(device: u32) -> u64 {
     let st = state::get();
+    // Both read under their locks, in their order (leases, then
+    // reserved): a renewal in between would change one and not yet the
+    // other.
+    let leases = lock(&st.leases);
+    let slack = leases.get(&device).map_or(0, |l| l.slack);
     let reserved = lock(&st.reserved).get(&device).copied().unwrap_or(0);
-    reserved.saturating_sub(lease_slack(st, device))
+    drop(leases);
+    reserved.saturating_sub(slack)
 }
 
 /// Returns a reservation (the real allocation failed, or was freed): to
@@ -562,7 +614,9 @@ pub fn charge_to(held: &mut (u32, u64), now: u64) -> bool {
     if now < was {
         unreserve(device, was - now);
     } else if now > was {
-        let grown = matches!(ask(device, now - was), Ok(Reply::Memory { .. }));
+        // Through the lease, as an allocation: from what is left of it,
+        // or a reservation that recalls the group's other leases.
+        let grown = reserve_physical(device, now - was).is_ok();
         if !grown {
             return false;
         }

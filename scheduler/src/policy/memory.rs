@@ -10,8 +10,11 @@
 //! ask again once they end ([`Reply::Recalled`]); none is granted or
 //! renewed meanwhile, until it is served or has had [`LEASE_TTL`] more
 //! to ask. So a lease holds back at most [`LEASE_MAX`] of the group's
-//! memory from its other processes, for at most [`LEASE_TTL`] and
-//! [`RECALL_SLACK`].
+//! memory from its other processes, for [`LEASE_TTL`] and the round trip
+//! that gives it back ([`RECALL_SLACK`] is allowed for it); a process
+//! that does not run holds its lease as it holds its allocations, and a
+//! group-mate's allocation waits for it up to its hook's second, then is
+//! refused.
 
 use super::{GroupKey, Lease, Micros, Peer, Policy, error};
 use gemini_protocol::{ClientId, DeviceId, ErrorKind, Reply, Role};
@@ -21,11 +24,15 @@ use std::collections::BTreeMap;
 pub const LEASE_MAX: u64 = 64 << 20;
 /// How long a lease lasts (µs): 50 ms.
 pub const LEASE_TTL: Micros = 50_000;
-/// How long after its end a lease is back at the latest (µs): the hook's
-/// idle watcher gives it back within its tick (2 ms at most) and a round
-/// trip. A lease later than that is not waited for: its process does not
-/// run, and what it leased may be allocated.
+/// How long after its end a lease is due back (µs): the hook's lease
+/// thread gives it back when it ends, in a round trip. An asker is told
+/// to come back then; a lease later than that (its process was not
+/// scheduled, or is stopped) is waited for in steps of [`RECALL_STEP`],
+/// as long as the asker's hook waits (a second), then the asker is
+/// refused: what the lease holds may be allocated.
 pub const RECALL_SLACK: Micros = 5_000;
+/// How soon an asker comes back while a recalled lease is late (µs).
+pub const RECALL_STEP: Micros = 1_000;
 
 /// A [`gemini_protocol::Request::ReserveLeased`]'s amounts.
 pub(super) struct LeaseAsk {
@@ -152,9 +159,10 @@ impl Policy {
     }
 
     /// `client`'s group has no room for `bytes` more on `device`: where
-    /// the leases its other processes hold there (and are still due back)
-    /// would make room, they are recalled (none granted or renewed until
-    /// they are due back), and the asker is told when to ask again (µs).
+    /// the leases its other processes hold there would make room, they
+    /// are recalled (none granted or renewed until the asker is served),
+    /// and the asker is told when to ask again (µs): when they are due
+    /// back, or soon where one is late.
     fn recall_leases(
         &mut self,
         client: ClientId,
@@ -163,15 +171,13 @@ impl Policy {
         now: Micros,
     ) -> Option<u64> {
         let group = self.clients.get(&client)?.group.clone();
-        let (mut leased, mut due) = (0u64, 0);
+        let (mut leased, mut due) = (0u64, now);
         for (_, c) in self
             .clients
             .iter()
             .filter(|(id, c)| **id != client && c.group == group)
         {
-            if let Some(l) = c.leases.get(&device)
-                && now < l.until.saturating_add(RECALL_SLACK)
-            {
+            if let Some(l) = c.leases.get(&device) {
                 leased = leased.saturating_add(l.bytes);
                 due = due.max(l.until.saturating_add(RECALL_SLACK));
             }
@@ -192,7 +198,7 @@ impl Policy {
         self.recalls.retain(|_, (until, _)| now < *until);
         let until = due.saturating_add(LEASE_TTL);
         self.recalls.insert((group, device), (until, client));
-        Some(due - now)
+        Some((due - now).max(RECALL_STEP))
     }
 
     /// `client` was served on `device`: a recall made for it ends.
