@@ -29,6 +29,7 @@ mod fast;
 mod graphs;
 mod latency;
 mod overhead;
+mod scale;
 mod shapes;
 mod startup;
 mod wakeup;
@@ -405,13 +406,13 @@ pub const SHAPES: &[(&str, &[&str])] = &[
 ];
 
 /// The parts of the bench, in the order they run.
-const PARTS: [&str; 15] = [
+const PARTS: [&str; 16] = [
     "fast", "shares", "nccl", "latency", "overhead", "shapes", "holder", "policy", "rss", "flood",
-    "rtt", "critical", "graphs", "wakeup", "startup",
+    "rtt", "critical", "graphs", "wakeup", "startup", "scale",
 ];
 
 /// Parts run only when `--only` names them (they take long).
-const ON_REQUEST: [&str; 5] = ["rtt", "critical", "graphs", "wakeup", "startup"];
+const ON_REQUEST: [&str; 6] = ["rtt", "critical", "graphs", "wakeup", "startup", "scale"];
 
 #[derive(clap::Parser, Debug)]
 #[command(
@@ -419,7 +420,7 @@ const ON_REQUEST: [&str; 5] = ["rtt", "critical", "graphs", "wakeup", "startup"]
     after_help = "Environment: GEMINI_BIN_DIR (the binaries; default: next to this one), \
 GEM_BENCH_TRIES (attempts at a shapes row while the host steals over 10 % of \
 the CPU; default 3), GEM_BENCH_SECONDS (length of a shapes row; default 12), GEM_BENCH_SHAPES (only the \
-shapes whose name contains it), GEM_BENCH_MIXES (only these group mixes, by index: 0 two groups, 1 and 2 two and four processes per group, 3 three groups, 4 four groups, 5-7 a lone group capped at 0.2, 0.4, 0.8, 8 a group capped at 0.4 beside an uncapped one, 9 a lone group with no bounds; e.g. 0,2; the rtt part runs 0,6,8,9 unless told), GEM_BENCH_RTT_DELAY_US (the rtt part: the sleep added before each token request; default 150). The rtt part runs only when --only names it: every shapes row with and without a longer token round trip, to show what the round trip costs. So does the critical part: the latency class's rows of the latency part alone (the decode alone, beside a trainer of 200 µs kernels, beside the framework-like training), to measure a change to it side by side. So does the graphs part: a graph-replaying group at MinUtil 0.3 beside an eager one at 0.7, GEM_BENCH_RUNS times (default 5), on a host whose waits wake GEM_BENCH_WAKEUP_US late (default 0). So does the wakeup part: a lone group capped at 0.4 that waits after every 1 ms kernel, on hosts that wake its waits 0, 100 and 300 µs late, GEM_BENCH_RUNS times each. So does the startup part: 1, 16, 64 and 256 programs started together, each timed from exec to its first kernel's end, with and without the hook, and gem-schd's CPU."
+shapes whose name contains it), GEM_BENCH_MIXES (only these group mixes, by index: 0 two groups, 1 and 2 two and four processes per group, 3 three groups, 4 four groups, 5-7 a lone group capped at 0.2, 0.4, 0.8, 8 a group capped at 0.4 beside an uncapped one, 9 a lone group with no bounds; e.g. 0,2; the rtt part runs 0,6,8,9 unless told), GEM_BENCH_RTT_DELAY_US (the rtt part: the sleep added before each token request; default 150). The rtt part runs only when --only names it: every shapes row with and without a longer token round trip, to show what the round trip costs. So does the critical part: the latency class's rows of the latency part alone (the decode alone, beside a trainer of 200 µs kernels, beside the framework-like training), to measure a change to it side by side. So does the graphs part: a graph-replaying group at MinUtil 0.3 beside an eager one at 0.7, GEM_BENCH_RUNS times (default 5), on a host whose waits wake GEM_BENCH_WAKEUP_US late (default 0). So does the wakeup part: a lone group capped at 0.4 that waits after every 1 ms kernel, on hosts that wake its waits 0, 100 and 300 µs late, GEM_BENCH_RUNS times each. So does the startup part: 1, 16, 64 and 256 programs started together, each timed from exec to its first kernel's end, with and without the hook, and gem-schd's CPU. So does the scale part: 8, 64 and 256 clients on 1, 4 and 8 GPUs taking and giving back tokens as fast as granted, the round trip, the grants/s and gem-schd's CPU per grant."
 )]
 struct Args {
     /// Also write the table, with the date, commit and machine, to this file
@@ -463,7 +464,7 @@ fn main() {
         );
     }
     type Part = (&'static str, fn(&mut Table));
-    let parts: [Part; 15] = [
+    let parts: [Part; 16] = [
         ("fast", fast_path),
         ("shares", share_accuracy),
         ("nccl", nccl_jobs),
@@ -479,6 +480,7 @@ fn main() {
         ("graphs", graphs::graphs),
         ("wakeup", wakeup::wakeup),
         ("startup", startup::startup),
+        ("scale", scale::scale),
     ];
     for (name, run) in parts {
         let asked = match &only {

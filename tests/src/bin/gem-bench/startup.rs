@@ -15,7 +15,7 @@ const COUNTS: [usize; 4] = [1, 16, 64, 256];
 const HUNG: Duration = Duration::from_secs(60);
 
 /// Process `pid`'s CPU time so far, seconds (utime + stime).
-fn cpu_s(pid: u32) -> f64 {
+pub(crate) fn cpu_s(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<u64> = rest
