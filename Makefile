@@ -93,8 +93,8 @@ test-aarch64: setup
 	@if [ ! -d "$$(rustc --print sysroot)/lib/rustlib/$(AARCH64)" ] && command -v rustup >/dev/null 2>&1; then \
 	  rustup target add $(AARCH64) || exit 1; fi
 	@if [ -d "$$(rustc --print sysroot)/lib/rustlib/$(AARCH64)" ] && command -v aarch64-linux-gnu-g++ >/dev/null 2>&1; then \
-	  echo "$(AARCH64_ENV) $(CARGO) build --target $(AARCH64) -p gemini-hook -p fakecuda -p gemini-workload"; \
-	  $(AARCH64_ENV) $(CARGO) build --target $(AARCH64) -p gemini-hook -p fakecuda -p gemini-workload || exit 1; \
+	  echo "$(AARCH64_ENV) $(CARGO) build --target $(AARCH64) -p gemini-hook -p gemini-zmqlink -p fakecuda -p gemini-workload"; \
+	  $(AARCH64_ENV) $(CARGO) build --target $(AARCH64) -p gemini-hook -p gemini-zmqlink -p fakecuda -p gemini-workload || exit 1; \
 	else echo "test-aarch64: no aarch64 build: it needs the Rust target $(AARCH64) (rustup target add $(AARCH64)) and aarch64-linux-gnu-g++ (Debian: apt-get install g++-aarch64-linux-gnu); the tests skip"; fi
 	$(CARGO) build --workspace --all-targets
 	GEMINI_AARCH64_DIR=$(TARGET_DIR)/$(AARCH64)/debug $(CARGO) test -p gemini-tests --test it -- aarch64:: --ignored --nocapture
@@ -174,11 +174,11 @@ fmt:
 BINS = gem-schd gem-holder gem-launch gem-slurm
 UNITS = gem-schd gem-holder
 install:
-	@for f in $(BINS) libgemhook.so; do test -f $(RELEASE_DIR)/$$f || { \
+	@for f in $(BINS) libgemhook.so libgemzmq.so; do test -f $(RELEASE_DIR)/$$f || { \
 	  echo "make install: $(RELEASE_DIR)/$$f is missing; run \`make release\` first (as yourself, not root)" >&2; exit 1; }; done
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/share/doc/gemini $(DESTDIR)/etc/gemini
 	install -s -m 755 $(addprefix $(RELEASE_DIR)/,$(BINS)) $(DESTDIR)$(PREFIX)/bin/
-	install -s -m 755 $(RELEASE_DIR)/libgemhook.so $(DESTDIR)$(PREFIX)/lib/
+	install -s -m 755 $(RELEASE_DIR)/libgemhook.so $(RELEASE_DIR)/libgemzmq.so $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libgemhook.so $(DESTDIR)$(PREFIX)/lib/libgemhook.so.1
 	for u in $(UNITS); do sed 's|@PREFIX@|$(PREFIX)|g' dist/$$u.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$u.service; done
 	install -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/gemini/README.md
@@ -196,7 +196,7 @@ install:
 # site's configuration).
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(BINS))
-	rm -f $(DESTDIR)$(PREFIX)/lib/libgemhook.so $(DESTDIR)$(PREFIX)/lib/libgemhook.so.1
+	rm -f $(DESTDIR)$(PREFIX)/lib/libgemhook.so $(DESTDIR)$(PREFIX)/lib/libgemhook.so.1 $(DESTDIR)$(PREFIX)/lib/libgemzmq.so
 	rm -f $(foreach u,$(UNITS),$(DESTDIR)$(PREFIX)/lib/systemd/system/$(u).service)
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/gemini $(DESTDIR)$(PREFIX)/share/gemini
 

@@ -4,7 +4,8 @@
 # puts in place under /usr:
 #
 #   /usr/bin/       gem-schd gem-holder gem-launch gem-slurm (stripped)
-#   /usr/lib/       libgemhook.so (+ .so.1), the LD_PRELOAD hook
+#   /usr/lib/       libgemhook.so (+ .so.1), the LD_PRELOAD hook, and libgemzmq.so
+#                   (its ZeroMQ socket, loaded from beside it)
 #   /usr/lib/systemd/system/  gem-schd.service, gem-holder.service
 #   /usr/share/doc/gemini/    README.md, CHANGELOG.md, docs/, examples/
 #   /usr/share/man/man1/      a page per tool, from its --help (help2man)
@@ -61,7 +62,7 @@ done
 # the hook load (glib, pcre2, libstdc++, libc), as this machine names them,
 # and libc6 at least as new as the newest glibc symbol version they use.
 libs=""
-for f in "$stage"/usr/bin/* "$stage"/usr/lib/libgemhook.so; do
+for f in "$stage"/usr/bin/* "$stage"/usr/lib/libgemhook.so "$stage"/usr/lib/libgemzmq.so; do
     linked=$(ldd "$f") || { echo "deb: ldd $f failed: $linked" >&2; exit 1; }
     libs+=$(awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' <<<"$linked")$'\n'
 done
@@ -72,7 +73,7 @@ for l in $(sort -u <<<"$libs"); do
     [ -n "$owner" ] || { echo "deb: no package holds $l, which the binaries load: install it from a package, or use make dist" >&2; exit 1; }
     packages+="$owner"$'\n'
 done
-glibc=$(for f in "$stage"/usr/bin/* "$stage"/usr/lib/libgemhook.so; do objdump -T "$f"; done |
+glibc=$(for f in "$stage"/usr/bin/* "$stage"/usr/lib/libgemhook.so "$stage"/usr/lib/libgemzmq.so; do objdump -T "$f"; done |
     grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
 depends=$(sort -u <<<"$packages" | grep -v '^$' | sed "s/^libc6\$/libc6 (>= $glibc)/" | paste -sd, | sed 's/,/, /g')
 

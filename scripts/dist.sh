@@ -4,7 +4,8 @@
 # architecture with glibc >= the build machine's (no Rust needed):
 #
 #   bin/        gem-schd gem-holder gem-launch gem-slurm (stripped)
-#   lib/        libgemhook.so (+ .so.1), the LD_PRELOAD hook
+#   lib/        libgemhook.so (+ .so.1), the LD_PRELOAD hook, and libgemzmq.so,
+#               its ZeroMQ socket (loaded from beside it when it connects)
 #   lib/gemini/ the shared libraries the binaries need beyond glibc and
 #               libstdc++ (glib, pcre2), found through an $ORIGIN rpath
 #   share/gemini/  README, example resource.conf, systemd units, docs/, the GPU suite
@@ -17,7 +18,7 @@ out=${2:?usage: scripts/dist.sh RELEASE_DIR OUT_DIR}
 cd "$(dirname "$0")/.."
 
 bins=(gem-schd gem-holder gem-launch gem-slurm)
-for f in "${bins[@]}" libgemhook.so; do
+for f in "${bins[@]}" libgemhook.so libgemzmq.so; do
     [ -f "$release/$f" ] || { echo "dist: $release/$f is missing; run \`make release\` first" >&2; exit 1; }
 done
 if ! command -v patchelf >/dev/null 2>&1; then
@@ -35,13 +36,16 @@ stage=$out/$name
 rm -rf "$stage"
 install -d "$stage/bin" "$stage/lib/gemini" "$stage/share/gemini/systemd" "$stage/share/gemini/docs" "$stage/share/gemini/gpu"
 for b in "${bins[@]}"; do install -s -m 755 "$release/$b" "$stage/bin/"; done
-install -s -m 755 "$release/libgemhook.so" "$stage/lib/"
+install -s -m 755 "$release/libgemhook.so" "$release/libgemzmq.so" "$stage/lib/"
 ln -sf libgemhook.so "$stage/lib/libgemhook.so.1"
 
 # Libraries beyond the C and C++ runtimes (glib and what it needs), next to
 # the binaries that need them; the hook must need none (it is loaded into
 # every program).
 if ldd "$stage/lib/libgemhook.so" | grep -qE 'glib|pcre'; then echo "dist: the hook links glib" >&2; exit 1; fi
+# Nor the C++ runtime: ZeroMQ, which needs it, is in libgemzmq.so, loaded
+# at the first connection.
+if ldd "$stage/lib/libgemhook.so" | grep -q 'libstdc++'; then echo "dist: the hook links libstdc++" >&2; exit 1; fi
 for b in "${bins[@]}"; do
     libs=$(ldd "$stage/bin/$b" | awk '$3 ~ /^\// {print $3}' | grep -vE '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt|ld-linux[^/]*)\.so' || true)
     [ -n "$libs" ] || continue

@@ -42,7 +42,7 @@ grep -q '^Depends: .*libc6 (>= 2\.[0-9]*)' <<<"$info" || fail "control: Depends 
     || fail "resource.conf and gemini.toml are not the conffiles"
 contents=$(dpkg-deb -c "$deb")
 for f in ./usr/bin/gem-schd ./usr/bin/gem-holder ./usr/bin/gem-launch ./usr/bin/gem-slurm \
-    ./usr/lib/libgemhook.so ./usr/lib/systemd/system/gem-schd.service \
+    ./usr/lib/libgemhook.so ./usr/lib/libgemzmq.so ./usr/lib/systemd/system/gem-schd.service \
     ./usr/lib/systemd/system/gem-holder.service ./usr/share/doc/gemini/README.md \
     ./usr/share/doc/gemini/copyright ./usr/share/doc/gemini/CHANGELOG.md \
     ./usr/share/gemini/prometheus/gemini-alerts.yml ./usr/share/gemini/prometheus/gemini-alerts.test.yml \

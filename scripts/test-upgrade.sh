@@ -41,7 +41,7 @@ fail() {
     exit 1
 }
 
-for f in gem-schd gem-workload libgemhook.so libfakecuda.so; do
+for f in gem-schd gem-workload libgemhook.so libgemzmq.so libfakecuda.so; do
     [ -e "$new/$f" ] || fail "$new/$f is missing: run make release first"
 done
 

@@ -38,15 +38,56 @@ pub enum ClientError {
     /// The answer could not be decoded.
     #[error("bad answer from the scheduler: {0}")]
     Codec(#[from] CodecError),
-    /// A socket error.
+    /// A socket error (ZeroMQ's, or another [`Link`]'s), as it reads.
     #[error("socket error: {0}")]
-    Zmq(#[from] zmq::Error),
+    Link(String),
+}
+
+// (A message, not ZeroMQ's error itself: its text is ZeroMQ's C++ code,
+// which a hook that only shows a `ClientError` must not pull in.)
+impl From<zmq::Error> for ClientError {
+    fn from(e: zmq::Error) -> ClientError {
+        ClientError::Link(e.to_string())
+    }
+}
+
+/// What carries a [`Client`]'s frames to the scheduler and back: a
+/// ZeroMQ DEALER socket ([`Client::connect`]), or one the hook reaches
+/// through a library it loads at its first connection (so that a
+/// process that never calls CUDA does not load ZeroMQ and its C++
+/// runtime).
+pub trait Link: Send {
+    /// Sends one frame.
+    fn send(&mut self, frame: &[u8]) -> Result<(), ClientError>;
+    /// Waits up to `ms` milliseconds for a frame to read: true if one is.
+    fn readable(&mut self, ms: i64) -> Result<bool, ClientError>;
+    /// The next frame, if one has arrived.
+    fn try_recv(&mut self) -> Option<Vec<u8>>;
+}
+
+/// A ZeroMQ DEALER socket and its context.
+struct ZmqLink {
+    _ctx: zmq::Context,
+    sock: zmq::Socket,
+}
+
+impl Link for ZmqLink {
+    fn send(&mut self, frame: &[u8]) -> Result<(), ClientError> {
+        Ok(self.sock.send(frame, 0)?)
+    }
+
+    fn readable(&mut self, ms: i64) -> Result<bool, ClientError> {
+        Ok(self.sock.poll(zmq::POLLIN, ms)? > 0)
+    }
+
+    fn try_recv(&mut self) -> Option<Vec<u8>> {
+        self.sock.recv_bytes(zmq::DONTWAIT).ok()
+    }
 }
 
 /// A connection to `gem-schd`.
 pub struct Client {
-    _ctx: zmq::Context,
-    sock: zmq::Socket,
+    link: Box<dyn Link>,
     endpoint: String,
     seq: u32,
     /// Replies received but not yet asked for, by sequence number.
@@ -126,14 +167,21 @@ impl Client {
             endpoint: endpoint.clone(),
             reason: e.to_string(),
         })?;
-        Ok(Client {
-            _ctx: ctx,
-            sock,
+        Ok(Client::with_link(
+            Box::new(ZmqLink { _ctx: ctx, sock }),
+            endpoint,
+        ))
+    }
+
+    /// A client over `link`, connected to `endpoint` (for messages).
+    pub fn with_link(link: Box<dyn Link>, endpoint: String) -> Client {
+        Client {
+            link,
             endpoint,
             seq: 0,
             stash: HashMap::new(),
             version: PROTOCOL_VERSION,
-        })
+        }
     }
 
     /// The protocol version requests are written in.
@@ -164,15 +212,14 @@ impl Client {
         // Never 0: that is what a scheduler answers when it cannot read
         // the request's number.
         self.seq = self.seq.wrapping_add(1).max(1);
-        self.sock
-            .send(encode_request_as(self.version, self.seq, req), 0)?;
+        self.link
+            .send(&encode_request_as(self.version, self.seq, req))?;
         Ok(self.seq)
     }
 
     /// Sends raw bytes (tests use it to send garbage).
     pub fn send_raw(&mut self, frame: &[u8]) -> Result<(), ClientError> {
-        self.sock.send(frame, 0)?;
-        Ok(())
+        self.link.send(frame)
     }
 
     /// Moves every reply that has arrived into the stash, waiting up to
@@ -183,10 +230,10 @@ impl Client {
     /// arrived.
     fn receive(&mut self, wait: Duration, seq: u32) -> Result<bool, ClientError> {
         let ms = wait.as_millis().min(i64::MAX as u128) as i64;
-        if self.sock.poll(zmq::POLLIN, ms)? == 0 {
+        if !self.link.readable(ms)? {
             return Ok(false);
         }
-        while let Ok(frame) = self.sock.recv_bytes(zmq::DONTWAIT) {
+        while let Some(frame) = self.link.try_recv() {
             match decode_reply_versioned(&frame) {
                 Ok((version, s, r)) => {
                     let refused =

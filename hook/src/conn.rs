@@ -45,7 +45,7 @@ impl State {
         if g.is_some() {
             return Ok(());
         }
-        match Client::connect(&self.settings.ipc_dir) {
+        match crate::link::client(&self.settings.ipc_dir) {
             Ok(c) => {
                 *g = Some(c);
                 Ok(())

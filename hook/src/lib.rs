@@ -9,7 +9,8 @@
 //!    (glibc's own `dlsym` and `dlvsym`, from libc's symbol table);
 //! 2. [`log`], [`real`] (the real `dlsym`, libcuda and libnvidia-ml);
 //! 3. [`driver`] and [`nvml_lib`]: the real functions the hook calls for
-//!    itself;
+//!    itself; [`link`]: the scheduler's socket, in `libgemzmq.so`, loaded
+//!    at the first connection;
 //! 4. [`state`]: settings from the environment and all per-process data
 //!    (the gates, memory, captures, contexts, the synchronisation
 //!    threads' slots, event records), fork;
@@ -47,6 +48,7 @@ mod gpus;
 mod graphmem;
 mod graphs;
 mod held;
+mod link;
 mod log;
 mod memory;
 mod nccl;

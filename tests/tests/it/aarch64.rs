@@ -25,6 +25,7 @@ fn aarch64() -> Result<(PathBuf, PathBuf), String> {
         .ok_or("GEMINI_AARCH64_DIR is not set (run `make test-aarch64`)")?;
     for f in [
         "libgemhook.so",
+        "libgemzmq.so",
         "libfakecuda.so",
         "gem-workload",
         "gem-memwork",

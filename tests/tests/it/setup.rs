@@ -291,6 +291,7 @@ fn install_strips_and_builds_nothing_and_uninstall_removes_it() {
         "gem-launch",
         "gem-slurm",
         "libgemhook.so",
+        "libgemzmq.so",
     ] {
         std::fs::copy(&fake, release.join(f)).unwrap();
     }
@@ -319,6 +320,7 @@ fn install_strips_and_builds_nothing_and_uninstall_removes_it() {
         "bin/gem-launch",
         "bin/gem-slurm",
         "lib/libgemhook.so",
+        "lib/libgemzmq.so",
     ] {
         let p = dest.join("usr").join(f);
         assert!(p.exists(), "{f} not installed");
@@ -341,6 +343,7 @@ fn install_strips_and_builds_nothing_and_uninstall_removes_it() {
         "bin/gem-slurm",
         "lib/libgemhook.so",
         "lib/libgemhook.so.1",
+        "lib/libgemzmq.so",
         "lib/systemd/system/gem-holder.service",
         "share/doc/gemini",
     ] {

@@ -160,6 +160,34 @@ fn unknown_or_missing_group_fails_cleanly_with_one_line() {
     assert_eq!(stderr_lines(&out).len(), 1);
 }
 
+/// The hook's ZeroMQ socket is in libgemzmq.so beside it, loaded at its
+/// first connection: a hook copied without it says so in one line, and
+/// the program's CUDA calls fail (it neither hangs nor runs ungated). A
+/// program that never calls CUDA does not need it.
+#[test]
+fn a_hook_without_its_socket_library_says_so_and_refuses() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let dir = tempfile::tempdir().unwrap();
+    let alone = dir.path().join("libgemhook.so");
+    std::fs::copy(gemini_tests::bin("libgemhook.so"), &alone).unwrap();
+    let mut c = rust(&g, "a", &["--seconds", "0.2"]);
+    c.env("LD_PRELOAD", &alone);
+    let out = c.output().unwrap();
+    assert!(!out.status.success());
+    let lines = stderr_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("libgemzmq.so") && lines[0].contains("will fail"),
+        "{}",
+        lines[0]
+    );
+    let out = Command::new("/bin/true")
+        .env("LD_PRELOAD", &alone)
+        .output()
+        .unwrap();
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+}
+
 #[test]
 fn absent_scheduler_is_reported_and_connect_timeout_gives_up() {
     let mut g = Gemini::start(SimEnv::default(), "[a]\n");
