@@ -104,6 +104,8 @@ impl State {
     /// Says hello until the scheduler answers (or the connect timeout
     /// passes).
     fn register(&self) -> Result<(), u32> {
+        // Before any lock of ours (see `link::functions`).
+        crate::link::load_early();
         let _g = lock(&self.register);
         if self.registered.load(Ordering::Acquire) {
             return Ok(());

@@ -30,32 +30,107 @@ struct Functions {
     close: Close,
 }
 
-/// The path of the library beside this one (the object that holds this
-/// function, as the loader says).
-fn beside_hook() -> Option<std::path::PathBuf> {
+/// Where the library may be: beside this one as the loader names it
+/// (which may be a path relative to a directory the program has left, or
+/// a symbolic link), then beside the file the process has mapped
+/// (`/proc/self/maps`: absolute, links resolved).
+fn candidates() -> Vec<std::path::PathBuf> {
+    let here = candidates as *const c_void;
+    let mut out = Vec::new();
     // SAFETY: dladdr only reads the loader's tables; `info` is a local.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let here = beside_hook as *const c_void;
     // SAFETY: as above.
-    if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
-        return None;
+    if unsafe { libc::dladdr(here, &mut info) } != 0 && !info.dli_fname.is_null() {
+        // SAFETY: dladdr's file name is a NUL-terminated string it keeps.
+        let me = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+        let me = std::path::Path::new(me.as_ref());
+        if me.is_absolute() {
+            out.push(me.with_file_name(LIBRARY));
+        }
     }
-    // SAFETY: dladdr's file name is a NUL-terminated string it keeps.
-    let me = unsafe { CStr::from_ptr(info.dli_fname) }.to_str().ok()?;
-    Some(std::path::Path::new(me).with_file_name(LIBRARY))
+    if let Some(mapped) = mapped_file(here as usize) {
+        let beside = mapped.with_file_name(LIBRARY);
+        if !out.contains(&beside) {
+            out.push(beside);
+        }
+    }
+    out
 }
 
-/// Loads the library once: its functions, or why not.
+/// The file mapped at `addr` in this process (`/proc/self/maps`).
+fn mapped_file(addr: usize) -> Option<std::path::PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        let (lo, hi) = f.next()?.split_once('-')?;
+        let (lo, hi) = (
+            usize::from_str_radix(lo, 16).ok()?,
+            usize::from_str_radix(hi, 16).ok()?,
+        );
+        let path = f.nth(4)?;
+        ((lo..hi).contains(&addr) && path.starts_with('/')).then(|| path.into())
+    })
+}
+
+/// The library's functions, loaded once (kept for the process; a
+/// failure is tried again at the next connection). No lock is held while
+/// the library loads: the loader's own lock, which a library's
+/// initialiser calling CUDA holds, must never wait on one of the hook's.
+/// Two threads may load it at once: `dlopen` counts the second.
 fn functions() -> Result<Functions, String> {
-    static LOADED: std::sync::OnceLock<Result<Functions, String>> = std::sync::OnceLock::new();
-    LOADED.get_or_init(load).clone()
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    static LOADED: AtomicPtr<Functions> = AtomicPtr::new(std::ptr::null_mut());
+    let cur = LOADED.load(Ordering::Acquire);
+    if !cur.is_null() {
+        // SAFETY: set below from a leaked Box, never freed.
+        return Ok(unsafe { *cur });
+    }
+    let f = load()?;
+    let leaked = Box::into_raw(Box::new(f));
+    if LOADED
+        .compare_exchange(
+            std::ptr::null_mut(),
+            leaked,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        // SAFETY: `leaked` was never shared.
+        drop(unsafe { Box::from_raw(leaked) });
+    }
+    Ok(f)
+}
+
+/// Loads the library now, if it is not yet (see [`functions`]): called
+/// before the connection's locks are taken. A failure is reported when
+/// the connection is made.
+pub fn load_early() {
+    let _ = functions();
 }
 
 fn load() -> Result<Functions, String> {
-    let path = beside_hook().ok_or("cannot tell where libgemhook.so was loaded from")?;
+    let mut tried = Vec::new();
+    for path in candidates() {
+        match open_at(&path) {
+            Ok(f) => return Ok(f),
+            Err(e) => tried.push(e),
+        }
+    }
+    if tried.is_empty() {
+        tried.push(format!(
+            "cannot tell where libgemhook.so was loaded from, to load {LIBRARY} beside it"
+        ));
+    }
+    Err(tried.join("; "))
+}
+
+/// The library's functions from `path`, or why not.
+fn open_at(path: &std::path::Path) -> Result<Functions, String> {
     let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: dlopen with a NUL-terminated path; the library runs no
-    // code of the program's, only ZeroMQ's and Rust's initialisers.
+    // code of the program's, only ZeroMQ's and Rust's initialisers. No
+    // lock of the hook's is held (see `functions`).
     let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if h.is_null() {
         // SAFETY: dlerror returns a NUL-terminated string or null.
@@ -68,7 +143,10 @@ fn load() -> Result<Functions, String> {
                 .to_string_lossy()
                 .into_owned()
         };
-        return Err(format!("cannot load {}: {why}", path.display()));
+        return Err(format!(
+            "cannot load {}: {why} (the hook's ZeroMQ socket: install it beside libgemhook.so, of the same build)",
+            path.display()
+        ));
     }
     let find = |name: &CStr| {
         let f = crate::real::real_dlsym(h, name);
@@ -99,10 +177,11 @@ fn load() -> Result<Functions, String> {
     }
 }
 
-/// A socket of the library's.
+/// A socket of the library's, and the buffer frames are read into.
 struct ZmqLink {
     f: Functions,
     handle: *mut c_void,
+    buf: Vec<u8>,
 }
 
 // SAFETY: the library's socket is used by one thread at a time (the
@@ -138,16 +217,13 @@ impl Link for ZmqLink {
     }
 
     fn try_recv(&mut self) -> Option<Vec<u8>> {
-        let mut buf = vec![0u8; 64 * 1024];
         loop {
-            // SAFETY: our handle, and `buf`'s room.
+            let buf = &mut self.buf;
+            // SAFETY: our handle, and `buf`'s room (its length).
             let n = unsafe { (self.f.recv)(self.handle, buf.as_mut_ptr(), buf.len()) };
             match n {
                 -1 => return None,
-                n if n >= 0 => {
-                    buf.truncate(n as usize);
-                    return Some(buf);
-                }
+                n if n >= 0 => return Some(buf[..n as usize].to_vec()),
                 // A longer frame waits for a buffer its size.
                 n => buf.resize((-(n + 2)) as usize, 0),
             }
@@ -167,7 +243,11 @@ pub fn connect(endpoint: &str) -> Result<Box<dyn Link>, ClientError> {
             reason: "the socket could not be made".into(),
         });
     }
-    Ok(Box::new(ZmqLink { f, handle }))
+    Ok(Box::new(ZmqLink {
+        f,
+        handle,
+        buf: vec![0; 64 * 1024],
+    }))
 }
 
 /// A client of the scheduler listening in `ipc_dir`, over the library

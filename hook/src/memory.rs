@@ -146,7 +146,13 @@ fn leased(st: &'static State, device: u32, bytes: u64) -> Result<Option<Reply>, 
             returned,
             lease: LEASE_WANT,
         };
-        let reply = st.call(&req, device)?;
+        let reply = match st.call(&req, device) {
+            Ok(reply) => reply,
+            Err(code) => {
+                count(device, -i128::from(returned));
+                return Err(code);
+            }
+        };
         // (Counted as held until now: a scheduler that restarted
         // meanwhile was told it at hello, and the repeated request takes
         // it back from there.)

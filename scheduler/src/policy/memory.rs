@@ -13,8 +13,8 @@
 //! memory from its other processes, for [`LEASE_TTL`] and the round trip
 //! that gives it back ([`RECALL_SLACK`] is allowed for it); a process
 //! that does not run holds its lease as it holds its allocations, and a
-//! group-mate's allocation waits for it up to its hook's second, then is
-//! refused.
+//! group-mate's allocation waits for it up to [`RECALL_LATE_MAX`] past
+//! its due, then is refused.
 
 use super::{GroupKey, Lease, Micros, Peer, Policy, error};
 use gemini_protocol::{ClientId, DeviceId, ErrorKind, Reply, Role};
@@ -28,11 +28,16 @@ pub const LEASE_TTL: Micros = 50_000;
 /// thread gives it back when it ends, in a round trip. An asker is told
 /// to come back then; a lease later than that (its process was not
 /// scheduled, or is stopped) is waited for in steps of [`RECALL_STEP`],
-/// as long as the asker's hook waits (a second), then the asker is
-/// refused: what the lease holds may be allocated.
+/// up to [`RECALL_LATE_MAX`], then the asker is refused: what the lease
+/// holds may be allocated.
 pub const RECALL_SLACK: Micros = 5_000;
 /// How soon an asker comes back while a recalled lease is late (µs).
 pub const RECALL_STEP: Micros = 1_000;
+/// How late past its due a lease is still waited for (µs): a process
+/// not scheduled for that long is stopped, or nearly; its lease is held
+/// as its allocations are, and the asker is refused rather than kept
+/// waiting (an allocation waits under the process's pool lock).
+pub const RECALL_LATE_MAX: Micros = 100_000;
 
 /// A [`gemini_protocol::Request::ReserveLeased`]'s amounts.
 pub(super) struct LeaseAsk {
@@ -178,8 +183,11 @@ impl Policy {
             .filter(|(id, c)| **id != client && c.group == group)
         {
             if let Some(l) = c.leases.get(&device) {
-                leased = leased.saturating_add(l.bytes);
-                due = due.max(l.until.saturating_add(RECALL_SLACK));
+                let lease_due = l.until.saturating_add(RECALL_SLACK);
+                if now < lease_due.saturating_add(RECALL_LATE_MAX) {
+                    leased = leased.saturating_add(l.bytes);
+                    due = due.max(lease_due);
+                }
             }
         }
         let limit = self.limits(&group).memory_limit;

@@ -3,7 +3,7 @@
 //! process's memory.
 
 use super::*;
-use crate::policy::memory::{LEASE_MAX, LEASE_TTL, RECALL_SLACK, RECALL_STEP};
+use crate::policy::memory::{LEASE_MAX, LEASE_TTL, RECALL_LATE_MAX, RECALL_SLACK, RECALL_STEP};
 
 const MIB: u64 = 1 << 20;
 
@@ -110,6 +110,11 @@ fn a_late_lease_is_waited_for_in_short_steps() {
         matches!(r, Reply::Recalled { retry_us, .. } if retry_us == RECALL_STEP),
         "{r:?}"
     );
+    // Later than RECALL_LATE_MAX: its process is stopped; what it leased
+    // may be allocated, and the asker is refused, not kept waiting.
+    let stopped = LEASE_TTL + RECALL_SLACK + RECALL_LATE_MAX;
+    let r = lease(&mut p, 2, 1000 * MIB, 0, stopped);
+    assert_eq!(kind(&r), Some(ErrorKind::OutOfMemory), "{r:?}");
     // Given back late, it makes room.
     let r = ask(
         &mut p,
@@ -123,7 +128,7 @@ fn a_late_lease_is_waited_for_in_short_steps() {
         matches!(r, Reply::Memory { used, .. } if used == MIB),
         "{r:?}"
     );
-    let r = lease(&mut p, 2, 1000 * MIB, 0, late + RECALL_STEP);
+    let r = lease(&mut p, 2, 1000 * MIB, 0, stopped + RECALL_STEP);
     assert!(matches!(r, Reply::Leased { .. }), "{r:?}");
 }
 
