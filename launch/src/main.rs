@@ -187,6 +187,8 @@ fn no_scheduler(e: ClientError) -> ! {
 fn find_hook() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
+    // Where the hook's socket library is beside it too (it loads it from
+    // its own directory when it first connects).
     [
         dir.join("../lib/libgemhook.so"),
         dir.join("libgemhook.so"),
@@ -194,7 +196,7 @@ fn find_hook() -> Option<PathBuf> {
         "/usr/lib/libgemhook.so".into(),
     ]
     .into_iter()
-    .find(|p| p.exists())
+    .find(|p| p.exists() && p.with_file_name("libgemzmq.so").exists())
 }
 
 fn user_name() -> Option<String> {
@@ -250,14 +252,30 @@ fn main() {
     // Before the scheduler is asked anything: a launch that cannot run
     // fails first.
     let hook = args.sub.is_none().then(|| match args.hook.clone().or_else(find_hook) {
-        Some(h) if h.exists() => h,
-        Some(h) => fail(
+        Some(h) if !h.exists() => fail(
             EXIT_NO_HOOK,
             format!("hook library {} does not exist", h.display()),
         ),
+        // (Resolved, as the hook finds it beside the file it was loaded
+        // from.)
+        Some(h) if !std::fs::canonicalize(&h)
+            .unwrap_or_else(|_| h.clone())
+            .with_file_name("libgemzmq.so")
+            .exists()
+            && !h.with_file_name("libgemzmq.so").exists() =>
+        {
+            fail(
+                EXIT_NO_HOOK,
+                format!(
+                    "libgemzmq.so, the hook's ZeroMQ socket, is not beside {}: install the two side by side, of one build",
+                    h.display()
+                ),
+            )
+        }
+        Some(h) => h,
         None => fail(
             EXIT_NO_HOOK,
-            "libgemhook.so not found next to gem-launch or in /usr/local/lib; pass --hook PATH or set GEMINI_HOOK",
+            "libgemhook.so (with libgemzmq.so beside it) not found next to gem-launch or in /usr/local/lib; pass --hook PATH or set GEMINI_HOOK",
         ),
     });
     let mut session = Session::new(&ipc, Role::Control, "");

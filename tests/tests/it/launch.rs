@@ -237,6 +237,23 @@ fn checks_before_launching_have_their_own_exit_codes() {
     .output()
     .unwrap();
     assert_eq!(out.status.code(), Some(10));
+    // A hook without its socket library beside it.
+    let alone = tempfile::tempdir().unwrap();
+    let hook = alone.path().join("libgemhook.so");
+    std::fs::copy(gemini_tests::bin("libgemhook.so"), &hook).unwrap();
+    let out = launch(
+        &g,
+        &["--group", "a", "--hook", hook.to_str().unwrap()],
+        &["true"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(10));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("libgemzmq.so"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // No scheduler.
     g.kill_scheduler();
     let out = launch(&g, &["--group", "a"], &["true"]).output().unwrap();
