@@ -151,6 +151,25 @@ impl Client {
     /// [`Client::connect`] sharing a ZeroMQ context (and its I/O thread)
     /// with other clients of the same process.
     pub fn connect_in(ctx: &zmq::Context, ipc_dir: &Path) -> Result<Client, ClientError> {
+        Client::connect_with(ipc_dir, |endpoint| {
+            let ctx = ctx.clone();
+            let sock = ctx.socket(zmq::DEALER)?;
+            sock.set_linger(0)?;
+            sock.connect(endpoint).map_err(|e| ClientError::Connect {
+                endpoint: endpoint.into(),
+                reason: e.to_string(),
+            })?;
+            Ok(Box::new(ZmqLink { _ctx: ctx, sock }))
+        })
+    }
+
+    /// A client of the scheduler listening in `ipc_dir` over the link
+    /// `open` makes to its endpoint (the hook's, in a library it loads):
+    /// refused at once where the kernel refuses this user the socket.
+    pub fn connect_with(
+        ipc_dir: &Path,
+        open: impl FnOnce(&str) -> Result<Box<dyn Link>, ClientError>,
+    ) -> Result<Client, ClientError> {
         if let Some(path) = gemini_protocol::endpoint::socket_denied(ipc_dir) {
             return Err(ClientError::Denied(
                 gemini_protocol::endpoint::denied_message(&path),
@@ -160,28 +179,14 @@ impl Client {
             endpoint: ipc_dir.display().to_string(),
             reason: e.to_string(),
         })?;
-        let ctx = ctx.clone();
-        let sock = ctx.socket(zmq::DEALER)?;
-        sock.set_linger(0)?;
-        sock.connect(&endpoint).map_err(|e| ClientError::Connect {
-            endpoint: endpoint.clone(),
-            reason: e.to_string(),
-        })?;
-        Ok(Client::with_link(
-            Box::new(ZmqLink { _ctx: ctx, sock }),
-            endpoint,
-        ))
-    }
-
-    /// A client over `link`, connected to `endpoint` (for messages).
-    pub fn with_link(link: Box<dyn Link>, endpoint: String) -> Client {
-        Client {
+        let link = open(&endpoint)?;
+        Ok(Client {
             link,
             endpoint,
             seq: 0,
             stash: HashMap::new(),
             version: PROTOCOL_VERSION,
-        }
+        })
     }
 
     /// The protocol version requests are written in.

@@ -251,19 +251,7 @@ pub fn connect(endpoint: &str) -> Result<Box<dyn Link>, ClientError> {
 }
 
 /// A client of the scheduler listening in `ipc_dir`, over the library
-/// (as `Client::connect` is over ZeroMQ linked in): refused at once where
-/// the kernel refuses this user the socket.
+/// (as `Client::connect` is over ZeroMQ linked in).
 pub fn client(ipc_dir: &std::path::Path) -> Result<gemini_client::Client, ClientError> {
-    if let Some(path) = gemini_protocol::endpoint::socket_denied(ipc_dir) {
-        return Err(ClientError::Denied(
-            gemini_protocol::endpoint::denied_message(&path),
-        ));
-    }
-    let endpoint =
-        gemini_protocol::scheduler_endpoint(ipc_dir).map_err(|e| ClientError::Connect {
-            endpoint: ipc_dir.display().to_string(),
-            reason: e.to_string(),
-        })?;
-    let link = connect(&endpoint)?;
-    Ok(gemini_client::Client::with_link(link, endpoint))
+    gemini_client::Client::connect_with(ipc_dir, connect)
 }

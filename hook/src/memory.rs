@@ -17,11 +17,10 @@
 //! see gem-schd's `policy::memory`). Allocations within the lease take
 //! from it with no round trip, frees give back to it (up to what was
 //! leased), and a thread of the hook's returns what is left when it
-//! ends. The
-//! scheduler counts the lease as the group's, so the `MemoryLimit` holds
-//! across processes; a process whose group is short while others hold
-//! leases waits for them to come back (at most a second), then is
-//! refused.
+//! ends. The scheduler counts the lease as the group's, so the
+//! `MemoryLimit` holds across processes; a process whose group is short
+//! while others hold leases waits for them to come back (at most a
+//! second), then is refused.
 
 use crate::clock::now_ns;
 use crate::cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUresult};
@@ -162,12 +161,11 @@ fn leased(st: &'static State, device: u32, bytes: u64) -> Result<Option<Reply>, 
                 count(device, i128::from(bytes) + i128::from(lease));
                 if lease > 0 {
                     let ends = sent.saturating_add(ttl_us.saturating_mul(1000));
-                    let granted = lease;
                     leases.insert(
                         device,
                         Lease {
                             slack: lease,
-                            granted,
+                            granted: lease,
                             ends,
                         },
                     );

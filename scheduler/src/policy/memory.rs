@@ -47,6 +47,14 @@ pub(super) struct LeaseAsk {
 }
 
 impl Policy {
+    /// The memory `group` holds reserved on `device`, leases included.
+    fn group_memory(&self, group: &GroupKey, device: DeviceId) -> u64 {
+        self.memory
+            .get(&(group.clone(), device))
+            .copied()
+            .unwrap_or(0)
+    }
+
     pub(super) fn reserve(&mut self, client: ClientId, device: DeviceId, bytes: u64) -> Reply {
         let Some(c) = self.clients.get(&client) else {
             return error(ErrorKind::NotRegistered, "say hello first");
@@ -59,11 +67,7 @@ impl Policy {
         }
         let group = c.group.clone();
         let limit = self.limits(&group).memory_limit;
-        let used = self
-            .memory
-            .get(&(group.clone(), device))
-            .copied()
-            .unwrap_or(0);
+        let used = self.group_memory(&group, device);
         match used.checked_add(bytes) {
             Some(total) if total <= limit => {
                 self.memory.insert((group, device), total);
@@ -145,7 +149,7 @@ impl Policy {
         }
         self.recalls.remove(&key);
         let limit = self.limits(&key.0).memory_limit;
-        let used = self.memory.get(&key).copied().unwrap_or(0);
+        let used = self.group_memory(&key.0, device);
         let lease = want.min(LEASE_MAX).min(limit.saturating_sub(used) / 2);
         if lease == 0 || !matches!(self.reserve(client, device, lease), Reply::Memory { .. }) {
             return 0;
@@ -191,11 +195,7 @@ impl Policy {
             }
         }
         let limit = self.limits(&group).memory_limit;
-        let used = self
-            .memory
-            .get(&(group.clone(), device))
-            .copied()
-            .unwrap_or(0);
+        let used = self.group_memory(&group, device);
         if leased == 0 || used.saturating_sub(leased).saturating_add(bytes) > limit {
             return None;
         }
@@ -266,11 +266,7 @@ impl Policy {
                 "a control connection holds no memory",
             );
         }
-        let used = self
-            .memory
-            .get(&(c.group.clone(), device))
-            .copied()
-            .unwrap_or(0);
+        let used = self.group_memory(&c.group, device);
         Reply::MemoryView {
             device,
             used,

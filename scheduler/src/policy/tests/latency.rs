@@ -34,6 +34,21 @@ fn longest_token(sim: &Sim, idx: usize, from: Micros, to: Micros) -> Micros {
         .unwrap_or(0)
 }
 
+/// Asserts that group "train" used at least 0.9 of the device time
+/// group "serve" left in `[from, to)`; returns serve's share.
+fn training_keeps_nine_tenths(sim: &Sim, from: Micros, to: Micros) -> f64 {
+    let (s, t) = (
+        sim.group_share("serve", from, to),
+        sim.group_share("train", from, to),
+    );
+    assert!(
+        t >= 0.9 * (1.0 - s),
+        "training used {t:.3} of the {:.3} serve left",
+        1.0 - s
+    );
+    s
+}
+
 fn percentile(v: &[Micros], p: f64) -> Micros {
     let mut v = v.to_vec();
     v.sort_unstable();
@@ -62,16 +77,8 @@ fn a_critical_group_waits_at_most_a_short_token_beside_training_which_keeps_the_
     );
     // The decode takes what it uses (0.8 ms in 5.8 ms, 0.14); training
     // keeps at least 90 % of the rest.
-    let (s, t) = (
-        sim.group_share("serve", from, to),
-        sim.group_share("train", from, to),
-    );
+    let s = training_keeps_nine_tenths(&sim, from, to);
     assert!(s <= 0.3, "serve used {s:.3}");
-    assert!(
-        t >= 0.9 * (1.0 - s),
-        "training used {t:.3} of the {:.3} serve left",
-        1.0 - s
-    );
 }
 
 /// A critical decode whose pauses vary (5 ms ± 1 ms, a host's wake-ups)
@@ -99,15 +106,7 @@ fn a_critical_group_that_comes_back_early_finds_the_device_free() {
         p90 <= RTT,
         "the decode waited {p50} µs at p50, {p90} µs at p90"
     );
-    let (s, t) = (
-        sim.group_share("serve", from, to),
-        sim.group_share("train", from, to),
-    );
-    assert!(
-        t >= 0.9 * (1.0 - s),
-        "training used {t:.3} of the {:.3} serve left",
-        1.0 - s
-    );
+    training_keeps_nine_tenths(&sim, from, to);
 }
 
 /// A critical decode (0.8 ms of device time, then 4.4 ms away: not a
@@ -145,15 +144,7 @@ fn a_critical_group_finds_no_kernel_of_a_lent_token_running_when_it_comes_back()
         p99 <= critical_margin(RTT),
         "the decode waited {p50} µs at p50, {p99} µs at p99"
     );
-    let (s, t) = (
-        sim.group_share("serve", from, to),
-        sim.group_share("train", from, to),
-    );
-    assert!(
-        t >= 0.9 * (1.0 - s),
-        "training used {t:.3} of the {:.3} serve left",
-        1.0 - s
-    );
+    training_keeps_nine_tenths(&sim, from, to);
 }
 
 /// The device time kept free for a critical group is charged to nobody:

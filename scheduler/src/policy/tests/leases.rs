@@ -30,6 +30,14 @@ fn used(p: &mut Policy, client: ClientId) -> u64 {
     }
 }
 
+/// Clients 1 and 2, processes of group a (MemoryLimit 1 GiB).
+fn two_processes_of_a() -> Policy {
+    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=1GiB\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "a");
+    p
+}
+
 #[test]
 fn a_lease_is_bounded_and_counted_against_the_groups_limit() {
     let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=1GiB\n[b]\n"));
@@ -65,9 +73,7 @@ fn a_lease_is_bounded_and_counted_against_the_groups_limit() {
 
 #[test]
 fn a_group_short_of_memory_recalls_its_other_processes_leases_before_refusing() {
-    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=1GiB\n"));
-    hello(&mut p, 1, "a");
-    hello(&mut p, 2, "a");
+    let mut p = two_processes_of_a();
     assert!(matches!(
         lease(&mut p, 1, MIB, 0, 0),
         Reply::Leased {
@@ -100,9 +106,7 @@ fn a_group_short_of_memory_recalls_its_other_processes_leases_before_refusing() 
 /// group with room.
 #[test]
 fn a_late_lease_is_waited_for_in_short_steps() {
-    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=1GiB\n"));
-    hello(&mut p, 1, "a");
-    hello(&mut p, 2, "a");
+    let mut p = two_processes_of_a();
     assert!(matches!(lease(&mut p, 1, MIB, 0, 0), Reply::Leased { .. }));
     let late = LEASE_TTL + RECALL_SLACK + 10_000;
     let r = lease(&mut p, 2, 1000 * MIB, 0, late);
@@ -134,9 +138,7 @@ fn a_late_lease_is_waited_for_in_short_steps() {
 
 #[test]
 fn a_process_gives_back_only_what_it_holds() {
-    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=1GiB\n"));
-    hello(&mut p, 1, "a");
-    hello(&mut p, 2, "a");
+    let mut p = two_processes_of_a();
     assert!(matches!(
         lease(&mut p, 2, 500 * MIB, 0, 0),
         Reply::Leased { .. }
@@ -190,9 +192,7 @@ fn only_client_processes_lease() {
 /// asker's return: the recall holds until the asker is served.
 #[test]
 fn a_recall_holds_until_the_asker_is_served() {
-    let mut p = Policy::new(Params::default(), config("[a]\nMemoryLimit=1GiB\n"));
-    hello(&mut p, 1, "a");
-    hello(&mut p, 2, "a");
+    let mut p = two_processes_of_a();
     assert!(matches!(
         lease(&mut p, 1, MIB, 0, 0),
         Reply::Leased {

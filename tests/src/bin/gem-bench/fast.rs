@@ -126,7 +126,14 @@ pub(crate) fn fast_path(t: &mut Table) {
 /// A client of the scheduler of `g` that said hello as a process of
 /// `group` (this one's pid).
 pub(crate) fn client_of(g: &Gemini, group: &str) -> Client {
-    let mut c = Client::connect(&g.ipc()).expect("connect");
+    client_in(&zmq::Context::new(), g, group)
+}
+
+/// [`client_of`] on the ZeroMQ context `ctx`, which clients in great
+/// numbers share (a context each takes an I/O thread and about 7
+/// descriptors: over the usual limit of 1024 at 256 clients).
+pub(crate) fn client_in(ctx: &zmq::Context, g: &Gemini, group: &str) -> Client {
+    let mut c = Client::connect_in(ctx, &g.ipc()).expect("connect");
     let hello = Request::Hello {
         role: Role::Client,
         group: group.into(),
@@ -135,10 +142,8 @@ pub(crate) fn client_of(g: &Gemini, group: &str) -> Client {
         job: None,
         build: gemini_protocol::BUILD.into(),
     };
-    assert!(matches!(
-        c.request(&hello, Duration::from_secs(5)),
-        Ok(Reply::Welcome { .. })
-    ));
+    let r = c.request(&hello, Duration::from_secs(5));
+    assert!(matches!(r, Ok(Reply::Welcome { .. })), "{r:?}");
     c
 }
 
@@ -302,7 +307,7 @@ pub(crate) fn rtt_matrix(t: &mut Table) {
 }
 
 /// A report of work that ran for the last microsecond.
-fn ran_1us() -> Vec<gemini_protocol::Span> {
+pub(crate) fn ran_1us() -> Vec<gemini_protocol::Span> {
     let end = gemini_protocol::clock::monotonic_us();
     vec![gemini_protocol::Span {
         start_us: end - 1,

@@ -8,9 +8,8 @@
 //! second, and gem-schd's CPU per grant.
 
 use super::startup::cpu_s;
-use super::{Table, percentile};
-use gemini_protocol::{Reply, Request, Role, Span};
-use gemini_scheduler::client::Client;
+use super::{Table, client_in, percentile, ran_1us};
+use gemini_protocol::{Reply, Request};
 use gemini_tests::{Gemini, SimEnv};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -20,40 +19,12 @@ const CLIENTS: [usize; 3] = [8, 64, 256];
 const GPUS: [u32; 3] = [1, 4, 8];
 const SECONDS: f64 = 2.0;
 
-/// 1 µs of work ending now.
-fn ran_1us() -> Vec<Span> {
-    let end = gemini_protocol::clock::monotonic_us();
-    vec![Span {
-        start_us: end - 1,
-        end_us: end,
-    }]
-}
-
 /// What one shape measured: round trips (µs), grants per second and
 /// gem-schd's CPU per grant (µs).
 struct Scaled {
     rtt: Vec<f64>,
     grants_per_s: f64,
     cpu_per_grant_us: f64,
-}
-
-/// A client of `g`'s scheduler that said hello in group "a", on the
-/// shared ZeroMQ context `ctx` (one I/O thread and a few descriptors for
-/// all: a context each took about 7 descriptors, over the usual limit of
-/// 1024 at 256 clients).
-fn client_in(ctx: &zmq::Context, g: &Gemini) -> Client {
-    let mut c = Client::connect_in(ctx, &g.ipc()).expect("connect");
-    let hello = Request::Hello {
-        role: Role::Client,
-        group: "a".into(),
-        pid: std::process::id(),
-        held: vec![],
-        job: None,
-        build: gemini_protocol::BUILD.into(),
-    };
-    let r = c.request(&hello, Duration::from_secs(10));
-    assert!(matches!(r, Ok(Reply::Welcome { .. })), "{r:?}");
-    c
 }
 
 fn run(clients: usize, gpus: u32) -> Scaled {
@@ -68,7 +39,7 @@ fn run(clients: usize, gpus: u32) -> Scaled {
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..clients)
         .map(|i| {
-            let mut c = client_in(&ctx, &g);
+            let mut c = client_in(&ctx, &g, "a");
             let (start, stop) = (start.clone(), stop.clone());
             let device = i as u32 % gpus;
             std::thread::spawn(move || {
