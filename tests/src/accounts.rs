@@ -148,6 +148,38 @@ impl Gemini {
     }
 }
 
+impl Gemini {
+    /// `GEM_TEST_KEEP=DIR`: copies the simulated machine (the scheduler's
+    /// log, the busy logs) into DIR, under the test's name, to read an
+    /// intermittent failure after the test's directory is gone.
+    fn keep_for_reading(&self) {
+        let Some(keep) = std::env::var_os("GEM_TEST_KEEP") else {
+            return;
+        };
+        let name = std::thread::current()
+            .name()
+            .unwrap_or("test")
+            .replace("::", "-");
+        let to = std::path::Path::new(&keep).join(format!("{name}-{}", now_ns()));
+        let copied = std::fs::create_dir_all(&to).is_ok()
+            && Command::new("cp")
+                .arg("-r")
+                .arg(self.sim.path())
+                .arg(&to)
+                .status()
+                .is_ok_and(|s| s.success());
+        eprintln!(
+            "{} {}",
+            if copied {
+                "kept in"
+            } else {
+                "could not keep it in"
+            },
+            to.display()
+        );
+    }
+}
+
 /// `CLOCK_REALTIME` less `CLOCK_MONOTONIC`, in ns: turns the scheduler
 /// log's wall-clock times into the busy log's.
 fn realtime_minus_monotonic() -> u64 {
@@ -213,6 +245,7 @@ impl Drop for Gemini {
             && let Some(escapes) = self.escapes()
             && !escapes.is_empty()
         {
+            self.keep_for_reading();
             // What gem-schd clipped, to tell a report it did not believe
             // from one that never came.
             let log = self.log();
