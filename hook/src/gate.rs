@@ -516,8 +516,8 @@ fn ask_next(
     renewal: token::Renewal,
     now: u64,
 ) -> Result<Asked, CUresult> {
-    let token::Renewal { ran, in_flight, .. } = renewal;
-    let used_us = measure::total_us(&ran);
+    let mut report = renewal.report;
+    let used_us = measure::total_us(&report.ran) + measure::total_us(&report.unproven);
     let burst_start = g.burst_start.load(Ordering::Relaxed);
     let burst_us = if burst_start == 0 {
         g.burst_start.store(now, Ordering::Relaxed);
@@ -544,7 +544,7 @@ fn ask_next(
     };
     if let Some(reply) = answered {
         // Nothing was sent: what ran goes with the next report.
-        g.keep_ran(ran);
+        g.keep_ran(report);
         let t = now_ns();
         ahead::learn(g, leads::rtt(st), t.saturating_sub(now), t);
         // It may have waited unread: it counts from its grant.
@@ -553,10 +553,11 @@ fn ask_next(
     if !st.settings.token_delay.is_zero() {
         std::thread::sleep(st.settings.token_delay);
     }
+    let ran = measure::sent_ahead(st, device, &mut report);
     let req = Request::AcquireToken {
         device,
         ran,
-        in_flight,
+        in_flight: report.in_flight,
         burst_us,
         rtt_us: st.rtt.us(),
     };

@@ -117,6 +117,24 @@ impl Settings {
     }
 }
 
+/// What a gate has to report (see `gate::measure`), oldest first each.
+#[derive(Debug, Default)]
+pub(crate) struct Spans {
+    /// The device time work proven done occupied.
+    pub(crate) ran: Vec<gemini_protocol::Span>,
+    /// The time work given back in flight was outstanding, not proven to
+    /// run (see `gate::late`): it ends before the spans of `ran` that
+    /// follow it.
+    pub(crate) unproven: Vec<gemini_protocol::Span>,
+}
+
+impl Spans {
+    /// Whether there is nothing to report.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ran.is_empty() && self.unproven.is_empty()
+    }
+}
+
 /// One device's token, as this process sees it.
 #[derive(Debug, Default)]
 pub struct Gate {
@@ -235,8 +253,9 @@ pub struct Gate {
     /// (see `gate::devclock`).
     pub(crate) devclock: Mutex<DevClock>,
     /// Work proven done and not reported yet: the device time it
-    /// occupied, oldest first (see `gate::measure`).
-    pub(crate) ran: Mutex<Vec<gemini_protocol::Span>>,
+    /// occupied, oldest first (see `gate::measure`); and the time work
+    /// was outstanding but not proven to run (see `gate::late`).
+    pub(crate) ran: Mutex<Spans>,
     /// The launches admitted when the last synchronisation the token's
     /// end left running (`late_ticket`) was asked for.
     pub(crate) late_launches: AtomicU64,

@@ -332,6 +332,20 @@ pub enum Request {
         /// Bytes given back.
         bytes: u64,
     },
+    /// Work the client gave back in flight was outstanding over `ran`,
+    /// but is not proven to have run there: the client was granted a
+    /// token again before it was seen done, and it may have run only
+    /// after (queued behind another group's work, it ran in the new
+    /// token). Charged to the client's group only where no measured span
+    /// has that time (another group's, now or reported later), as
+    /// [`Request::LateUsage`] otherwise; sent just before the report that
+    /// follows it in time (protocol 18). Reply: [`Reply::Done`].
+    UnprovenUsage {
+        /// The device.
+        device: DeviceId,
+        /// The time the work was outstanding, oldest first.
+        ran: Vec<Span>,
+    },
 }
 
 /// Scheduler → client.

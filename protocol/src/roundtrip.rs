@@ -90,6 +90,7 @@ pub fn sample_of(req: &Request, reply: &Reply, elapsed_ns: u64) -> Option<u64> {
             Request::ReleaseToken { .. }
                 | Request::Quieting { .. }
                 | Request::LateUsage { .. }
+                | Request::UnprovenUsage { .. }
                 | Request::ReleaseMemory { .. }
                 | Request::MemoryInfo { .. }
                 | Request::ContextCost { .. }

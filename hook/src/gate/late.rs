@@ -15,8 +15,18 @@
 //! own, and the detached one ends where the work was done or where the
 //! new span began, whichever is first. So a renewal that waited while
 //! another group had the device is not charged that group's time.
+//!
+//! A detached span whose work was not seen done before the new span
+//! began is not proven to have run there at all: on a device that keeps
+//! launch order, work that reached the driver after another group's
+//! waited behind it and ran in the new token. It is reported as
+//! outstanding (`UnprovenUsage`): charged only where no measured span of
+//! another group has the time. (Reported as run, it lay within the other
+//! group's span, whose end the host saw late, and took that group's
+//! whole token.)
 
 use super::*;
+use crate::state::Spans;
 
 /// The synchronisation `ticket`, asked for when `launches` launches had
 /// been admitted, ends when the work of `g`'s last token is done. Called
@@ -100,27 +110,38 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
     }
     // The span leaves `late_since` and enters `ran` under the report lock
     // (see `Gate::take_report`).
-    let mut ran = lock(&g.ran);
+    let mut spans = lock(&g.ran);
     let detached = g.late_since.swap(0, Ordering::AcqRel);
     match (done, detached) {
         (Some(done_at), 0) => {
-            drop(ran);
+            drop(spans);
             g.close(done_at, g.late_launches.load(Ordering::Relaxed));
         }
         (done, since) if since != 0 => {
             let resumed = g.resumed_at.load(Ordering::SeqCst);
-            let end = match (done, resumed) {
-                (Some(d), 0) => d,
-                (Some(d), r) => d.min(r),
+            let (end, proven) = match (done, resumed) {
+                (Some(d), 0) => (d, true),
+                (Some(d), r) => (d.min(r), d <= r),
                 // Nothing proven: it ran at most until the next span.
-                (None, r) if r != 0 => r,
-                (None, _) => now_ns(),
+                (None, r) if r != 0 => (r, false),
+                (None, _) => (now_ns(), false),
             };
-            measure::record(&mut ran, since, end.max(since));
+            record_detached(&mut spans, since, end, proven);
         }
         _ => {}
     }
     true
+}
+
+/// Records the detached span `[since, end)`: as run where its work was
+/// proven done by `end`, else as outstanding (see the module doc).
+fn record_detached(spans: &mut Spans, since: u64, end: u64, proven: bool) {
+    let into = if proven {
+        &mut spans.ran
+    } else {
+        &mut spans.unproven
+    };
+    measure::record(into, since, end.max(since));
 }
 
 /// A span that opened after the detached one closes: the detached one
@@ -128,7 +149,7 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
 /// began (its work not done by now ran until then at most), so that
 /// spans are reported in order.
 /// Called under the report lock, with what it guards (`ran`).
-pub(super) fn end_detached(g: &Gate, ran: &mut Vec<gemini_protocol::Span>) {
+pub(super) fn end_detached(g: &Gate, spans: &mut Spans) {
     if g.late_since.load(Ordering::Acquire) == 0 {
         return;
     }
@@ -140,23 +161,69 @@ pub(super) fn end_detached(g: &Gate, ran: &mut Vec<gemini_protocol::Span>) {
     }
     g.late_ticket.store(0, Ordering::Release);
     let resumed = g.resumed_at.load(Ordering::SeqCst);
-    let end = match done {
-        Some(d) if resumed != 0 => d.min(resumed),
-        Some(d) => d,
-        None => resumed.max(since),
+    let (end, proven) = match done {
+        Some(d) if resumed != 0 => (d.min(resumed), d <= resumed),
+        Some(d) => (d, true),
+        None => (resumed.max(since), false),
     };
-    measure::record(ran, since, end.max(since));
+    record_detached(spans, since, end, proven);
 }
 
 /// Reports what was proven done since the last report (sent even where
 /// nothing was: the scheduler learns that the work given back in flight
 /// is done).
 fn report(st: &State, dev: usize, g: &Gate) {
-    let ran = g.take_ran();
+    let mut report = g.take_report();
+    let device = st.physical(dev as u32);
+    let ran = measure::sent_ahead(st, device, &mut report);
     debug!(
         "device {dev}: work past its token's end ran {} us: charged",
         measure::total_us(&ran)
     );
-    let device = st.physical(dev as u32);
     let _ = st.call(&Request::LateUsage { device, ran }, device);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gemini_protocol::Span;
+
+    /// A gate whose late work, outstanding since 1 ms, was detached when
+    /// the next span opened at 5 ms, and whose synchronisation was done
+    /// at `done_at` (ns; `None`: it still runs): what the detached span
+    /// is reported as once that span closes.
+    fn detached_reported(done_at: Option<u64>) -> Spans {
+        let g = Gate::default();
+        g.late_ticket.store(1, Ordering::SeqCst);
+        g.late_since.store(1_000_000, Ordering::SeqCst);
+        g.resumed_at.store(5_000_000, Ordering::SeqCst);
+        if let Some(at) = done_at {
+            let mut slot = lock(&g.syncer.slot);
+            (slot.asked, slot.done, slot.ran, slot.done_at) = (1, 1, true, at);
+        }
+        let mut spans = Spans::default();
+        end_detached(&g, &mut spans);
+        spans
+    }
+
+    fn span(start_us: u64, end_us: u64) -> Vec<Span> {
+        vec![Span { start_us, end_us }]
+    }
+
+    /// Late work seen done before the next span began ran there: its
+    /// span is reported as run. Seen done only after, or not yet, it is
+    /// not proven to have run before the next span (it may have waited
+    /// behind another group's work all along): reported as outstanding,
+    /// up to where the next span began.
+    #[test]
+    fn a_detached_span_not_seen_done_before_the_next_is_reported_unproven() {
+        let done_before = detached_reported(Some(3_000_000));
+        assert_eq!(done_before.ran, span(1000, 3000));
+        assert!(done_before.unproven.is_empty());
+        for done in [Some(7_000_000), None] {
+            let spans = detached_reported(done);
+            assert!(spans.ran.is_empty(), "{done:?}: {spans:?}");
+            assert_eq!(spans.unproven, span(1000, 5000), "{done:?}");
+        }
+    }
 }

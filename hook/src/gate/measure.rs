@@ -12,6 +12,7 @@
 
 use super::devclock::{self, Mark};
 use super::*;
+use crate::state::Spans;
 use gemini_protocol::Span;
 
 /// Spans kept for one report at most; beyond, the two nearest are joined
@@ -105,7 +106,7 @@ impl Gate {
         let begun = devclock::start(self, since, stream, at, mark);
         // A span detached before this one opened ends first (see `late`).
         late::end_detached(self, &mut ran);
-        record(&mut ran, begun, at.max(begun));
+        record(&mut ran.ran, begun, at.max(begun));
         Some(begun)
     }
 
@@ -125,35 +126,86 @@ impl Gate {
     /// token; or after a later span's report, as charged already.)
     ///
     /// [`outstanding`]: Gate::outstanding
-    pub(super) fn take_report(&self) -> (Vec<Span>, bool) {
-        let mut ran = lock(&self.ran);
+    pub(super) fn take_report(&self) -> Report {
+        let mut spans = lock(&self.ran);
         // A launch in flight (counted in, not returned) may not have
         // opened its span yet: its work is outstanding too.
         let in_flight = self.outstanding() || self.launch_in_flight();
-        (std::mem::take(&mut *ran), in_flight)
-    }
-
-    /// [`Gate::take_report`], the spans only.
-    pub(super) fn take_ran(&self) -> Vec<Span> {
-        self.take_report().0
+        let Spans { ran, unproven } = std::mem::take(&mut *spans);
+        Report {
+            ran,
+            unproven,
+            in_flight,
+        }
     }
 
     /// Spans taken for a report that was not sent: they go with the next.
-    pub(super) fn keep_ran(&self, ran: Vec<Span>) {
-        if ran.is_empty() {
-            return;
-        }
+    pub(super) fn keep_ran(&self, report: Report) {
         let mut kept = lock(&self.ran);
-        let later = std::mem::replace(&mut *kept, ran);
-        for s in later {
-            record(
-                &mut kept,
-                s.start_us.saturating_mul(1000),
-                s.end_us.saturating_mul(1000),
-            );
+        let kept = &mut *kept;
+        for (taken, now) in [
+            (report.ran, &mut kept.ran),
+            (report.unproven, &mut kept.unproven),
+        ] {
+            if taken.is_empty() {
+                continue;
+            }
+            let later = std::mem::replace(now, taken);
+            for s in later {
+                record(
+                    now,
+                    s.start_us.saturating_mul(1000),
+                    s.end_us.saturating_mul(1000),
+                );
+            }
         }
     }
 }
+
+/// A report's spans (see [`Gate::take_report`]).
+#[derive(Debug, Default)]
+pub(super) struct Report {
+    /// What ran, proven done.
+    pub(super) ran: Vec<Span>,
+    /// What was outstanding, not proven to run (see `late`): before
+    /// `ran`'s spans that follow it in time.
+    pub(super) unproven: Vec<Span>,
+    /// Whether work is still outstanding.
+    pub(super) in_flight: bool,
+}
+
+/// The spans of `report` to send with it: its unproven time sent first
+/// as [`Request::UnprovenUsage`](gemini_protocol::Request::UnprovenUsage)
+/// to a scheduler that speaks it, else reported as run, as before it.
+pub(super) fn sent_ahead(st: &State, device: u32, report: &mut Report) -> Vec<Span> {
+    let unproven = std::mem::take(&mut report.unproven);
+    let ran = std::mem::take(&mut report.ran);
+    if unproven.is_empty() {
+        return ran;
+    }
+    if st.speaks() >= UNPROVEN_SINCE {
+        let req = gemini_protocol::Request::UnprovenUsage {
+            device,
+            ran: unproven,
+        };
+        let _ = st.call(&req, device);
+        return ran;
+    }
+    let mut all = Vec::new();
+    let mut each: Vec<Span> = unproven.into_iter().chain(ran).collect();
+    each.sort_by_key(|s| s.start_us);
+    for s in each {
+        record(
+            &mut all,
+            s.start_us.saturating_mul(1000),
+            s.end_us.saturating_mul(1000),
+        );
+    }
+    all
+}
+
+/// The protocol version that has [`Request::UnprovenUsage`](gemini_protocol::Request::UnprovenUsage).
+const UNPROVEN_SINCE: u16 = 18;
 
 /// The device time of `ran`, µs (for the log).
 pub(super) fn total_us(ran: &[Span]) -> u64 {
@@ -215,7 +267,7 @@ mod tests {
         launch(&g, 6_000_000);
         assert!(g.close(7_000_000, g.launches()));
         assert_eq!(
-            g.take_ran(),
+            g.take_report().ran,
             [
                 Span {
                     start_us: 1_000,
@@ -227,7 +279,7 @@ mod tests {
                 }
             ]
         );
-        assert!(g.take_ran().is_empty());
+        assert!(g.take_report().ran.is_empty());
     }
 
     #[test]

@@ -93,8 +93,7 @@ pub(super) enum End {
 /// renewed lent token's queue is predicted to end (ns; 0: none).
 #[derive(Debug, Default)]
 pub(super) struct Renewal {
-    pub(super) ran: Vec<gemini_protocol::Span>,
-    pub(super) in_flight: bool,
+    pub(super) report: measure::Report,
     pub(super) queue_end: u64,
 }
 
@@ -159,14 +158,13 @@ fn end(st: &State, dev: usize, g: &'static Gate, why: End) -> Outcome {
     let Some(queue_end) = settle_end(dev, g, why) else {
         return Outcome::Unchanged;
     };
-    let (ran, in_flight) = g.take_report();
+    let mut report = g.take_report();
     if let End::RanOut = why {
-        return Outcome::Renew(Renewal {
-            ran,
-            in_flight,
-            queue_end,
-        });
+        return Outcome::Renew(Renewal { report, queue_end });
     }
+    let device = st.physical(dev as u32);
+    let ran = measure::sent_ahead(st, device, &mut report);
+    let in_flight = report.in_flight;
     debug!(
         "device {dev}: token given back ({why:?}), {} us measured{}",
         measure::total_us(&ran),
@@ -176,7 +174,6 @@ fn end(st: &State, dev: usize, g: &'static Gate, why: End) -> Outcome {
             ""
         }
     );
-    let device = st.physical(dev as u32);
     let _ = st.call(
         &Request::ReleaseToken {
             device,

@@ -1284,7 +1284,8 @@ fn rebase(req: &mut Request, epoch_us: Micros) {
     let spans = match req {
         Request::AcquireToken { ran, .. }
         | Request::ReleaseToken { ran, .. }
-        | Request::LateUsage { ran, .. } => ran,
+        | Request::LateUsage { ran, .. }
+        | Request::UnprovenUsage { ran, .. } => ran,
         _ => return,
     };
     for s in spans {

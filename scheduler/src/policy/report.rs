@@ -61,7 +61,7 @@ impl Policy {
         if dev.token.as_ref().is_some_and(|t| t.client == client) {
             dev.token = None;
         }
-        let charged = self.charge_spans(client, device, ran, now, out);
+        let charged = self.charge_spans(client, device, ran, Proof::Ran, now, out);
         if !in_flight && let Some(c) = self.clients.get_mut(&client) {
             c.anchor.remove(&device);
         }
@@ -100,6 +100,7 @@ impl Policy {
         client: ClientId,
         device: DeviceId,
         ran: &[Span],
+        proof: Proof,
         now: Micros,
         out: &mut Vec<Action>,
     ) -> Micros {
@@ -153,7 +154,7 @@ impl Policy {
         };
         let dev = devices.entry(device).or_default();
         dev.ledger.forget_before(can.horizon);
-        let charged = claim_spans(c, dev, device, ran, &can, params.saved_credit());
+        let charged = claim_spans(c, dev, device, ran, &can, proof, params.saved_credit());
         let used = c.gpu_used.entry(device).or_default();
         *used = used.saturating_add(charged.time);
         // The report's credit at once (see `Device::claim`); a report that
@@ -171,6 +172,22 @@ impl Policy {
         charged.time
     }
 
+    /// Charges the time work of `client` given back in flight on
+    /// `device` was outstanding but not proven to run
+    /// ([`Request::UnprovenUsage`](gemini_protocol::Request::UnprovenUsage)):
+    /// only where no measured claim has it. Its report that follows says
+    /// what ran, and whether the work is done.
+    pub(super) fn unproven(
+        &mut self,
+        client: ClientId,
+        device: DeviceId,
+        ran: &[Span],
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        self.charge_spans(client, device, ran, Proof::Outstanding, now, out);
+    }
+
     /// Charges work of `client` that ran on `device` after the token it
     /// was launched under ended
     /// ([`Request::LateUsage`](gemini_protocol::Request::LateUsage)): the
@@ -183,7 +200,7 @@ impl Policy {
         now: Micros,
         out: &mut Vec<Action>,
     ) {
-        self.charge_spans(client, device, ran, now, out);
+        self.charge_spans(client, device, ran, Proof::Ran, now, out);
         // The work it gave back in flight is done: what it may not have
         // reported yet is that of a token granted since, if any (an
         // anchor left at the old grant would have its exit charged, as an
@@ -207,6 +224,7 @@ fn claim_spans(
     device: DeviceId,
     ran: &[Span],
     can: &CanBe,
+    proof: Proof,
     cap: Micros,
 ) -> Charged {
     let mut from = can.until.max(can.anchor);
@@ -229,7 +247,8 @@ fn claim_spans(
             Some(&since) if s.start_us <= from && from > can.anchor => since,
             _ => start,
         };
-        let claimed = dev.claim((&c.group, c.uid), (start, end), since, cap, false);
+        let estimated = proof == Proof::Outstanding;
+        let claimed = dev.claim((&c.group, c.uid), (start, end), since, cap, estimated);
         if claimed > 0 && charged.time == 0 {
             charged.first = start;
         }
@@ -239,6 +258,18 @@ fn claim_spans(
         c.stretch.insert(device, since);
     }
     charged
+}
+
+/// What a report's spans say of the client's work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Proof {
+    /// It ran there: measured, settled against other groups' claims by
+    /// the ledger's rules.
+    Ran,
+    /// It was outstanding there, not proven to run
+    /// ([`Request::UnprovenUsage`](gemini_protocol::Request::UnprovenUsage)):
+    /// charged only where no measured claim has the time (an estimate).
+    Outstanding,
 }
 
 /// Why span `s` cannot be, if it cannot: it ends in the future, or

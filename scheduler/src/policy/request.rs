@@ -236,6 +236,7 @@ impl Policy {
             | Request::AcquireTokenAhead { .. }
             | Request::ReleaseToken { .. }
             | Request::LateUsage { .. }
+            | Request::UnprovenUsage { .. }
             | Request::Quieting { .. } => self.token_request(asker, req, now, out),
             Request::WaitReason { device } => {
                 out.push(asker.reply(self.wait_reason(client, device, now)));
@@ -320,17 +321,10 @@ impl Policy {
                 in_flight,
             } => self.release_token(asker, device, &ran, in_flight, now, out),
             Request::LateUsage { device, ran } => {
-                if role == Role::Control {
-                    out.push(asker.reply(error(
-                        ErrorKind::Unexpected,
-                        "a control connection has no device time to report",
-                    )));
-                    return;
-                }
-                let mut logs = Vec::new();
-                self.late(client, device, &ran, now, &mut logs);
-                out.push(asker.reply(Reply::Done));
-                out.extend(logs);
+                self.after_token(asker, device, &ran, false, now, out)
+            }
+            Request::UnprovenUsage { device, ran } => {
+                self.after_token(asker, device, &ran, true, now, out)
             }
             Request::Quieting { device, done_in_us } => {
                 self.quieting(client, device, done_in_us, now);
@@ -338,6 +332,35 @@ impl Policy {
             }
             _ => {}
         }
+    }
+
+    /// Work of `asker`'s that ran on `device` after the token it was
+    /// launched under ended, `ran` (`unproven`: outstanding there, not
+    /// proven to run; see [`Request::UnprovenUsage`]).
+    fn after_token(
+        &mut self,
+        asker: Asker,
+        device: DeviceId,
+        ran: &[Span],
+        unproven: bool,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
+        if asker.role == Role::Control {
+            out.push(asker.reply(error(
+                ErrorKind::Unexpected,
+                "a control connection has no device time to report",
+            )));
+            return;
+        }
+        let mut logs = Vec::new();
+        if unproven {
+            self.unproven(asker.client, device, ran, now, &mut logs);
+        } else {
+            self.late(asker.client, device, ran, now, &mut logs);
+        }
+        out.push(asker.reply(Reply::Done));
+        out.extend(logs);
     }
 
     /// Queues `asker`'s request for `device`'s token (its bursts

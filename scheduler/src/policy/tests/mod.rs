@@ -431,13 +431,18 @@ fn hello_job(p: &mut Policy, client: ClientId, group: &str, job: Option<&str>) -
 }
 
 fn ask(p: &mut Policy, client: ClientId, req: Request) -> Reply {
+    ask_at(p, client, req, 0)
+}
+
+/// [`ask`] at `now`.
+fn ask_at(p: &mut Policy, client: ClientId, req: Request, now: Micros) -> Reply {
     let acts = p.handle(
         Event::Request {
             client,
             seq: 7,
             req,
         },
-        0,
+        now,
     );
     match replies(acts).pop() {
         Some((_, seq, reply)) => {

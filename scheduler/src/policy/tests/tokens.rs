@@ -481,6 +481,110 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
     );
 }
 
+/// Where `lo` gave its token back with work in flight and was granted
+/// it again before that work was seen done, over `hi`'s token whose
+/// span (measured, its end seen 0.3 ms late) holds the whole wait: what
+/// each group is charged, with `lo`'s wait reported as outstanding
+/// (`UnprovenUsage`) or as run, before or after `hi`'s report.
+fn charged_for_a_wait_behind_another_group(unproven: bool, hi_first: bool) -> (u64, u64) {
+    let mut p = Policy::new(
+        Params::default(),
+        config("[hi]\nMinUtil=0.5\n[lo]\nMinUtil=0.5\n"),
+    );
+    hello(&mut p, 1, "lo");
+    hello(&mut p, 2, "hi");
+    send(&mut p, 1, acquire(), 0);
+    assert!(send(&mut p, 2, acquire(), MS).is_empty());
+    let r = send(
+        &mut p,
+        1,
+        Request::ReleaseToken {
+            device: 0,
+            ran: ran(0, 10 * MS),
+            in_flight: true,
+        },
+        10 * MS,
+    );
+    assert!(
+        r.iter()
+            .any(|(c, _, r)| *c == 2 && matches!(r, Reply::Token { .. }))
+    );
+    // lo's work outstanding from 10.4 ms (a launch that reached the
+    // driver after hi's) until lo's next span opened at 30 ms; it ran
+    // in lo's next token.
+    let (wait_start, wait_end) = (10 * MS + 400, 30 * MS);
+    let lo_reports = |p: &mut Policy, at| {
+        if unproven {
+            let r = Request::UnprovenUsage {
+                device: 0,
+                ran: ran(wait_start, wait_end),
+            };
+            assert_eq!(ask_at(p, 1, r, at), Reply::Done);
+            send(p, 1, acquire(), at);
+        } else {
+            send(p, 1, acquire_ran(wait_start, wait_end), at);
+        }
+    };
+    if !hi_first {
+        lo_reports(&mut p, 30 * MS + 100);
+    }
+    send(
+        &mut p,
+        2,
+        release_ran(10 * MS + 300, 30 * MS + 300),
+        30 * MS + 300,
+    );
+    if hi_first {
+        lo_reports(&mut p, 30 * MS + 500);
+    }
+    let counters = p.counters(31 * MS);
+    let used = |g: &str| {
+        counters
+            .iter()
+            .find(|x| x.group == g && x.device == 0)
+            .map_or(0, |x| x.used_us)
+    };
+    (used("hi"), used("lo"))
+}
+
+/// Work given back in flight and seen done only after its process had
+/// its token again may have waited all along behind another group's
+/// token (a launch-ordered device), or run in it (a time-sliced one):
+/// reported as outstanding, not run, it takes only time no measured
+/// span has. Reported as run, the ledger took the other group's whole
+/// token from it (its span held the wait's, its end seen late), and a
+/// group whose kernels ran 1700 ms was charged 1680 ms.
+#[test]
+fn time_outstanding_but_not_proven_run_takes_no_other_groups_time() {
+    for hi_first in [true, false] {
+        assert_eq!(
+            charged_for_a_wait_behind_another_group(true, hi_first),
+            (20 * MS, 10 * MS),
+            "hi's report first: {hi_first}"
+        );
+        // As run, the wait is lo's (the ledger's inner claim).
+        let (hi, lo) = charged_for_a_wait_behind_another_group(false, hi_first);
+        assert!(hi < MS && lo > 29 * MS, "{hi} {lo}");
+    }
+    // Time nobody else claimed is charged as outstanding.
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    hello(&mut p, 1, "a");
+    send(&mut p, 1, acquire(), 0);
+    let release = Request::ReleaseToken {
+        device: 0,
+        ran: ran(0, 10 * MS),
+        in_flight: true,
+    };
+    send(&mut p, 1, release, 10 * MS);
+    let unproven = Request::UnprovenUsage {
+        device: 0,
+        ran: ran(12 * MS, 20 * MS),
+    };
+    assert_eq!(ask_at(&mut p, 1, unproven, 21 * MS), Reply::Done);
+    let counters = p.counters(21 * MS);
+    assert_eq!(counters[0].used_us, 18 * MS);
+}
+
 /// A client gave its token back with work in flight, reported that work
 /// late (`LateUsage`: done), stayed idle and exited: it is charged the
 /// work it reported, not an estimate from its last grant to the grant's
