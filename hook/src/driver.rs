@@ -328,6 +328,26 @@ pub fn event_elapsed_ns(start: usize, end: usize) -> Result<u64, CUresult> {
     }
 }
 
+/// `cuEventQuery`: `CUDA_SUCCESS` once the event completed,
+/// `CUDA_ERROR_NOT_READY` before.
+pub fn event_query(event: usize) -> CUresult {
+    real_call!(c"cuEventQuery", fn(*mut c_void), event as *mut c_void)
+}
+
+/// `cuStreamCreate` of a non-blocking stream (`CU_STREAM_NON_BLOCKING`:
+/// no implicit synchronisation with the legacy default stream) in the
+/// current context.
+pub fn stream_create_nonblocking() -> Option<usize> {
+    let mut s: *mut c_void = std::ptr::null_mut();
+    let r = real_call!(c"cuStreamCreate", fn(*mut *mut c_void, u32), &mut s, 1u32);
+    (r == CUDA_SUCCESS && !s.is_null()).then_some(s as usize)
+}
+
+/// `cuStreamDestroy_v2`.
+pub fn stream_destroy(stream: usize) {
+    let _ = real_call!(c"cuStreamDestroy_v2" @ c"cuStreamDestroy", 4000, 0, fn(*mut c_void), stream as *mut c_void);
+}
+
 /// `cuEventDestroy_v2`.
 pub fn event_destroy(event: usize) {
     let _ = real_call!(c"cuEventDestroy_v2" @ c"cuEventDestroy", 4000, 0, fn(*mut c_void), event as *mut c_void);

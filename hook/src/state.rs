@@ -278,6 +278,10 @@ pub(crate) struct ClockStart {
     pub(crate) key: usize,
     pub(crate) raw: usize,
     pub(crate) per_thread: bool,
+    /// Recorded while work of an earlier token may still run on the
+    /// stream: it completes behind that work, and times only the span's
+    /// end (see `gate::devclock::open`).
+    pub(crate) behind: bool,
 }
 
 /// The timing events that end a gate's open span on the device's clock
@@ -297,6 +301,46 @@ pub(crate) struct DevClock {
     /// taken before belongs to a context that may have gone with its
     /// events, and is never given back.
     pub(crate) epoch: u64,
+    /// The device's clock against the host's (see `gate::devclock`).
+    pub(crate) cal: Option<Calibration>,
+    /// No calibration is tried before this (ns): the last one failed.
+    pub(crate) cal_retry_at: u64,
+    /// The end of the work a token's end left running (see `gate::late`),
+    /// marked as that end began.
+    pub(crate) late: ClockMark,
+}
+
+/// Where an event of context `ctx` completed on the host's clock:
+/// `host_ns` (`CLOCK_MONOTONIC`) for its reference `event`, recorded on a
+/// stream of the gate's own, taken at `taken_at` (0: not taken; see
+/// `gate::devclock`); `next`, the event the next one is recorded into.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Calibration {
+    pub(crate) ctx: usize,
+    pub(crate) stream: usize,
+    pub(crate) event: usize,
+    pub(crate) next: usize,
+    pub(crate) host_ns: u64,
+    pub(crate) taken_at: u64,
+}
+
+/// What a wait's completion ends the span at, as the wait began (see
+/// `gate::devclock`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) enum ClockMark {
+    /// The host's clock.
+    #[default]
+    Host,
+    /// An event of context `ctx` (taken in context generation `epoch`),
+    /// recorded on the span's stream just before the wait: the gate's,
+    /// given back once the wait is over.
+    Recorded {
+        ctx: usize,
+        event: usize,
+        epoch: u64,
+    },
+    /// The program's event, whose completion the wait proves.
+    Event(usize),
 }
 
 /// Per-process state.

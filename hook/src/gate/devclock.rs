@@ -21,13 +21,42 @@
 //! Every event is one of the span's context, kept for reuse; a context
 //! that goes takes its events with it (see [`context_gone`]): an event
 //! taken before then is destroyed with it, never given back.
+//!
+//! Where the device's clock is calibrated against the host's, a span is
+//! placed where its events completed, its end too: not at the host's
+//! proof, which a loaded host sees late. (Ended at the proof, the span of
+//! a group whose wait woke 1 ms late overlapped the next group's first
+//! kernel by that much, and the ledger gave that group's time to the
+//! span that began first: a group whose kernels ran 1680 ms was charged
+//! 1664 ms.) The calibration: an event recorded on a stream of the
+//! gate's own (non-blocking, so it waits for nothing of the program's),
+//! seen complete within `CAL_ERROR_NS` of its record, completed about
+//! midway; every event's host time is that plus `cuEventElapsedTime`
+//! from it. Made and first taken as a context's first span opens, taken
+//! again by the idle watcher every `CAL_AGE_NS` (the two clocks drift
+//! apart slowly), under the gate's clock lock, which every reading of it
+//! takes too (a reference re-recorded under a reading would move it).
 
 use super::*;
 use crate::covers::stream_key;
 use crate::state::ClockStart as Start;
+use crate::state::{Calibration, DevClock};
 
 /// Spare events kept per gate.
 const MAX_SPARE: usize = 4;
+
+/// A calibration is taken again once this old (ns)...
+const CAL_AGE_NS: u64 = 100_000_000;
+/// ...and not used once this old (ns; one that failed meanwhile).
+const CAL_USE_NS: u64 = 1_000_000_000;
+/// The reference event is seen complete within this of its record (ns),
+/// or the calibration fails: the device was busy with another context,
+/// or the host slow; tried again `CAL_RETRY_NS` later.
+const CAL_ERROR_NS: u64 = 40_000;
+const CAL_RETRY_NS: u64 = 10_000_000;
+/// A device time more than this outside where the host saw the span
+/// (before its first launch, after its proof) is not believed (ns).
+const CAL_SLACK_NS: u64 = 50_000;
 
 /// Spans in a row that opened with an event and ended on the host's
 /// clock (no wait of theirs could be timed: a program that waits only
@@ -53,23 +82,16 @@ fn late(since: u64, begun: u64, at: u64) -> bool {
     lag >= LAG_NS || lag.saturating_mul(100) >= at.saturating_sub(begun)
 }
 
-/// What a wait's completion ends the span at, as the wait began.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) enum Mark {
-    /// The host's clock.
-    #[default]
-    Host,
-    /// An event of context `ctx` (taken in context generation `epoch`),
-    /// recorded on the span's stream just before the wait: the gate's,
-    /// given back once the wait is over.
-    Recorded {
-        ctx: usize,
-        event: usize,
-        epoch: u64,
-    },
-    /// The program's event, whose completion the wait proves.
-    Event(usize),
+/// Whether the host saw the span that ran from `begun` to `end` done at
+/// `at` late enough to place it on the device's clock: by `LAG_NS`, or
+/// by a hundredth of the span.
+fn woke_late(begun: u64, end: u64, at: u64) -> bool {
+    let lag = at.saturating_sub(end);
+    lag >= LAG_NS || lag.saturating_mul(100) >= end.saturating_sub(begun)
 }
+
+/// What a wait's completion ends the span at, as the wait began.
+pub(crate) use crate::state::ClockMark as Mark;
 
 /// The calling thread's current context, if any.
 fn current_ctx() -> Option<usize> {
@@ -132,24 +154,132 @@ fn missed(g: &Gate) {
     c.misses = c.misses.saturating_add(1);
 }
 
+/// Makes the calibration of context `ctx` (current on the calling
+/// thread, which opens a span), and takes it the first time: its stream
+/// and event are made in the current context. Later ones are taken by
+/// the watcher ([`recalibrate`]). Called before the span's event is
+/// recorded, so that the reference precedes every event it times.
+fn calibrate(g: &Gate, ctx: usize) {
+    let mut c = lock(&g.devclock);
+    if c.cal.is_some_and(|cal| cal.ctx == ctx) {
+        return;
+    }
+    let now = now_ns();
+    if now < c.cal_retry_at {
+        return;
+    }
+    if let Some(old) = c.cal.take() {
+        driver::event_destroy(old.event);
+        driver::event_destroy(old.next);
+        driver::stream_destroy(old.stream);
+    }
+    let made = driver::stream_create_nonblocking().map(|stream| {
+        let events = (driver::event_create(), driver::event_create());
+        (stream, events)
+    });
+    let Some((stream, (Some(event), Some(next)))) = made else {
+        if let Some((stream, (a, b))) = made {
+            a.into_iter().chain(b).for_each(driver::event_destroy);
+            driver::stream_destroy(stream);
+        }
+        c.cal_retry_at = now + CAL_USE_NS;
+        return;
+    };
+    c.cal = Some(Calibration {
+        ctx,
+        stream,
+        event,
+        next,
+        host_ns: 0,
+        taken_at: 0,
+    });
+    take_reference(&mut c);
+}
+
+/// Takes `g`'s calibration again where it is due (`CAL_AGE_NS` old, or
+/// failed `CAL_RETRY_NS` ago): the watcher's, so that a program's thread
+/// spins for it once per context at most.
+pub(super) fn recalibrate(g: &Gate) {
+    let mut c = lock(&g.devclock);
+    let now = now_ns();
+    let due = c
+        .cal
+        .is_some_and(|cal| cal.taken_at == 0 || now.saturating_sub(cal.taken_at) >= CAL_AGE_NS);
+    if due && now >= c.cal_retry_at && !capture::any_open() {
+        take_reference(&mut c);
+    }
+}
+
+/// Records a new reference into the calibration's spare event and waits
+/// for it (see [`reference`]): it becomes the reference once seen done in
+/// time. On failure the reference in use stays as it was (re-recorded in
+/// place, it would have moved under the host time taken for it), and it
+/// is tried again `CAL_RETRY_NS` later.
+fn take_reference(c: &mut DevClock) {
+    let Some(cal) = c.cal.as_mut() else { return };
+    match reference(cal.next, cal.stream) {
+        Some(at) => {
+            std::mem::swap(&mut cal.event, &mut cal.next);
+            (cal.host_ns, cal.taken_at) = (at, now_ns());
+        }
+        None => c.cal_retry_at = now_ns() + CAL_RETRY_NS,
+    }
+}
+
+/// Records `event` on `stream` (idle, the gate's own) and waits for it
+/// (spinning, `CAL_ERROR_NS` at most): the host time it completed at,
+/// within half of that.
+fn reference(event: usize, stream: usize) -> Option<u64> {
+    let t0 = now_ns();
+    if !record(event, stream, false) {
+        return None;
+    }
+    loop {
+        let r = driver::event_query(event);
+        let t1 = now_ns();
+        if t1 - t0.min(t1) > CAL_ERROR_NS {
+            return None;
+        }
+        match r {
+            CUDA_SUCCESS => return Some(t0 + (t1 - t0.min(t1)) / 2),
+            crate::cuda::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
+            _ => return None,
+        }
+    }
+}
+
+/// The host time (ns) event `event` of context `ctx` completed at, by
+/// the calibration held in `c` (`None` where there is none of that
+/// context, it is too old, or the driver cannot say).
+fn host_time(c: &DevClock, ctx: usize, event: usize, now: u64) -> Option<u64> {
+    let cal = c.cal.filter(|cal| cal.ctx == ctx && cal.taken_at != 0)?;
+    if now.saturating_sub(cal.taken_at) > CAL_USE_NS {
+        return None;
+    }
+    let ns = driver::event_elapsed_ns(cal.event, event).ok()?;
+    Some(cal.host_ns + ns)
+}
+
 /// A launch onto `stream` under `g`, from a thread whose current context
 /// is the launch's, may open a span: an event recorded on that stream
 /// now, before the launch reaches the driver, so that every launch of the
 /// span follows it. `None` where no event can be recorded (a capture
-/// open, no context), or where the stream may still run an earlier
-/// token's work (the event would complete only behind it, and that
-/// work's time would be charged to nobody).
+/// open, no context). Where the stream may still run an earlier token's
+/// work, the event completes only behind it: the span is placed from its
+/// first launch, not from the event (that work's time, between the two,
+/// would be charged to nobody), and the event times only its end, on the
+/// calibrated clock (see the module doc).
 pub(super) fn open(g: &Gate, stream: *mut c_void, per_thread: bool) -> Option<Start> {
     if capture::any_open() {
         return None; // a record into a capture makes a node, and times nothing
     }
-    if g.late_ticket.load(Ordering::Acquire) != 0 || g.late_since.load(Ordering::Acquire) != 0 {
-        return None;
-    }
+    let behind =
+        g.late_ticket.load(Ordering::Acquire) != 0 || g.late_since.load(Ordering::Acquire) != 0;
     if !may_start(g) {
         return None;
     }
     let ctx = current_ctx()?;
+    calibrate(g, ctx);
     let (event, epoch) = take_event(g, ctx)?;
     let raw = stream as usize;
     if !record(event, raw, per_thread) {
@@ -165,6 +295,7 @@ pub(super) fn open(g: &Gate, stream: *mut c_void, per_thread: bool) -> Option<St
         key: stream_key(stream, per_thread),
         raw,
         per_thread,
+        behind,
     })
 }
 
@@ -248,6 +379,20 @@ fn marks_span(g: &Gate, start: &Start, stream: Option<usize>) -> bool {
     (stream.is_some() || default) && (!default || current_ctx() == Some(start.ctx))
 }
 
+/// Where the work `mark` marks was done, on the host's clock, if the
+/// device says so already (the mark's event completed, and the clock is
+/// calibrated): before a waiting thread wakes to see it.
+pub(super) fn completed_at(g: &Gate, mark: Mark) -> Option<u64> {
+    let Mark::Recorded { ctx, event, epoch } = mark else {
+        return None;
+    };
+    let c = lock(&g.devclock);
+    if c.epoch != epoch || driver::event_query(event) != CUDA_SUCCESS {
+        return None;
+    }
+    host_time(&c, ctx, event, now_ns())
+}
+
 /// The wait that made `mark` is over: its event goes back.
 pub(super) fn unmark(g: &Gate, mark: Mark) {
     if let Mark::Recorded { ctx, event, epoch } = mark {
@@ -257,9 +402,11 @@ pub(super) fn unmark(g: &Gate, mark: Mark) {
 
 /// Where the span opened at `since`, whose launches went to stream
 /// `stream` (or `covers::MIXED`), and proven done at `at` by a wait that
-/// made `mark`, began: the device time from its opening event to the
-/// mark's before `at`; `since` where the device cannot say. Called with
-/// the span closing (its opening event is taken).
+/// made `mark`, began and ended: where its opening event and the mark
+/// completed, by the calibrated clock (see the module doc); else the
+/// device time from its opening event to the mark's before `at`; else
+/// `since` to `at`, where the device cannot say. Called with the span
+/// closing (its opening event is taken).
 ///
 /// The span is placed to end at the proof, not to begin at `since`: the
 /// time from `since` to `at` is the device's time, its first kernel's
@@ -269,7 +416,8 @@ pub(super) fn unmark(g: &Gate, mark: Mark) {
 /// another group's work claimed that work's time, which the ledger gave
 /// to the work that began first, and the span was charged its wait the
 /// less (undercharged); ending at `at`, it is charged what it ran.
-pub(super) fn start(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) -> u64 {
+pub(super) fn start(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) -> (u64, u64) {
+    let at = at.max(since);
     let start = {
         let mut c = lock(&g.devclock);
         match c.start {
@@ -277,22 +425,50 @@ pub(super) fn start(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) ->
             _ => None,
         }
     };
-    let Some(start) = start else { return since };
+    let Some(start) = start else {
+        return (since, at);
+    };
     let end_event = match mark {
         Mark::Recorded { event, .. } => Some(event),
         Mark::Event(e) => Some(e),
         Mark::Host => None,
-    };
+    }
+    .filter(|_| stream == start.key);
+    let placed = end_event.and_then(|end| placed(g, &start, end, since, at));
     let elapsed = end_event
-        .filter(|_| stream == start.key)
+        .filter(|_| !start.behind)
         .and_then(|e| driver::event_elapsed_ns(start.event, e).ok());
-    let begun = elapsed.map(|ns| at.saturating_sub(ns).clamp(since, at.max(since)));
-    match begun {
-        Some(begun) if late(since, begun, at) => lock(&g.devclock).misses = 0,
+    let ends = placed.or_else(|| elapsed.map(|ns| (at.saturating_sub(ns).clamp(since, at), at)));
+    match ends {
+        Some((begun, end)) if late(since, begun, at) || woke_late(begun, end, at) => {
+            lock(&g.devclock).misses = 0
+        }
         _ => missed(g),
     }
     give_back(g, start.ctx, start.event, start.epoch);
-    begun.unwrap_or(since)
+    ends.unwrap_or((since, at))
+}
+
+/// Where the span opened at `since` with `start` and proven done at `at`
+/// by event `end` began and ended on the calibrated clock, if it is
+/// calibrated and both lie where the host saw the span (within
+/// `CAL_SLACK_NS`).
+fn placed(g: &Gate, start: &Start, end: usize, since: u64, at: u64) -> Option<(u64, u64)> {
+    let c = lock(&g.devclock);
+    let now = now_ns();
+    let began = if start.behind {
+        since
+    } else {
+        host_time(&c, start.ctx, start.event, now)?
+    };
+    let ended = host_time(&c, start.ctx, end, now)?;
+    drop(c);
+    let believable = |t: u64| since.saturating_sub(CAL_SLACK_NS) <= t && t <= at + CAL_SLACK_NS;
+    if !(believable(began) && believable(ended) && began <= ended) {
+        return None;
+    }
+    let began = began.clamp(since, at);
+    Some((began, ended.clamp(began, at)))
 }
 
 /// Context `ctx` went, and its events with it: none of them is used or
@@ -303,6 +479,10 @@ pub(crate) fn context_gone(g: &Gate, ctx: usize) {
     c.spare.retain(|&(c, _)| c != ctx);
     if c.start.is_some_and(|s| s.ctx == ctx) {
         c.start = None;
+    }
+    // Its stream and reference went with it.
+    if c.cal.is_some_and(|cal| cal.ctx == ctx) {
+        c.cal = None;
     }
 }
 

@@ -25,15 +25,24 @@
 //! group's span, whose end the host saw late, and took that group's
 //! whole token.)
 
+use super::devclock::{self, Mark};
 use super::*;
 use crate::state::Spans;
 
 /// The synchronisation `ticket`, asked for when `launches` launches had
-/// been admitted, ends when the work of `g`'s last token is done. Called
-/// under `g.slow`.
-pub(super) fn begin(g: &Gate, ticket: u64, launches: u64) {
+/// been admitted, ends when the work of `g`'s last token is done, which
+/// `mark` marks on the device's clock (see `devclock`). Called under
+/// `g.slow`.
+pub(super) fn begin(g: &Gate, ticket: u64, launches: u64, mark: Mark) {
+    let old = std::mem::replace(&mut lock(&g.devclock).late, mark);
+    devclock::unmark(g, old);
     g.late_launches.store(launches, Ordering::Relaxed);
     g.late_ticket.store(ticket, Ordering::Release);
+}
+
+/// The mark of the late work's end, taken (the caller gives it back).
+fn take_mark(g: &Gate) -> Mark {
+    std::mem::take(&mut lock(&g.devclock).late)
 }
 
 /// The watcher's check: once the late work of `g` is done, its span
@@ -108,6 +117,7 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
     if g.late_ticket.swap(0, Ordering::AcqRel) == 0 {
         return false;
     }
+    let mark = take_mark(g);
     // The span leaves `late_since` and enters `ran` under the report lock
     // (see `Gate::take_report`).
     let mut spans = lock(&g.ran);
@@ -115,9 +125,11 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
     match (done, detached) {
         (Some(done_at), 0) => {
             drop(spans);
-            g.close(done_at, g.late_launches.load(Ordering::Relaxed));
+            let launches = g.late_launches.load(Ordering::Relaxed);
+            g.close_marked(done_at, launches, mark);
         }
         (done, since) if since != 0 => {
+            let done = earliest(done, devclock::completed_at(g, mark));
             let resumed = g.resumed_at.load(Ordering::SeqCst);
             let (end, proven) = match (done, resumed) {
                 (Some(d), 0) => (d, true),
@@ -130,7 +142,17 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
         }
         _ => {}
     }
+    devclock::unmark(g, mark);
     true
+}
+
+/// When late work was seen done: by the sync thread's wake-up (`host`)
+/// or by its mark's event on the device's clock, whichever is first.
+fn earliest(host: Option<u64>, device: Option<u64>) -> Option<u64> {
+    match (host, device) {
+        (Some(h), Some(d)) => Some(h.min(d)),
+        (h, d) => h.or(d),
+    }
 }
 
 /// Records the detached span `[since, end)`: as run where its work was
@@ -160,6 +182,9 @@ pub(super) fn end_detached(g: &Gate, spans: &mut Spans) {
         return;
     }
     g.late_ticket.store(0, Ordering::Release);
+    let mark = take_mark(g);
+    let done = earliest(done, devclock::completed_at(g, mark));
+    devclock::unmark(g, mark);
     let resumed = g.resumed_at.load(Ordering::SeqCst);
     let (end, proven) = match done {
         Some(d) if resumed != 0 => (d.min(resumed), d <= resumed),

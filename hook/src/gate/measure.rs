@@ -103,10 +103,10 @@ impl Gate {
             self.open_stream.store(covers::MIXED, Ordering::SeqCst);
             return None;
         }
-        let begun = devclock::start(self, since, stream, at, mark);
+        let (begun, end) = devclock::start(self, since, stream, at, mark);
         // A span detached before this one opened ends first (see `late`).
         late::end_detached(self, &mut ran);
-        record(&mut ran.ran, begun, at.max(begun));
+        record(&mut ran.ran, begun, end.max(begun));
         Some(begun)
     }
 

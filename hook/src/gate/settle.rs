@@ -1,6 +1,7 @@
 //! The end of a token's accounting: waiting for its work (within a
 //! bound), the time it really took, and a lent token renewed ahead.
 
+use super::devclock;
 use super::*;
 
 /// How long a token's end waits for its work (see `syncer`): until the
@@ -67,7 +68,7 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
                 g.close(now_ns(), launches);
             }
             Ok(false) => {}
-            Err(ticket) => late::begin(g, ticket, launches),
+            Err(ticket) => late::begin(g, ticket, launches, devclock::Mark::Host),
         }
         return true;
     }
@@ -75,7 +76,10 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
     // the program's capture. Or the work outlasts the bound: it waits for
     // another process (see `syncer`). Either way the token ends without
     // waiting for its work, which stays outstanding; work that outlasted
-    // the bound is charged late, once done.
+    // the bound is charged late, once done. Its end marked on the
+    // device's clock first, where it can be (see `devclock`): the sync
+    // thread's wake-up is not the work's end.
+    let mark = devclock::mark(g, Covers::Context, true);
     let synced = syncer::sync_within(
         dev,
         g,
@@ -84,25 +88,7 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
         synchronize_device,
     );
     let capturing = synced != Ok(true);
-    let mut pending = None;
-    match synced {
-        Ok(true) => {}
-        Ok(false) => {
-            debug!("a capture is open: token ended without waiting for its work ({why:?})")
-        }
-        Err(ticket) => {
-            debug!(
-                "device {dev}: the work outlasts its prediction: token ended without waiting for it, charged once done ({why:?})"
-            );
-            if matches!(why, Settle::RanOut) {
-                // The launches took longer than predicted: at least this.
-                g.learn_kernel_at_least(now_ns());
-            }
-            // What the waits learn next spans the wait, not launches.
-            g.sample_start.store(0, Ordering::Relaxed);
-            pending = Some(ticket);
-        }
-    }
+    let pending = unsynced(dev, g, why, synced);
     let t1 = now_ns();
     if !capturing && matches!(why, Settle::RanOut) {
         // Every launch of the sample has run: learn from it.
@@ -120,13 +106,39 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
     if !capturing {
         // Proven done by now (the quiet process's own sync usually closed
         // its span at the work's end already, see `watcher::quiet_sync`).
-        g.close(t1, launches);
+        g.close_marked(t1, launches, mark);
     }
     learn_from_end(g, why, end);
-    if let Some(ticket) = pending {
-        late::begin(g, ticket, launches);
+    match pending {
+        Some(ticket) => late::begin(g, ticket, launches, mark),
+        None => devclock::unmark(g, mark),
     }
     true
+}
+
+/// What a token's end whose synchronisation gave `synced` did not wait
+/// for: nothing, a capture's work, or work that outlasts its prediction
+/// (the ticket of its synchronisation, which goes on: charged late).
+fn unsynced(dev: usize, g: &Gate, why: Settle, synced: Result<bool, u64>) -> Option<u64> {
+    match synced {
+        Ok(true) => None,
+        Ok(false) => {
+            debug!("a capture is open: token ended without waiting for its work ({why:?})");
+            None
+        }
+        Err(ticket) => {
+            debug!(
+                "device {dev}: the work outlasts its prediction: token ended without waiting for it, charged once done ({why:?})"
+            );
+            if matches!(why, Settle::RanOut) {
+                // The launches took longer than predicted: at least this.
+                g.learn_kernel_at_least(now_ns());
+            }
+            // What the waits learn next spans the wait, not launches.
+            g.sample_start.store(0, Ordering::Relaxed);
+            Some(ticket)
+        }
+    }
 }
 
 /// What a token's end whose work ended at `end` teaches: how far past
@@ -190,18 +202,18 @@ pub(super) fn settle_ahead(dev: usize, g: &'static Gate, now: u64) -> Option<u64
     let until = Duration::from_nanos(wake.saturating_sub(now));
     // The sync thread waits for the queue meanwhile, and on after it: if
     // the next grant comes after it drained (another group had the
-    // device), the span closes where it did, not where a later wait
-    // proves it.
+    // device), the span closes where it did (on the device's clock, where
+    // it is marked), not where a later wait proves it.
+    let mark = devclock::mark(g, Covers::Context, true);
     let synced = syncer::sync_within(dev, g, ctx, until, synchronize_device);
-    if synced == Ok(true) {
+    if synced == Ok(true) || g.granted_at.swap(0, Ordering::AcqRel) == 0 {
+        devclock::unmark(g, mark);
         return None;
     }
     let now = now_ns();
-    if g.granted_at.swap(0, Ordering::AcqRel) == 0 {
-        return None;
-    }
-    if let Err(ticket) = synced {
-        late::begin(g, ticket, launches);
+    match synced {
+        Err(ticket) => late::begin(g, ticket, launches, mark),
+        _ => devclock::unmark(g, mark),
     }
     Some(g.queued_end.load(Ordering::Relaxed).max(now))
 }

@@ -151,6 +151,7 @@ fn watch_gate(
     quiet: &mut Option<(u64, u64)>,
 ) {
     late::report_done(st, dev, g);
+    super::devclock::recalibrate(g);
     let now = now_ns();
     let entered = g.entered.load(Ordering::Acquire);
     if ahead::tick(st, dev, g, now) {
