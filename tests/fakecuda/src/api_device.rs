@@ -368,7 +368,7 @@ driver_api! {
     fn cuEventQuery(e: CUevent) {
         let s = initialised()?;
         match event_time(e)? {
-            Some(t) if !s.is_done(t) => Err(CUDA_ERROR_NOT_READY),
+            Some(t) if resolved(s, e, t).is_none() => Err(CUDA_ERROR_NOT_READY),
             _ => Ok(()),
         }
     }
@@ -376,6 +376,7 @@ driver_api! {
         let s = initialised()?;
         if let Some(t) = event_time(e)? {
             s.wait(t);
+            resolved(s, e, t);
         }
         trim_pools(s);
         Ok(())

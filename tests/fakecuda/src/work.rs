@@ -362,6 +362,25 @@ pub(crate) fn event_time(e: CUevent) -> Result<Option<u64>, CUresult> {
     })
 }
 
+/// When event `e`, recorded for the work that ends at `when`, completed
+/// (`None`: not yet); kept in the event from then on, as a real event
+/// keeps its timestamp (a time-sliced device keeps only recent markers'
+/// times, and an event timed long after its record read the device's
+/// present instead).
+pub(crate) fn resolved(s: &Sim, e: CUevent, when: u64) -> Option<u64> {
+    let at = s.time_of(when)?;
+    if at != when {
+        with_proc(|p| {
+            if let Some(Obj::Event { time, .. }) = p.objects.get_mut(&(e as usize))
+                && *time == Some(when)
+            {
+                *time = Some(at);
+            }
+        });
+    }
+    Some(at)
+}
+
 /// `cuEventElapsedTime`: as cuda.h says, an event created with
 /// `CU_EVENT_DISABLE_TIMING`, or one never recorded, is
 /// `CUDA_ERROR_INVALID_HANDLE`; one still pending `CUDA_ERROR_NOT_READY`.
@@ -382,7 +401,7 @@ pub(crate) fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> R {
     let (Some(a), Some(b)) = (a, b) else {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     };
-    let (Some(a), Some(b)) = (s.time_of(a), s.time_of(b)) else {
+    let (Some(a), Some(b)) = (resolved(s, start, a), resolved(s, end, b)) else {
         return Err(CUDA_ERROR_NOT_READY);
     };
     put(ms, (b as f64 - a as f64) as f32 / 1e6)
