@@ -301,19 +301,24 @@ pub(crate) struct DevClock {
     /// taken before belongs to a context that may have gone with its
     /// events, and is never given back.
     pub(crate) epoch: u64,
-    /// The device's clock against the host's (see `gate::devclock`).
-    pub(crate) cal: Option<Calibration>,
-    /// No calibration is tried before this (ns): the last one failed.
+    /// The device's clock against the host's, per context (see
+    /// `gate::devclock`).
+    pub(crate) cals: Vec<Calibration>,
+    /// No calibration is made before this (ns): the last one failed.
     pub(crate) cal_retry_at: u64,
     /// The end of the work a token's end left running (see `gate::late`),
-    /// marked as that end began.
+    /// marked as that end began, and whether a launch was on its way to
+    /// the driver then.
     pub(crate) late: ClockMark,
+    pub(crate) late_raced: bool,
 }
 
 /// Where an event of context `ctx` completed on the host's clock:
 /// `host_ns` (`CLOCK_MONOTONIC`) for its reference `event`, recorded on a
 /// stream of the gate's own, taken at `taken_at` (0: not taken; see
-/// `gate::devclock`); `next`, the event the next one is recorded into.
+/// `gate::devclock`); `next`, the event the next one is recorded into,
+/// which holds the one before (at `prev_ns`; 0: none) until then; none
+/// tried again before `retry_at`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Calibration {
     pub(crate) ctx: usize,
@@ -321,7 +326,9 @@ pub(crate) struct Calibration {
     pub(crate) event: usize,
     pub(crate) next: usize,
     pub(crate) host_ns: u64,
+    pub(crate) prev_ns: u64,
     pub(crate) taken_at: u64,
+    pub(crate) retry_at: u64,
 }
 
 /// What a wait's completion ends the span at, as the wait began (see

@@ -109,6 +109,13 @@ pub fn context_may_go(ctx: *mut c_void, dev: i32, call: impl FnOnce() -> CUresul
     which.sort_unstable();
     let locks: Vec<Arc<Mutex<()>>> = which.iter().map(|&c| ctx_lock(st, c)).collect();
     let _held: Vec<_> = locks.iter().map(|l| lock(l)).collect();
+    // Nothing of the device's clock is used on them from here on (the
+    // watcher's calibrations and placements; see `devclock`).
+    for g in &st.gates {
+        for &c in &which {
+            super::devclock::context_going(g, c);
+        }
+    }
     call()
 }
 

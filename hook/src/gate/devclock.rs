@@ -54,6 +54,8 @@ const CAL_USE_NS: u64 = 1_000_000_000;
 /// or the host slow; tried again `CAL_RETRY_NS` later.
 const CAL_ERROR_NS: u64 = 40_000;
 const CAL_RETRY_NS: u64 = 10_000_000;
+/// Calibrations kept per gate, one per context.
+const MAX_CALS: usize = 4;
 /// A device time more than this outside where the host saw the span
 /// (before its first launch, after its proof) is not believed (ns).
 const CAL_SLACK_NS: u64 = 50_000;
@@ -127,7 +129,8 @@ fn give_back(g: &Gate, ctx: usize, event: usize, epoch: u64) {
     if c.spare.len() < MAX_SPARE {
         c.spare.push((ctx, event));
     } else {
-        drop(c);
+        // Under the lock: its context cannot be going meanwhile (see
+        // `context_going`).
         driver::event_destroy(event);
     }
 }
@@ -156,22 +159,24 @@ fn missed(g: &Gate) {
 
 /// Makes the calibration of context `ctx` (current on the calling
 /// thread, which opens a span), and takes it the first time: its stream
-/// and event are made in the current context. Later ones are taken by
+/// and events are made in the current context. Later ones are taken by
 /// the watcher ([`recalibrate`]). Called before the span's event is
-/// recorded, so that the reference precedes every event it times.
+/// recorded, so that the reference precedes every event it times. One
+/// per context, `MAX_CALS` at most (the least recently taken goes).
 fn calibrate(g: &Gate, ctx: usize) {
     let mut c = lock(&g.devclock);
-    if c.cal.is_some_and(|cal| cal.ctx == ctx) {
+    if c.cals.iter().any(|cal| cal.ctx == ctx) {
         return;
     }
     let now = now_ns();
     if now < c.cal_retry_at {
         return;
     }
-    if let Some(old) = c.cal.take() {
-        driver::event_destroy(old.event);
-        driver::event_destroy(old.next);
-        driver::stream_destroy(old.stream);
+    if c.cals.len() >= MAX_CALS {
+        let oldest = (0..c.cals.len()).min_by_key(|&i| c.cals[i].taken_at);
+        // (Of a context the process still has: one that goes drops its
+        // calibration first, see `context_going`.)
+        destroy(c.cals.swap_remove(oldest.unwrap_or(0)));
     }
     let made = driver::stream_create_nonblocking().map(|stream| {
         let events = (driver::event_create(), driver::event_create());
@@ -185,44 +190,72 @@ fn calibrate(g: &Gate, ctx: usize) {
         c.cal_retry_at = now + CAL_USE_NS;
         return;
     };
-    c.cal = Some(Calibration {
+    c.cals.push(Calibration {
         ctx,
         stream,
         event,
         next,
         host_ns: 0,
+        prev_ns: 0,
         taken_at: 0,
+        retry_at: 0,
     });
-    take_reference(&mut c);
+    let i = c.cals.len() - 1;
+    take_reference(&mut c.cals[i]);
 }
 
-/// Takes `g`'s calibration again where it is due (`CAL_AGE_NS` old, or
-/// failed `CAL_RETRY_NS` ago): the watcher's, so that a program's thread
-/// spins for it once per context at most.
+/// Destroys a calibration's stream and events (its context still there).
+fn destroy(cal: Calibration) {
+    driver::event_destroy(cal.event);
+    driver::event_destroy(cal.next);
+    driver::stream_destroy(cal.stream);
+}
+
+/// Takes one of `g`'s calibrations again where it is due (`CAL_AGE_NS`
+/// old, or failed `CAL_RETRY_NS` ago): the watcher's, so that a
+/// program's thread spins for it once per context at most. Its context
+/// is pushed on the watcher's thread around the records, and is one the
+/// process still has: a context that goes drops its calibration first,
+/// under the same lock ([`context_going`]).
 pub(super) fn recalibrate(g: &Gate) {
     let mut c = lock(&g.devclock);
     let now = now_ns();
-    let due = c
-        .cal
-        .is_some_and(|cal| cal.taken_at == 0 || now.saturating_sub(cal.taken_at) >= CAL_AGE_NS);
-    if due && now >= c.cal_retry_at && !capture::any_open() {
-        take_reference(&mut c);
+    let due = c.cals.iter().position(|cal| {
+        now >= cal.retry_at && (cal.taken_at == 0 || now.saturating_sub(cal.taken_at) >= CAL_AGE_NS)
+    });
+    let Some(i) = due else { return };
+    if capture::any_open() {
+        return;
     }
+    let ctx = c.cals[i].ctx as *mut c_void;
+    // SAFETY: a context of the process (see above), pushed on this thread
+    // and popped again: no trace is left.
+    if unsafe { driver::ctx_push(ctx) } != CUDA_SUCCESS {
+        c.cals[i].retry_at = now + CAL_RETRY_NS;
+        return;
+    }
+    take_reference(&mut c.cals[i]);
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: pops what was pushed above, into a local.
+    unsafe { driver::ctx_pop(&mut popped) };
 }
 
 /// Records a new reference into the calibration's spare event and waits
 /// for it (see [`reference`]): it becomes the reference once seen done in
-/// time. On failure the reference in use stays as it was (re-recorded in
+/// time, and the one before it stays, for events that completed before
+/// it. On failure the reference in use stays as it was (re-recorded in
 /// place, it would have moved under the host time taken for it), and it
 /// is tried again `CAL_RETRY_NS` later.
-fn take_reference(c: &mut DevClock) {
-    let Some(cal) = c.cal.as_mut() else { return };
+fn take_reference(cal: &mut Calibration) {
+    // The spare is recorded anew: what it held is lost.
+    cal.prev_ns = 0;
     match reference(cal.next, cal.stream) {
         Some(at) => {
             std::mem::swap(&mut cal.event, &mut cal.next);
+            cal.prev_ns = if cal.taken_at != 0 { cal.host_ns } else { 0 };
             (cal.host_ns, cal.taken_at) = (at, now_ns());
         }
-        None => c.cal_retry_at = now_ns() + CAL_RETRY_NS,
+        None => cal.retry_at = now_ns() + CAL_RETRY_NS,
     }
 }
 
@@ -249,15 +282,24 @@ fn reference(event: usize, stream: usize) -> Option<u64> {
 }
 
 /// The host time (ns) event `event` of context `ctx` completed at, by
-/// the calibration held in `c` (`None` where there is none of that
-/// context, it is too old, or the driver cannot say).
+/// the calibration of that context held in `c` (`None` where there is
+/// none, it is too old, or the driver cannot say): from its reference,
+/// or from the one before where the event completed before it.
 fn host_time(c: &DevClock, ctx: usize, event: usize, now: u64) -> Option<u64> {
-    let cal = c.cal.filter(|cal| cal.ctx == ctx && cal.taken_at != 0)?;
+    let cal = c
+        .cals
+        .iter()
+        .find(|cal| cal.ctx == ctx && cal.taken_at != 0)?;
     if now.saturating_sub(cal.taken_at) > CAL_USE_NS {
         return None;
     }
-    let ns = driver::event_elapsed_ns(cal.event, event).ok()?;
-    Some(cal.host_ns + ns)
+    match driver::event_elapsed_ns(cal.event, event) {
+        Ok(ns) => Some(cal.host_ns + ns),
+        Err(_) if cal.prev_ns != 0 => driver::event_elapsed_ns(cal.next, event)
+            .ok()
+            .map(|ns| cal.prev_ns + ns),
+        Err(_) => None,
+    }
 }
 
 /// A launch onto `stream` under `g`, from a thread whose current context
@@ -434,10 +476,29 @@ pub(super) fn start(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) ->
         Mark::Host => None,
     }
     .filter(|_| stream == start.key);
-    let placed = end_event.and_then(|end| placed(g, &start, end, since, at));
-    let elapsed = end_event
-        .filter(|_| !start.behind)
-        .and_then(|e| driver::event_elapsed_ns(start.event, e).ok());
+    let (placed, elapsed) = {
+        // Under the lock, with both events of the context generation now:
+        // a context that goes moves it on first (see `context_going`).
+        let c = lock(&g.devclock);
+        let current = |epoch| epoch == c.epoch;
+        let end_event = end_event.filter(|_| match mark {
+            Mark::Recorded { epoch, .. } => current(epoch),
+            _ => true,
+        });
+        match end_event.filter(|_| current(start.epoch)) {
+            Some(end) => match placed(&c, &start, end, since, at) {
+                Some(p) => (Some(p), None),
+                // Uncalibrated: the device's length, ended at the proof.
+                None => (
+                    None,
+                    (!start.behind)
+                        .then(|| driver::event_elapsed_ns(start.event, end).ok())
+                        .flatten(),
+                ),
+            },
+            None => (None, None),
+        }
+    };
     let ends = placed.or_else(|| elapsed.map(|ns| (at.saturating_sub(ns).clamp(since, at), at)));
     match ends {
         Some((begun, end)) if late(since, begun, at) || woke_late(begun, end, at) => {
@@ -453,22 +514,34 @@ pub(super) fn start(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) ->
 /// by event `end` began and ended on the calibrated clock, if it is
 /// calibrated and both lie where the host saw the span (within
 /// `CAL_SLACK_NS`).
-fn placed(g: &Gate, start: &Start, end: usize, since: u64, at: u64) -> Option<(u64, u64)> {
-    let c = lock(&g.devclock);
+fn placed(c: &DevClock, start: &Start, end: usize, since: u64, at: u64) -> Option<(u64, u64)> {
     let now = now_ns();
     let began = if start.behind {
         since
     } else {
-        host_time(&c, start.ctx, start.event, now)?
+        host_time(c, start.ctx, start.event, now)?
     };
-    let ended = host_time(&c, start.ctx, end, now)?;
-    drop(c);
+    let ended = host_time(c, start.ctx, end, now)?;
     let believable = |t: u64| since.saturating_sub(CAL_SLACK_NS) <= t && t <= at + CAL_SLACK_NS;
     if !(believable(began) && believable(ended) && began <= ended) {
         return None;
     }
     let began = began.clamp(since, at);
     Some((began, ended.clamp(began, at)))
+}
+
+/// Context `ctx` may go now (the program's call that can destroy it is
+/// about to run, under its lock): its calibration goes first, and the
+/// context generation moves on, under the clock's lock, so that no other
+/// thread (the watcher) uses its stream or events while or after it
+/// goes: every driver call on them is made under that lock, for the
+/// generation they were taken in.
+pub(crate) fn context_going(g: &Gate, ctx: usize) {
+    let mut c = lock(&g.devclock);
+    c.epoch = c.epoch.wrapping_add(1);
+    if let Some(i) = c.cals.iter().position(|cal| cal.ctx == ctx) {
+        destroy(c.cals.swap_remove(i));
+    }
 }
 
 /// Context `ctx` went, and its events with it: none of them is used or
@@ -480,10 +553,8 @@ pub(crate) fn context_gone(g: &Gate, ctx: usize) {
     if c.start.is_some_and(|s| s.ctx == ctx) {
         c.start = None;
     }
-    // Its stream and reference went with it.
-    if c.cal.is_some_and(|cal| cal.ctx == ctx) {
-        c.cal = None;
-    }
+    // Its stream and references went with it.
+    c.cals.retain(|cal| cal.ctx != ctx);
 }
 
 #[cfg(test)]

@@ -16,14 +16,18 @@
 //! new span began, whichever is first. So a renewal that waited while
 //! another group had the device is not charged that group's time.
 //!
-//! A detached span whose work was not seen done before the new span
-//! began is not proven to have run there at all: on a device that keeps
-//! launch order, work that reached the driver after another group's
-//! waited behind it and ran in the new token. It is reported as
-//! outstanding (`UnprovenUsage`): charged only where no measured span of
-//! another group has the time. (Reported as run, it lay within the other
-//! group's span, whose end the host saw late, and took that group's
-//! whole token.)
+//! A detached span whose work was not done before the new span began is
+//! not proven to have run there at all: on a device that keeps launch
+//! order, work that reached the driver after another group's waited
+//! behind it and ran in the new token. It is reported as outstanding
+//! (`UnprovenUsage`): charged only where no measured span of another
+//! group has the time. (Reported as run, it lay within the other group's
+//! span, whose end the host saw late, and took that group's whole
+//! token.) Not done is known from the device's clock, where the token's
+//! end marked its work's end there; else from the host's, where a launch
+//! was still on its way to the driver as the token ended (such work can
+//! land behind the next holder's); else, the host's wake-up being no
+//! proof of anything, the span is reported as run, as before.
 
 use super::devclock::{self, Mark};
 use super::*;
@@ -34,15 +38,53 @@ use crate::state::Spans;
 /// `mark` marks on the device's clock (see `devclock`). Called under
 /// `g.slow`.
 pub(super) fn begin(g: &Gate, ticket: u64, launches: u64, mark: Mark) {
-    let old = std::mem::replace(&mut lock(&g.devclock).late, mark);
+    let raced = g.launch_in_flight();
+    let old = {
+        let mut c = lock(&g.devclock);
+        c.late_raced = raced;
+        std::mem::replace(&mut c.late, mark)
+    };
     devclock::unmark(g, old);
     g.late_launches.store(launches, Ordering::Relaxed);
     g.late_ticket.store(ticket, Ordering::Release);
 }
 
-/// The mark of the late work's end, taken (the caller gives it back).
-fn take_mark(g: &Gate) -> Mark {
-    std::mem::take(&mut lock(&g.devclock).late)
+/// The mark of the late work's end, taken (the caller gives it back),
+/// and whether a launch was on its way to the driver as it was made.
+fn take_mark(g: &Gate) -> (Mark, bool) {
+    let mut c = lock(&g.devclock);
+    (
+        std::mem::take(&mut c.late),
+        std::mem::take(&mut c.late_raced),
+    )
+}
+
+/// Where a detached span ends, and whether its work is proven to have
+/// run by then (see the module doc): its work seen done at `host` by the
+/// sync thread, at `device` on the device's clock (by its mark, if
+/// `marked`); the next span began at `resumed` (0: not yet); `raced`: a
+/// launch was on its way to the driver as the token ended.
+fn detached_end(
+    host: Option<u64>,
+    device: Option<u64>,
+    (marked, raced): (bool, bool),
+    resumed: u64,
+) -> (u64, bool) {
+    let done = earliest(host, device);
+    let end = match (done, resumed) {
+        (Some(d), 0) => d,
+        (Some(d), r) => d.min(r),
+        // Not seen done: it ran at most until the next span.
+        (None, r) if r != 0 => r,
+        (None, _) => now_ns(),
+    };
+    let seen_done = |d: Option<u64>| d.is_some_and(|d| resumed == 0 || d <= resumed);
+    let proven = match device {
+        Some(_) => seen_done(device),
+        None if marked || raced => seen_done(host),
+        None => true,
+    };
+    (end, proven)
 }
 
 /// The watcher's check: once the late work of `g` is done, its span
@@ -117,7 +159,7 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
     if g.late_ticket.swap(0, Ordering::AcqRel) == 0 {
         return false;
     }
-    let mark = take_mark(g);
+    let (mark, raced) = take_mark(g);
     // The span leaves `late_since` and enters `ran` under the report lock
     // (see `Gate::take_report`).
     let mut spans = lock(&g.ran);
@@ -129,15 +171,10 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
             g.close_marked(done_at, launches, mark);
         }
         (done, since) if since != 0 => {
-            let done = earliest(done, devclock::completed_at(g, mark));
+            let device = devclock::completed_at(g, mark);
             let resumed = g.resumed_at.load(Ordering::SeqCst);
-            let (end, proven) = match (done, resumed) {
-                (Some(d), 0) => (d, true),
-                (Some(d), r) => (d.min(r), d <= r),
-                // Nothing proven: it ran at most until the next span.
-                (None, r) if r != 0 => (r, false),
-                (None, _) => (now_ns(), false),
-            };
+            let marked = !matches!(mark, Mark::Host);
+            let (end, proven) = detached_end(done, device, (marked, raced), resumed);
             record_detached(&mut spans, since, end, proven);
         }
         _ => {}
@@ -182,15 +219,12 @@ pub(super) fn end_detached(g: &Gate, spans: &mut Spans) {
         return;
     }
     g.late_ticket.store(0, Ordering::Release);
-    let mark = take_mark(g);
-    let done = earliest(done, devclock::completed_at(g, mark));
+    let (mark, raced) = take_mark(g);
+    let device = devclock::completed_at(g, mark);
     devclock::unmark(g, mark);
     let resumed = g.resumed_at.load(Ordering::SeqCst);
-    let (end, proven) = match done {
-        Some(d) if resumed != 0 => (d.min(resumed), d <= resumed),
-        Some(d) => (d, true),
-        None => (resumed.max(since), false),
-    };
+    let marked = !matches!(mark, Mark::Host);
+    let (end, proven) = detached_end(done, device, (marked, raced), resumed.max(since));
     record_detached(spans, since, end, proven);
 }
 
@@ -215,13 +249,15 @@ mod tests {
 
     /// A gate whose late work, outstanding since 1 ms, was detached when
     /// the next span opened at 5 ms, and whose synchronisation was done
-    /// at `done_at` (ns; `None`: it still runs): what the detached span
+    /// at `done_at` (ns; `None`: it still runs), a launch on its way to
+    /// the driver as the token ended if `raced`: what the detached span
     /// is reported as once that span closes.
-    fn detached_reported(done_at: Option<u64>) -> Spans {
+    fn detached_reported(done_at: Option<u64>, raced: bool) -> Spans {
         let g = Gate::default();
         g.late_ticket.store(1, Ordering::SeqCst);
         g.late_since.store(1_000_000, Ordering::SeqCst);
         g.resumed_at.store(5_000_000, Ordering::SeqCst);
+        lock(&g.devclock).late_raced = raced;
         if let Some(at) = done_at {
             let mut slot = lock(&g.syncer.slot);
             (slot.asked, slot.done, slot.ran, slot.done_at) = (1, 1, true, at);
@@ -236,19 +272,41 @@ mod tests {
     }
 
     /// Late work seen done before the next span began ran there: its
-    /// span is reported as run. Seen done only after, or not yet, it is
-    /// not proven to have run before the next span (it may have waited
-    /// behind another group's work all along): reported as outstanding,
-    /// up to where the next span began.
+    /// span is reported as run. Where a launch was on its way to the
+    /// driver as the token ended (it may have landed behind the next
+    /// holder's work), work seen done only after the next span began, or
+    /// not yet, is not proven to have run before it: reported as
+    /// outstanding, up to where the next span began. Without that race
+    /// (or a mark on the device's clock), the host's late wake-up proves
+    /// nothing: reported as run, as before.
     #[test]
     fn a_detached_span_not_seen_done_before_the_next_is_reported_unproven() {
-        let done_before = detached_reported(Some(3_000_000));
-        assert_eq!(done_before.ran, span(1000, 3000));
-        assert!(done_before.unproven.is_empty());
+        for raced in [false, true] {
+            let done_before = detached_reported(Some(3_000_000), raced);
+            assert_eq!(done_before.ran, span(1000, 3000));
+            assert!(done_before.unproven.is_empty());
+        }
         for done in [Some(7_000_000), None] {
-            let spans = detached_reported(done);
+            let spans = detached_reported(done, true);
             assert!(spans.ran.is_empty(), "{done:?}: {spans:?}");
             assert_eq!(spans.unproven, span(1000, 5000), "{done:?}");
+            let spans = detached_reported(done, false);
+            assert_eq!(spans.ran, span(1000, 5000), "{done:?}: {spans:?}");
+            assert!(spans.unproven.is_empty());
         }
+    }
+
+    /// On the device's clock: work whose mark completed before the next
+    /// span began is proven run to there, whatever the host saw; work
+    /// whose mark had not completed by then is not.
+    #[test]
+    fn the_device_clock_decides_where_it_can() {
+        let marked = (true, false);
+        assert_eq!(detached_end(Some(9), Some(3), marked, 5), (3, true));
+        assert_eq!(detached_end(None, Some(3), marked, 5), (3, true));
+        assert_eq!(detached_end(Some(9), Some(7), marked, 5), (5, false));
+        // Marked, its time unknown: the host's word.
+        assert_eq!(detached_end(Some(9), None, marked, 5), (5, false));
+        assert_eq!(detached_end(Some(4), None, marked, 5), (4, true));
     }
 }

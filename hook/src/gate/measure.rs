@@ -183,7 +183,7 @@ pub(super) fn sent_ahead(st: &State, device: u32, report: &mut Report) -> Vec<Sp
     if unproven.is_empty() {
         return ran;
     }
-    if st.speaks() >= UNPROVEN_SINCE {
+    if st.speaks_registered().is_ok_and(|v| v >= UNPROVEN_SINCE) {
         let req = gemini_protocol::Request::UnprovenUsage {
             device,
             ran: unproven,

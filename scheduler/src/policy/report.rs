@@ -254,8 +254,13 @@ fn claim_spans(
         }
         charged.time += claimed;
         from = end;
-        c.charged_until.insert(device, end);
-        c.stretch.insert(device, since);
+        // An estimate is not what was charged: a measured span reported
+        // after it, of earlier work, is still charged (the ledger keeps
+        // the estimate from counting its time twice).
+        if !estimated {
+            c.charged_until.insert(device, end);
+            c.stretch.insert(device, since);
+        }
     }
     charged
 }

@@ -217,7 +217,8 @@ fn each_group_is_charged_what_it_ran_on_a_time_sliced_device() {
 
 /// Each group's charge against what its kernels ran, in the hand-overs of
 /// [`lo_woken_late_and_gapped_hi`] on `sim`, lo's waits woken
-/// `lo_wakeup_us` late: not less, beyond 5 ms and 0.2 %.
+/// `lo_wakeup_us` late: not less, beyond 5 ms and 0.5 % (the check
+/// every test makes, asserted here whatever the host took).
 fn charged_as_run(sim: SimEnv, lo_wakeup_us: u32) {
     let _serial = serial();
     let mut g = Gemini::start(sim, "[lo]\nMinUtil=0.3\n[hi]\nMinUtil=0.7\n");
@@ -225,10 +226,13 @@ fn charged_as_run(sim: SimEnv, lo_wakeup_us: u32) {
     assert!(g.stop_scheduler(), "gem-schd did not stop");
     let accounts = g.device_accounts().expect("the scheduler's charges");
     eprintln!("accounts, lo woken {lo_wakeup_us} us late: {accounts:?}");
+    let mut groups: Vec<&str> = accounts.iter().map(|a| a.group.as_str()).collect();
+    groups.sort_unstable();
+    assert_eq!(groups, ["hi", "lo"], "each group ran and was charged");
     for a in &accounts {
         let (ran, charged) = (a.ran_ns as f64 / 1e6, a.charged_ns as f64 / 1e6);
         assert!(
-            charged >= ran - 5.0 - ran * 0.002,
+            charged >= ran - 5.0 - ran * 0.005,
             "group {} ran {ran:.1} ms, charged {charged:.1} ms",
             a.group
         );

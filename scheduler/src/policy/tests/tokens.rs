@@ -585,6 +585,34 @@ fn time_outstanding_but_not_proven_run_takes_no_other_groups_time() {
     assert_eq!(counters[0].used_us, 18 * MS);
 }
 
+/// Unproven time is sent ahead of the report it precedes, which may
+/// also hold spans older than it (kept from a report not sent): those
+/// are still charged. (Had the estimate advanced what the client was
+/// charged to, they were refused as reported already.)
+#[test]
+fn spans_older_than_unproven_time_sent_ahead_are_still_charged() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    hello(&mut p, 1, "a");
+    send(&mut p, 1, acquire(), 0);
+    let unproven = Request::UnprovenUsage {
+        device: 0,
+        ran: ran(20 * MS, 30 * MS),
+    };
+    assert_eq!(ask_at(&mut p, 1, unproven, 31 * MS), Reply::Done);
+    // Its report: a span before it, and one that claims part of it
+    // measured (not charged twice).
+    let mut both = ran(12 * MS, 18 * MS);
+    both.extend(ran(25 * MS, 31 * MS));
+    let release = Request::ReleaseToken {
+        device: 0,
+        ran: both,
+        in_flight: false,
+    };
+    send(&mut p, 1, release, 31 * MS);
+    let counters = p.counters(31 * MS);
+    assert_eq!(counters[0].used_us, 17 * MS);
+}
+
 /// A client gave its token back with work in flight, reported that work
 /// late (`LateUsage`: done), stayed idle and exited: it is charged the
 /// work it reported, not an estimate from its last grant to the grant's
