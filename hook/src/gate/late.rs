@@ -23,11 +23,15 @@
 //! (`UnprovenUsage`): charged only where no measured span of another
 //! group has the time. (Reported as run, it lay within the other group's
 //! span, whose end the host saw late, and took that group's whole
-//! token.) Not done is known from the device's clock, where the token's
-//! end marked its work's end there; else from the host's, where a launch
-//! was still on its way to the driver as the token ended (such work can
-//! land behind the next holder's); else, the host's wake-up being no
-//! proof of anything, the span is reported as run, as before.
+//! token.) Only where a launch was still on its way to the driver as
+//! the token ended (such work can land behind the next holder's), and the
+//! work was not seen done (on the device's clock where its end was
+//! marked, else by the host) before the next span began. Otherwise the
+//! span is reported as run, as before: on a device that time-slices
+//! processes, late work not done by then may still have run in slices of
+//! the other group's token (two NCCL jobs' ranks, their collectives
+//! waiting for their peers, lost 150 ms of 2194 when all such spans went
+//! as unproven), and a host's late wake-up proves nothing.
 
 use super::devclock::{self, Mark};
 use super::*;
@@ -61,15 +65,10 @@ fn take_mark(g: &Gate) -> (Mark, bool) {
 
 /// Where a detached span ends, and whether its work is proven to have
 /// run by then (see the module doc): its work seen done at `host` by the
-/// sync thread, at `device` on the device's clock (by its mark, if
-/// `marked`); the next span began at `resumed` (0: not yet); `raced`: a
-/// launch was on its way to the driver as the token ended.
-fn detached_end(
-    host: Option<u64>,
-    device: Option<u64>,
-    (marked, raced): (bool, bool),
-    resumed: u64,
-) -> (u64, bool) {
+/// sync thread, at `device` on the device's clock (by its mark); the next
+/// span began at `resumed` (0: not yet); `raced`: a launch was on its way
+/// to the driver as the token ended.
+fn detached_end(host: Option<u64>, device: Option<u64>, raced: bool, resumed: u64) -> (u64, bool) {
     let done = earliest(host, device);
     let end = match (done, resumed) {
         (Some(d), 0) => d,
@@ -79,11 +78,7 @@ fn detached_end(
         (None, _) => now_ns(),
     };
     let seen_done = |d: Option<u64>| d.is_some_and(|d| resumed == 0 || d <= resumed);
-    let proven = match device {
-        Some(_) => seen_done(device),
-        None if marked || raced => seen_done(host),
-        None => true,
-    };
+    let proven = !raced || seen_done(device.or(host));
     (end, proven)
 }
 
@@ -173,8 +168,7 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
         (done, since) if since != 0 => {
             let device = devclock::completed_at(g, mark);
             let resumed = g.resumed_at.load(Ordering::SeqCst);
-            let marked = !matches!(mark, Mark::Host);
-            let (end, proven) = detached_end(done, device, (marked, raced), resumed);
+            let (end, proven) = detached_end(done, device, raced, resumed);
             record_detached(&mut spans, since, end, proven);
         }
         _ => {}
@@ -223,8 +217,7 @@ pub(super) fn end_detached(g: &Gate, spans: &mut Spans) {
     let device = devclock::completed_at(g, mark);
     devclock::unmark(g, mark);
     let resumed = g.resumed_at.load(Ordering::SeqCst);
-    let marked = !matches!(mark, Mark::Host);
-    let (end, proven) = detached_end(done, device, (marked, raced), resumed.max(since));
+    let (end, proven) = detached_end(done, device, raced, resumed.max(since));
     record_detached(spans, since, end, proven);
 }
 
@@ -296,17 +289,18 @@ mod tests {
         }
     }
 
-    /// On the device's clock: work whose mark completed before the next
-    /// span began is proven run to there, whatever the host saw; work
-    /// whose mark had not completed by then is not.
+    /// On the device's clock, where the work's end was marked: work done
+    /// before the next span began is proven run to there, whatever the
+    /// host saw late; after a race, work done only after is not. Without
+    /// a race, as run, up to where the next span began.
     #[test]
     fn the_device_clock_decides_where_it_can() {
-        let marked = (true, false);
-        assert_eq!(detached_end(Some(9), Some(3), marked, 5), (3, true));
-        assert_eq!(detached_end(None, Some(3), marked, 5), (3, true));
-        assert_eq!(detached_end(Some(9), Some(7), marked, 5), (5, false));
-        // Marked, its time unknown: the host's word.
-        assert_eq!(detached_end(Some(9), None, marked, 5), (5, false));
-        assert_eq!(detached_end(Some(4), None, marked, 5), (4, true));
+        assert_eq!(detached_end(Some(9), Some(3), true, 5), (3, true));
+        assert_eq!(detached_end(None, Some(3), true, 5), (3, true));
+        assert_eq!(detached_end(Some(9), Some(7), true, 5), (5, false));
+        assert_eq!(detached_end(Some(9), None, true, 5), (5, false));
+        assert_eq!(detached_end(Some(4), None, true, 5), (4, true));
+        assert_eq!(detached_end(Some(9), Some(7), false, 5), (5, true));
+        assert_eq!(detached_end(None, None, false, 5), (5, true));
     }
 }
