@@ -172,22 +172,6 @@ impl Policy {
         charged.time
     }
 
-    /// Charges the time work of `client` given back in flight on
-    /// `device` was outstanding but not proven to run
-    /// ([`Request::UnprovenUsage`](gemini_protocol::Request::UnprovenUsage)):
-    /// only where no measured claim has it. Its report that follows says
-    /// what ran, and whether the work is done.
-    pub(super) fn unproven(
-        &mut self,
-        client: ClientId,
-        device: DeviceId,
-        ran: &[Span],
-        now: Micros,
-        out: &mut Vec<Action>,
-    ) {
-        self.charge_spans(client, device, ran, Proof::Outstanding, now, out);
-    }
-
     /// Charges work of `client` that ran on `device` after the token it
     /// was launched under ended
     /// ([`Request::LateUsage`](gemini_protocol::Request::LateUsage)): the

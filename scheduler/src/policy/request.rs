@@ -1,6 +1,7 @@
 //! Requests: hello and the admission of a client, and dispatch of the
 //! rest to the token, memory, holder and reservation handlers.
 
+use super::report::Proof;
 use super::{
     Action, Client, GroupKey, MAX_DEVICES, Micros, Policy, Waiter, configured, error, memory,
 };
@@ -321,10 +322,10 @@ impl Policy {
                 in_flight,
             } => self.release_token(asker, device, &ran, in_flight, now, out),
             Request::LateUsage { device, ran } => {
-                self.after_token(asker, device, &ran, false, now, out)
+                self.after_token(asker, device, &ran, Proof::Ran, now, out)
             }
             Request::UnprovenUsage { device, ran } => {
-                self.after_token(asker, device, &ran, true, now, out)
+                self.after_token(asker, device, &ran, Proof::Outstanding, now, out)
             }
             Request::Quieting { device, done_in_us } => {
                 self.quieting(client, device, done_in_us, now);
@@ -335,14 +336,15 @@ impl Policy {
     }
 
     /// Work of `asker`'s that ran on `device` after the token it was
-    /// launched under ended, `ran` (`unproven`: outstanding there, not
-    /// proven to run; see [`Request::UnprovenUsage`]).
+    /// launched under ended, `ran` (as `proof` says: outstanding there,
+    /// not proven to run, for [`Request::UnprovenUsage`], which its report
+    /// that follows completes; see `Proof`).
     fn after_token(
         &mut self,
         asker: Asker,
         device: DeviceId,
         ran: &[Span],
-        unproven: bool,
+        proof: Proof,
         now: Micros,
         out: &mut Vec<Action>,
     ) {
@@ -354,10 +356,11 @@ impl Policy {
             return;
         }
         let mut logs = Vec::new();
-        if unproven {
-            self.unproven(asker.client, device, ran, now, &mut logs);
-        } else {
-            self.late(asker.client, device, ran, now, &mut logs);
+        match proof {
+            Proof::Ran => self.late(asker.client, device, ran, now, &mut logs),
+            Proof::Outstanding => {
+                self.charge_spans(asker.client, device, ran, proof, now, &mut logs);
+            }
         }
         out.push(asker.reply(Reply::Done));
         out.extend(logs);

@@ -600,6 +600,15 @@ fn release_ran(start: Micros, end: Micros) -> Request {
     }
 }
 
+/// [`release_ran`], with work still in flight.
+fn release_in_flight(start: Micros, end: Micros) -> Request {
+    Request::ReleaseToken {
+        device: 0,
+        ran: ran(start, end),
+        in_flight: true,
+    }
+}
+
 /// The one token granted in `r`: (client, quota, lent).
 fn token(r: &[(ClientId, u32, Reply)]) -> Option<(ClientId, Micros, bool)> {
     match r {

@@ -439,16 +439,7 @@ fn work_reported_late_is_charged_to_its_group_once_and_not_to_the_next_holder() 
     assert!(send(&mut p, 2, acquire(), 0).is_empty());
     // hi reports 10 ms and gives the token back, its work still running;
     // lo gets the device at once.
-    let r = send(
-        &mut p,
-        1,
-        Request::ReleaseToken {
-            device: 0,
-            ran: ran(0, 10 * MS),
-            in_flight: true,
-        },
-        10 * MS,
-    );
+    let r = send(&mut p, 1, release_in_flight(0, 10 * MS), 10 * MS);
     let r: Vec<_> = r.into_iter().filter(|(c, ..)| *c == 2).collect();
     assert_eq!(token(&r).map(|t| t.0), Some(2));
     // hi's work ran on 8 ms; it says so at 18 ms. A report claiming time
@@ -495,16 +486,7 @@ fn charged_for_a_wait_behind_another_group(unproven: bool, hi_first: bool) -> (u
     hello(&mut p, 2, "hi");
     send(&mut p, 1, acquire(), 0);
     assert!(send(&mut p, 2, acquire(), MS).is_empty());
-    let r = send(
-        &mut p,
-        1,
-        Request::ReleaseToken {
-            device: 0,
-            ran: ran(0, 10 * MS),
-            in_flight: true,
-        },
-        10 * MS,
-    );
+    let r = send(&mut p, 1, release_in_flight(0, 10 * MS), 10 * MS);
     assert!(
         r.iter()
             .any(|(c, _, r)| *c == 2 && matches!(r, Reply::Token { .. }))
@@ -570,11 +552,7 @@ fn time_outstanding_but_not_proven_run_takes_no_other_groups_time() {
     let mut p = Policy::new(Params::default(), config("[a]\n"));
     hello(&mut p, 1, "a");
     send(&mut p, 1, acquire(), 0);
-    let release = Request::ReleaseToken {
-        device: 0,
-        ran: ran(0, 10 * MS),
-        in_flight: true,
-    };
+    let release = release_in_flight(0, 10 * MS);
     send(&mut p, 1, release, 10 * MS);
     let unproven = Request::UnprovenUsage {
         device: 0,
@@ -624,16 +602,7 @@ fn a_client_that_reported_its_late_work_is_not_charged_after_it() {
     let mut p = Policy::new(params, config("[a]\n"));
     hello(&mut p, 1, "a");
     send(&mut p, 1, acquire(), 0);
-    send(
-        &mut p,
-        1,
-        Request::ReleaseToken {
-            device: 0,
-            ran: ran(0, 5 * MS),
-            in_flight: true,
-        },
-        5 * MS,
-    );
+    send(&mut p, 1, release_in_flight(0, 5 * MS), 5 * MS);
     send(
         &mut p,
         1,
