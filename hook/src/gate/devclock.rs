@@ -80,16 +80,13 @@ const LAG_NS: u64 = 20_000;
 /// the device ran from `begun` on, took the host long enough more than
 /// the device to time spans on the device.
 fn late(since: u64, begun: u64, at: u64) -> bool {
-    let lag = begun.saturating_sub(since);
-    lag >= LAG_NS || lag.saturating_mul(100) >= at.saturating_sub(begun)
+    lagged(begun.saturating_sub(since), at.saturating_sub(begun))
 }
 
-/// Whether the host saw the span that ran from `begun` to `end` done at
-/// `at` late enough to place it on the device's clock: by `LAG_NS`, or
-/// by a hundredth of the span.
-fn woke_late(begun: u64, end: u64, at: u64) -> bool {
-    let lag = at.saturating_sub(end);
-    lag >= LAG_NS || lag.saturating_mul(100) >= end.saturating_sub(begun)
+/// Whether the host's view lags the device's by `lag` enough to time
+/// spans of `span` on the device: by `LAG_NS`, or by a hundredth of it.
+fn lagged(lag: u64, span: u64) -> bool {
+    lag >= LAG_NS || lag.saturating_mul(100) >= span
 }
 
 /// What a wait's completion ends the span at, as the wait began.
@@ -178,15 +175,14 @@ fn calibrate(g: &Gate, ctx: usize) {
         // calibration first, see `context_going`.)
         destroy(c.cals.swap_remove(oldest.unwrap_or(0)));
     }
-    let made = driver::stream_create_nonblocking().map(|stream| {
-        let events = (driver::event_create(), driver::event_create());
-        (stream, events)
-    });
-    let Some((stream, (Some(event), Some(next)))) = made else {
-        if let Some((stream, (a, b))) = made {
-            a.into_iter().chain(b).for_each(driver::event_destroy);
-            driver::stream_destroy(stream);
-        }
+    let Some(stream) = driver::stream_create_nonblocking() else {
+        c.cal_retry_at = now + CAL_USE_NS;
+        return;
+    };
+    let events = [driver::event_create(), driver::event_create()];
+    let [Some(event), Some(next)] = events else {
+        events.into_iter().flatten().for_each(driver::event_destroy);
+        driver::stream_destroy(stream);
         c.cal_retry_at = now + CAL_USE_NS;
         return;
     };
@@ -269,12 +265,12 @@ fn reference(event: usize, stream: usize) -> Option<u64> {
     }
     loop {
         let r = driver::event_query(event);
-        let t1 = now_ns();
-        if t1 - t0.min(t1) > CAL_ERROR_NS {
+        let waited = now_ns().saturating_sub(t0);
+        if waited > CAL_ERROR_NS {
             return None;
         }
         match r {
-            CUDA_SUCCESS => return Some(t0 + (t1 - t0.min(t1)) / 2),
+            CUDA_SUCCESS => return Some(t0 + waited / 2),
             crate::cuda::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
             _ => return None,
         }
@@ -501,7 +497,11 @@ pub(super) fn start(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) ->
     };
     let ends = placed.or_else(|| elapsed.map(|ns| (at.saturating_sub(ns).clamp(since, at), at)));
     match ends {
-        Some((begun, end)) if late(since, begun, at) || woke_late(begun, end, at) => {
+        // Begun later than the host saw it begin, or seen done late.
+        Some((begun, end))
+            if late(since, begun, at)
+                || lagged(at.saturating_sub(end), end.saturating_sub(begun)) =>
+        {
             lock(&g.devclock).misses = 0
         }
         _ => missed(g),

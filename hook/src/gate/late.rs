@@ -69,7 +69,9 @@ fn take_mark(g: &Gate) -> (Mark, bool) {
 /// span began at `resumed` (0: not yet); `raced`: a launch was on its way
 /// to the driver as the token ended.
 fn detached_end(host: Option<u64>, device: Option<u64>, raced: bool, resumed: u64) -> (u64, bool) {
-    let done = earliest(host, device);
+    // Seen done by the sync thread's wake-up or on the device's clock,
+    // whichever is first.
+    let done = host.into_iter().chain(device).min();
     let end = match (done, resumed) {
         (Some(d), 0) => d,
         (Some(d), r) => d.min(r),
@@ -175,15 +177,6 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
     }
     devclock::unmark(g, mark);
     true
-}
-
-/// When late work was seen done: by the sync thread's wake-up (`host`)
-/// or by its mark's event on the device's clock, whichever is first.
-fn earliest(host: Option<u64>, device: Option<u64>) -> Option<u64> {
-    match (host, device) {
-        (Some(h), Some(d)) => Some(h.min(d)),
-        (h, d) => h.or(d),
-    }
 }
 
 /// Records the detached span `[since, end)`: as run where its work was

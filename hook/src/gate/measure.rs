@@ -151,13 +151,7 @@ impl Gate {
                 continue;
             }
             let later = std::mem::replace(now, taken);
-            for s in later {
-                record(
-                    now,
-                    s.start_us.saturating_mul(1000),
-                    s.end_us.saturating_mul(1000),
-                );
-            }
+            merge(now, later);
         }
     }
 }
@@ -191,17 +185,23 @@ pub(super) fn sent_ahead(st: &State, device: u32, report: &mut Report) -> Vec<Sp
         let _ = st.call(&req, device);
         return ran;
     }
-    let mut all = Vec::new();
     let mut each: Vec<Span> = unproven.into_iter().chain(ran).collect();
     each.sort_by_key(|s| s.start_us);
-    for s in each {
+    let mut all = Vec::new();
+    merge(&mut all, each);
+    all
+}
+
+/// Records `spans` (oldest first) after those of `into`, as [`record`]
+/// does: joined where they touch, the nearest joined past `MAX_SPANS`.
+fn merge(into: &mut Vec<Span>, spans: Vec<Span>) {
+    for s in spans {
         record(
-            &mut all,
+            into,
             s.start_us.saturating_mul(1000),
             s.end_us.saturating_mul(1000),
         );
     }
-    all
 }
 
 /// The protocol version that has [`Request::UnprovenUsage`](gemini_protocol::Request::UnprovenUsage).
