@@ -1230,6 +1230,16 @@ impl Daemon {
                         );
                     }
                 }
+                Action::Estimated {
+                    client,
+                    device,
+                    from,
+                    until,
+                    charged,
+                } => debug!(
+                    "client {client} ended with device time unreported on GPU {device}: \
+                     charged {charged} us as estimated, of [{from}, {until})"
+                ),
             }
         }
     }

@@ -335,6 +335,21 @@ pub enum Action {
         /// (µs on the policy's clock).
         what: String,
     },
+    /// `client` ended with device time unreported on `device`: it was
+    /// charged `charged` µs as estimated, of `[from, until)` on the
+    /// policy's clock (the rest was other groups' measured time).
+    Estimated {
+        /// Connection.
+        client: ClientId,
+        /// The device.
+        device: DeviceId,
+        /// The estimate's start (µs).
+        from: Micros,
+        /// Its end (µs).
+        until: Micros,
+        /// What of it was charged (µs).
+        charged: Micros,
+    },
 }
 
 #[derive(Debug)]
@@ -833,7 +848,7 @@ impl Policy {
         }
         // It cannot report any more, and its work is gone with it (the
         // driver drops a dead process's work).
-        self.charge_unreported(&mut c, now);
+        self.charge_unreported(client, &mut c, now, out);
         // A process that exits while its group waits for nothing leaves the
         // group away (a restart's absence is a pause, see OWED_ABSENCE).
         let devices: Vec<DeviceId> = self.devices.keys().copied().collect();
@@ -897,7 +912,13 @@ impl Policy {
     /// the grace), or until `now` if that is sooner: charged so, but only
     /// where no measured claim has that time, now or when it is reported
     /// later (see `ledger`).
-    fn charge_unreported(&mut self, c: &mut Client, now: Micros) {
+    fn charge_unreported(
+        &mut self,
+        client: ClientId,
+        c: &mut Client,
+        now: Micros,
+        out: &mut Vec<Action>,
+    ) {
         for (device, dev) in self.devices.iter_mut() {
             let (Some(&anchor), Some(&(granted_at, quota))) =
                 (c.anchor.get(device), c.granted.get(device))
@@ -923,6 +944,13 @@ impl Policy {
             );
             let used = c.gpu_used.entry(*device).or_default();
             *used = used.saturating_add(charged);
+            out.push(Action::Estimated {
+                client,
+                device: *device,
+                from,
+                until,
+                charged,
+            });
         }
     }
 
@@ -948,7 +976,7 @@ impl Policy {
                     .map(|(&d, _)| d)
                     .collect();
                 c.anchor.retain(|d, _| holds.contains(d));
-                self.charge_unreported(&mut c, now);
+                self.charge_unreported(id, &mut c, now, &mut Vec::new());
                 c.anchor.clear();
                 self.clients.insert(id, c);
             }
