@@ -151,7 +151,8 @@ impl Gemini {
 impl Gemini {
     /// `GEM_TEST_KEEP=DIR`: copies the simulated machine (the scheduler's
     /// log, the busy logs) into DIR, under the test's name, to read an
-    /// intermittent failure after the test's directory is gone.
+    /// intermittent failure after the test's directory is gone (every
+    /// run's, with `GEM_TEST_KEEP_ALL=1`).
     fn keep_for_reading(&self) {
         let Some(keep) = std::env::var_os("GEM_TEST_KEEP") else {
             return;
@@ -240,10 +241,13 @@ impl Drop for Gemini {
         if std::env::var_os("GEM_TEST_ACCOUNTS").is_some() {
             eprintln!("accounts: {:?}", self.device_accounts());
         }
+        let escapes = self.escapes().filter(|e| !e.is_empty());
+        if std::env::var_os("GEM_TEST_KEEP_ALL").is_some() && escapes.is_none() {
+            self.keep_for_reading();
+        }
         if stopped
             && !std::thread::panicking()
-            && let Some(escapes) = self.escapes()
-            && !escapes.is_empty()
+            && let Some(escapes) = escapes
         {
             self.keep_for_reading();
             // What gem-schd clipped, to tell a report it did not believe
