@@ -17,6 +17,10 @@
 //!   its communicator has launched its own (see [`collective`]);
 //! - any other name: `FAKECUDA_KERNEL_US` microseconds (default 100).
 //!
+//! `FAKECUDA_LAUNCH_STALL=N:US` makes every Nth kernel launch of a
+//! process take US microseconds before its work is queued (a launch whose
+//! thread the host descheduled).
+//!
 //! The library also answers the few NVML calls the holder makes
 //! ([`nvml`]), so it can be installed as `libnvidia-ml.so.1` too, and the
 //! NCCL calls that make a communicator ([`nccl`]), as `libnccl.so.2`.

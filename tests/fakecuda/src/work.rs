@@ -224,7 +224,29 @@ pub(crate) fn launch(
         return collective::launch(s, h, ptsz, params);
     }
     let dur = kernel_ns(f, params)?;
+    stall();
     issue(s, h, ptsz, dur, Some(kind))
+}
+
+/// `FAKECUDA_LAUNCH_STALL=N:US`: every Nth kernel launch of the process
+/// (counted from its first) takes US microseconds before its work is
+/// queued, as a launch whose thread the host descheduled does, or one
+/// that blocks on a full push buffer: its work reaches the device only
+/// then, behind whatever other processes queued meanwhile.
+fn stall() {
+    static EVERY: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+    static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let every = EVERY.get_or_init(|| {
+        let v = std::env::var("FAKECUDA_LAUNCH_STALL").ok()?;
+        let (n, us) = v.split_once(':')?;
+        Some((n.parse().ok().filter(|&n| n > 0)?, us.parse().ok()?))
+    });
+    if let Some((n, us)) = *every {
+        let k = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if k.is_multiple_of(n) {
+            std::thread::sleep(std::time::Duration::from_micros(us));
+        }
+    }
 }
 
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated since CUDA 11.3):
