@@ -208,12 +208,14 @@ fn a_late_wakeup_does_not_take_the_next_groups_time() {
 /// Two groups that each go idle for 10 ms after every 20 ms step, where
 /// every 7th of lo's launches takes 10 ms before its work is queued (its
 /// thread descheduled) and each of hi's 0.9 ms (a launch at CPU pace):
-/// one on its way as lo's lent token ends lands among hi's kernels, long
-/// after. Each group is charged what its kernels ran. (Seen under load in
-/// a full test run: lo's span from its late work's start to such a
-/// launch's end, reported as run, began before hi's and took 18 ms of
-/// hi's 20 ms step. Here the race lands there too rarely to fail without
-/// the fix; `late`'s unit tests pin the rule.)
+/// one on its way as lo's lent token ends reaches the device long after.
+/// No group's kernels run uncharged. (Seen under load in a full test
+/// run, where such a launch landed among hi's kernels: lo's span from
+/// its late work's start to that launch's end, reported as run, began
+/// before hi's and took 18 ms of hi's 20 ms step. Here the launch mostly
+/// lands after hi's step, whose span then lies within lo's and keeps its
+/// time. lo is charged the time its stalls held the device, inside its
+/// spans: about twice what its kernels ran.)
 #[test]
 fn a_launch_stalled_past_its_tokens_end_takes_no_other_groups_time() {
     let _serial = serial();
