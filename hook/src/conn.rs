@@ -18,13 +18,16 @@ use gemini_protocol::{CodecError, ErrorKind, ErrorReply, HeldMemory, Reply, Requ
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::cuda::{CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_PERMITTED};
+use crate::cuda::{CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_PERMITTED};
 
 /// How long one poll holds the socket lock.
 const POLL: Duration = Duration::from_millis(1);
 /// Silence after which a waiting request checks the scheduler still knows
 /// us (it may have restarted and forgotten the request).
 const PING_AFTER: Duration = Duration::from_secs(1);
+/// The longest an exiting process waits for the scheduler's answers, all
+/// of them together (see `gate::at_exit`).
+pub const EXIT_WAIT: Duration = Duration::from_millis(100);
 
 /// Why a request got no usable answer.
 enum Failure {
@@ -300,6 +303,12 @@ impl State {
                     return Err(Failure::Refused(self.refuse(CUDA_ERROR_NOT_PERMITTED)));
                 }
                 None => {}
+            }
+            // Exiting (see `gate::at_exit`): a scheduler that does not
+            // answer soon must not hold the process's exit.
+            let exit_by = self.exit_by.load(Ordering::Acquire);
+            if exit_by != 0 && crate::clock::now_ns() >= exit_by {
+                return Err(Failure::Refused(CUDA_ERROR_DEINITIALIZED));
             }
             if let Some(p) = ping {
                 match self.take(p) {

@@ -14,6 +14,8 @@ pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 /// `CUDA_ERROR_NOT_INITIALIZED`: no scheduler could be reached in time.
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+/// `CUDA_ERROR_DEINITIALIZED`: the driver is shutting down.
+pub const CUDA_ERROR_DEINITIALIZED: CUresult = 4;
 /// `CUDA_ERROR_NOT_FOUND`: the real driver lacks a function.
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 /// `CUDA_ERROR_NOT_READY`: work not completed yet.

@@ -52,6 +52,7 @@ mod admission;
 mod ahead;
 mod contexts;
 mod devclock;
+mod exit;
 mod late;
 mod leads;
 mod learn;

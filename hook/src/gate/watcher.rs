@@ -93,6 +93,8 @@ pub(super) fn start_watcher(st: &'static State) {
     if st.watcher.swap(true, Ordering::AcqRel) {
         return;
     }
+    // The process's first token: its tokens go back when it exits.
+    super::exit::exit_handler();
     let spawned = std::thread::Builder::new()
         .name("gemini-idle".into())
         .spawn(move || watch(st));

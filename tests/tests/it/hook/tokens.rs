@@ -39,6 +39,52 @@ fn a_lent_token_is_renewed_before_its_work_drains() {
     );
 }
 
+/// A process that exits holding its token (steps back to back, the last
+/// one synchronised, then the program returns from `main`, halfway
+/// through its 100 ms token) gives the
+/// token back with what its work ran: gem-schd charges its measured
+/// spans and estimates nothing. (Estimated, a dead process's last token
+/// was charged only where no measured span had the time: two jobs'
+/// ranks exiting together lost their last steps to each other's
+/// estimates.)
+#[test]
+fn a_process_exiting_with_its_token_gives_it_back_measured() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::default(), "[a]\nMinUtil=0.5\n");
+    let args = [
+        "--iter-kernels",
+        "20",
+        "--kernel-us",
+        "1000",
+        "--wait",
+        "ctx",
+        "--seconds",
+        "0.95",
+    ];
+    let out = finish(spawn(rust(&g, "a", &args)));
+    let gone = format!("(pid {}) is gone", pid_of(&out));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !g.log().contains(&gone) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let log = g.log();
+    let before_gone = log.split(&gone).next().unwrap_or_default();
+    assert!(log.contains(&gone), "gem-schd never saw it go:\n{log}");
+    assert!(
+        !log.contains("as estimated"),
+        "its last token was estimated, not reported:\n{log}"
+    );
+    let last = before_gone
+        .lines()
+        .rev()
+        .find(|l| l.contains(": ReleaseToken") || l.contains(": AcquireToken"))
+        .unwrap_or_default();
+    assert!(
+        last.contains("ReleaseToken") && last.contains("in_flight: false"),
+        "its last request was not a release with its work done: {last}"
+    );
+}
+
 /// An event's completion proves only the work before its record done. A
 /// watchdog polling an old event every 100 µs (NCCL's, PyTorch's caching
 /// allocator's) must not teach the gate that the kernels queued since take

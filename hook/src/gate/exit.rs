@@ -1,0 +1,77 @@
+//! The process exits: its tokens go back with what their work ran.
+//!
+//! A process that exits holding a token (a program's last step synced,
+//! then `exit`) used to leave gem-schd to estimate that token's work
+//! when it found the process gone: charged from the grant, but only
+//! where no measured span has the time. Two processes exiting together
+//! (a job's ranks beside another job's) had their last tokens estimated
+//! over each other's time, and the estimate made first kept it. Now each
+//! token is given back as the idle watcher gives back a quiet process's
+//! (`End::Idle`), its spans measured.
+//!
+//! An exit handler runs while the process's other threads still run:
+//! only a token no call holds (none in flight, its slow path free) is
+//! given back, and gem-schd's answers are waited for `EXIT_WAIT` in all
+//! (see `conn`), so that a scheduler that does not answer never holds
+//! the exit longer. A process killed, or one that ends with
+//! `_exit`, is estimated as before.
+
+use super::*;
+
+/// Registers [`at_exit`], once per process (a forked child inherits it,
+/// and it acts on the state current then): at the process's first token,
+/// after ZeroMQ's library was loaded, so that it runs before that
+/// library's own exit handlers (they run last registered first).
+pub(super) fn exit_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain function that catches its own panics.
+        unsafe { libc::atexit(at_exit) };
+    });
+}
+
+/// The exit handler: gives back each token of the process's current
+/// state that nothing holds, with what its work ran, and reports late
+/// work that is done.
+extern "C" fn at_exit() {
+    // A panic must not unwind out of an exit handler.
+    let _ = std::panic::catch_unwind(|| {
+        let Some(st) = state::current() else {
+            return;
+        };
+        if !st.registered.load(Ordering::Acquire) {
+            return;
+        }
+        let wait = crate::conn::EXIT_WAIT.as_nanos() as u64;
+        st.exit_by.store(now_ns() + wait, Ordering::Release);
+        for (dev, g) in st.gates.iter().enumerate() {
+            give_back(st, dev, g);
+        }
+    });
+}
+
+/// Gives back `g`'s token (ordinal `dev`) if nothing holds it, else
+/// reports its late work if that is done.
+fn give_back(st: &'static State, dev: usize, g: &'static Gate) {
+    if g.granted_at.load(Ordering::Acquire) == 0 {
+        late::report_done(st, dev, g);
+        return;
+    }
+    let entered = g.entered.load(Ordering::Acquire);
+    if g.in_flight().calls != 0 {
+        return;
+    }
+    let Ok(slow) = g.slow.try_lock() else {
+        return;
+    };
+    // Quiet from now: work still open ends where the device's clock
+    // places it, else where its synchronisation saw it done, else now
+    // (the last wait's end is too early where launches followed it).
+    let why = End::Idle {
+        seen: entered,
+        quiet_since: now_ns(),
+    };
+    if let Outcome::Done = transition(&slow, st, dev, g, Transition::End(why)) {
+        debug!("device {dev}: the process exits: token given back");
+    }
+}
