@@ -335,14 +335,22 @@ fn disconnect_while_holding_the_token_frees_the_device() {
     );
     assert!(acts.is_empty(), "{acts:?}");
     let acts = p.handle(Event::Disconnected { client: 1 }, 20);
+    // The dead holder is charged its token as estimated, to now.
     assert!(
         matches!(
             acts.as_slice(),
-            [Action::Reply {
-                client: 2,
-                reply: Reply::Token { .. },
-                ..
-            }]
+            [
+                Action::Estimated {
+                    client: 1,
+                    charged: 20,
+                    ..
+                },
+                Action::Reply {
+                    client: 2,
+                    reply: Reply::Token { .. },
+                    ..
+                }
+            ]
         ),
         "{acts:?}"
     );
