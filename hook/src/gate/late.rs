@@ -17,18 +17,17 @@
 //! another group had the device is not charged that group's time.
 //!
 //! Where a launch was still on its way to the driver as the token
-//! ended, the span's work is proven run only up to the token's end's
-//! mark on the device's clock, where it completed (the work launched
-//! before the token ended); the rest, from there to where the host saw
-//! the work done (or the next span began), is reported as outstanding
-//! (`UnprovenUsage`): charged only where no measured span of another
-//! group has the time. Such a launch may reach the driver long after the
-//! token ended (its thread descheduled): on a device that keeps launch
-//! order its work ran behind the next holder's, and a span reported as
-//! run from the late work's start to its end claimed the next holder's
-//! time, which the ledger gave to the work that began first (a group
-//! lost 18 ms of a 20 ms step so). Without a mark (the clock not
-//! calibrated), the whole span is outstanding.
+//! ended, the span's work is reported as outstanding (`UnprovenUsage`),
+//! from its start to where the host saw it done or the next span began:
+//! charged only where no measured span of another group has the time.
+//! Such a launch may reach the driver long after the token ended (its
+//! thread descheduled): on a device that keeps launch order its work ran
+//! behind the next holder's, and a span reported as run from the late
+//! work's start to its end claimed the next holder's time, which the
+//! ledger gave to the work that began first (a group lost 18 ms of a
+//! 20 ms step so). The device's clock cannot split it: a token's end
+//! marks its work on the device only with no launch in flight (a mark
+//! recorded then may come before that launch's work).
 //!
 //! Without such a race, the span is reported as run, up to where its
 //! work was seen done (on the device's clock where its end was marked,
@@ -71,10 +70,10 @@ fn take_mark(g: &Gate) -> (Mark, bool) {
 
 /// What of the late work's span `[since, …)` is reported as run and
 /// what as outstanding, each `[start, end)` (see the module doc): its
-/// work seen done at `host` by the sync thread, the work launched before
-/// its token ended done at `marked` on the device's clock (by the mark);
-/// the next span began at `resumed` (0: not yet); `raced`: a launch was
-/// on its way to the driver as the token ended.
+/// work seen done at `host` by the sync thread, at `marked` on the
+/// device's clock (by the token end's mark); the next span began at
+/// `resumed` (0: not yet); `raced`: a launch was on its way to the driver
+/// as the token ended.
 fn late_pieces(
     since: u64,
     (host, marked): (Option<u64>, Option<u64>),
@@ -90,20 +89,18 @@ fn late_pieces(
         (None, _) => now_ns(),
     }
     .max(since);
-    let marked = marked.map(|m| bound(m).clamp(since, seen));
-    if !raced {
-        // Seen done by the sync thread's wake-up or on the device's
-        // clock, whichever is first.
-        let end = marked.unwrap_or(seen);
+    if raced {
         return Pieces {
-            ran: (since, end),
-            unproven: (end, end),
+            ran: (since, since),
+            unproven: (since, seen),
         };
     }
-    let proven = marked.unwrap_or(since);
+    // Seen done by the sync thread's wake-up or on the device's clock,
+    // whichever is first.
+    let end = marked.map_or(seen, |m| bound(m).clamp(since, seen));
     Pieces {
-        ran: (since, proven),
-        unproven: (proven, seen),
+        ran: (since, end),
+        unproven: (end, end),
     }
 }
 
@@ -220,15 +217,12 @@ fn record_late(spans: &mut Spans, pieces: Pieces) {
 }
 
 /// The late work of a span still open (no token granted since) was done
-/// at `at`: the span `[begun, at)`, placed by the device's clock up to
-/// `end` (`end == at`: not placed, where the device's clock could not
-/// say), is reported as run, or, where a launch
-/// raced its token's end, as run only up to where it was placed and as
-/// outstanding after (see the module doc).
+/// at `at`: the span `[begun, end)`, placed by the device's clock where
+/// it could be, is reported as run, or, where a launch raced its token's
+/// end, `[begun, at)` as outstanding (see the module doc).
 pub(super) fn record_closed(spans: &mut Spans, (begun, end): (u64, u64), at: u64, raced: bool) {
-    let marked = (end != at).then_some(end.min(at));
     let pieces = if raced {
-        late_pieces(begun, (Some(at), marked), true, 0)
+        late_pieces(begun, (Some(at), None), true, 0)
     } else {
         Pieces {
             ran: (begun, end.max(begun)),
@@ -310,12 +304,12 @@ mod tests {
     /// Late work seen done before the next span began ran there: its
     /// span is reported as run. Where a launch was on its way to the
     /// driver as the token ended (it may have landed behind the next
-    /// holder's work, long after), nothing of it is proven run without a
-    /// mark on the device's clock: reported as outstanding, up to where
-    /// it was seen done or the next span began. Without that race, the
-    /// host's late wake-up proves nothing: reported as run, as before.
+    /// holder's work, long after), nothing of it is proven run: reported
+    /// as outstanding, up to where it was seen done or the next span
+    /// began. Without that race, the host's late wake-up proves nothing:
+    /// reported as run.
     #[test]
-    fn a_raced_detached_span_is_reported_unproven_without_the_devices_clock() {
+    fn a_raced_detached_span_is_reported_unproven() {
         for done in [Some(3_000_000), Some(7_000_000), None] {
             let end = if done == Some(3_000_000) { 3000 } else { 5000 };
             let spans = detached_reported(done, true);
@@ -327,46 +321,37 @@ mod tests {
         }
     }
 
-    /// On the device's clock, where the work's end was marked: the work
-    /// launched before the token ended is proven run to there, whatever
-    /// the host saw late; after a race, the rest is outstanding up to
-    /// where it was seen done or the next span began. Without a race, as
-    /// run, up to the mark or where the next span began.
+    /// On the device's clock, where the work's end was marked: work done
+    /// by then is proven run to there, whatever the host saw late, up to
+    /// where the next span began. After a race, nothing is: outstanding
+    /// up to where it was seen done or the next span began.
     #[test]
     fn the_device_clock_decides_where_it_can() {
         let pieces = |host, marked, raced| late_pieces(1, (host, marked), raced, 5);
         let split = |ran, unproven| Pieces { ran, unproven };
-        assert_eq!(pieces(Some(9), Some(3), true), split((1, 3), (3, 5)));
-        assert_eq!(pieces(Some(4), Some(3), true), split((1, 3), (3, 4)));
-        assert_eq!(pieces(None, Some(3), true), split((1, 3), (3, 5)));
-        assert_eq!(pieces(Some(9), Some(7), true), split((1, 5), (5, 5)));
-        assert_eq!(pieces(Some(9), None, true), split((1, 1), (1, 5)));
-        assert_eq!(pieces(Some(4), None, true), split((1, 1), (1, 4)));
-        assert_eq!(pieces(Some(9), Some(7), false), split((1, 5), (5, 5)));
         assert_eq!(pieces(Some(9), Some(3), false), split((1, 3), (3, 3)));
+        assert_eq!(pieces(None, Some(3), false), split((1, 3), (3, 3)));
+        assert_eq!(pieces(Some(9), Some(7), false), split((1, 5), (5, 5)));
         assert_eq!(pieces(None, None, false), split((1, 5), (5, 5)));
+        assert_eq!(pieces(Some(9), Some(3), true), split((1, 1), (1, 5)));
+        assert_eq!(pieces(Some(4), None, true), split((1, 1), (1, 4)));
+        assert_eq!(pieces(None, None, true), split((1, 1), (1, 5)));
     }
 
-    /// A span still open when its late work was done, after a launch
-    /// raced its token's end: run up to where the device's clock placed
-    /// the token's end, outstanding from there to where the host saw the
-    /// work done; all outstanding where the clock could not place it.
-    /// Without the race, run as placed.
+    /// A span still open when its late work was done: run as placed; after
+    /// a launch raced its token's end, outstanding from its start to where
+    /// the host saw the work done (a span reported as run there took the
+    /// next holder's time where the raced launch landed among its kernels).
     #[test]
-    fn a_raced_span_closed_is_run_only_to_its_mark() {
-        let closed = |end, raced| {
+    fn a_raced_span_closed_is_outstanding() {
+        let closed = |raced| {
             let mut spans = Spans::default();
-            record_closed(&mut spans, (1_000_000, end), 20_000_000, raced);
+            record_closed(&mut spans, (1_000_000, 3_000_000), 20_000_000, raced);
             spans
         };
-        let spans = closed(3_000_000, true);
-        assert_eq!(
-            (spans.ran, spans.unproven),
-            (span(1000, 3000), span(3000, 20000))
-        );
-        let spans = closed(20_000_000, true);
+        let spans = closed(true);
         assert_eq!((spans.ran, spans.unproven), (vec![], span(1000, 20000)));
-        let spans = closed(3_000_000, false);
+        let spans = closed(false);
         assert_eq!((spans.ran, spans.unproven), (span(1000, 3000), vec![]));
     }
 }
