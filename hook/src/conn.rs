@@ -25,9 +25,29 @@ const POLL: Duration = Duration::from_millis(1);
 /// Silence after which a waiting request checks the scheduler still knows
 /// us (it may have restarted and forgotten the request).
 const PING_AFTER: Duration = Duration::from_secs(1);
-/// The longest an exiting process waits for the scheduler's answers, all
-/// of them together (see `gate::at_exit`).
-pub const EXIT_WAIT: Duration = Duration::from_millis(100);
+/// The longest the thread running the exit handler waits for the
+/// scheduler's answers, all of them together (see `gate::at_exit`).
+const EXIT_WAIT: Duration = Duration::from_millis(500);
+
+std::thread_local! {
+    /// Until when (ns, `clock::now_ns`) this thread, running the exit
+    /// handler, waits for the scheduler (0: it does not exit). Per
+    /// thread: the program's other threads still run, and their calls
+    /// wait as ever.
+    static EXIT_BY: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// This thread runs the process's exit handler: from now on its requests
+/// wait for the scheduler [`EXIT_WAIT`] in all, and none registers again.
+pub fn exiting() {
+    let by = crate::clock::now_ns() + EXIT_WAIT.as_nanos() as u64;
+    EXIT_BY.with(|c| c.set(by));
+}
+
+/// Whether this thread runs the exit handler (see [`exiting`]).
+fn is_exiting() -> bool {
+    EXIT_BY.with(|c| c.get()) != 0
+}
 
 /// Why a request got no usable answer.
 enum Failure {
@@ -306,7 +326,7 @@ impl State {
             }
             // Exiting (see `gate::at_exit`): a scheduler that does not
             // answer soon must not hold the process's exit.
-            let exit_by = self.exit_by.load(Ordering::Acquire);
+            let exit_by = EXIT_BY.with(|c| c.get());
             if exit_by != 0 && crate::clock::now_ns() >= exit_by {
                 return Err(Failure::Refused(CUDA_ERROR_DEINITIALIZED));
             }
@@ -402,6 +422,10 @@ impl State {
     pub fn call(&self, req: &Request, device: u32) -> Result<Reply, u32> {
         loop {
             if !self.registered.load(Ordering::Acquire) {
+                // (Exiting: nothing of a new registration to report.)
+                if is_exiting() {
+                    return Err(CUDA_ERROR_DEINITIALIZED);
+                }
                 self.register()?;
             }
             match self.roundtrip(req, device) {
@@ -416,6 +440,9 @@ impl State {
     /// need be. `Err` is the CUDA result to return.
     pub fn speaks_registered(&self) -> Result<u16, u32> {
         if !self.registered.load(Ordering::Acquire) {
+            if is_exiting() {
+                return Err(CUDA_ERROR_DEINITIALIZED);
+            }
             self.register()?;
         }
         Ok(self.speaks())

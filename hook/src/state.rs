@@ -375,9 +375,6 @@ pub struct State {
     pub memory: Mutex<HashMap<u64, (u32, u64)>>,
     /// Whether the idle watcher thread runs.
     pub watcher: AtomicBool,
-    /// The process is exiting (see `gate::at_exit`): gem-schd's answers
-    /// are waited for until then (ns, `clock::now_ns`; 0: not exiting).
-    pub exit_by: AtomicU64,
     /// Wakes the watcher before its next tick (a process that predictably
     /// goes idle after a wait has just finished waiting).
     pub kick: (Mutex<bool>, Condvar),
@@ -518,7 +515,6 @@ pub fn get() -> &'static State {
         gpus: std::sync::OnceLock::new(),
         memory: Mutex::new(HashMap::new()),
         watcher: AtomicBool::new(false),
-        exit_by: AtomicU64::new(0),
         kick: (Mutex::new(false), Condvar::new()),
         single_device: crate::driver::device_count() == Some(1),
         captures: Mutex::new(HashSet::new()),

@@ -10,11 +10,15 @@
 //! (`End::Idle`), its spans measured.
 //!
 //! An exit handler runs while the process's other threads still run:
-//! only a token no call holds (none in flight, its slow path free) is
-//! given back, and gem-schd's answers are waited for `EXIT_WAIT` in all
-//! (see `conn`), so that a scheduler that does not answer never holds
-//! the exit longer. A process killed, or one that ends with
-//! `_exit`, is estimated as before.
+//! only a token no call holds (none in flight, its slow path free) and
+//! whose work is proven done is given back (its end then waits for
+//! nothing on the device: a process's work still queued at exit may wait
+//! on a peer that is gone, and its context's teardown after this handler
+//! must not find the context's lock held by a wait), and gem-schd's
+//! answers are waited for `EXIT_WAIT` in all, by this thread only, with
+//! no new registration (see `conn`), so that a scheduler that does not
+//! answer never holds the exit longer. Other tokens, and a process
+//! killed or one that ends with `_exit`, are estimated as before.
 
 use super::*;
 
@@ -42,31 +46,28 @@ extern "C" fn at_exit() {
         if !st.registered.load(Ordering::Acquire) {
             return;
         }
-        let wait = crate::conn::EXIT_WAIT.as_nanos() as u64;
-        st.exit_by.store(now_ns() + wait, Ordering::Release);
+        crate::conn::exiting();
         for (dev, g) in st.gates.iter().enumerate() {
             give_back(st, dev, g);
         }
     });
 }
 
-/// Gives back `g`'s token (ordinal `dev`) if nothing holds it, else
-/// reports its late work if that is done.
+/// Gives back `g`'s token (ordinal `dev`) if nothing holds it and its
+/// work is proven done (its spans closed: the token's end waits for
+/// nothing on the device), else reports its late work if that is done.
 fn give_back(st: &'static State, dev: usize, g: &'static Gate) {
     if g.granted_at.load(Ordering::Acquire) == 0 {
         late::report_done(st, dev, g);
         return;
     }
     let entered = g.entered.load(Ordering::Acquire);
-    if g.in_flight().calls != 0 {
+    if g.in_flight().calls != 0 || g.outstanding() {
         return;
     }
     let Ok(slow) = g.slow.try_lock() else {
         return;
     };
-    // Quiet from now: work still open ends where the device's clock
-    // places it, else where its synchronisation saw it done, else now
-    // (the last wait's end is too early where launches followed it).
     let why = End::Idle {
         seen: entered,
         quiet_since: now_ns(),
