@@ -16,27 +16,22 @@
 //! new span began, whichever is first. So a renewal that waited while
 //! another group had the device is not charged that group's time.
 //!
-//! Where a launch was still on its way to the driver as the token
-//! ended, the span's work is reported as outstanding (`UnprovenUsage`),
-//! from its start to where the host saw it done or the next span began:
-//! charged only where no measured span of another group has the time.
-//! Such a launch may reach the driver long after the token ended (its
-//! thread descheduled): on a device that keeps launch order its work ran
-//! behind the next holder's, and a span reported as run from the late
-//! work's start to its end claimed the next holder's time, which the
-//! ledger gave to the work that began first (a group lost 18 ms of a
-//! 20 ms step so). The device's clock cannot split it: a token's end
-//! marks its work on the device only with no launch in flight (a mark
-//! recorded then may come before that launch's work).
-//!
-//! Without such a race, the span is reported as run, up to where its
-//! work was seen done (on the device's clock where its end was marked,
-//! else by the host) or where the next span began: on a device that
-//! time-slices processes, late work not done by then may still have run
-//! in slices of the other group's token (two NCCL jobs' ranks, their
-//! collectives waiting for their peers, lost 150 ms of 2194 when all
-//! such spans went as unproven), and a host's late wake-up proves
-//! nothing.
+//! A detached span whose work was not done before the new span began is
+//! not proven to have run there at all: on a device that keeps launch
+//! order, work that reached the driver after another group's waited
+//! behind it and ran in the new token. It is reported as outstanding
+//! (`UnprovenUsage`): charged only where no measured span of another
+//! group has the time. (Reported as run, it lay within the other group's
+//! span, whose end the host saw late, and took that group's whole
+//! token.) Only where a launch was still on its way to the driver as
+//! the token ended (such work can land behind the next holder's), and the
+//! work was not seen done (on the device's clock where its end was
+//! marked, else by the host) before the next span began. Otherwise the
+//! span is reported as run, as before: on a device that time-slices
+//! processes, late work not done by then may still have run in slices of
+//! the other group's token (two NCCL jobs' ranks, their collectives
+//! waiting for their peers, lost 150 ms of 2194 when all such spans went
+//! as unproven), and a host's late wake-up proves nothing.
 
 use super::devclock::{self, Mark};
 use super::*;
@@ -68,48 +63,25 @@ fn take_mark(g: &Gate) -> (Mark, bool) {
     )
 }
 
-/// What of the late work's span `[since, …)` is reported as run and
-/// what as outstanding, each `[start, end)` (see the module doc): its
-/// work seen done at `host` by the sync thread, at `marked` on the
-/// device's clock (by the token end's mark); the next span began at
-/// `resumed` (0: not yet); `raced`: a launch was on its way to the driver
-/// as the token ended.
-fn late_pieces(
-    since: u64,
-    (host, marked): (Option<u64>, Option<u64>),
-    raced: bool,
-    resumed: u64,
-) -> Pieces {
-    // No later than where the next span began.
-    let bound = |t: u64| if resumed == 0 { t } else { t.min(resumed) };
-    let seen = match (host, resumed) {
-        (Some(h), _) => bound(h),
+/// Where a detached span ends, and whether its work is proven to have
+/// run by then (see the module doc): its work seen done at `host` by the
+/// sync thread, at `device` on the device's clock (by its mark); the next
+/// span began at `resumed` (0: not yet); `raced`: a launch was on its way
+/// to the driver as the token ended.
+fn detached_end(host: Option<u64>, device: Option<u64>, raced: bool, resumed: u64) -> (u64, bool) {
+    // Seen done by the sync thread's wake-up or on the device's clock,
+    // whichever is first.
+    let done = host.into_iter().chain(device).min();
+    let end = match (done, resumed) {
+        (Some(d), 0) => d,
+        (Some(d), r) => d.min(r),
         // Not seen done: it ran at most until the next span.
         (None, r) if r != 0 => r,
         (None, _) => now_ns(),
-    }
-    .max(since);
-    if raced {
-        return Pieces {
-            ran: (since, since),
-            unproven: (since, seen),
-        };
-    }
-    // Seen done by the sync thread's wake-up or on the device's clock,
-    // whichever is first.
-    let end = marked.map_or(seen, |m| bound(m).clamp(since, seen));
-    Pieces {
-        ran: (since, end),
-        unproven: (end, end),
-    }
-}
-
-/// A late span's parts (see [`late_pieces`]), each `[start, end)`, empty
-/// where `start == end`.
-#[derive(Debug, PartialEq)]
-struct Pieces {
-    ran: (u64, u64),
-    unproven: (u64, u64),
+    };
+    let seen_done = |d: Option<u64>| d.is_some_and(|d| resumed == 0 || d <= resumed);
+    let proven = !raced || seen_done(device.or(host));
+    (end, proven)
 }
 
 /// The watcher's check: once the late work of `g` is done, its span
@@ -193,15 +165,13 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
         (Some(done_at), 0) => {
             drop(spans);
             let launches = g.late_launches.load(Ordering::Relaxed);
-            g.close_late(done_at, launches, mark, raced);
+            g.close_marked(done_at, launches, mark);
         }
         (done, since) if since != 0 => {
-            let marked = devclock::completed_at(g, mark);
+            let device = devclock::completed_at(g, mark);
             let resumed = g.resumed_at.load(Ordering::SeqCst);
-            record_late(
-                &mut spans,
-                late_pieces(since, (done, marked), raced, resumed),
-            );
+            let (end, proven) = detached_end(done, device, raced, resumed);
+            record_detached(&mut spans, since, end, proven);
         }
         _ => {}
     }
@@ -209,27 +179,15 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
     true
 }
 
-/// Records a late span's parts (see [`late_pieces`]).
-fn record_late(spans: &mut Spans, pieces: Pieces) {
-    let Pieces { ran, unproven } = pieces;
-    measure::record(&mut spans.ran, ran.0, ran.1);
-    measure::record(&mut spans.unproven, unproven.0, unproven.1);
-}
-
-/// The late work of a span still open (no token granted since) was done
-/// at `at`: the span `[begun, end)`, placed by the device's clock where
-/// it could be, is reported as run, or, where a launch raced its token's
-/// end, `[begun, at)` as outstanding (see the module doc).
-pub(super) fn record_closed(spans: &mut Spans, (begun, end): (u64, u64), at: u64, raced: bool) {
-    let pieces = if raced {
-        late_pieces(begun, (Some(at), None), true, 0)
+/// Records the detached span `[since, end)`: as run where its work was
+/// proven done by `end`, else as outstanding (see the module doc).
+fn record_detached(spans: &mut Spans, since: u64, end: u64, proven: bool) {
+    let into = if proven {
+        &mut spans.ran
     } else {
-        Pieces {
-            ran: (begun, end.max(begun)),
-            unproven: (0, 0),
-        }
+        &mut spans.unproven
     };
-    record_late(spans, pieces);
+    measure::record(into, since, end.max(since));
 }
 
 /// A span that opened after the detached one closes: the detached one
@@ -249,13 +207,11 @@ pub(super) fn end_detached(g: &Gate, spans: &mut Spans) {
     }
     g.late_ticket.store(0, Ordering::Release);
     let (mark, raced) = take_mark(g);
-    let marked = devclock::completed_at(g, mark);
+    let device = devclock::completed_at(g, mark);
     devclock::unmark(g, mark);
     let resumed = g.resumed_at.load(Ordering::SeqCst);
-    record_late(
-        spans,
-        late_pieces(since, (done, marked), raced, resumed.max(since)),
-    );
+    let (end, proven) = detached_end(done, device, raced, resumed.max(since));
+    record_detached(spans, since, end, proven);
 }
 
 /// Reports what was proven done since the last report (sent even where
@@ -304,54 +260,40 @@ mod tests {
     /// Late work seen done before the next span began ran there: its
     /// span is reported as run. Where a launch was on its way to the
     /// driver as the token ended (it may have landed behind the next
-    /// holder's work, long after), nothing of it is proven run: reported
-    /// as outstanding, up to where it was seen done or the next span
-    /// began. Without that race, the host's late wake-up proves nothing:
-    /// reported as run.
+    /// holder's work), work seen done only after the next span began, or
+    /// not yet, is not proven to have run before it: reported as
+    /// outstanding, up to where the next span began. Without that race
+    /// (or a mark on the device's clock), the host's late wake-up proves
+    /// nothing: reported as run, as before.
     #[test]
-    fn a_raced_detached_span_is_reported_unproven() {
-        for done in [Some(3_000_000), Some(7_000_000), None] {
-            let end = if done == Some(3_000_000) { 3000 } else { 5000 };
+    fn a_detached_span_not_seen_done_before_the_next_is_reported_unproven() {
+        for raced in [false, true] {
+            let done_before = detached_reported(Some(3_000_000), raced);
+            assert_eq!(done_before.ran, span(1000, 3000));
+            assert!(done_before.unproven.is_empty());
+        }
+        for done in [Some(7_000_000), None] {
             let spans = detached_reported(done, true);
             assert!(spans.ran.is_empty(), "{done:?}: {spans:?}");
-            assert_eq!(spans.unproven, span(1000, end), "{done:?}");
+            assert_eq!(spans.unproven, span(1000, 5000), "{done:?}");
             let spans = detached_reported(done, false);
-            assert_eq!(spans.ran, span(1000, end), "{done:?}: {spans:?}");
+            assert_eq!(spans.ran, span(1000, 5000), "{done:?}: {spans:?}");
             assert!(spans.unproven.is_empty());
         }
     }
 
     /// On the device's clock, where the work's end was marked: work done
-    /// by then is proven run to there, whatever the host saw late, up to
-    /// where the next span began. After a race, nothing is: outstanding
-    /// up to where it was seen done or the next span began.
+    /// before the next span began is proven run to there, whatever the
+    /// host saw late; after a race, work done only after is not. Without
+    /// a race, as run, up to where the next span began.
     #[test]
     fn the_device_clock_decides_where_it_can() {
-        let pieces = |host, marked, raced| late_pieces(1, (host, marked), raced, 5);
-        let split = |ran, unproven| Pieces { ran, unproven };
-        assert_eq!(pieces(Some(9), Some(3), false), split((1, 3), (3, 3)));
-        assert_eq!(pieces(None, Some(3), false), split((1, 3), (3, 3)));
-        assert_eq!(pieces(Some(9), Some(7), false), split((1, 5), (5, 5)));
-        assert_eq!(pieces(None, None, false), split((1, 5), (5, 5)));
-        assert_eq!(pieces(Some(9), Some(3), true), split((1, 1), (1, 5)));
-        assert_eq!(pieces(Some(4), None, true), split((1, 1), (1, 4)));
-        assert_eq!(pieces(None, None, true), split((1, 1), (1, 5)));
-    }
-
-    /// A span still open when its late work was done: run as placed; after
-    /// a launch raced its token's end, outstanding from its start to where
-    /// the host saw the work done (a span reported as run there took the
-    /// next holder's time where the raced launch landed among its kernels).
-    #[test]
-    fn a_raced_span_closed_is_outstanding() {
-        let closed = |raced| {
-            let mut spans = Spans::default();
-            record_closed(&mut spans, (1_000_000, 3_000_000), 20_000_000, raced);
-            spans
-        };
-        let spans = closed(true);
-        assert_eq!((spans.ran, spans.unproven), (vec![], span(1000, 20000)));
-        let spans = closed(false);
-        assert_eq!((spans.ran, spans.unproven), (span(1000, 3000), vec![]));
+        assert_eq!(detached_end(Some(9), Some(3), true, 5), (3, true));
+        assert_eq!(detached_end(None, Some(3), true, 5), (3, true));
+        assert_eq!(detached_end(Some(9), Some(7), true, 5), (5, false));
+        assert_eq!(detached_end(Some(9), None, true, 5), (5, false));
+        assert_eq!(detached_end(Some(4), None, true, 5), (4, true));
+        assert_eq!(detached_end(Some(9), Some(7), false, 5), (5, true));
+        assert_eq!(detached_end(None, None, false, 5), (5, true));
     }
 }

@@ -79,19 +79,6 @@ impl Gate {
     /// is as long as the device's clock says its work ran (see
     /// `devclock`), and ends at `at`. Its start, if it closed.
     pub(super) fn close_marked(&self, at: u64, launches_at: u64, mark: Mark) -> Option<u64> {
-        self.close_late(at, launches_at, mark, false)
-    }
-
-    /// [`close_marked`](Gate::close_marked) for late work (see `late`),
-    /// whose token ended as a launch was on its way to the driver if
-    /// `raced`.
-    pub(super) fn close_late(
-        &self,
-        at: u64,
-        launches_at: u64,
-        mark: Mark,
-        raced: bool,
-    ) -> Option<u64> {
         let moved = |g: &Gate| g.launch_in_flight() || g.launches() != launches_at;
         if moved(self) {
             return None;
@@ -119,7 +106,7 @@ impl Gate {
         let (begun, end) = devclock::start(self, since, stream, at, mark);
         // A span detached before this one opened ends first (see `late`).
         late::end_detached(self, &mut ran);
-        late::record_closed(&mut ran, (begun, end), at.max(begun), raced);
+        record(&mut ran.ran, begun, end.max(begun));
         Some(begun)
     }
 

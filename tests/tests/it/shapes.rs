@@ -212,10 +212,10 @@ fn a_late_wakeup_does_not_take_the_next_groups_time() {
 /// No group's kernels run uncharged. (Seen under load in a full test
 /// run, where such a launch landed among hi's kernels: lo's span from
 /// its late work's start to that launch's end, reported as run, began
-/// before hi's and took 18 ms of hi's 20 ms step. Here the launch mostly
-/// lands after hi's step, whose span then lies within lo's and keeps its
-/// time. lo is charged the time its stalls held the device, inside its
-/// spans: about twice what its kernels ran.)
+/// before hi's and took 18 ms of hi's 20 ms step; not reproduced here,
+/// where the launch mostly lands after hi's step, whose span then lies
+/// within lo's and keeps its time. lo is charged the time its stalls
+/// held the device, inside its spans: about twice what its kernels ran.)
 #[test]
 fn a_launch_stalled_past_its_tokens_end_takes_no_other_groups_time() {
     let _serial = serial();
