@@ -37,11 +37,18 @@ std::thread_local! {
     static EXIT_BY: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// This thread runs the process's exit handler: from now on its requests
-/// wait for the scheduler [`EXIT_WAIT`] in all, and none registers again.
+/// This thread runs the process's exit handler: until [`exited`], its
+/// requests wait for the scheduler [`EXIT_WAIT`] in all, and none
+/// registers again.
 pub fn exiting() {
     let by = crate::clock::now_ns() + EXIT_WAIT.as_nanos() as u64;
     EXIT_BY.with(|c| c.set(by));
+}
+
+/// The exit handler is done: what runs after it on this thread (other
+/// exit handlers, static destructors) waits for the scheduler as ever.
+pub fn exited() {
+    EXIT_BY.with(|c| c.set(0));
 }
 
 /// Whether this thread runs the exit handler (see [`exiting`]).

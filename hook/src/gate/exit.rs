@@ -6,19 +6,20 @@
 //! where no measured span has the time. Two processes exiting together
 //! (a job's ranks beside another job's) had their last tokens estimated
 //! over each other's time, and the estimate made first kept it. Now each
-//! token is given back as the idle watcher gives back a quiet process's
-//! (`End::Idle`), its spans measured.
+//! token is given back with its measured spans, as the idle watcher gives
+//! back a quiet process's.
 //!
 //! An exit handler runs while the process's other threads still run:
 //! only a token no call holds (none in flight, its slow path free) and
-//! whose work is proven done is given back (its end then waits for
-//! nothing on the device: a process's work still queued at exit may wait
-//! on a peer that is gone, and its context's teardown after this handler
-//! must not find the context's lock held by a wait), and gem-schd's
-//! answers are waited for `EXIT_WAIT` in all, by this thread only, with
-//! no new registration (see `conn`), so that a scheduler that does not
-//! answer never holds the exit longer. Other tokens, and a process
-//! killed or one that ends with `_exit`, are estimated as before.
+//! whose work is proven done is given back, and its end waits for
+//! nothing on the device (`End::Exit`: work still queued at exit, some
+//! the hook does not gate, may wait on a peer that is gone, and the
+//! context's teardown after this handler must not find the context's
+//! lock held by a wait). gem-schd's answers are waited for `EXIT_WAIT`
+//! in all, by this thread only, with no new registration (see `conn`),
+//! so that a scheduler that does not answer never holds the exit longer.
+//! Other tokens, and a process killed or one that ends with `_exit` (or
+//! that gem-schd forgot, after a restart), are estimated as before.
 
 use super::*;
 
@@ -51,11 +52,12 @@ extern "C" fn at_exit() {
             give_back(st, dev, g);
         }
     });
+    crate::conn::exited();
 }
 
 /// Gives back `g`'s token (ordinal `dev`) if nothing holds it and its
-/// work is proven done (its spans closed: the token's end waits for
-/// nothing on the device), else reports its late work if that is done.
+/// work is proven done (its spans closed), waiting for nothing on the
+/// device (`End::Exit`), else reports its late work if that is done.
 fn give_back(st: &'static State, dev: usize, g: &'static Gate) {
     if g.granted_at.load(Ordering::Acquire) == 0 {
         late::report_done(st, dev, g);
@@ -68,10 +70,7 @@ fn give_back(st: &'static State, dev: usize, g: &'static Gate) {
     let Ok(slow) = g.slow.try_lock() else {
         return;
     };
-    let why = End::Idle {
-        seen: entered,
-        quiet_since: now_ns(),
-    };
+    let why = End::Exit { seen: entered };
     if let Outcome::Done = transition(&slow, st, dev, g, Transition::End(why)) {
         debug!("device {dev}: the process exits: token given back");
     }

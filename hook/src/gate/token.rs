@@ -86,6 +86,10 @@ pub(super) enum End {
     /// Only waits hold the token, for work that should have ended long
     /// ago: work that waits on another process (see `Settle::Stalled`).
     Stalled,
+    /// The process exits (see `exit`), `seen` calls counted in, none in
+    /// flight and its spans closed: the token goes back with what they
+    /// ran, waiting for nothing on the device.
+    Exit { seen: u64 },
 }
 
 /// What a token that ran out leaves for the request of the next: what
@@ -216,7 +220,7 @@ fn close(st: &State, g: &Gate, why: End) -> bool {
             );
             true
         }
-        End::Idle { seen, .. } => withdraw(g, seen),
+        End::Idle { seen, .. } | End::Exit { seen } => withdraw(g, seen),
         End::Step => withdraw(g, g.entered.load(Ordering::Acquire)),
         // Only waits may be in flight: `stalled`, checked again after the
         // swap, says so (a launch that slipped in keeps the token).
@@ -260,6 +264,14 @@ fn settle_end(dev: usize, g: &'static Gate, why: End) -> Option<u64> {
         }
         End::Stalled => {
             if !settle(dev, g, Settle::Stalled) {
+                return None;
+            }
+            0
+        }
+        // Its work proven done already (no span open): nothing to wait
+        // for, and an exiting process must not wait on the device.
+        End::Exit { .. } => {
+            if g.granted_at.swap(0, Ordering::AcqRel) == 0 {
                 return None;
             }
             0
