@@ -241,14 +241,15 @@ impl Drop for Gemini {
         if std::env::var_os("GEM_TEST_ACCOUNTS").is_some() {
             eprintln!("accounts: {:?}", self.device_accounts());
         }
-        let escapes = self.escapes().filter(|e| !e.is_empty());
+        // Read only where the check is made: not after a failure.
+        let escapes = (stopped && !std::thread::panicking())
+            .then(|| self.escapes())
+            .flatten()
+            .filter(|e| !e.is_empty());
         if std::env::var_os("GEM_TEST_KEEP_ALL").is_some() && escapes.is_none() {
             self.keep_for_reading();
         }
-        if stopped
-            && !std::thread::panicking()
-            && let Some(escapes) = escapes
-        {
+        if let Some(escapes) = escapes {
             self.keep_for_reading();
             // What gem-schd clipped, to tell a report it did not believe
             // from one that never came.

@@ -219,14 +219,7 @@ fn a_late_wakeup_does_not_take_the_next_groups_time() {
 #[test]
 fn a_launch_stalled_past_its_tokens_end_takes_no_other_groups_time() {
     let _serial = serial();
-    let mut g = Gemini::start(
-        SimEnv::default(),
-        "[lo]
-MinUtil=0.3
-[hi]
-MinUtil=0.7
-",
-    );
+    let mut g = Gemini::start(SimEnv::default(), "[lo]\nMinUtil=0.3\n[hi]\nMinUtil=0.7\n");
     let spawn = |group: &str, env: &[(&str, &str)]| {
         let mut c = g.hooked(g.sim.workload(), group);
         c.args(["--seconds", "2"])

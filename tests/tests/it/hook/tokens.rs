@@ -51,16 +51,7 @@ fn a_lent_token_is_renewed_before_its_work_drains() {
 fn a_process_exiting_with_its_token_gives_it_back_measured() {
     let _serial = serial();
     let mut g = Gemini::start(SimEnv::default(), "[a]\nMinUtil=0.5\n");
-    let args = [
-        "--iter-kernels",
-        "20",
-        "--kernel-us",
-        "1000",
-        "--wait",
-        "ctx",
-        "--seconds",
-        "0.95",
-    ];
+    let args = [gemini_tests::TRAINING_STEP, &["--seconds", "0.95"]].concat();
     let out = finish(spawn(rust(&g, "a", &args)));
     let gone = format!("(pid {}) is gone", pid_of(&out));
     // Stopped once it has seen the process go: what it charged for it is
