@@ -93,8 +93,33 @@ impl State {
         }
     }
 
+    /// The connection's lock. The thread running the exit handler only
+    /// tries it until its deadline (`None` then): the handler may run
+    /// in a signal handler that interrupted this very thread while it
+    /// held the lock (a program whose SIGTERM handler calls `exit`), or
+    /// another thread may hold it for as long as the scheduler is slow.
+    fn conn(&self) -> Option<std::sync::MutexGuard<'_, Option<Client>>> {
+        let exit_by = EXIT_BY.with(|c| c.get());
+        if exit_by == 0 {
+            return Some(lock(&self.conn));
+        }
+        loop {
+            match self.conn.try_lock() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            if crate::clock::now_ns() >= exit_by {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
     fn send(&self, req: &Request) -> Result<u32, u32> {
-        let mut g = lock(&self.conn);
+        let Some(mut g) = self.conn() else {
+            return Err(CUDA_ERROR_DEINITIALIZED);
+        };
         let Some(c) = g.as_mut() else {
             return Err(CUDA_ERROR_NOT_INITIALIZED);
         };
@@ -112,7 +137,7 @@ impl State {
 
     /// [`State::take`], polling at most `wait`.
     fn take_within(&self, seq: u32, wait: Duration) -> Option<Result<Reply, CodecError>> {
-        let mut g = lock(&self.conn);
+        let mut g = self.conn()?;
         g.as_mut()?.take(seq, wait).ok().flatten()
     }
 
@@ -438,6 +463,9 @@ impl State {
             match self.roundtrip(req, device) {
                 Ok(r) => return Ok(r),
                 Err(Failure::Refused(code)) => return Err(code),
+                // (Exiting: a scheduler that forgot us holds no token of
+                // ours either, and nothing registers again.)
+                Err(Failure::Forgotten) if is_exiting() => return Err(CUDA_ERROR_DEINITIALIZED),
                 Err(Failure::Forgotten) => self.forgotten(),
             }
         }

@@ -5,6 +5,13 @@
  *
  * usage: gem-workload-c [-k kernel_us] [-s seconds] [-m mem_bytes]
  *                       [-b burst_ms] [-g gap_ms] [-d device] [-f (fork)]
+ *                       [-t then_device] [-x]
+ *
+ * -t D: after the run (its last sync returned, its token still held),
+ *       launch one kernel on device D and sync, saying "waiting on D" on
+ *       stdout first.
+ * -x:   SIGTERM calls exit(3) from its signal handler, as many C and C++
+ *       programs' handlers do.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -12,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 typedef int CUresult;
@@ -47,8 +55,13 @@ static double now(void) {
         }                                                                        \
     } while (0)
 
+static void exit_on_term(int sig) {
+    (void)sig;
+    exit(3);
+}
+
 static int run(uint64_t kernel_us, double seconds, size_t mem, double burst_ms, double gap_ms,
-               int device, const char *role) {
+               int device, int then_device, const char *role) {
     double start = now();
     CUdevice dev;
     CUcontext ctx;
@@ -80,6 +93,20 @@ static int run(uint64_t kernel_us, double seconds, size_t mem, double burst_ms, 
         if (gap_ms > 0 && now() < end) usleep((useconds_t)(gap_ms * 1e3));
     }
     CHECK(cuCtxSynchronize());
+    if (then_device >= 0) {
+        CUdevice dev2;
+        CUcontext ctx2;
+        CUmodule mod2;
+        CUfunction fn2;
+        CHECK(cuDeviceGet(&dev2, then_device));
+        CHECK(cuCtxCreate_v2(&ctx2, 0, dev2));
+        CHECK(cuModuleLoadData(&mod2, "fakecuda"));
+        CHECK(cuModuleGetFunction(&fn2, mod2, "fake_spin"));
+        printf("waiting on %d\n", then_device);
+        fflush(stdout);
+        CHECK(cuLaunchKernel(fn2, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        CHECK(cuCtxSynchronize());
+    }
     if (ptr) CHECK(cuMemFree_v2(ptr));
     printf("workload pid=%d role=%s kernels=%llu kernel_us=%llu seconds=%.3f "
            "allocated=%zu alloc_error=%d free=%zu total=%zu\n",
@@ -93,8 +120,8 @@ int main(int argc, char **argv) {
     uint64_t kernel_us = 1000;
     double seconds = 1, burst_ms = 0, gap_ms = 0;
     size_t mem = 0;
-    int device = 0, do_fork = 0, opt;
-    while ((opt = getopt(argc, argv, "k:s:m:b:g:d:f")) != -1) {
+    int device = 0, then_device = -1, do_fork = 0, opt;
+    while ((opt = getopt(argc, argv, "k:s:m:b:g:d:ft:x")) != -1) {
         switch (opt) {
         case 'k': kernel_us = strtoull(optarg, 0, 10); break;
         case 's': seconds = atof(optarg); break;
@@ -103,14 +130,16 @@ int main(int argc, char **argv) {
         case 'g': gap_ms = atof(optarg); break;
         case 'd': device = atoi(optarg); break;
         case 'f': do_fork = 1; break;
+        case 't': then_device = atoi(optarg); break;
+        case 'x': signal(SIGTERM, exit_on_term); break;
         default:
-            fprintf(stderr, "usage: %s [-k kernel_us] [-s seconds] [-m bytes] [-b burst_ms] [-g gap_ms] [-d device] [-f]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-k kernel_us] [-s seconds] [-m bytes] [-b burst_ms] [-g gap_ms] [-d device] [-f] [-t then_device] [-x]\n", argv[0]);
             return 2;
         }
     }
     pid_t child = do_fork ? fork() : -1;
-    if (child == 0) return run(kernel_us, seconds, mem, burst_ms, gap_ms, device, "child");
-    int rc = run(kernel_us, seconds, mem, burst_ms, gap_ms, device, "parent");
+    if (child == 0) return run(kernel_us, seconds, mem, burst_ms, gap_ms, device, then_device, "child");
+    int rc = run(kernel_us, seconds, mem, burst_ms, gap_ms, device, then_device, "parent");
     if (child > 0) {
         int status = 0;
         waitpid(child, &status, 0);

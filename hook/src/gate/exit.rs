@@ -17,7 +17,10 @@
 //! context's teardown after this handler must not find the context's
 //! lock held by a wait). gem-schd's answers are waited for `EXIT_WAIT`
 //! in all, by this thread only, with no new registration (see `conn`),
-//! so that a scheduler that does not answer never holds the exit longer.
+//! so that a scheduler that does not answer never holds the exit longer;
+//! and the connection's lock is only tried for that long: `exit` called
+//! from a signal handler can interrupt this very thread while it holds
+//! the lock, waiting for the scheduler.
 //! Other tokens, and a process killed or one that ends with `_exit` (or
 //! that gem-schd forgot, after a restart), are estimated as before.
 

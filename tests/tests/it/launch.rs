@@ -261,6 +261,69 @@ fn checks_before_launching_have_their_own_exit_codes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("is gem-schd running?"));
 }
 
+/// A program whose SIGTERM handler calls `exit` (as many C and C++
+/// programs' do) exits when the signal comes while it waits for a token,
+/// holding another GPU's token it no longer uses. The hook's exit handler
+/// then runs on the thread the signal interrupted, which holds the
+/// connection's lock for as long as it waits for the scheduler's answer:
+/// taking the lock again deadlocked that thread, and the program hung
+/// for good. It only tries the lock now, for its half a second, and
+/// gives up.
+#[test]
+fn a_program_exiting_from_a_signal_handler_while_it_waits_for_a_token_exits() {
+    let nvml_only = !std::path::Path::new("/proc/driver/nvidia/gpus").exists();
+    let flags: &[&str] = if nvml_only { &[] } else { &["--devices", "2"] };
+    let g = Gemini::start_with(SimEnv::new(2, "16GiB"), "[a]\n[b]\n", flags);
+    // GPU 1 is b's: a's launch there waits for as long as the test wants.
+    succeeds(
+        &g,
+        &[
+            "reserve",
+            "--group",
+            "b",
+            "--gpu-ids",
+            "1",
+            "--duration",
+            "1h",
+        ],
+    );
+    let mut a = g.hooked(g.sim.c_workload(), "a");
+    a.args(["-s", "0.3", "-k", "500", "-d", "0", "-t", "1", "-x"])
+        // GPU 0's token stays held while it waits on GPU 1.
+        .env("GEMINI_IDLE_MS", "60000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut a = Reaped(Some(a.spawn().unwrap()));
+    let child = a.0.as_mut().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "waiting on 1");
+    g.wait_status(10.0, "a waits on GPU 1", |s| {
+        s.devices
+            .iter()
+            .any(|d| d.device == 1 && d.groups.iter().any(|r| r.group == "a" && r.waiting > 0))
+    });
+    let pid = child.id() as i32;
+    // SAFETY: kill(2) on our own child, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "it still runs 20 s after SIGTERM: its exit hangs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(3), "{status:?}");
+}
+
 #[test]
 fn a_workload_launched_on_a_reserved_gpu_is_gated_there() {
     let g = machine("[capped]\nMaxUtil=0.4\n");
