@@ -52,7 +52,17 @@ fn a_process_exiting_with_its_token_gives_it_back_measured() {
     let _serial = serial();
     let mut g = Gemini::start(SimEnv::default(), "[a]\nMinUtil=0.5\n");
     let args = [gemini_tests::TRAINING_STEP, &["--seconds", "0.95"]].concat();
-    let out = finish(spawn(rust(&g, "a", &args)));
+    let mut a = rust(&g, "a", &args);
+    // The idle watcher gives nothing back meanwhile: the exit handler
+    // alone can (on a slow host the 5 ms threshold passes while the
+    // program prints its report and tears down).
+    a.env("GEMINI_IDLE_MS", "10000").env("GEMINI_LOG", "debug");
+    let out = finish(spawn(a));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the process exits: token given back"),
+        "the exit handler gave nothing back:\n{err}"
+    );
     let gone = format!("(pid {}) is gone", pid_of(&out));
     // Stopped once it has seen the process go: what it charged for it is
     // in the log then (and the check a test's end makes is made here).
