@@ -271,9 +271,7 @@ fn checks_before_launching_have_their_own_exit_codes() {
 /// gives up.
 #[test]
 fn a_program_exiting_from_a_signal_handler_while_it_waits_for_a_token_exits() {
-    let nvml_only = !std::path::Path::new("/proc/driver/nvidia/gpus").exists();
-    let flags: &[&str] = if nvml_only { &[] } else { &["--devices", "2"] };
-    let g = Gemini::start_with(SimEnv::new(2, "16GiB"), "[a]\n[b]\n", flags);
+    let g = machine("[a]\n[b]\n");
     // GPU 1 is b's: a's launch there waits for as long as the test wants.
     succeeds(
         &g,
