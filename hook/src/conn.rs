@@ -51,9 +51,15 @@ pub fn exited() {
     EXIT_BY.with(|c| c.set(0));
 }
 
+/// Until when this thread waits for the scheduler, running the exit
+/// handler (see [`exiting`]; 0: it does not exit).
+fn exit_by() -> u64 {
+    EXIT_BY.with(|c| c.get())
+}
+
 /// Whether this thread runs the exit handler (see [`exiting`]).
 fn is_exiting() -> bool {
-    EXIT_BY.with(|c| c.get()) != 0
+    exit_by() != 0
 }
 
 /// Why a request got no usable answer.
@@ -99,7 +105,7 @@ impl State {
     /// held the lock (a program whose SIGTERM handler calls `exit`), or
     /// another thread may hold it for as long as the scheduler is slow.
     fn conn(&self) -> Option<std::sync::MutexGuard<'_, Option<Client>>> {
-        let exit_by = EXIT_BY.with(|c| c.get());
+        let exit_by = exit_by();
         if exit_by == 0 {
             return Some(lock(&self.conn));
         }
@@ -358,7 +364,7 @@ impl State {
             }
             // Exiting (see `gate::at_exit`): a scheduler that does not
             // answer soon must not hold the process's exit.
-            let exit_by = EXIT_BY.with(|c| c.get());
+            let exit_by = exit_by();
             if exit_by != 0 && crate::clock::now_ns() >= exit_by {
                 return Err(Failure::Refused(CUDA_ERROR_DEINITIALIZED));
             }
