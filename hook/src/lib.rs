@@ -279,6 +279,24 @@ unsafe extern "C" fn gemhook_dlopen_note(file: *mut c_void, mode: *const c_char)
     std::ptr::null_mut()
 }
 
+/// 1 if a panic unwinds through the hook's frames and is caught, as it
+/// is at every entry point (`table.rs`: a panic there becomes
+/// `CUDA_ERROR_UNKNOWN`, not the program's abort). The unwinder is linked
+/// into the library (see `build.rs`): this proves it finds the library's
+/// own frames. For tests and packagers; changes nothing.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn gemhook_unwinds() -> std::ffi::c_int {
+    #[inline(never)]
+    fn deep(n: u32) -> u32 {
+        if n == 0 {
+            // Unwinds without the panic hook: nothing is printed.
+            std::panic::resume_unwind(Box::new(()));
+        }
+        deep(n - 1) + 1
+    }
+    std::panic::catch_unwind(|| deep(std::hint::black_box(3))).is_err() as std::ffi::c_int
+}
+
 #[cfg(test)]
 mod layers;
 

@@ -51,6 +51,26 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// Asserts that the shared library at `lib` (of any architecture) does
+/// not name `libgcc_s.so.1`: the hook links its unwinder in (see its
+/// build.rs), so that a process it is preloaded into loads one library
+/// less.
+pub fn assert_no_libgcc_s(lib: &Path) {
+    let out = Command::new("readelf").arg("-d").arg(lib).output().unwrap();
+    assert!(
+        out.status.success(),
+        "readelf -d {}: {out:?}",
+        lib.display()
+    );
+    let dynamic = String::from_utf8_lossy(&out.stdout);
+    assert!(dynamic.contains("(NEEDED)"), "{dynamic}");
+    assert!(
+        !dynamic.contains("libgcc_s"),
+        "{}: {dynamic}",
+        lib.display()
+    );
+}
+
 /// The C workload, compiled once per test run against the simulator.
 pub fn c_workload() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();

@@ -155,6 +155,21 @@ fn an_aarch64_runtimes_lookups_reach_the_hook() {
     }
 }
 
+/// The aarch64 hook links its unwinder in too (no `libgcc_s.so.1`, which
+/// every process it was preloaded into paid to load), and a panic still
+/// unwinds through its frames to its entry points' `catch_unwind`.
+#[test]
+#[ignore = "needs the aarch64 build and qemu: run `make test-aarch64`"]
+fn the_aarch64_hook_unwinds_without_libgcc_s() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let Some(arm) = Arm::new(&g) else { return };
+    gemini_tests::assert_no_libgcc_s(&arm.dir.join("libgemhook.so"));
+    succeeded(
+        arm.command(&g, "gem-workload", Some("a"))
+            .arg("--hook-unwinds"),
+    );
+}
+
 /// An aarch64 program capped at `MaxUtil` 0.3 gets at most that share of
 /// the device, and one under `MemoryLimit` 256 MiB is refused past it.
 #[test]

@@ -160,6 +160,11 @@ struct Args {
     /// `nvml index=N uuid=GPU-…` or `nvml index=N error=CODE`
     #[arg(long)]
     identify: bool,
+    /// Only call the preloaded hook's `gemhook_unwinds` (a panic unwound
+    /// through its frames and caught) and exit: 0 where it unwound, 4
+    /// where not, 5 without the hook
+    #[arg(long)]
+    hook_unwinds: bool,
     /// Also ask NVML (libnvidia-ml.so.1, loaded at run time as pynvml
     /// does) for device 0's memory, with nvmlDeviceGetMemoryInfo and _v2
     #[arg(long)]
@@ -372,6 +377,20 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// `--hook-unwinds`: the preloaded hook's own check that its linked-in
+/// unwinder finds its frames.
+fn hook_unwinds() -> i32 {
+    // SAFETY: a NUL-terminated name looked up in the global scope.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"gemhook_unwinds".as_ptr()) };
+    if f.is_null() {
+        eprintln!("gemhook_unwinds not found: is libgemhook.so preloaded?");
+        return 5;
+    }
+    // SAFETY: the hook's `extern "C" fn() -> c_int`.
+    let unwinds: extern "C" fn() -> std::ffi::c_int = unsafe { std::mem::transmute(f) };
+    if unwinds() == 1 { 0 } else { 4 }
+}
+
 /// `--identify`: the GPUs this process sees through CUDA and through
 /// NVML, by UUID.
 fn identify(args: &Args) -> anyhow::Result<()> {
@@ -439,6 +458,9 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.identify {
         return identify(&args);
+    }
+    if args.hook_unwinds {
+        std::process::exit(hook_unwinds());
     }
     let mut child = None;
     if args.fork {

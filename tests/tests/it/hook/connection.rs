@@ -188,6 +188,25 @@ fn a_hook_without_its_socket_library_says_so_and_refuses() {
     assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
 }
 
+/// The hook links its unwinder in (not libgcc_s.so.1, which every process
+/// it was preloaded into paid to load): a panic still unwinds through
+/// its frames to the `catch_unwind` of its entry points, which turn it
+/// into an error instead of aborting the program.
+#[test]
+fn a_panic_in_the_hook_unwinds_without_libgcc_s() {
+    gemini_tests::assert_no_libgcc_s(&gemini_tests::bin("libgemhook.so"));
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let out = rust(&g, "a", &["--hook-unwinds"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mut c = rust(&g, "a", &["--hook-unwinds"]);
+    c.env_remove("LD_PRELOAD");
+    assert_eq!(
+        c.output().unwrap().status.code(),
+        Some(5),
+        "without the hook"
+    );
+}
+
 #[test]
 fn absent_scheduler_is_reported_and_connect_timeout_gives_up() {
     let mut g = Gemini::start(SimEnv::default(), "[a]\n");
