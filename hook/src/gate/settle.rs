@@ -90,9 +90,15 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
     let capturing = synced != Ok(true);
     let pending = unsynced(dev, g, why, synced);
     let t1 = now_ns();
+    // When the work was done: where the device's clock says so, when it
+    // ended, not when this thread woke to see it.
+    let done = match capturing {
+        false => devclock::completed_at(g, mark).map_or(t1, |e| e.clamp(granted_at, t1)),
+        true => t1,
+    };
     if !capturing && matches!(why, Settle::RanOut) {
         // Every launch of the sample has run: learn from it.
-        g.learn_kernel(t1);
+        g.learn_kernel(done);
     }
     let end = match why {
         // If the work was still running, it ended now; else it ended
@@ -101,7 +107,7 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
         Settle::Idle { quiet_since } if capturing || t1.saturating_sub(t0) <= 100_000 => {
             quiet_since.clamp(granted_at, t1)
         }
-        _ => t1,
+        _ => done,
     };
     if !capturing {
         // Proven done by now (the quiet process's own sync usually closed
