@@ -15,6 +15,13 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    let target = std::env::var("TARGET").unwrap_or_default();
+    println!("cargo:rerun-if-env-changed=CC");
+    println!("cargo:rerun-if-env-changed=CC_{}", target.replace('-', "_"));
+    // GNU targets only: musl's std brings its own unwinder.
+    if std::env::var("CARGO_CFG_TARGET_ENV").as_deref() != Ok("gnu") {
+        return;
+    }
     let Some(dir) = libgcc_eh_dir() else {
         println!("cargo:warning=libgcc_eh.a not found: libgemhook.so needs libgcc_s.so.1");
         return;

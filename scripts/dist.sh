@@ -48,7 +48,8 @@ if ldd "$stage/lib/libgemhook.so" | grep -qE 'glib|pcre'; then echo "dist: the h
 if ldd "$stage/lib/libgemhook.so" | grep -q 'libstdc++'; then echo "dist: the hook links libstdc++" >&2; exit 1; fi
 # Nor libgcc_s: its unwinder is linked in (hook/build.rs), which saves every
 # process it is preloaded into loading one more library.
-if ldd "$stage/lib/libgemhook.so" | grep -q 'libgcc_s'; then echo "dist: the hook links libgcc_s (is GCC's libgcc_eh.a installed?)" >&2; exit 1; fi
+hook_needed=$(readelf -d "$stage/lib/libgemhook.so")
+if grep -q 'NEEDED.*libgcc_s' <<<"$hook_needed"; then echo "dist: the hook links libgcc_s (is GCC's libgcc_eh.a installed?)" >&2; exit 1; fi
 for b in "${bins[@]}"; do
     libs=$(ldd "$stage/bin/$b" | awk '$3 ~ /^\// {print $3}' | grep -vE '/(libc|libm|libgcc_s|libstdc\+\+|libpthread|libdl|librt|ld-linux[^/]*)\.so' || true)
     [ -n "$libs" ] || continue
