@@ -65,7 +65,6 @@ fn device_of(req: &Request) -> Option<DeviceId> {
         | Request::AcquireTokenAhead { device, .. }
         | Request::ReleaseToken { device, .. }
         | Request::Quieting { device, .. }
-        | Request::RunningOut { device, .. }
         | Request::ReserveMemory { device, .. }
         | Request::ReleaseMemory { device, .. }
         | Request::ReserveLeased { device, .. }
@@ -239,8 +238,7 @@ impl Policy {
             | Request::ReleaseToken { .. }
             | Request::LateUsage { .. }
             | Request::UnprovenUsage { .. }
-            | Request::Quieting { .. }
-            | Request::RunningOut { .. } => self.token_request(asker, req, now, out),
+            | Request::Quieting { .. } => self.token_request(asker, req, now, out),
             Request::WaitReason { device } => {
                 out.push(asker.reply(self.wait_reason(client, device, now)));
             }
@@ -331,10 +329,6 @@ impl Policy {
             }
             Request::Quieting { device, done_in_us } => {
                 self.quieting(client, device, done_in_us, now);
-                out.push(asker.reply(Reply::Done));
-            }
-            Request::RunningOut { device, done_in_us } => {
-                self.running_out(client, device, done_in_us, now);
                 out.push(asker.reply(Reply::Done));
             }
             _ => {}

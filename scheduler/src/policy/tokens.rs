@@ -27,8 +27,8 @@
 use super::group_use::{GroupUse, Using, groups_using, note_throttled};
 use super::{
     Action, CRITICAL_LEND_MAX, Client, Device, Grant, GroupKey, HOLDER_MIN_QUOTA, Limits, Micros,
-    OWED_ABSENCE, Params, Policy, Returning, Waiter, critical_margin, entitlements, gang,
-    handover_lead, lent_min_quota, limits, reserve, water_level,
+    OWED_ABSENCE, Params, Policy, Waiter, critical_margin, entitlements, gang, handover_lead,
+    lent_min_quota, limits, reserve, water_level,
 };
 use gemini_config::{GroupConfig, Latency, ResourceConfig};
 use gemini_protocol::{ClientId, DeviceId, Reply, Role};
@@ -107,15 +107,19 @@ impl Policy {
         done_in: Micros,
         now: Micros,
     ) {
-        let Some(at) = self.announce_end(client, device, done_in, now) else {
-            return;
-        };
         let Some(group) = self.clients.get(&client).map(|c| &c.group) else {
             return;
         };
         let Some(dev) = self.devices.get_mut(&device) else {
             return;
         };
+        let lead = handover_lead(dev.rtt());
+        let Some(token) = dev.token.as_mut().filter(|t| t.client == client) else {
+            return;
+        };
+        let at = now.saturating_add(done_in.saturating_sub(lead));
+        token.expires_at = token.expires_at.min(at);
+        token.ends = true;
         let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| &c.group == group);
         if dev.waiters.iter().any(|w| of_group(&w.client)) {
             return;
@@ -125,130 +129,9 @@ impl Policy {
         }
     }
 
-    /// The holder of `device`'s token ran out of it with work still
-    /// queued, predicted to end in `done_in` µs, and asks again once that
-    /// work is done (`RunningOut`): the token ends `handover_lead` before
-    /// that end once a program that may run waits (now or by then, see
-    /// [`Policy::pass_on_running_out`]), as for [`Policy::quieting`].
-    /// Without either, the device idled while the holder's wait woke, it
-    /// reported, and the next holder woke and launched: 262-321 ms in 6 s
-    /// for two saturating groups on the 2-core test VM with two CPU hogs,
-    /// 130-234 ms with it. A rank of a declared job keeps
-    /// its token to its end: its turn (see `gang`) counts on it.
-    pub(super) fn running_out(
-        &mut self,
-        client: ClientId,
-        device: DeviceId,
-        done_in: Micros,
-        now: Micros,
-    ) {
-        if self.clients.get(&client).is_none_or(|c| c.job.is_some()) {
-            return;
-        }
-        let Some(dev) = self.devices.get_mut(&device) else {
-            return;
-        };
-        let lead = handover_lead(dev.rtt());
-        if let Some(t) = dev.token.as_mut().filter(|t| t.client == client) {
-            t.runs_out_at = Some(now.saturating_add(done_in.saturating_sub(lead)));
-        }
-        self.pass_on_running_out(device, now);
-    }
-
-    /// Ends `device`'s token where its holder said it runs out (see
-    /// [`Policy::running_out`]) and a program that may run waits. Its
-    /// group is not away: it counts as waiting until it asks again
-    /// (`Device::returning`), so the grant made meanwhile is not lent for
-    /// its return and is cut to a turn as if it waited. Where only the
-    /// holder (`gem-holder`) waits, or only groups that may not run now
-    /// (kept off by a reservation, held back by `MaxUtil`), the token
-    /// runs on: passed on, it would go to `gem-holder` or to nobody, and
-    /// the client asking again would wait for it.
-    pub(super) fn pass_on_running_out(&mut self, device: DeviceId, now: Micros) {
-        let Some((client, at)) = self
-            .devices
-            .get(&device)
-            .and_then(|d| d.token.as_ref())
-            .and_then(|t| Some((t.client, t.runs_out_at?)))
-        else {
-            return;
-        };
-        let Some(group) = self.clients.get(&client).map(|c| c.group.clone()) else {
-            return;
-        };
-        if !self.may_run_waiting(client, device, now) {
-            return;
-        }
-        let lapse = self.params.min_quota;
-        let Some(dev) = self.devices.get_mut(&device) else {
-            return;
-        };
-        if let Some(t) = dev.token.as_mut() {
-            t.runs_out_at = None;
-            if at < t.expires_at {
-                t.expires_at = at;
-                t.ends = true;
-            }
-        }
-        dev.returning = Some(Returning {
-            client,
-            group,
-            until: at.max(now).saturating_add(lapse),
-        });
-    }
-
-    /// Whether a program other than `client` (not `gem-holder`) waits for
-    /// `device` and may run there now: its group not kept off by a
-    /// reservation, and not held back by its `MaxUtil`.
-    fn may_run_waiting(&self, client: ClientId, device: DeviceId, now: Micros) -> bool {
-        let Some(dev) = self.devices.get(&device) else {
-            return false;
-        };
-        let reserved = reserve::reserved_for(&self.reservations, device);
-        dev.waiters.iter().any(|w| {
-            w.client != client
-                && !matches!(w.group, GroupKey::Holder)
-                && !reserve::kept_out(&reserved, &w.group)
-                && dev.groups.get(&w.group).is_none_or(|g| {
-                    g.eligible_at(
-                        now,
-                        self.limits(&w.group).max_util,
-                        self.params.saved_credit(),
-                    )
-                    .is_some_and(|at| at <= now)
-                })
-        })
-    }
-
-    /// `client`'s token of `device` ends `handover_lead` before its work
-    /// does, `done_in` µs from now (never later than it would have), as
-    /// announced: not a revocation. When, if `client` holds it.
-    fn announce_end(
-        &mut self,
-        client: ClientId,
-        device: DeviceId,
-        done_in: Micros,
-        now: Micros,
-    ) -> Option<Micros> {
-        let dev = self.devices.get_mut(&device)?;
-        let lead = handover_lead(dev.rtt());
-        let token = dev.token.as_mut().filter(|t| t.client == client)?;
-        let at = now.saturating_add(done_in.saturating_sub(lead));
-        // (An end no earlier than the token's own changes nothing: its
-        // overrun is still a revocation.)
-        if at < token.expires_at {
-            token.expires_at = at;
-            token.ends = true;
-        }
-        Some(at)
-    }
-
     /// A client of an away group asks for the token again: the group's
     /// absence ends, and is learned.
     pub(super) fn note_back(&mut self, client: ClientId, device: DeviceId, now: Micros) {
-        if let Some(dev) = self.devices.get_mut(&device) {
-            dev.returning.take_if(|r| r.client == client);
-        }
         let Some(c) = self.clients.get(&client) else {
             return;
         };
@@ -279,7 +162,6 @@ impl Policy {
     /// grant (see the module doc): who may run here, who is owed the
     /// device, who gets the token and for how long, what is lent.
     pub(super) fn schedule(&mut self, device: DeviceId, now: Micros, out: &mut Vec<Action>) {
-        self.pass_on_running_out(device, now);
         let view = match self.devices.get(&device) {
             Some(d) if !d.waiters.is_empty() => self.turn_view(device, now),
             _ => gang::TurnView::default(),
@@ -568,14 +450,6 @@ fn who_may_run(
         if !waiting_groups.contains(&w.group) {
             waiting_groups.push(w.group.clone());
         }
-    }
-    // A group whose token was passed on as it ran out asks again in a
-    // moment: it waits (though it cannot be chosen before it asks).
-    dev.returning.take_if(|r| now >= r.until);
-    if let Some(r) = &dev.returning
-        && !waiting_groups.contains(&r.group)
-    {
-        waiting_groups.push(r.group.clone());
     }
     // A group kept off a reserved device waits for nothing here until
     // the reservation ends: it is not throttled, not owed, and others'
@@ -1176,7 +1050,6 @@ impl Decision<'_> {
             client: w.client,
             expires_at,
             ends: terms.lent,
-            runs_out_at: None,
         });
         out.push(Action::Reply {
             client: w.client,
