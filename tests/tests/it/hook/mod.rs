@@ -91,8 +91,34 @@ fn min_util_shares(g: &Gemini, make: impl Fn() -> (Command, Command)) {
     let Some((sa, sb)) = unstarved("MinUtil 0.3 / 0.7", MAX_STEAL, 2, run) else {
         return;
     };
-    assert_share("group a (MinUtil 0.3)", sa, 0.30, 0.03);
-    assert_share("group b (MinUtil 0.7)", sb, 0.70, 0.03);
+    assert_min_util_split("", sa, sb);
+}
+
+/// Two saturating groups at MinUtil 0.3 / 0.7 that got `sa` and `sb` of
+/// the device: the device worked at least 0.9 of the time, and they split
+/// its work 0.3 / 0.7 ± 0.03. How much of the time the device idles at
+/// hand-overs depends on the host (1 % on an idle 2-core VM, 4-6 % on a
+/// slow or loaded one, where it took the groups to 0.26-0.27 and
+/// 0.66-0.67 of the time): `gem-bench`'s share accuracy and work
+/// conservation rows measure it, alternating builds, not this test.
+fn assert_min_util_split(what: &str, sa: f64, sb: f64) {
+    let busy = sa + sb;
+    assert!(
+        busy >= 0.9,
+        "{what}the device worked {busy:.3} of the time (a {sa:.3}, b {sb:.3})"
+    );
+    assert_share(
+        &format!("{what}group a (MinUtil 0.3), of the work"),
+        sa / busy,
+        0.30,
+        0.03,
+    );
+    assert_share(
+        &format!("{what}group b (MinUtil 0.7), of the work"),
+        sb / busy,
+        0.70,
+        0.03,
+    );
 }
 
 fn stderr_lines(out: &Output) -> Vec<String> {

@@ -77,18 +77,7 @@ fn groups_with_independent_processes_on_two_gpus_get_their_min_util() {
         return;
     };
     for (dev, pair) in shares.chunks(2).enumerate() {
-        assert_share(
-            &format!("GPU {dev}: group a (MinUtil 0.3)"),
-            pair[0],
-            0.30,
-            0.03,
-        );
-        assert_share(
-            &format!("GPU {dev}: group b (MinUtil 0.7)"),
-            pair[1],
-            0.70,
-            0.03,
-        );
+        assert_min_util_split(&format!("GPU {dev}: "), pair[0], pair[1]);
     }
 }
 
