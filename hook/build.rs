@@ -15,9 +15,6 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    let target = std::env::var("TARGET").unwrap_or_default();
-    println!("cargo:rerun-if-env-changed=CC");
-    println!("cargo:rerun-if-env-changed=CC_{}", target.replace('-', "_"));
     // GNU targets only: musl's std brings its own unwinder.
     if std::env::var("CARGO_CFG_TARGET_ENV").as_deref() != Ok("gnu") {
         return;
@@ -36,13 +33,10 @@ fn main() {
 }
 
 /// The directory of the target's `libgcc_eh.a`, as the target's C compiler
-/// (the one the `cc` crate picks: `CC_<target>`, `CC`, or the default)
-/// finds it.
+/// (the one the `cc` crate picks: `CC_<target>`, `TARGET_CC`, `CC`, or the
+/// default; it tells cargo to build again when those change) finds it.
 fn libgcc_eh_dir() -> Option<PathBuf> {
-    let compiler = cc::Build::new()
-        .cargo_metadata(false)
-        .try_get_compiler()
-        .ok()?;
+    let compiler = cc::Build::new().try_get_compiler().ok()?;
     let out = Command::new(compiler.path())
         .arg("-print-file-name=libgcc_eh.a")
         .output()
