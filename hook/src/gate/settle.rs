@@ -92,9 +92,10 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
     let t1 = now_ns();
     // When the work was done: where the device's clock says so, when it
     // ended, not when this thread woke to see it.
-    let done = match capturing {
-        false => devclock::completed_at(g, mark).map_or(t1, |e| e.clamp(granted_at, t1)),
-        true => t1,
+    let done = if capturing {
+        t1
+    } else {
+        devclock::completed_at(g, mark).map_or(t1, |e| e.clamp(granted_at, t1))
     };
     if !capturing && matches!(why, Settle::RanOut) {
         // Every launch of the sample has run: learn from it.
