@@ -544,6 +544,26 @@ mod tests {
         assert_eq!(frame[5], last_of_17[5] + 1);
     }
 
+    /// A token's end announced while its work runs on is new in 19, and
+    /// goes as it is (no older peer sends it), appended after 18's last.
+    #[test]
+    fn running_out_round_trips() {
+        let req = Request::RunningOut {
+            device: 2,
+            done_in_us: 1_500,
+        };
+        let frame = encode_request(9, &req);
+        assert_eq!(decode_request(&frame), Ok((9, req)));
+        let last_of_18 = encode_request(
+            9,
+            &Request::UnprovenUsage {
+                device: 1,
+                ran: vec![],
+            },
+        );
+        assert_eq!(frame[5], last_of_18[5] + 1);
+    }
+
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         assert_eq!(decode_request(b""), Err(CodecError::TooShort(0)));

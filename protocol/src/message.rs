@@ -346,6 +346,21 @@ pub enum Request {
         /// The time the work was outstanding, oldest first.
         ran: Vec<Span>,
     },
+    /// The client's token of `device` ran out with its work still queued,
+    /// predicted to end in `done_in_us`; it waits for that work, reports
+    /// with [`Request::ReleaseToken`] and asks again, as usual. As for
+    /// [`Request::Quieting`], the scheduler may pass the device on a
+    /// little before that end (once another program that may run waits);
+    /// unlike it, the client's group is not going away: it counts as
+    /// waiting until the client asks again (protocol 19). Reply:
+    /// [`Reply::Done`].
+    RunningOut {
+        /// The device.
+        device: DeviceId,
+        /// When the client's queued work is predicted to end, in
+        /// microseconds from now.
+        done_in_us: u64,
+    },
 }
 
 /// Scheduler → client.

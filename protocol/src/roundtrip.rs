@@ -89,6 +89,7 @@ pub fn sample_of(req: &Request, reply: &Reply, elapsed_ns: u64) -> Option<u64> {
             req,
             Request::ReleaseToken { .. }
                 | Request::Quieting { .. }
+                | Request::RunningOut { .. }
                 | Request::LateUsage { .. }
                 | Request::UnprovenUsage { .. }
                 | Request::ReleaseMemory { .. }

@@ -80,6 +80,9 @@ pub(super) fn settle(dev: usize, g: &'static Gate, why: Settle) -> bool {
     // device's clock first, where it can be (see `devclock`): the sync
     // thread's wake-up is not the work's end.
     let mark = devclock::mark(g, Covers::Context, true);
+    if let Settle::RanOut = why {
+        super::waits::running_out(state::get(), dev, g, t0);
+    }
     let synced = syncer::sync_within(
         dev,
         g,

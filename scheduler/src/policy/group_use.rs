@@ -46,13 +46,27 @@ impl GroupUse {
 
     /// When the group may next be granted the device (`None`: never).
     pub(super) fn eligible_at(&self, now: Micros, max_util: f64, cap: Micros) -> Option<Micros> {
+        self.eligible_after(now, max_util, cap, 0)
+    }
+
+    /// [`eligible_at`](Self::eligible_at) once `charge` µs more are
+    /// charged (about: taken from the credit as it stands at `now`).
+    pub(super) fn eligible_after(
+        &self,
+        now: Micros,
+        max_util: f64,
+        cap: Micros,
+        charge: Micros,
+    ) -> Option<Micros> {
         if max_util <= 0.0 {
             return None;
         }
         if max_util >= 1.0 {
             return Some(now);
         }
-        let c = self.credit_now(now, max_util, cap);
+        let c = self
+            .credit_now(now, max_util, cap)
+            .saturating_sub(charge.min(i64::MAX as u64) as i64);
         if c >= 0 {
             Some(now)
         } else {
@@ -134,6 +148,11 @@ impl GroupUse {
     /// that it used, leaving out its pauses (past ones and one going on:
     /// absences longer than [`OWED_ABSENCE`]).
     pub(super) fn share(&mut self, now: Micros, window: Micros) -> f64 {
+        self.share_plus(now, window, 0)
+    }
+
+    /// [`share`](Self::share) with `more` µs used than recorded.
+    pub(super) fn share_plus(&mut self, now: Micros, window: Micros, more: Micros) -> f64 {
         let span = now
             .saturating_sub(self.active_since)
             .clamp(1, window.max(1));
@@ -144,7 +163,7 @@ impl GroupUse {
             excused += now - since.max(now.saturating_sub(span));
         }
         let counted = span.saturating_sub(excused).max(1);
-        self.usage.used(now, window) as f64 / counted as f64
+        self.usage.used(now, window).saturating_add(more) as f64 / counted as f64
     }
 }
 

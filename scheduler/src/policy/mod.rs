@@ -479,6 +479,10 @@ struct Grant {
     /// Lent, or its end announced (`Quieting`): it ends at `expires_at`
     /// by design, and is not counted as revoked.
     ends: bool,
+    /// Its holder ran out of it with work queued until about then, less
+    /// the hand-over lead (`RunningOut`): it ends then once a program
+    /// that may run waits (see `Policy::pass_on_running_out`).
+    runs_out_at: Option<Micros>,
 }
 
 /// A hooked program (its client connection), for the accounting log
@@ -540,6 +544,18 @@ struct Device {
     /// Its clients' token round trip, as they measure and report it
     /// (ns, averaged; 0: none reported yet): see [`Device::rtt`].
     rtt_ns: u64,
+    /// The client whose token was passed on as it ran out, ahead of its
+    /// next request (`RunningOut`): its group counts as waiting until it
+    /// asks again, leaves, or `until` passes.
+    returning: Option<Returning>,
+}
+
+/// A client about to ask for the device again (see `Device::returning`).
+#[derive(Debug, Clone)]
+struct Returning {
+    client: ClientId,
+    group: GroupKey,
+    until: Micros,
 }
 
 impl Device {
@@ -799,7 +815,8 @@ impl Policy {
                     Request::AcquireToken { device, .. }
                     | Request::AcquireTokenAhead { device, .. }
                     | Request::ReleaseToken { device, .. }
-                    | Request::Quieting { device, .. } => Some(*device),
+                    | Request::Quieting { device, .. }
+                    | Request::RunningOut { device, .. } => Some(*device),
                     _ => None,
                 };
                 self.request(client, seq, req, now, &mut out);
@@ -842,6 +859,7 @@ impl Policy {
         }
         for dev in self.devices.values_mut() {
             dev.waiters.retain(|w| w.client != client);
+            dev.returning.take_if(|r| r.client == client);
             if dev.token.as_ref().is_some_and(|t| t.client == client) {
                 dev.token = None;
             }

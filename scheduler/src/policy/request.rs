@@ -65,6 +65,7 @@ fn device_of(req: &Request) -> Option<DeviceId> {
         | Request::AcquireTokenAhead { device, .. }
         | Request::ReleaseToken { device, .. }
         | Request::Quieting { device, .. }
+        | Request::RunningOut { device, .. }
         | Request::ReserveMemory { device, .. }
         | Request::ReleaseMemory { device, .. }
         | Request::ReserveLeased { device, .. }
@@ -238,7 +239,8 @@ impl Policy {
             | Request::ReleaseToken { .. }
             | Request::LateUsage { .. }
             | Request::UnprovenUsage { .. }
-            | Request::Quieting { .. } => self.token_request(asker, req, now, out),
+            | Request::Quieting { .. }
+            | Request::RunningOut { .. } => self.token_request(asker, req, now, out),
             Request::WaitReason { device } => {
                 out.push(asker.reply(self.wait_reason(client, device, now)));
             }
@@ -329,6 +331,10 @@ impl Policy {
             }
             Request::Quieting { device, done_in_us } => {
                 self.quieting(client, device, done_in_us, now);
+                out.push(asker.reply(Reply::Done));
+            }
+            Request::RunningOut { device, done_in_us } => {
+                self.running_out(client, device, done_in_us, now);
                 out.push(asker.reply(Reply::Done));
             }
             _ => {}

@@ -79,6 +79,21 @@ impl Usage {
         removed
     }
 
+    /// How much of `[start, end)` is not recorded.
+    pub fn unrecorded(&self, start: Micros, end: Micros) -> Micros {
+        if end <= start {
+            return 0;
+        }
+        let first = self.records.partition_point(|r| r.1 <= start);
+        let covered: Micros = self
+            .records
+            .range(first..)
+            .take_while(|r| r.0 < end)
+            .map(|&(s, e)| e.min(end) - s.max(start))
+            .sum();
+        (end - start).saturating_sub(covered)
+    }
+
     /// Time used within `[now - window, now]`; forgets older records.
     pub fn used(&mut self, now: Micros, window: Micros) -> Micros {
         let cutoff = now.saturating_sub(window);
@@ -120,6 +135,18 @@ impl Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unrecorded_is_what_no_record_covers() {
+        let mut u = Usage::default();
+        u.add(10, 20);
+        u.add(30, 40);
+        assert_eq!(u.unrecorded(0, 50), 30);
+        assert_eq!(u.unrecorded(15, 35), 10);
+        assert_eq!(u.unrecorded(12, 18), 0);
+        assert_eq!(u.unrecorded(40, 30), 0);
+        assert_eq!(Usage::default().unrecorded(5, 9), 4);
+    }
 
     #[test]
     fn sums_within_window_and_clips_the_oldest() {

@@ -417,6 +417,209 @@ fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
     assert!((hi.share - 21.0 / 22.0).abs() < 1e-9, "{hi:?}");
 }
 
+/// Whether `group` is away from device 0 (its token passed on ahead of
+/// its report, with none of its processes waiting).
+fn away(p: &Policy, group: &str) -> bool {
+    p.devices[&0]
+        .groups
+        .iter()
+        .any(|(k, g)| k.name() == Some(group) && g.away_since.is_some())
+}
+
+/// A holder whose token ran out with its work still queued says when the
+/// work ends (`RunningOut`): with another program waiting, its token ends
+/// `handover_lead` before then, as a quieting holder's does (no
+/// revocation), but its group is not away: it asks again as soon as its
+/// work is done, and counts as waiting meanwhile: the token passed on is
+/// cut to its holder's turn, as when both wait. A holder announcing quiet
+/// is away, and the next holder's token is not cut for it.
+#[test]
+fn a_token_running_out_passes_the_device_on_before_its_work_ends_and_its_group_stays() {
+    for quiet in [false, true] {
+        let mut p = Policy::new(
+            Params::default(),
+            config("[hi]\nMinUtil=0.7\n[lo]\nMinUtil=0.3\n"),
+        );
+        hello(&mut p, 1, "hi");
+        hello(&mut p, 2, "lo");
+        // lo runs 50 ms first: hi, below its MinUtil, is owed the device.
+        assert_eq!(token(&send(&mut p, 2, acquire(), 0)).map(|t| t.0), Some(2));
+        assert!(send(&mut p, 1, acquire(), MS).is_empty());
+        let long_burst = Request::AcquireToken {
+            device: 0,
+            ran: ran(0, 50 * MS),
+            in_flight: false,
+            burst_us: 200 * MS,
+            rtt_us: RTT as u32,
+        };
+        let r = send(&mut p, 2, long_burst, 50 * MS);
+        assert_eq!(token(&r).map(|t| t.0), Some(1), "{r:?}");
+        let (device, done_in_us) = (0, 20 * MS);
+        let announce = match quiet {
+            true => Request::Quieting { device, done_in_us },
+            false => Request::RunningOut { device, done_in_us },
+        };
+        let r = send(&mut p, 1, announce, 60 * MS);
+        assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
+        let handover = 80 * MS - handover_lead(RTT);
+        assert_eq!(p.next_deadline(61 * MS), Some(handover));
+        assert!(p.handle(Event::Tick, handover - 1).is_empty());
+        let (who, quota, lent) = token(&replies(p.handle(Event::Tick, handover))).unwrap();
+        assert_eq!(who, 2);
+        assert!(!lent);
+        // lo's token is cut to its turn (0.3 against 0.7 of the longest)
+        // while hi counts as waiting; not while hi is away.
+        let longest = Params::default().max_quota;
+        match quiet {
+            true => assert_eq!(quota, longest),
+            false => assert_eq!(quota, longest * 3 / 7),
+        }
+        assert!(p.counters(handover).iter().all(|c| c.revocations == 0));
+        assert_eq!(away(&p, "hi"), quiet, "quiet: {quiet}");
+    }
+}
+
+/// A token running out is passed on only to a program the ranking puts
+/// before its holder, were the holder asking again with the token's time
+/// charged: a holder whose group is still below its `MinUtil` keeps it
+/// to its end, and asks again as before. (Passed on to any program that
+/// may run, the device went to an uncapped group's capped neighbour in
+/// the middle of its steps, instead of between them.) Once the holder
+/// has had its share, the same notice passes the device on.
+#[test]
+fn a_token_running_out_runs_on_where_its_group_ranks_first() {
+    let mut p = Policy::new(Params::default(), config("[hi]\nMinUtil=0.7\n[lo]\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    assert_eq!(token(&send(&mut p, 1, acquire(), 0)).map(|t| t.0), Some(1));
+    assert!(send(&mut p, 2, acquire(), MS).is_empty());
+    // hi runs 10 ms and gives the token back; lo runs its 30 ms turn.
+    let r = send(&mut p, 1, release_ran(0, 10 * MS), 10 * MS);
+    assert_eq!(granted(&r, 2), Some(30 * MS), "{r:?}");
+    assert!(send(&mut p, 1, acquire(), 11 * MS).is_empty());
+    let r = send(&mut p, 2, acquire_ran(10 * MS, 40 * MS), 40 * MS);
+    assert!(granted(&r, 1).is_some(), "{r:?}");
+    // hi runs out at 45 ms with 5 ms of work queued: 15 ms of 45 used,
+    // below its 0.7, it ranks before lo and keeps its token.
+    let before = p.next_deadline(45 * MS);
+    let running_out = Request::RunningOut {
+        device: 0,
+        done_in_us: 5 * MS,
+    };
+    let r = send(&mut p, 1, running_out.clone(), 45 * MS);
+    assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
+    assert_eq!(p.next_deadline(45 * MS), before);
+    // Far on in the same token (its 100 ms not over), hi has used more
+    // than 0.7 of the time (100 of 130 ms): lo goes first, and the device
+    // passes on where hi said its work ends.
+    let r = send(&mut p, 1, running_out, 130 * MS);
+    assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
+    assert_eq!(
+        p.next_deadline(130 * MS),
+        Some(135 * MS - handover_lead(RTT))
+    );
+}
+
+/// A group that never ran here is ranked as the grant ranks it (nothing
+/// used: first), so a token running out beside it passes on; deciding so
+/// leaves the device's groups as they were (a waiter that left before
+/// it was served must not leave a group that never ran behind).
+#[test]
+fn a_token_running_out_beside_a_new_group_passes_on_and_leaves_the_groups_alone() {
+    let mut p = Policy::new(Params::default(), config("[hi]\n[lo]\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    assert_eq!(token(&send(&mut p, 1, acquire(), 0)).map(|t| t.0), Some(1));
+    assert!(send(&mut p, 2, acquire(), MS).is_empty());
+    let groups = |p: &Policy| format!("{:?}", p.devices[&0].groups);
+    let before = groups(&p);
+    assert!(!before.contains("\"lo\""), "{before}");
+    let running_out = Request::RunningOut {
+        device: 0,
+        done_in_us: 5 * MS,
+    };
+    send(&mut p, 1, running_out, 2 * MS);
+    assert_eq!(p.next_deadline(2 * MS), Some(7 * MS - handover_lead(RTT)));
+    assert_eq!(groups(&p), before);
+}
+
+/// A token running out where only `gem-holder` waits (or nobody) runs on
+/// as before: passed on early, it would go to the holder, and the
+/// program asking again would wait for it to be handed back. A program
+/// that comes to wait later has it passed on where it was announced to
+/// run out. From a client without the token, the notice changes nothing;
+/// nor does a later end announced.
+#[test]
+fn a_token_running_out_beside_only_the_holder_runs_on() {
+    let mut p = Policy::new(Params::default(), config("[hi]\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "hi");
+    hello_holder(&mut p, 3);
+    assert_eq!(token(&send(&mut p, 1, acquire(), 0)).map(|t| t.0), Some(1));
+    let before = p.next_deadline(MS);
+    assert!(send(&mut p, 3, acquire(), MS).is_empty());
+    let running_out = Request::RunningOut {
+        device: 0,
+        done_in_us: 2 * MS,
+    };
+    let r = send(&mut p, 1, running_out.clone(), MS);
+    assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
+    assert_eq!(p.next_deadline(MS), before);
+    // Another program comes to wait (of the same group): the device
+    // passes on where the holder said it runs out.
+    let announced = Some(3 * MS - handover_lead(RTT));
+    assert!(send(&mut p, 2, acquire(), 2 * MS).is_empty());
+    assert_eq!(p.next_deadline(2 * MS), announced);
+    send(&mut p, 2, running_out.clone(), 2 * MS);
+    send(&mut p, 1, running_out, 2 * MS);
+    assert_eq!(p.next_deadline(2 * MS), announced);
+    assert_eq!(
+        token(&replies(p.handle(Event::Tick, 3 * MS))).map(|t| t.0),
+        Some(2)
+    );
+}
+
+/// A token running out where the only program waiting may not run now
+/// (its group in debt under its `MaxUtil`) runs on: passed on early, the
+/// device would go to nobody.
+#[test]
+fn a_token_running_out_beside_a_group_held_back_by_its_cap_runs_on() {
+    let mut p = Policy::new(Params::default(), config("[hi]\n[lo]\nMaxUtil=0.1\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    assert_eq!(token(&send(&mut p, 2, acquire(), 0)).map(|t| t.0), Some(2));
+    assert!(send(&mut p, 1, acquire(), MS).is_empty());
+    // lo used 30 ms: at 0.1 it may run again only 300 ms on.
+    let r = send(&mut p, 2, acquire_ran(0, 30 * MS), 30 * MS);
+    assert_eq!(token(&r).map(|t| t.0), Some(1), "{r:?}");
+    let before = p.next_deadline(31 * MS);
+    let running_out = Request::RunningOut {
+        device: 0,
+        done_in_us: 2 * MS,
+    };
+    send(&mut p, 1, running_out, 31 * MS);
+    assert_eq!(p.next_deadline(31 * MS), before);
+}
+
+/// A rank of a declared job whose token runs out keeps it to its end: the
+/// job's turn on its devices counts on it (see `gang`).
+#[test]
+fn a_job_ranks_token_running_out_runs_on() {
+    let mut p = Policy::new(Params::default(), config("[hi]\n[lo]\n"));
+    hello_job(&mut p, 1, "hi", Some("job-1"));
+    hello(&mut p, 2, "lo");
+    assert_eq!(token(&send(&mut p, 1, acquire(), 0)).map(|t| t.0), Some(1));
+    assert!(send(&mut p, 2, acquire(), MS).is_empty());
+    let before = p.next_deadline(MS);
+    let running_out = Request::RunningOut {
+        device: 0,
+        done_in_us: 2 * MS,
+    };
+    let r = send(&mut p, 1, running_out, MS);
+    assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
+    assert_eq!(p.next_deadline(MS), before);
+}
+
 /// A token's end did not wait for its work (it outlasted the bound, or
 /// waited for another process): the work that ran on after the report
 /// is charged to its group when the client reports it late, once, and

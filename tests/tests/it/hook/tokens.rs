@@ -202,6 +202,48 @@ fn a_wait_before_a_cpu_gap_announces_its_end_and_one_before_more_work_does_not()
     }
 }
 
+/// A process whose token runs out with its work still queued says when
+/// that work ends (`RunningOut`), and the scheduler passes the device to
+/// the program waiting just before, instead of after the process's wait
+/// wakes and it asks again: two saturating groups see the device passed
+/// on between one's notice and its next request.
+#[test]
+fn a_token_that_runs_out_with_work_queued_passes_on_before_the_work_ends() {
+    let _serial = serial();
+    let g = Gemini::start(SimEnv::default(), TWO_GROUPS);
+    let run = |group| {
+        let mut c = c_prog(&g, group, &["-s", "1.5", "-k", "500"]);
+        c.env("GEMINI_LOG", "debug");
+        spawn(c)
+    };
+    let (a, b) = (run("a"), run("b"));
+    for out in [finish(a), finish(b)] {
+        let said = String::from_utf8_lossy(&out.stderr)
+            .matches("token ran out; its work ends in about")
+            .count();
+        assert!(said >= 2, "{said} notices: {out:?}");
+    }
+    let log = g.log();
+    // Per client: whether it announced its end and has not asked since.
+    let mut announced = std::collections::BTreeSet::new();
+    let mut ahead = 0;
+    for l in log.lines() {
+        let Some((client, what)) = l.split_once("client ").and_then(|(_, r)| r.split_once(' '))
+        else {
+            continue;
+        };
+        let (client, what) = (client.to_string(), what.split_once(' ').map_or("", |x| x.1));
+        if what.starts_with("RunningOut") {
+            announced.insert(client);
+        } else if what.starts_with("AcquireToken") {
+            announced.remove(&client);
+        } else if what.starts_with("<- Token") {
+            ahead += announced.iter().filter(|c| **c != client).count();
+        }
+    }
+    assert!(ahead >= 2, "{ahead} hand-overs ahead of a report:\n{log}");
+}
+
 /// A helper thread with no current context (NCCL's proxy, a DataLoader's
 /// pin-memory thread) beside a launching thread held to MaxUtil: its
 /// calls get the driver's own answer (CUDA_ERROR_INVALID_CONTEXT) at once.
