@@ -46,17 +46,18 @@ impl GroupUse {
 
     /// When the group may next be granted the device (`None`: never).
     pub(super) fn eligible_at(&self, now: Micros, max_util: f64, cap: Micros) -> Option<Micros> {
-        self.eligible_after(now, max_util, cap, 0)
+        self.eligible_after(now, max_util, cap, None)
     }
 
-    /// [`eligible_at`](Self::eligible_at) once `charge` µs more are
-    /// charged (about: taken from the credit as it stands at `now`).
+    /// [`eligible_at`](Self::eligible_at) once a token granted at the
+    /// first of `charge` is charged the second (µs) at `now`, as
+    /// [`charge`](Self::charge) does.
     pub(super) fn eligible_after(
         &self,
         now: Micros,
         max_util: f64,
         cap: Micros,
-        charge: Micros,
+        charge: Option<(Micros, Micros)>,
     ) -> Option<Micros> {
         if max_util <= 0.0 {
             return None;
@@ -64,13 +65,14 @@ impl GroupUse {
         if max_util >= 1.0 {
             return Some(now);
         }
-        let c = self
-            .credit_now(now, max_util, cap)
-            .saturating_sub(charge.min(i64::MAX as u64) as i64);
+        let c = match charge {
+            Some((granted_at, used)) => self.charged(granted_at, now, used, max_util, cap),
+            None => self.credit_now(now, max_util, cap),
+        };
         if c >= 0 {
             Some(now)
         } else {
-            Some(now + ((-c) as f64 / max_util).ceil() as Micros)
+            Some(now.saturating_add(((-c) as f64 / max_util).ceil() as Micros))
         }
     }
 
@@ -87,13 +89,26 @@ impl GroupUse {
         cap: Micros,
     ) {
         self.used_total = self.used_total.saturating_add(used);
+        self.credit = self.charged(granted_at, now, used, max_util, cap);
+        self.credit_at = now;
+    }
+
+    /// The credit once `used` µs of a token granted at `granted_at` are
+    /// charged at `now` (see [`charge`](Self::charge)).
+    fn charged(
+        &self,
+        granted_at: Micros,
+        now: Micros,
+        used: Micros,
+        max_util: f64,
+        cap: Micros,
+    ) -> i64 {
         let at_grant = self.credit_now(granted_at.max(self.credit_at), max_util, cap);
         let earned = (now.saturating_sub(granted_at.max(self.credit_at)) as f64 * max_util) as i64;
-        self.credit = at_grant
+        at_grant
             .saturating_add(earned)
-            .saturating_sub(used as i64)
-            .min(cap as i64);
-        self.credit_at = now;
+            .saturating_sub(used.min(i64::MAX as u64) as i64)
+            .min(cap as i64)
     }
 
     /// Takes back the charge of `[start, end)`: it was another group's
@@ -148,22 +163,35 @@ impl GroupUse {
     /// that it used, leaving out its pauses (past ones and one going on:
     /// absences longer than [`OWED_ABSENCE`]).
     pub(super) fn share(&mut self, now: Micros, window: Micros) -> f64 {
-        self.share_plus(now, window, 0)
-    }
-
-    /// [`share`](Self::share) with `more` µs used than recorded.
-    pub(super) fn share_plus(&mut self, now: Micros, window: Micros, more: Micros) -> f64 {
+        // Forgets what is older than the window (and the pauses older
+        // than the span), then reads.
+        self.usage.used(now, window);
         let span = now
             .saturating_sub(self.active_since)
             .clamp(1, window.max(1));
-        let mut excused = self.excused.used(now, span);
+        self.excused.used(now, span);
+        self.share_as_of(now, window, 0)
+    }
+
+    /// [`share`](Self::share) as of `now` with `more` µs used than
+    /// recorded, forgetting nothing (`now` may be ahead of the policy's
+    /// time: see `Policy::ranked_behind`).
+    pub(super) fn share_as_of(&self, now: Micros, window: Micros, more: Micros) -> f64 {
+        let used = self.usage.used_as_of(now, window).saturating_add(more);
+        if used == 0 {
+            return 0.0;
+        }
+        let span = now
+            .saturating_sub(self.active_since)
+            .clamp(1, window.max(1));
+        let mut excused = self.excused.used_as_of(now, span);
         if let Some(since) = self.away_since
             && now.saturating_sub(since) > OWED_ABSENCE
         {
             excused += now - since.max(now.saturating_sub(span));
         }
         let counted = span.saturating_sub(excused).max(1);
-        self.usage.used(now, window).saturating_add(more) as f64 / counted as f64
+        used as f64 / counted as f64
     }
 }
 

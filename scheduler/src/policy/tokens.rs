@@ -143,15 +143,28 @@ impl Policy {
         done_in: Micros,
         now: Micros,
     ) {
-        if self.clients.get(&client).is_none_or(|c| c.job.is_some()) {
+        // A rank of a job, and a lent token (which ends by design, for
+        // the group it is lent from), run to their end.
+        if self
+            .clients
+            .get(&client)
+            .is_none_or(|c| c.job.is_some() || c.lent.contains(&device))
+        {
             return;
         }
         let Some(dev) = self.devices.get_mut(&device) else {
             return;
         };
         let lead = handover_lead(dev.rtt());
-        if let Some(t) = dev.token.as_mut().filter(|t| t.client == client) {
-            t.runs_out_at = Some(now.saturating_add(done_in.saturating_sub(lead)));
+        let at = now.saturating_add(done_in.saturating_sub(lead));
+        // Only an end within the token is taken: one after it cuts
+        // nothing, and would let the ranking look past the token's end.
+        if let Some(t) = dev
+            .token
+            .as_mut()
+            .filter(|t| t.client == client && now < at && at < t.expires_at)
+        {
+            t.runs_out_at = Some(at);
         }
     }
 
@@ -192,17 +205,25 @@ impl Policy {
         let Some(dev) = self.devices.get_mut(&device) else {
             return;
         };
-        if let Some(t) = dev.token.as_mut() {
-            t.runs_out_at = None;
-            if at < t.expires_at {
-                t.expires_at = at;
-                t.ends = true;
-            }
+        // Cut only a token that has not expired (an overrun one is
+        // revoked as such) and that the end cuts short.
+        let Some(t) = dev.token.as_mut().filter(|t| now < t.expires_at) else {
+            return;
+        };
+        t.runs_out_at = None;
+        if at >= t.expires_at {
+            return;
         }
+        t.expires_at = at;
+        t.ends = true;
+        let until = at.max(now).saturating_add(lapse);
         dev.returning = Some(Returning {
             client,
             group,
-            until: at.max(now).saturating_add(lapse),
+            until: match &dev.returning {
+                Some(r) if r.client == client => r.until.min(until),
+                _ => until,
+            },
         });
     }
 
@@ -214,11 +235,11 @@ impl Policy {
     /// (see [`Pending`]), as they will be when it reports and asks.
     /// (Charged only to now, a process that queued its token's work at
     /// the grant, as a saturating one does, would look as if it had used
-    /// none of it.) Leaves the device as it was, but for usage older than
-    /// the window as of `end` forgotten a little early: the stand-in
-    /// waiter and the empty use given a waiting group that never ran
-    /// here are taken out again. `false` where nobody else waits, or
-    /// nobody may run then.
+    /// none of it.) Leaves the device as it was: the groups' use is read
+    /// without forgetting what is older than the window as of `end`, and
+    /// the stand-in waiter and the empty use given a waiting group that
+    /// never ran here are taken out again. `false` where nobody else
+    /// waits, or nobody may run then.
     fn ranked_behind(
         &mut self,
         device: DeviceId,
@@ -228,6 +249,10 @@ impl Policy {
         end: Micros,
         now: Micros,
     ) -> bool {
+        let at = end.max(now);
+        let Some((granted_at, charge)) = self.pending_charge(device, client, group, at) else {
+            return false;
+        };
         let Policy {
             devices,
             clients,
@@ -240,29 +265,17 @@ impl Policy {
         let Some(dev) = devices.get_mut(&device) else {
             return false;
         };
-        let at = end.max(now);
-        let Some(charge) = clients
-            .get(&client)
-            .and_then(|c| c.granted.get(&device))
-            .zip(dev.groups.get(group))
-            .map(|(&(granted_at, _), g)| g.usage.unrecorded(granted_at, at))
-        else {
-            return false;
-        };
         if !dev.waiters.iter().any(|w| w.client != client) {
             return false;
         }
         let fresh = give_fresh_groups(dev);
-        dev.waiters.push(Waiter {
-            client,
-            group: group.clone(),
-            seq: 0,
-            since: at,
-            burst: 0,
-        });
-        let stand_in = dev.waiters.len() - 1;
+        let stand_in = push_stand_in(dev, client, group, at);
         let reserved = reserve::reserved_for(reservations, device);
-        let (_, waiting) = waiting_groups(dev, &reserved, None, config, retired);
+        // Another group whose token was passed on as it ran out waits
+        // as in the grant (the announcer's own is its stand-in).
+        let also = dev.returning.clone().filter(|r| at < r.until);
+        let also = also.map(|r| r.group);
+        let (_, waiting) = waiting_groups(dev, &reserved, also.as_ref(), config, retired);
         let using = groups_of(dev, &reserved, waiting, config, retired, params, at);
         let d = Decision {
             device,
@@ -274,7 +287,11 @@ impl Policy {
             retired,
             level: level_of(&using),
             using,
-            pending: Some(Pending { group, charge }),
+            pending: Some(Pending {
+                group,
+                granted_at,
+                charge,
+            }),
         };
         let ranked = d.rank_waiters(dev, clients);
         let chosen = d.choose(dev, clients, &ranked).map(|c| c.index);
@@ -283,6 +300,23 @@ impl Policy {
             dev.groups.remove(k);
         }
         chosen.is_some_and(|i| i != stand_in)
+    }
+
+    /// What `client`'s token of `device` is to be charged to `group` up
+    /// to `at` that the group's use does not hold yet, with the token's
+    /// grant: `None` for a rank of a job, or where client, grant or
+    /// group are not known there.
+    fn pending_charge(
+        &self,
+        device: DeviceId,
+        client: ClientId,
+        group: &GroupKey,
+        at: Micros,
+    ) -> Option<(Micros, Micros)> {
+        let c = self.clients.get(&client).filter(|c| c.job.is_none())?;
+        let &(granted_at, _) = c.granted.get(&device)?;
+        let g = self.devices.get(&device)?.groups.get(group)?;
+        Some((granted_at, g.usage.unrecorded(granted_at, at)))
     }
 
     /// `client`'s token of `device` ends `handover_lead` before its work
@@ -606,12 +640,27 @@ struct Decision<'a> {
 
 /// Device time `group` is to be charged (µs) that its use on the device
 /// does not hold yet: a token's time up to its work's end, counted in its
-/// share and taken from its `MaxUtil` credit where the decision is taken
-/// as of that end.
+/// share and charged to its `MaxUtil` credit as its report will be
+/// (`GroupUse::charge`), where the decision is taken as of that end.
 #[derive(Debug, Clone, Copy)]
 struct Pending<'a> {
     group: &'a GroupKey,
+    /// The grant of the token whose time it is.
+    granted_at: Micros,
     charge: Micros,
+}
+
+/// Puts `client` (of `group`) in `dev`'s line as if it asked at `at`;
+/// returns its index, to take it out again.
+fn push_stand_in(dev: &mut Device, client: ClientId, group: &GroupKey, at: Micros) -> usize {
+    dev.waiters.push(Waiter {
+        client,
+        group: group.clone(),
+        seq: 0,
+        since: at,
+        burst: 0,
+    });
+    dev.waiters.len() - 1
 }
 
 /// Gives each group waiting on `dev` that has no use there yet an empty
@@ -766,14 +815,6 @@ impl Decision<'_> {
         }
     }
 
-    /// What `key` is to be charged that its use does not hold yet (µs;
-    /// see [`Decision::pending`]).
-    fn charge_of(&self, key: &GroupKey) -> Micros {
-        self.pending
-            .filter(|p| p.group == key)
-            .map_or(0, |p| p.charge)
-    }
-
     /// A latency-critical group's room: the share it may take first
     /// without breaking the `MinUtil` of the others using the device,
     /// nor its own `MaxUtil`. `None` for a group of another class.
@@ -800,11 +841,12 @@ impl Decision<'_> {
             min_util, max_util, ..
         } = self.limits(key);
         let (now, window) = (self.now, self.params.window);
-        let charge = self.charge_of(key);
-        let share = if charge == 0 && g.usage.is_empty(now, window) {
-            0.0
-        } else {
-            g.share_plus(now, window, charge)
+        // Ranked as of a later time (`pending`), the use is read without
+        // forgetting what is older than the window then.
+        let share = match self.pending {
+            Some(p) => g.share_as_of(now, window, if p.group == key { p.charge } else { 0 }),
+            None if g.usage.is_empty(now, window) => 0.0,
+            None => g.share(now, window),
         };
         let (class, key) = if *key == GroupKey::Holder {
             (2, share)
@@ -856,7 +898,10 @@ impl Decision<'_> {
                 None => {
                     let max_util = self.limits(&w.group).max_util;
                     let standing = dev.groups.get_mut(&w.group).and_then(|g| {
-                        let charge = self.charge_of(&w.group);
+                        let charge = self
+                            .pending
+                            .filter(|p| p.group == &w.group)
+                            .map(|p| (p.granted_at, p.charge));
                         let may_run = g.eligible_after(self.now, max_util, saved, charge)?;
                         let rank = self.rank_of(&w.group, g);
                         Some(Standing { rank, may_run })

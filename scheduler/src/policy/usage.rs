@@ -110,6 +110,20 @@ impl Usage {
         }
     }
 
+    /// [`used`](Self::used), forgetting nothing (`now` may be ahead of
+    /// the last trim): the records older than the window are summed, not
+    /// dropped.
+    pub fn used_as_of(&self, now: Micros, window: Micros) -> Micros {
+        let cutoff = now.saturating_sub(window);
+        let first = self.records.partition_point(|r| r.1 <= cutoff);
+        let old: Micros = self.records.range(..first).map(|r| r.1 - r.0).sum();
+        let partial = match self.records.get(first) {
+            Some(&(s, _)) if s < cutoff => cutoff - s,
+            _ => 0,
+        };
+        self.total - old - partial
+    }
+
     /// When the first time recorded within `[now - window, now]` began
     /// (forgets older records); `None` where there is none.
     pub fn first_within(&mut self, now: Micros, window: Micros) -> Option<Micros> {
@@ -135,6 +149,19 @@ impl Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn used_as_of_reads_what_used_would_and_forgets_nothing() {
+        let mut u = Usage::default();
+        u.add(0, 100);
+        u.add(200, 300);
+        for now in [300, 1050, 1250, 5000] {
+            let kept = u.records.len();
+            let read = u.used_as_of(now, 1000);
+            assert_eq!(u.records.len(), kept);
+            assert_eq!(read, u.clone().used(now, 1000), "at {now}");
+        }
+    }
 
     #[test]
     fn unrecorded_is_what_no_record_covers() {

@@ -543,6 +543,37 @@ fn a_token_running_out_beside_a_new_group_passes_on_and_leaves_the_groups_alone(
     assert_eq!(groups(&p), before);
 }
 
+/// A notice of an end past the token's own (up to `u64::MAX` µs away,
+/// from a capped group, whose credit the ranking charges) is not taken:
+/// it cuts nothing, and the ranking never looks past the token's end,
+/// where every group's use would be older than the window. The device's
+/// groups are as they were.
+#[test]
+fn a_token_running_out_past_its_end_is_not_taken() {
+    let mut p = Policy::new(Params::default(), config("[hi]\nMaxUtil=0.5\n[lo]\n"));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    assert_eq!(token(&send(&mut p, 1, acquire(), 0)).map(|t| t.0), Some(1));
+    assert!(send(&mut p, 2, acquire(), MS).is_empty());
+    let groups = |p: &Policy| format!("{:?}", p.devices[&0].groups);
+    let (before, deadline) = (groups(&p), p.next_deadline(2 * MS));
+    for done_in_us in [u64::MAX, u64::MAX / 2, 10_000 * MS] {
+        let r = send(
+            &mut p,
+            1,
+            Request::RunningOut {
+                device: 0,
+                done_in_us,
+            },
+            2 * MS,
+        );
+        assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
+        assert_eq!(p.next_deadline(2 * MS), deadline);
+        assert_eq!(groups(&p), before);
+        assert!(p.devices[&0].returning.is_none());
+    }
+}
+
 /// A token running out where only `gem-holder` waits (or nobody) runs on
 /// as before: passed on early, it would go to the holder, and the
 /// program asking again would wait for it to be handed back. A program
