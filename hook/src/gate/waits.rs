@@ -198,8 +198,8 @@ fn work_left(g: &Gate, now: u64, end: u64) -> u64 {
 /// ends, so that a program waiting for the device gets it just before,
 /// instead of after this process's wait wakes, it reports, and the next
 /// holder wakes and launches (on the 2-core test VM with two CPU hogs,
-/// two saturating groups left the device idle 128-175 ms in 4 s without
-/// the notice, 33-52 ms with it), where the scheduler's ranking puts the
+/// two saturating groups left the device idle 124-175 ms in 4 s without
+/// the notice, 33-55 ms with it), where the scheduler's ranking puts the
 /// waiting program first. Unlike
 /// [`quieting`], the process asks again once the work is done: its group
 /// is not away. Only to a scheduler that speaks it, and only where the

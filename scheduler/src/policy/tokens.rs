@@ -132,9 +132,9 @@ impl Policy {
     /// would choose before the holder (see
     /// [`Policy::pass_on_running_out`]), as for [`Policy::quieting`].
     /// Without it, the device idled while the holder's wait woke, it
-    /// reported, and the next holder woke and launched: 128-175 ms in 4 s
+    /// reported, and the next holder woke and launched: 124-175 ms in 4 s
     /// for two saturating groups on the 2-core test VM with two CPU hogs,
-    /// 33-52 ms with it. A rank of a declared job keeps its token to its
+    /// 33-55 ms with it. A rank of a declared job keeps its token to its
     /// end: its turn (see `gang`) counts on it.
     pub(super) fn running_out(
         &mut self,
