@@ -166,11 +166,15 @@ impl GroupUse {
         // Forgets what is older than the window (and the pauses older
         // than the span), then reads.
         self.usage.used(now, window);
-        let span = now
-            .saturating_sub(self.active_since)
-            .clamp(1, window.max(1));
-        self.excused.used(now, span);
+        self.excused.used(now, self.span(now, window));
         self.share_as_of(now, window, 0)
+    }
+
+    /// The time its share is taken over: since it became active, at most
+    /// a window (at least 1 µs).
+    fn span(&self, now: Micros, window: Micros) -> Micros {
+        now.saturating_sub(self.active_since)
+            .clamp(1, window.max(1))
     }
 
     /// [`share`](Self::share) as of `now` with `more` µs used than
@@ -181,9 +185,7 @@ impl GroupUse {
         if used == 0 {
             return 0.0;
         }
-        let span = now
-            .saturating_sub(self.active_since)
-            .clamp(1, window.max(1));
+        let span = self.span(now, window);
         let mut excused = self.excused.used_as_of(now, span);
         if let Some(since) = self.away_since
             && now.saturating_sub(since) > OWED_ABSENCE

@@ -485,6 +485,20 @@ struct Grant {
     runs_out_at: Option<Micros>,
 }
 
+impl Grant {
+    /// Ends the token at `at`, as announced (`Quieting`, `RunningOut`):
+    /// by design, not revoked. An end no earlier than its own changes
+    /// nothing (its overrun is still a revocation): `false`.
+    fn end_early(&mut self, at: Micros) -> bool {
+        if at >= self.expires_at {
+            return false;
+        }
+        self.expires_at = at;
+        self.ends = true;
+        true
+    }
+}
+
 /// A hooked program (its client connection), for the accounting log
 /// and `gem-schd status`.
 #[derive(Debug, Clone, PartialEq)]

@@ -211,11 +211,9 @@ impl Policy {
             return;
         };
         t.runs_out_at = None;
-        if at >= t.expires_at {
+        if !t.end_early(at) {
             return;
         }
-        t.expires_at = at;
-        t.ends = true;
         let until = at.max(now).saturating_add(lapse);
         dev.returning = Some(Returning {
             client,
@@ -268,13 +266,13 @@ impl Policy {
         if !dev.waiters.iter().any(|w| w.client != client) {
             return false;
         }
-        let fresh = give_fresh_groups(dev);
+        let fresh = give_fresh_groups(dev, None);
         let stand_in = push_stand_in(dev, client, group, at);
         let reserved = reserve::reserved_for(reservations, device);
         // Another group whose token was passed on as it ran out waits
         // as in the grant (the announcer's own is its stand-in).
-        let also = dev.returning.clone().filter(|r| at < r.until);
-        let also = also.map(|r| r.group);
+        let also = dev.returning.as_ref().filter(|r| at < r.until);
+        let also = also.map(|r| r.group.clone());
         let (_, waiting) = waiting_groups(dev, &reserved, also.as_ref(), config, retired);
         let using = groups_of(dev, &reserved, waiting, config, retired, params, at);
         let d = Decision {
@@ -333,12 +331,7 @@ impl Policy {
         let lead = handover_lead(dev.rtt());
         let token = dev.token.as_mut().filter(|t| t.client == client)?;
         let at = now.saturating_add(done_in.saturating_sub(lead));
-        // (An end no earlier than the token's own changes nothing: its
-        // overrun is still a revocation.)
-        if at < token.expires_at {
-            token.expires_at = at;
-            token.ends = true;
-        }
+        token.end_early(at);
         Some(at)
     }
 
@@ -663,13 +656,14 @@ fn push_stand_in(dev: &mut Device, client: ClientId, group: &GroupKey, at: Micro
     dev.waiters.len() - 1
 }
 
-/// Gives each group waiting on `dev` that has no use there yet an empty
-/// one, as a grant does; returns those groups, to take out again.
-fn give_fresh_groups(dev: &mut Device) -> Vec<GroupKey> {
+/// Gives each group waiting on `dev` (and `also`) that has no use there
+/// yet an empty one, as a grant does; returns those groups, to take out
+/// again where the grant is only ranked.
+fn give_fresh_groups(dev: &mut Device, also: Option<&GroupKey>) -> Vec<GroupKey> {
     let mut fresh: Vec<GroupKey> = Vec::new();
-    for w in &dev.waiters {
-        if !dev.groups.contains_key(&w.group) && !fresh.contains(&w.group) {
-            fresh.push(w.group.clone());
+    for key in dev.waiters.iter().map(|w| &w.group).chain(also) {
+        if !dev.groups.contains_key(key) && !fresh.contains(key) {
+            fresh.push(key.clone());
         }
     }
     for k in &fresh {
@@ -707,7 +701,7 @@ fn who_may_run(
     // moment: it waits (though it cannot be chosen before it asks).
     dev.returning.take_if(|r| now >= r.until);
     let returning = dev.returning.as_ref().map(|r| r.group.clone());
-    let (kept, waiting) = waiting_groups(dev, reserved, returning.as_ref(), config, retired);
+    let (_, waiting) = waiting_groups(dev, reserved, returning.as_ref(), config, retired);
     note_throttled(dev, &waiting, params.saved_credit(), now);
     if dev.token.is_some() || dev.waiters.is_empty() {
         return None;
@@ -715,11 +709,7 @@ fn who_may_run(
     // Every waiter's group has its use on the device (a kept-out one
     // too). (Not while the token is held: a waiter that left before
     // it was served would leave a group that never ran marked away.)
-    for key in waiting.iter().map(|u| &u.key).chain(&kept) {
-        if !dev.groups.contains_key(key) {
-            dev.groups.insert(key.clone(), GroupUse::default());
-        }
-    }
+    give_fresh_groups(dev, returning.as_ref());
     Some(groups_of(
         dev, reserved, waiting, config, retired, params, now,
     ))
