@@ -52,6 +52,7 @@ mod memory;
 mod report;
 mod request;
 mod reserve;
+mod share;
 mod status;
 mod tokens;
 mod usage;
@@ -546,6 +547,9 @@ pub struct GroupCounters {
 #[derive(Debug, Default)]
 struct Device {
     token: Option<Grant>,
+    /// Other programs of the token holder's group holding the token with
+    /// it, each until its own grant's end (see `share`).
+    shared: Vec<Grant>,
     waiters: Vec<Waiter>,
     groups: BTreeMap<GroupKey, GroupUse>,
     busy: Usage,
@@ -573,6 +577,28 @@ struct Returning {
 }
 
 impl Device {
+    /// The clients holding the token: its holder, and those sharing it.
+    fn holders(&self) -> impl Iterator<Item = ClientId> + '_ {
+        self.token.iter().chain(&self.shared).map(|t| t.client)
+    }
+
+    /// `client` holds the token no more (it gave it back, or is gone):
+    /// where it was the holder, the program sharing it whose grant ends
+    /// last holds it now, so the device passes to another group only
+    /// once all of them are done.
+    fn give_back(&mut self, client: ClientId) {
+        self.shared.retain(|t| t.client != client);
+        if self.token.as_ref().is_some_and(|t| t.client == client) {
+            self.token = self.take_last_shared();
+        }
+    }
+
+    /// Takes the shared grant that ends last out of `shared`.
+    fn take_last_shared(&mut self) -> Option<Grant> {
+        let last = (0..self.shared.len()).max_by_key(|&i| self.shared[i].expires_at)?;
+        Some(self.shared.swap_remove(last))
+    }
+
     /// A client on the device reported its round trip (µs; 0: it has
     /// measured none yet).
     fn note_rtt(&mut self, rtt_us: u32) {
@@ -874,9 +900,7 @@ impl Policy {
         for dev in self.devices.values_mut() {
             dev.waiters.retain(|w| w.client != client);
             dev.returning.take_if(|r| r.client == client);
-            if dev.token.as_ref().is_some_and(|t| t.client == client) {
-                dev.token = None;
-            }
+            dev.give_back(client);
         }
         // It cannot report any more, and its work is gone with it (the
         // driver drops a dead process's work).
@@ -917,9 +941,11 @@ impl Policy {
     pub fn token_holders(&self) -> Vec<[u32; 2]> {
         self.devices
             .iter()
-            .filter_map(|(&d, dev)| {
-                let c = self.clients.get(&dev.token.as_ref()?.client)?;
-                (c.role == Role::Client).then_some([c.pid, d])
+            .flat_map(|(&d, dev)| {
+                dev.holders().filter_map(move |id| {
+                    let c = self.clients.get(&id)?;
+                    (c.role == Role::Client).then_some([c.pid, d])
+                })
             })
             .collect()
     }
@@ -997,14 +1023,14 @@ impl Policy {
         let holders: BTreeSet<ClientId> = self
             .devices
             .values()
-            .filter_map(|d| d.token.as_ref().map(|t| t.client))
+            .flat_map(|d| d.holders())
             .collect();
         for id in holders {
             if let Some(mut c) = self.clients.remove(&id) {
                 let holds: Vec<DeviceId> = self
                     .devices
                     .iter()
-                    .filter(|(_, d)| d.token.as_ref().is_some_and(|t| t.client == id))
+                    .filter(|(_, d)| d.holders().any(|h| h == id))
                     .map(|(&d, _)| d)
                     .collect();
                 c.anchor.retain(|d, _| holds.contains(d));
