@@ -4,6 +4,8 @@
 //!
 //! Rules (DESIGN.md):
 //! - One token per device; a client launches work only while it holds it.
+//!   While no other group waits, the holder's group's other programs share
+//!   it, each until the grant it joined ends (see `share`).
 //! - Usage is what clients report they really used (overuse included),
 //!   summed per group and device over a sliding window.
 //! - Among waiting groups, those below `MinUtil` go first (most behind,
@@ -1020,11 +1022,7 @@ impl Policy {
     /// (a token given back with work in flight) is left out: an estimate
     /// of it would run into the token holders' time.
     pub fn settle(&mut self, now: Micros) {
-        let holders: BTreeSet<ClientId> = self
-            .devices
-            .values()
-            .flat_map(|d| d.holders())
-            .collect();
+        let holders: BTreeSet<ClientId> = self.devices.values().flat_map(|d| d.holders()).collect();
         for id in holders {
             if let Some(mut c) = self.clients.remove(&id) {
                 let holds: Vec<DeviceId> = self

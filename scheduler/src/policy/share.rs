@@ -98,7 +98,10 @@ fn shareable(
     reserved: &[&str],
     device: DeviceId,
 ) -> Option<(GroupKey, Micros, Micros)> {
-    let t = dev.token.as_ref().filter(|t| !t.ends && t.runs_out_at.is_none())?;
+    let t = dev
+        .token
+        .as_ref()
+        .filter(|t| !t.ends && t.runs_out_at.is_none())?;
     let holder = clients
         .get(&t.client)
         .filter(|c| c.role == Role::Client && c.job.is_none())?;
@@ -111,5 +114,9 @@ fn shareable(
         return None;
     }
     let &(granted_at, quota) = holder.granted.get(&device)?;
-    Some((group.clone(), granted_at.saturating_add(quota), t.expires_at))
+    Some((
+        group.clone(),
+        granted_at.saturating_add(quota),
+        t.expires_at,
+    ))
 }

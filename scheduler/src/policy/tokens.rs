@@ -118,7 +118,9 @@ impl Policy {
             return;
         };
         let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| &c.group == group);
-        if dev.waiters.iter().any(|w| of_group(&w.client)) {
+        // Programs sharing the token (of its group, see `share`) hold
+        // the device on after its end.
+        if !dev.shared.is_empty() || dev.waiters.iter().any(|w| of_group(&w.client)) {
             return;
         }
         if let Some(g) = dev.groups.get_mut(group) {

@@ -43,7 +43,10 @@ fn programs_of_one_group_share_its_token_until_another_group_waits() {
     assert!(send(&mut p, 4, acquire(), 3 * MS).is_empty());
     // 1 is done: 2 still holds the token, so b still waits.
     assert!(granted(&send(&mut p, 1, release_ran(MS, 5 * MS), 6 * MS)).is_empty());
-    assert_eq!(p.next_deadline(6 * MS), Some(params.base_quota + params.grace));
+    assert_eq!(
+        p.next_deadline(6 * MS),
+        Some(params.base_quota + params.grace)
+    );
     // 2 is done: the device goes to b, ranked before a (which used it).
     let next = send(&mut p, 2, release_ran(2 * MS, 7 * MS), 8 * MS);
     assert_eq!(granted(&next), [3], "{next:?}");
@@ -124,4 +127,69 @@ fn ranks_of_a_job_do_not_share_tokens() {
     assert_eq!(granted(&r), [2], "{r:?}");
     // Nor does a rank join a program's token.
     assert!(send(&mut p, 3, acquire(), 3 * MS).is_empty());
+}
+
+#[test]
+fn a_token_whose_holder_goes_quiet_stays_with_the_programs_sharing_it() {
+    let params = Params::default();
+    let mut p = Policy::new(params, config("[a]\n[b]\n"));
+    for (id, g) in [(1, "a"), (2, "a"), (3, "b")] {
+        hello(&mut p, id, g);
+    }
+    assert!(token(&send(&mut p, 1, acquire(), 0)).is_some());
+    assert!(token(&send(&mut p, 2, acquire(), MS)).is_some());
+    assert!(send(&mut p, 3, acquire(), 2 * MS).is_empty());
+    // 1's last work ends in 2 ms: its token ends about then, but 2 still
+    // holds the device, and a is not away from it.
+    let quiet = Request::Quieting {
+        device: 0,
+        done_in_us: 2 * MS,
+    };
+    send(&mut p, 1, quiet, 3 * MS);
+    let end = p.next_deadline(3 * MS).expect("a deadline");
+    assert!(end <= 5 * MS, "{end}");
+    assert!(granted(&replies(p.handle(Event::Tick, end))).is_empty());
+    assert_eq!(
+        revoked(&p, "a", end),
+        0,
+        "an announced end is no revocation"
+    );
+    let r = send(&mut p, 2, release_ran(MS, 8 * MS), 8 * MS);
+    assert_eq!(granted(&r), [3], "{r:?}");
+}
+
+/// Whether two of `sim`'s clients were granted tokens that overlap.
+fn grants_overlap(sim: &Sim) -> bool {
+    let mut all: Vec<(Micros, Micros, usize)> = Vec::new();
+    for (i, c) in sim.clients.iter().enumerate() {
+        all.extend(c.granted.iter().map(|&(at, q)| (at, at + q, i)));
+    }
+    all.sort();
+    all.windows(2).any(|w| w[1].0 < w[0].1 && w[1].2 != w[0].2)
+}
+
+#[test]
+fn a_lone_capped_group_sharing_its_token_keeps_its_cap() {
+    let mut sim = Sim::new("[a]\nMaxUtil=0.4\n");
+    for _ in 0..3 {
+        sim.add("a", Demand::Saturating);
+    }
+    sim.run_until(20 * SEC);
+    assert!(grants_overlap(&sim), "the programs shared no token");
+    for start in [0, 5 * SEC, 10 * SEC] {
+        let got = sim.group_share("a", start, start + 10 * SEC);
+        assert!((got - 0.4).abs() <= 0.02, "window at {start}: {got}");
+    }
+}
+
+#[test]
+fn a_lone_group_sharing_its_token_keeps_the_device_busy() {
+    let mut sim = Sim::new("[a]\n");
+    for _ in 0..3 {
+        sim.add("a", Demand::Kernels(700));
+    }
+    sim.run_until(10 * SEC);
+    assert!(grants_overlap(&sim), "the programs shared no token");
+    let got = sim.group_share("a", SEC, 10 * SEC);
+    assert!(got >= 0.97, "{got}");
 }
