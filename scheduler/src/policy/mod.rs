@@ -4,8 +4,6 @@
 //!
 //! Rules (DESIGN.md):
 //! - One token per device; a client launches work only while it holds it.
-//!   While no other group waits, the holder's group's other programs share
-//!   it, each until the grant it joined ends (see `share`).
 //! - Usage is what clients report they really used (overuse included),
 //!   summed per group and device over a sliding window.
 //! - Among waiting groups, those below `MinUtil` go first (most behind,
@@ -54,7 +52,6 @@ mod memory;
 mod report;
 mod request;
 mod reserve;
-mod share;
 mod status;
 mod tokens;
 mod usage;
@@ -549,9 +546,6 @@ pub struct GroupCounters {
 #[derive(Debug, Default)]
 struct Device {
     token: Option<Grant>,
-    /// Other programs of the token holder's group holding the token with
-    /// it, each until its own grant's end (see `share`).
-    shared: Vec<Grant>,
     waiters: Vec<Waiter>,
     groups: BTreeMap<GroupKey, GroupUse>,
     busy: Usage,
@@ -579,28 +573,6 @@ struct Returning {
 }
 
 impl Device {
-    /// The clients holding the token: its holder, and those sharing it.
-    fn holders(&self) -> impl Iterator<Item = ClientId> + '_ {
-        self.token.iter().chain(&self.shared).map(|t| t.client)
-    }
-
-    /// `client` holds the token no more (it gave it back, or is gone):
-    /// where it was the holder, the program sharing it whose grant ends
-    /// last holds it now, so the device passes to another group only
-    /// once all of them are done.
-    fn give_back(&mut self, client: ClientId) {
-        self.shared.retain(|t| t.client != client);
-        if self.token.as_ref().is_some_and(|t| t.client == client) {
-            self.token = self.take_last_shared();
-        }
-    }
-
-    /// Takes the shared grant that ends last out of `shared`.
-    fn take_last_shared(&mut self) -> Option<Grant> {
-        let last = (0..self.shared.len()).max_by_key(|&i| self.shared[i].expires_at)?;
-        Some(self.shared.swap_remove(last))
-    }
-
     /// A client on the device reported its round trip (µs; 0: it has
     /// measured none yet).
     fn note_rtt(&mut self, rtt_us: u32) {
@@ -902,7 +874,9 @@ impl Policy {
         for dev in self.devices.values_mut() {
             dev.waiters.retain(|w| w.client != client);
             dev.returning.take_if(|r| r.client == client);
-            dev.give_back(client);
+            if dev.token.as_ref().is_some_and(|t| t.client == client) {
+                dev.token = None;
+            }
         }
         // It cannot report any more, and its work is gone with it (the
         // driver drops a dead process's work).
@@ -943,11 +917,9 @@ impl Policy {
     pub fn token_holders(&self) -> Vec<[u32; 2]> {
         self.devices
             .iter()
-            .flat_map(|(&d, dev)| {
-                dev.holders().filter_map(move |id| {
-                    let c = self.clients.get(&id)?;
-                    (c.role == Role::Client).then_some([c.pid, d])
-                })
+            .filter_map(|(&d, dev)| {
+                let c = self.clients.get(&dev.token.as_ref()?.client)?;
+                (c.role == Role::Client).then_some([c.pid, d])
             })
             .collect()
     }
@@ -1022,13 +994,17 @@ impl Policy {
     /// (a token given back with work in flight) is left out: an estimate
     /// of it would run into the token holders' time.
     pub fn settle(&mut self, now: Micros) {
-        let holders: BTreeSet<ClientId> = self.devices.values().flat_map(|d| d.holders()).collect();
+        let holders: BTreeSet<ClientId> = self
+            .devices
+            .values()
+            .filter_map(|d| d.token.as_ref().map(|t| t.client))
+            .collect();
         for id in holders {
             if let Some(mut c) = self.clients.remove(&id) {
                 let holds: Vec<DeviceId> = self
                     .devices
                     .iter()
-                    .filter(|(_, d)| d.holders().any(|h| h == id))
+                    .filter(|(_, d)| d.token.as_ref().is_some_and(|t| t.client == id))
                     .map(|(&d, _)| d)
                     .collect();
                 c.anchor.retain(|d, _| holds.contains(d));

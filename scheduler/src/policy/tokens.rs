@@ -25,7 +25,6 @@
 //! depends on the waiter chosen.
 
 use super::group_use::{GroupUse, Using, groups_using, note_throttled};
-use super::share::share;
 use super::{
     Action, CRITICAL_LEND_MAX, Client, Device, Grant, GroupKey, HOLDER_MIN_QUOTA, Limits, Micros,
     OWED_ABSENCE, Params, Policy, Returning, Waiter, critical_margin, entitlements, gang,
@@ -118,9 +117,7 @@ impl Policy {
             return;
         };
         let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| &c.group == group);
-        // Programs sharing the token (of its group, see `share`) hold
-        // the device on after its end.
-        if !dev.shared.is_empty() || dev.waiters.iter().any(|w| of_group(&w.client)) {
+        if dev.waiters.iter().any(|w| of_group(&w.client)) {
             return;
         }
         if let Some(g) = dev.groups.get_mut(group) {
@@ -395,7 +392,6 @@ impl Policy {
             return;
         };
         revoke_expired(dev, clients, now);
-        share(dev, clients, &reserved, params, device, now, out);
         let Some(using) = who_may_run(dev, &reserved, config, retired, params, now) else {
             return;
         };
@@ -430,7 +426,6 @@ impl Policy {
         let terms = d.terms(dev, c, &w, &choice, &lending, &critical);
         d.grant(dev, c, &w, &terms, out);
         let job = c.job.clone();
-        share(dev, clients, &reserved, params, device, now, out);
         self.note_turn_grant(&view, job.as_deref(), terms.quota, now);
     }
 
@@ -444,7 +439,6 @@ impl Policy {
         for (&device, dev) in self.devices.iter_mut() {
             if let Some(t) = &dev.token {
                 consider(t.expires_at);
-                dev.shared.iter().for_each(|t| consider(t.expires_at));
                 continue;
             }
             // Waiters kept off a reserved device wait for its end (an
@@ -678,51 +672,15 @@ fn give_fresh_groups(dev: &mut Device, also: Option<&GroupKey>) -> Vec<GroupKey>
     fresh
 }
 
-/// `c` is granted `device`'s token (`dev`) at `now` for `quota`
-/// (`lent`): what it reports from here on is this token's work.
-pub(super) fn note_grant(
-    dev: &mut Device,
-    c: &mut Client,
-    device: DeviceId,
-    (now, quota): (Micros, Micros),
-    lent: bool,
-    window: Micros,
-) {
-    // Work still in flight from its last token is this token's now.
-    c.in_flight.remove(&device);
-    if let Some(g) = dev.groups.get_mut(&c.group)
-        && g.usage.is_empty(now, window)
-    {
-        g.active_since = now;
-    }
-    c.uncharged.insert(device, (now, quota));
-    if lent {
-        c.lent.insert(device);
-    } else {
-        c.lent.remove(&device);
-    }
-    c.granted.insert(device, (now, quota));
-    c.anchor.entry(device).or_insert(now);
-    // Its work from here on runs under this scheduler's tokens.
-    c.restored.remove(&device);
-}
-
 /// Takes `dev`'s token back once it expired: one that did not end by
 /// design (lent, or its end announced) counts as revoked against its
 /// client's group.
-/// A program sharing it whose grant has not expired holds it then (see
-/// `share`).
 fn revoke_expired(dev: &mut Device, clients: &BTreeMap<ClientId, Client>, now: Micros) {
-    let expired = |t: &Grant| now >= t.expires_at;
-    let mut over: Vec<Grant> = dev.shared.extract_if(.., |t| expired(t)).collect();
-    over.extend(dev.token.take_if(|t| expired(t)));
-    if dev.token.is_none() {
-        dev.token = dev.take_last_shared();
-    }
-    for t in over.iter().filter(|t| !t.ends) {
-        if let Some(c) = clients.get(&t.client) {
-            dev.groups.entry(c.group.clone()).or_default().revocations += 1;
-        }
+    if let Some(t) = dev.token.take_if(|t| now >= t.expires_at)
+        && !t.ends
+        && let Some(c) = clients.get(&t.client)
+    {
+        dev.groups.entry(c.group.clone()).or_default().revocations += 1;
     }
 }
 
@@ -1356,7 +1314,23 @@ impl Decision<'_> {
         out: &mut Vec<Action>,
     ) {
         let (now, device, quota) = (self.now, self.device, terms.quota);
-        note_grant(dev, c, device, (now, quota), terms.lent, self.params.window);
+        // Work still in flight from its last token is this token's now.
+        c.in_flight.remove(&device);
+        if let Some(g) = dev.groups.get_mut(&c.group)
+            && g.usage.is_empty(now, self.params.window)
+        {
+            g.active_since = now;
+        }
+        c.uncharged.insert(device, (now, quota));
+        if terms.lent {
+            c.lent.insert(device);
+        } else {
+            c.lent.remove(&device);
+        }
+        c.granted.insert(device, (now, quota));
+        c.anchor.entry(device).or_insert(now);
+        // Its work from here on runs under this scheduler's tokens.
+        c.restored.remove(&device);
         let expires_at = if terms.lent {
             now + quota - handover_lead(dev.rtt()).min(quota / 4)
         } else {

@@ -15,7 +15,6 @@ mod latency;
 mod leases;
 mod memory;
 mod reserve;
-mod share;
 mod shares;
 mod tokens;
 

@@ -5,10 +5,7 @@
 //! for 2 s. Per shape: the round trip of a grant (the client's time from
 //! its request to the grant, less the time the request waited in gem-schd
 //! for the token, which the grant says: `held_us`), the grants served per
-//! second, and gem-schd's CPU per grant. The clients of a GPU are of two
-//! groups in turn, so that each grant is one client's own token (programs
-//! of one group alone on a GPU share its token, and would measure how
-//! fast gem-schd answers requests that never wait instead).
+//! second, and gem-schd's CPU per grant.
 
 use super::startup::cpu_s;
 use super::{Table, client_in, percentile, ran_1us};
@@ -33,7 +30,7 @@ struct Scaled {
 fn run(clients: usize, gpus: u32) -> Scaled {
     let g = Gemini::start_with(
         SimEnv::new(gpus, "16GiB"),
-        "[a]\n[b]\n",
+        "[a]\n",
         &["--log-level", "warn"],
     );
     let schd = g.scheduler_pid().expect("gem-schd runs");
@@ -42,13 +39,7 @@ fn run(clients: usize, gpus: u32) -> Scaled {
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..clients)
         .map(|i| {
-            // The clients of GPU `i % gpus` are of groups a and b in turn.
-            let group = if (i / gpus as usize).is_multiple_of(2) {
-                "a"
-            } else {
-                "b"
-            };
-            let mut c = client_in(&ctx, &g, group);
+            let mut c = client_in(&ctx, &g, "a");
             let (start, stop) = (start.clone(), stop.clone());
             let device = i as u32 % gpus;
             std::thread::spawn(move || {

@@ -545,53 +545,6 @@ fn a_killed_process_s_queued_kernels_are_not_counted_as_run() {
     );
 }
 
-/// Two programs of one group alone on the GPU hold its token together
-/// (see the scheduler's `share`): their kernels run side by side, not in
-/// turns of a token each, and the group is charged the time once.
-/// (Taking the token in turns, the device passed from one program to the
-/// other at most once per token, 10 ms at least: under 100 times a
-/// second.)
-#[test]
-fn programs_of_one_group_alone_share_its_token() {
-    let mut g = Gemini::start(SimEnv::default(), "[a]\n");
-    let t0 = now_ns();
-    let args = [
-        "--seconds",
-        "2",
-        "--kernel-us",
-        "500",
-        "--iter-kernels",
-        "4",
-        "--wait",
-        "stream",
-    ];
-    let (a, b) = (spawn(rust(&g, "a", &args)), spawn(rust(&g, "a", &args)));
-    let pids = [pid_of(&finish(a)), pid_of(&finish(b))];
-    let recs = fakecuda_log::read(&g.sim.sim_dir(), 0).unwrap();
-    let (from, to) = (t0 + SEC / 2, t0 + 3 * SEC / 2);
-    let mut order: Vec<(u64, u32)> = recs
-        .iter()
-        .filter(|r| r.start >= from && r.start < to && pids.contains(&r.pid))
-        .map(|r| (r.start, r.pid))
-        .collect();
-    order.sort();
-    let switches = order.windows(2).filter(|w| w[0].1 != w[1].1).count();
-    assert!(
-        switches >= 200,
-        "the device passed between the two programs {switches} times in 1 s"
-    );
-    let (ran, charged) = ran_and_charged(&mut g, "a");
-    assert_eq!(
-        g.escapes(),
-        Some(vec![]),
-        "ran {ran} ms, charged {charged} ms"
-    );
-    assert!(
-        charged < 1.5 * ran,
-        "time charged twice: ran {ran} ms, charged {charged} ms"
-    );
-}
-
 /// The kernels of a group against what it was charged, once its
 /// scheduler has stopped: (ran, charged) in ms on GPU 0.
 fn ran_and_charged(g: &mut Gemini, group: &str) -> (f64, f64) {
