@@ -59,7 +59,7 @@ for b in gem-schd:"the gemini token scheduler: guaranteed shares of GPU time and
 done
 
 # Depends: the packages that hold the shared libraries the binaries and
-# the hook load (glib, pcre2, libstdc++, libc), as this machine names them,
+# the hook load (glib, pcre2, libc), as this machine names them,
 # and libc6 at least as new as the newest glibc symbol version they use.
 libs=""
 for f in "$stage"/usr/bin/* "$stage"/usr/lib/libgemhook.so "$stage"/usr/lib/libgemzmq.so; do

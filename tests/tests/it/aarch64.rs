@@ -156,7 +156,8 @@ fn an_aarch64_runtimes_lookups_reach_the_hook() {
 }
 
 /// The aarch64 hook links its unwinder in too (no `libgcc_s.so.1`, which
-/// every process it was preloaded into paid to load), and a panic still
+/// every process it was preloaded into paid to load), its ZeroMQ socket
+/// its C++ runtime (no `libstdc++.so.6`), and a panic still
 /// unwinds through its frames to its entry points' `catch_unwind`.
 #[test]
 #[ignore = "needs the aarch64 build and qemu: run `make test-aarch64`"]
@@ -164,6 +165,7 @@ fn the_aarch64_hook_unwinds_without_libgcc_s() {
     let g = Gemini::start(SimEnv::default(), "[a]\n");
     let Some(arm) = Arm::new(&g) else { return };
     gemini_tests::assert_no_libgcc_s(&arm.dir.join("libgemhook.so"));
+    gemini_tests::assert_no_libstdcxx(&arm.dir.join("libgemzmq.so"));
     succeeded(
         arm.command(&g, "gem-workload", Some("a"))
             .arg("--hook-unwinds"),
