@@ -84,7 +84,8 @@ if [ ${#need[@]} -gt 0 ]; then
     elif ! command -v apt-get >/dev/null 2>&1; then
         say "missing: ${need[*]} (Debian package names). This is not a Debian or"
         say "Ubuntu machine: install their equivalents (glib 2 with its headers,"
-        say "pkg-config, a C and C++ compiler, make, python3), then run this again."
+        say "pkg-config, a C and C++ compiler with its static C++ runtime, libstdc++.a:"
+        say "libstdc++-static on Fedora and RHEL; make, python3), then run this again."
         exit 1
     else
         sudo=""

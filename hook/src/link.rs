@@ -5,7 +5,8 @@
 //! ZeroMQ needs, which cost 0.4 ms of every exec when they were linked
 //! into the hook. `libgemzmq.so` carries that runtime (a static
 //! libstdc++, private to it): loading the shared one took 0.9-1.4 ms of
-//! every hooked program's first connection.
+//! the first connection of every hooked program without a C++ runtime of
+//! its own.
 
 use gemini_client::{ClientError, Link};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};

@@ -88,25 +88,41 @@ fn assert_not_needed(lib: &Path, name: &str) {
 /// The C workload, compiled once per test run against the simulator.
 pub fn c_workload() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workload/workload.c");
-        let link = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink(bin("libfakecuda.so"), link.path().join("libcuda.so")).unwrap();
-        let out = bin_dir().join(format!("gem-workload-c.{}", std::process::id()));
-        let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args(["-O2", "-Wall", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .arg(format!("-L{}", link.path().display()))
-            .arg("-lcuda")
-            .status()
-            .expect("cannot run the C compiler (cc)");
-        assert!(status.success(), "compiling {} failed", src.display());
-        let fixed = bin_dir().join("gem-workload-c");
-        std::fs::rename(&out, &fixed).unwrap();
-        fixed
-    })
-    .clone()
+    PATH.get_or_init(|| compile_workload("workload.c", "CC", "cc", "gem-workload-c"))
+        .clone()
+}
+
+/// The C++ workload (a program with a C++ runtime of its own, as
+/// PyTorch has), compiled once per test run against the simulator.
+pub fn cxx_workload() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| compile_workload("workload_cxx.cpp", "CXX", "c++", "gem-workload-cxx"))
+        .clone()
+}
+
+/// `tests/workload/SRC` compiled by the compiler `$COMPILER_VAR` names
+/// (`default` without it) against the simulator's `libcuda.so`, as `NAME`
+/// beside the binaries.
+fn compile_workload(src: &str, compiler_var: &str, default: &str, name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("workload")
+        .join(src);
+    let link = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(bin("libfakecuda.so"), link.path().join("libcuda.so")).unwrap();
+    let out = bin_dir().join(format!("{name}.{}", std::process::id()));
+    let compiler = std::env::var(compiler_var).unwrap_or_else(|_| default.into());
+    let status = Command::new(&compiler)
+        .args(["-O2", "-Wall", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg(format!("-L{}", link.path().display()))
+        .arg("-lcuda")
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run the compiler {compiler}: {e}"));
+    assert!(status.success(), "compiling {} failed", src.display());
+    let fixed = bin_dir().join(name);
+    std::fs::rename(&out, &fixed).unwrap();
+    fixed
 }
 
 /// A private simulated machine.
@@ -261,6 +277,12 @@ impl SimEnv {
     /// The C workload (linked against libcuda.so.1).
     pub fn c_workload(&self) -> Command {
         self.command(c_workload())
+    }
+
+    /// The C++ workload (linked against libcuda.so.1 and the shared C++
+    /// runtime).
+    pub fn cxx_workload(&self) -> Command {
+        self.command(cxx_workload())
     }
 
     /// Busy figures of `device` over `[from, to)` ns.

@@ -209,13 +209,26 @@ fn a_panic_in_the_hook_unwinds_without_libgcc_s() {
 
 /// The hook's ZeroMQ socket, loaded at a program's first connection,
 /// carries its C++ runtime: loading the shared one took 0.9-1.4 ms of
-/// every hooked program. The program still connects and is served.
+/// every hooked program without one of its own. A program with its own
+/// (as PyTorch has) is served, and its runtime works as before after the
+/// hook connected: exceptions, a locale, threads.
 #[test]
 fn the_zeromq_socket_loads_without_the_shared_cxx_runtime() {
     gemini_tests::assert_no_libstdcxx(&gemini_tests::bin("libgemzmq.so"));
     let g = Gemini::start(SimEnv::default(), "[a]\n");
-    let out = finish(spawn(rust(&g, "a", &["--seconds", "0.2"])));
-    assert!(field(&reports(&out.stdout)[0], "kernels") > 0, "{out:?}");
+    let t0 = now_ns();
+    let out = finish(spawn(g.hooked(g.sim.cxx_workload(), "a")));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("cxx caught=thrown formatted=1234.5 kernels=20 threads=6"),
+        "{out:?}"
+    );
+    g.wait_status(5.0, "group a charged for its kernels", |s| {
+        s.devices
+            .iter()
+            .any(|d| d.groups.iter().any(|r| r.group == "a" && r.share > 0.0))
+    });
+    assert!(g.sim.busy(0, t0, now_ns()).device_share() > 0.0);
 }
 
 #[test]
