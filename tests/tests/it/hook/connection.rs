@@ -231,6 +231,32 @@ fn the_zeromq_socket_loads_without_the_shared_cxx_runtime() {
     assert!(g.sim.busy(0, t0, now_ns()).device_share() > 0.0);
 }
 
+/// The hook finds libgemzmq.so beside the file it was loaded from,
+/// however the loader names it: a relative path
+/// (`LD_PRELOAD=lib/libgemhook.so`), or a symbolic link from a directory
+/// without the library. (It reads the process's map only then.)
+#[test]
+fn the_socket_library_is_found_beside_a_relative_or_linked_hook() {
+    let g = Gemini::start(SimEnv::default(), "[a]\n");
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("lib");
+    std::fs::create_dir(&lib).unwrap();
+    for f in ["libgemhook.so", "libgemzmq.so"] {
+        std::fs::copy(gemini_tests::bin(f), lib.join(f)).unwrap();
+    }
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::os::unix::fs::symlink(lib.join("libgemhook.so"), other.join("libgemhook.so")).unwrap();
+    let relative = std::path::PathBuf::from("lib/libgemhook.so");
+    for hook in [relative, other.join("libgemhook.so")] {
+        let mut c = rust(&g, "a", &["--seconds", "0.2"]);
+        c.env("LD_PRELOAD", &hook).current_dir(dir.path());
+        let out = finish(spawn(c));
+        let kernels = field(&reports(&out.stdout)[0], "kernels");
+        assert!(kernels > 0, "{}: {out:?}", hook.display());
+    }
+}
+
 #[test]
 fn absent_scheduler_is_reported_and_connect_timeout_gives_up() {
     let mut g = Gemini::start(SimEnv::default(), "[a]\n");
