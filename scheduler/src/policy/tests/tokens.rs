@@ -488,11 +488,7 @@ fn a_token_running_out_passes_the_device_on_before_its_work_ends_and_its_group_s
 /// has had its share, the same notice passes the device on.
 #[test]
 fn a_token_running_out_runs_on_where_its_group_ranks_first() {
-    let mut p = Policy::new(Params::default(), config("[hi]\nMinUtil=0.7\n[lo]\n"));
-    hello(&mut p, 1, "hi");
-    hello(&mut p, 2, "lo");
-    assert_eq!(token(&send(&mut p, 1, acquire(), 0)).map(|t| t.0), Some(1));
-    assert!(send(&mut p, 2, acquire(), MS).is_empty());
+    let mut p = hi_holds_lo_waits("[hi]\nMinUtil=0.7\n[lo]\n");
     // hi runs 10 ms and gives the token back; lo runs its 30 ms turn.
     let r = send(&mut p, 1, release_ran(0, 10 * MS), 10 * MS);
     assert_eq!(granted(&r, 2), Some(30 * MS), "{r:?}");
@@ -520,19 +516,30 @@ fn a_token_running_out_runs_on_where_its_group_ranks_first() {
     );
 }
 
+/// A policy of `conf` (groups hi and lo) where client 1, of hi, holds
+/// device 0's token from 0 and client 2, of lo, waits for it from 1 ms.
+fn hi_holds_lo_waits(conf: &str) -> Policy {
+    let mut p = Policy::new(Params::default(), config(conf));
+    hello(&mut p, 1, "hi");
+    hello(&mut p, 2, "lo");
+    assert_eq!(token(&send(&mut p, 1, acquire(), 0)).map(|t| t.0), Some(1));
+    assert!(send(&mut p, 2, acquire(), MS).is_empty());
+    p
+}
+
+/// Device 0's groups and their use, to compare before and after.
+fn groups_on_0(p: &Policy) -> String {
+    format!("{:?}", p.devices[&0].groups)
+}
+
 /// A group that never ran here is ranked as the grant ranks it (nothing
 /// used: first), so a token running out beside it passes on; deciding so
 /// leaves the device's groups as they were (a waiter that left before
 /// it was served must not leave a group that never ran behind).
 #[test]
 fn a_token_running_out_beside_a_new_group_passes_on_and_leaves_the_groups_alone() {
-    let mut p = Policy::new(Params::default(), config("[hi]\n[lo]\n"));
-    hello(&mut p, 1, "hi");
-    hello(&mut p, 2, "lo");
-    assert_eq!(token(&send(&mut p, 1, acquire(), 0)).map(|t| t.0), Some(1));
-    assert!(send(&mut p, 2, acquire(), MS).is_empty());
-    let groups = |p: &Policy| format!("{:?}", p.devices[&0].groups);
-    let before = groups(&p);
+    let mut p = hi_holds_lo_waits("[hi]\n[lo]\n");
+    let before = groups_on_0(&p);
     assert!(!before.contains("\"lo\""), "{before}");
     let running_out = Request::RunningOut {
         device: 0,
@@ -540,7 +547,7 @@ fn a_token_running_out_beside_a_new_group_passes_on_and_leaves_the_groups_alone(
     };
     send(&mut p, 1, running_out, 2 * MS);
     assert_eq!(p.next_deadline(2 * MS), Some(7 * MS - handover_lead(RTT)));
-    assert_eq!(groups(&p), before);
+    assert_eq!(groups_on_0(&p), before);
 }
 
 /// A notice of an end past the token's own (up to `u64::MAX` µs away,
@@ -550,13 +557,8 @@ fn a_token_running_out_beside_a_new_group_passes_on_and_leaves_the_groups_alone(
 /// groups are as they were.
 #[test]
 fn a_token_running_out_past_its_end_is_not_taken() {
-    let mut p = Policy::new(Params::default(), config("[hi]\nMaxUtil=0.5\n[lo]\n"));
-    hello(&mut p, 1, "hi");
-    hello(&mut p, 2, "lo");
-    assert_eq!(token(&send(&mut p, 1, acquire(), 0)).map(|t| t.0), Some(1));
-    assert!(send(&mut p, 2, acquire(), MS).is_empty());
-    let groups = |p: &Policy| format!("{:?}", p.devices[&0].groups);
-    let (before, deadline) = (groups(&p), p.next_deadline(2 * MS));
+    let mut p = hi_holds_lo_waits("[hi]\nMaxUtil=0.5\n[lo]\n");
+    let (before, deadline) = (groups_on_0(&p), p.next_deadline(2 * MS));
     for done_in_us in [u64::MAX, u64::MAX / 2, 10_000 * MS] {
         let r = send(
             &mut p,
@@ -569,7 +571,7 @@ fn a_token_running_out_past_its_end_is_not_taken() {
         );
         assert!(matches!(r.as_slice(), [(1, _, Reply::Done)]), "{r:?}");
         assert_eq!(p.next_deadline(2 * MS), deadline);
-        assert_eq!(groups(&p), before);
+        assert_eq!(groups_on_0(&p), before);
         assert!(p.devices[&0].returning.is_none());
     }
 }
