@@ -438,6 +438,9 @@ impl World {
     }
 }
 
+/// Items a wait keeps the end times of (see `Slicer::waited`).
+const WAITED: usize = 4;
+
 /// This process's handle on the time-sliced devices.
 pub struct Slicer {
     shared: *mut Shared,
@@ -447,6 +450,13 @@ pub struct Slicer {
     pid: u32,
     slice_ns: u64,
     ndev: usize,
+    /// The pending values a wait of this process last saw done (the work
+    /// waited for and up to `WAITED - 1` items after it, such as an event
+    /// recorded just before the wait), with when each ended: an event's
+    /// time is read from here, as a real driver reads an event's
+    /// timestamp from host memory, not by playing the devices again (see
+    /// [`Slicer::time_of`]).
+    waited: Mutex<[(u64, u64); WAITED]>,
 }
 
 // SAFETY: the shared mapping is only read or written while holding both
@@ -494,6 +504,7 @@ impl Slicer {
             pid: std::process::id(),
             slice_ns: slice_ns.max(1),
             ndev: ndev.min(MAX_DEVICES),
+            waited: Mutex::new([(0, 0); WAITED]),
         })
     }
 
@@ -765,6 +776,10 @@ impl Slicer {
         let Some((dev, seq)) = decode(when) else {
             return (when <= now_ns()).then_some(when);
         };
+        let waited = *self.waited.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, at)) = waited.iter().find(|w| w.0 == when) {
+            return Some(at);
+        }
         self.with(|sh| {
             self.advance_locked(sh);
             let Some(i) = Self::find_queue(sh, self.pid, dev) else {
@@ -798,7 +813,16 @@ impl Slicer {
             let until = self.with(|sh| {
                 self.advance_locked(sh);
                 let i = Self::find_queue(sh, self.pid, dev)?;
-                if sh.queues[i].done >= seq {
+                let q = &sh.queues[i];
+                if q.done >= seq {
+                    let mut seen = [(0, 0); WAITED];
+                    for (w, s) in seen.iter_mut().zip(seq..=q.done) {
+                        let it = q.items[s as usize % RING];
+                        if it.seq == s {
+                            *w = (pending(dev, s), it.done_at);
+                        }
+                    }
+                    *self.waited.lock().unwrap_or_else(|e| e.into_inner()) = seen;
                     return None;
                 }
                 // When it ends if nothing more is launched; where it waits
@@ -939,6 +963,40 @@ mod tests {
         assert_eq!(w.clock, 11 * MS, "it ends its time after the peer came");
         assert!(w.play(20 * MS, Some((1, 1))));
         assert_eq!(w.colls[0].used, 0, "the collective is freed once all ended");
+    }
+
+    /// A wait keeps the end times of the work it waited for and of the
+    /// markers just after it (an event recorded before a synchronisation):
+    /// read from there, they are the times the devices' play gives, as
+    /// another handle on the same state, which kept none, reads them.
+    #[test]
+    #[allow(clippy::expect_used)]
+    fn a_wait_keeps_the_times_of_what_it_waited_for() {
+        let dir = std::env::temp_dir().join(format!("fakecuda-waited-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let (a, b) = (
+            Slicer::open(&dir, 2 * MS, 1).expect("slicer"),
+            Slicer::open(&dir, 2 * MS, 1).expect("slicer"),
+        );
+        let kernel = a
+            .enqueue(0, MS, 0, Some(Kind::Kernel as u32), 8)
+            .expect("queued");
+        let marker = a.enqueue(0, 0, 0, None, 8).expect("queued");
+        let later = a
+            .enqueue(0, MS, 0, Some(Kind::Kernel as u32), 8)
+            .expect("queued");
+        assert_eq!(a.time_of(marker), None, "not done yet");
+        a.wait(kernel);
+        let kept = *a.waited.lock().expect("waited");
+        assert!(kept.iter().any(|w| w.0 == marker), "{kept:?}");
+        let (k, m) = (a.time_of(kernel), a.time_of(marker));
+        assert!(k.is_some() && k == m, "{k:?} {m:?}");
+        assert_eq!((k, m), (b.time_of(kernel), b.time_of(marker)));
+        // What was not waited for is played, as before.
+        a.wait(later);
+        assert_eq!(a.time_of(later), b.time_of(later));
+        assert!(a.time_of(later) >= k.map(|k| k + MS));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A marker gated on another device's work ends when that work does.
