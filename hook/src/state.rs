@@ -282,6 +282,9 @@ pub(crate) struct ClockStart {
     /// stream: it completes behind that work, and times only the span's
     /// end (see `gate::devclock::open`).
     pub(crate) behind: bool,
+    /// Where the event completed on the calibrated host clock, read as a
+    /// wait's end event is recorded (0: not read).
+    pub(crate) began: u64,
 }
 
 /// The timing events that end a gate's open span on the device's clock

@@ -334,6 +334,7 @@ pub(super) fn open(g: &Gate, stream: *mut c_void, per_thread: bool) -> Option<St
         raw,
         per_thread,
         behind,
+        began: 0,
     })
 }
 
@@ -386,6 +387,7 @@ pub(super) fn mark(g: &Gate, covers: Covers, blocks: bool) -> Mark {
         return Mark::Host;
     };
     if record(event, start.raw, start.per_thread) && g.launches() == launches {
+        read_begin(g, since);
         Mark::Recorded {
             ctx: start.ctx,
             event,
@@ -394,6 +396,30 @@ pub(super) fn mark(g: &Gate, covers: Covers, blocks: bool) -> Mark {
     } else {
         give_back(g, start.ctx, event, epoch);
         Mark::Host
+    }
+}
+
+/// Reads where the open span's opening event (of the span opened at
+/// `since`) completed, if it has, on the calibrated clock: before the
+/// wait, while the device runs the span's work, so that the wait's end
+/// reads only its own event (see [`start`]) and the program, waiting for
+/// it, pays one driver call there, not two. Not for an opening event
+/// recorded behind earlier work (its span begins at its first launch).
+fn read_begin(g: &Gate, since: u64) {
+    let mut c = lock(&g.devclock);
+    let Some(s) = c
+        .start
+        .filter(|s| s.since == since && !s.behind && s.began == 0)
+    else {
+        return;
+    };
+    if s.epoch != c.epoch {
+        return; // its context went: its event with it
+    }
+    if let Some(t) = host_time(&c, s.ctx, s.event, now_ns())
+        && let Some(open) = c.start.as_mut()
+    {
+        open.began = t;
     }
 }
 
@@ -518,6 +544,8 @@ fn placed(c: &DevClock, start: &Start, end: usize, since: u64, at: u64) -> Optio
     let now = now_ns();
     let began = if start.behind {
         since
+    } else if start.began != 0 {
+        start.began
     } else {
         host_time(c, start.ctx, start.event, now)?
     };
