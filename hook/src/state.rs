@@ -283,8 +283,11 @@ pub(crate) struct ClockStart {
     /// end (see `gate::devclock::open`).
     pub(crate) behind: bool,
     /// Where the event completed on the calibrated host clock, read as a
-    /// wait's end event is recorded (0: not read).
+    /// wait's end event is recorded (0: not read), and the calibration
+    /// read by (its `taken_at`): used only while that one is current, so
+    /// that a span's two ends are placed by the same reference.
     pub(crate) began: u64,
+    pub(crate) began_by: u64,
 }
 
 /// The timing events that end a gate's open span on the device's clock

@@ -282,6 +282,11 @@ fn reference(event: usize, stream: usize) -> Option<u64> {
 /// none, it is too old, or the driver cannot say): from its reference,
 /// or from the one before where the event completed before it.
 fn host_time(c: &DevClock, ctx: usize, event: usize, now: u64) -> Option<u64> {
+    host_time_by(c, ctx, event, now).map(|(t, _)| t)
+}
+
+/// [`host_time`], and the calibration that gave it (its `taken_at`).
+fn host_time_by(c: &DevClock, ctx: usize, event: usize, now: u64) -> Option<(u64, u64)> {
     let cal = c
         .cals
         .iter()
@@ -289,13 +294,18 @@ fn host_time(c: &DevClock, ctx: usize, event: usize, now: u64) -> Option<u64> {
     if now.saturating_sub(cal.taken_at) > CAL_USE_NS {
         return None;
     }
-    match driver::event_elapsed_ns(cal.event, event) {
+    let t = match driver::event_elapsed_ns(cal.event, event) {
         Ok(ns) => Some(cal.host_ns + ns),
-        Err(_) if cal.prev_ns != 0 => driver::event_elapsed_ns(cal.next, event)
-            .ok()
-            .map(|ns| cal.prev_ns + ns),
+        // Completed before the reference (a negative time): from the one
+        // before. Not where it has not completed: that one says so too.
+        Err(crate::cuda::CUDA_ERROR_INVALID_VALUE) if cal.prev_ns != 0 => {
+            driver::event_elapsed_ns(cal.next, event)
+                .ok()
+                .map(|ns| cal.prev_ns + ns)
+        }
         Err(_) => None,
-    }
+    };
+    t.map(|t| (t, cal.taken_at))
 }
 
 /// A launch onto `stream` under `g`, from a thread whose current context
@@ -335,6 +345,7 @@ pub(super) fn open(g: &Gate, stream: *mut c_void, per_thread: bool) -> Option<St
         per_thread,
         behind,
         began: 0,
+        began_by: 0,
     })
 }
 
@@ -416,10 +427,11 @@ fn read_begin(g: &Gate, since: u64) {
     if s.epoch != c.epoch {
         return; // its context went: its event with it
     }
-    if let Some(t) = host_time(&c, s.ctx, s.event, now_ns())
+    if let Some((t, by)) = host_time_by(&c, s.ctx, s.event, now_ns())
         && let Some(open) = c.start.as_mut()
     {
         open.began = t;
+        open.began_by = by;
     }
 }
 
@@ -542,14 +554,14 @@ pub(super) fn start(g: &Gate, since: u64, stream: usize, at: u64, mark: Mark) ->
 /// `CAL_SLACK_NS`).
 fn placed(c: &DevClock, start: &Start, end: usize, since: u64, at: u64) -> Option<(u64, u64)> {
     let now = now_ns();
+    let (ended, by) = host_time_by(c, start.ctx, end, now)?;
     let began = if start.behind {
         since
-    } else if start.began != 0 {
+    } else if start.began != 0 && start.began_by == by {
         start.began
     } else {
         host_time(c, start.ctx, start.event, now)?
     };
-    let ended = host_time(c, start.ctx, end, now)?;
     let believable = |t: u64| since.saturating_sub(CAL_SLACK_NS) <= t && t <= at + CAL_SLACK_NS;
     if !(believable(began) && believable(ended) && began <= ended) {
         return None;
