@@ -172,6 +172,18 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
             let resumed = g.resumed_at.load(Ordering::SeqCst);
             let (end, proven) = detached_end(done, device, raced, resumed);
             record_detached(&mut spans, since, end, proven);
+            // The span opened since then, given back in flight too (a lent
+            // token renewed ahead as its queue ran: its synchronisation
+            // is this one, which waited for the detached work and for
+            // it), closes where the work was done, unless the process
+            // launched since. Left open, it ran on through the next
+            // group's token, to this process's next proof: a renewal held
+            // behind another group's 20 ms step took that step's time.
+            if let Some(done_at) = done {
+                drop(spans);
+                let launches = g.late_launches.load(Ordering::Relaxed);
+                g.close_marked(done_at, launches, mark);
+            }
         }
         _ => {}
     }
@@ -280,6 +292,35 @@ mod tests {
             assert_eq!(spans.ran, span(1000, 5000), "{done:?}: {spans:?}");
             assert!(spans.unproven.is_empty());
         }
+    }
+
+    /// A renewal asked ahead while detached work still ran leaves two
+    /// spans given back in flight: the detached one, and the one the
+    /// renewed token's launches opened. Once the synchronisation, which
+    /// waited for both, is done, both close: the first where the second
+    /// began, the second where the work was done. Before, the second
+    /// stayed open until the process's next proof, and took the time of
+    /// the group that had the device in between.
+    #[test]
+    fn late_work_of_two_tokens_closes_both_spans() {
+        let g = Gate::default();
+        // Detached at the renewed token's grant, at 5 ms...
+        g.late_since.store(1_000_000, Ordering::SeqCst);
+        g.resumed_at.store(5_000_000, Ordering::SeqCst);
+        // ...whose launch opened a span there, given back in flight too.
+        g.entered.fetch_add(1, Ordering::SeqCst);
+        g.open(5_000_000, None);
+        g.exited.fetch_add(1, Ordering::SeqCst);
+        g.late_launches.store(g.launches(), Ordering::Relaxed);
+        g.late_ticket.store(1, Ordering::SeqCst);
+        {
+            let mut slot = lock(&g.syncer.slot);
+            (slot.asked, slot.done, slot.ran, slot.done_at) = (1, 1, true, 7_000_000);
+        }
+        // The next grant finds the synchronisation done.
+        assert!(!close(&g), "nothing runs on");
+        assert!(!g.outstanding(), "no span is left open");
+        assert_eq!(lock(&g.ran).ran, span(1000, 7000));
     }
 
     /// On the device's clock, where the work's end was marked: work done
