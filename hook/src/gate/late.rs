@@ -44,13 +44,31 @@ use crate::state::Spans;
 pub(super) fn begin(g: &Gate, ticket: u64, launches: u64, mark: Mark) {
     let raced = g.launch_in_flight();
     let old = {
+        // The ticket, its launches, mark and race are set together under
+        // the clock's lock, and `finish` takes them so: never a ticket
+        // with another's launches.
         let mut c = lock(&g.devclock);
         c.late_raced = raced;
+        g.late_launches.store(launches, Ordering::Relaxed);
+        g.late_ticket.store(ticket, Ordering::Release);
         std::mem::replace(&mut c.late, mark)
     };
     devclock::unmark(g, old);
-    g.late_launches.store(launches, Ordering::Relaxed);
-    g.late_ticket.store(ticket, Ordering::Release);
+}
+
+/// Late synchronisation `ticket`, if it is still `g`'s: taken, with the
+/// launches it was asked at, its mark (the caller gives it back) and
+/// whether a launch was on its way to the driver then (see [`begin`]).
+fn take_ticket(g: &Gate, ticket: u64) -> Option<(u64, Mark, bool)> {
+    let mut c = lock(&g.devclock);
+    g.late_ticket
+        .compare_exchange(ticket, 0, Ordering::AcqRel, Ordering::Acquire)
+        .ok()?;
+    Some((
+        g.late_launches.load(Ordering::Relaxed),
+        std::mem::take(&mut c.late),
+        std::mem::take(&mut c.late_raced),
+    ))
 }
 
 /// The mark of the late work's end, taken (the caller gives it back),
@@ -94,7 +112,7 @@ pub(super) fn report_done(st: &State, dev: usize, g: &Gate) {
         let Some(done) = syncer::finished(g, ticket) else {
             return;
         };
-        finish(g, done)
+        finish(g, ticket, done)
     } else {
         false
     };
@@ -132,7 +150,7 @@ pub(super) fn close(g: &Gate) -> bool {
         return false;
     }
     if let Some(done) = syncer::finished(g, ticket) {
-        finish(g, done);
+        finish(g, ticket, done);
         return false;
     }
     if g.late_since.load(Ordering::Acquire) == 0 {
@@ -152,11 +170,11 @@ pub(super) fn close(g: &Gate) -> bool {
 /// attached, unless the process launched since (then a later proof
 /// closes it). Returns whether this call finished it (the watcher and a
 /// grant may both try).
-fn finish(g: &Gate, done: Option<u64>) -> bool {
-    if g.late_ticket.swap(0, Ordering::AcqRel) == 0 {
+fn finish(g: &Gate, ticket: u64, done: Option<u64>) -> bool {
+    // (Another ticket asked meanwhile is left for its own finish.)
+    let Some((launches, mark, raced)) = take_ticket(g, ticket) else {
         return false;
-    }
-    let (mark, raced) = take_mark(g);
+    };
     // The span leaves `late_since` and enters `ran` under the report lock
     // (see `Gate::take_report`).
     let mut spans = lock(&g.ran);
@@ -164,7 +182,6 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
     match (done, detached) {
         (Some(done_at), 0) => {
             drop(spans);
-            let launches = g.late_launches.load(Ordering::Relaxed);
             g.close_marked(done_at, launches, mark);
         }
         (done, since) if since != 0 => {
@@ -173,15 +190,17 @@ fn finish(g: &Gate, done: Option<u64>) -> bool {
             let (end, proven) = detached_end(done, device, raced, resumed);
             record_detached(&mut spans, since, end, proven);
             // The span opened since then, given back in flight too (a lent
-            // token renewed ahead as its queue ran: its synchronisation
-            // is this one, which waited for the detached work and for
-            // it), closes where the work was done, unless the process
-            // launched since. Left open, it ran on through the next
-            // group's token, to this process's next proof: a renewal held
-            // behind another group's 20 ms step took that step's time.
-            if let Some(done_at) = done {
+            // token renewed ahead as its queue ran), closes where the work
+            // was done, where this synchronisation waited for it: asked
+            // after its launches, with none launched since (`close_marked`
+            // refuses otherwise) and none on its way to the driver as it
+            // was asked. Left open, it ran on through the next group's
+            // token, to this process's next proof: a renewal held behind
+            // another group's 20 ms step took that step's time.
+            if let Some(done_at) = done
+                && !raced
+            {
                 drop(spans);
-                let launches = g.late_launches.load(Ordering::Relaxed);
                 g.close_marked(done_at, launches, mark);
             }
         }
@@ -294,33 +313,60 @@ mod tests {
         }
     }
 
-    /// A renewal asked ahead while detached work still ran leaves two
-    /// spans given back in flight: the detached one, and the one the
-    /// renewed token's launches opened. Once the synchronisation, which
-    /// waited for both, is done, both close: the first where the second
-    /// began, the second where the work was done. Before, the second
-    /// stayed open until the process's next proof, and took the time of
-    /// the group that had the device in between.
-    #[test]
-    fn late_work_of_two_tokens_closes_both_spans() {
+    /// A gate with late work of two tokens: detached at the renewed
+    /// token's grant at 5 ms, and the span that token's launch opened
+    /// there, given back in flight too; its synchronisation done at 7 ms,
+    /// found by the next grant (after one more launch, with `launched`).
+    fn two_tokens_closed(launched: bool) -> Gate {
         let g = Gate::default();
-        // Detached at the renewed token's grant, at 5 ms...
+        let launch = |g: &Gate, at: u64| {
+            g.entered.fetch_add(1, Ordering::SeqCst);
+            g.open(at, None);
+            g.exited.fetch_add(1, Ordering::SeqCst);
+        };
         g.late_since.store(1_000_000, Ordering::SeqCst);
         g.resumed_at.store(5_000_000, Ordering::SeqCst);
-        // ...whose launch opened a span there, given back in flight too.
-        g.entered.fetch_add(1, Ordering::SeqCst);
-        g.open(5_000_000, None);
-        g.exited.fetch_add(1, Ordering::SeqCst);
-        g.late_launches.store(g.launches(), Ordering::Relaxed);
-        g.late_ticket.store(1, Ordering::SeqCst);
+        launch(&g, 5_000_000);
+        begin(&g, 1, g.launches(), Mark::Host);
         {
             let mut slot = lock(&g.syncer.slot);
             (slot.asked, slot.done, slot.ran, slot.done_at) = (1, 1, true, 7_000_000);
         }
-        // The next grant finds the synchronisation done.
+        if launched {
+            launch(&g, 6_000_000);
+        }
         assert!(!close(&g), "nothing runs on");
+        g
+    }
+
+    /// A renewal asked ahead while detached work still ran leaves two
+    /// spans given back in flight. Once the synchronisation, which waited
+    /// for both, is done, both close: the first where the second began,
+    /// the second where the work was done. Before, the second stayed open
+    /// until the process's next proof, and took the time of the group
+    /// that had the device in between. Not where the process launched
+    /// after the synchronisation was asked: that launch's work is not
+    /// proven done, and the span goes on.
+    #[test]
+    fn late_work_of_two_tokens_closes_both_spans() {
+        let g = two_tokens_closed(false);
         assert!(!g.outstanding(), "no span is left open");
         assert_eq!(lock(&g.ran).ran, span(1000, 7000));
+        let g = two_tokens_closed(true);
+        assert!(g.outstanding(), "the span of the launch since goes on");
+        assert_eq!(lock(&g.ran).ran, span(1000, 5000));
+    }
+
+    /// A ticket finishes only itself: one asked since (a later token's
+    /// end) is left, with its own launches, for its own finish.
+    #[test]
+    fn a_finish_takes_only_its_own_ticket() {
+        let g = Gate::default();
+        begin(&g, 1, 3, Mark::Host);
+        begin(&g, 2, 5, Mark::Host);
+        assert!(!finish(&g, 1, Some(7_000_000)), "ticket 1 is gone");
+        assert_eq!(g.late_ticket.load(Ordering::SeqCst), 2);
+        assert_eq!(take_ticket(&g, 2).map(|t| t.0), Some(5));
     }
 
     /// On the device's clock, where the work's end was marked: work done
