@@ -318,12 +318,8 @@ mod tests {
     /// there, given back in flight too; its synchronisation done at 7 ms,
     /// found by the next grant (after one more launch, with `launched`).
     fn two_tokens_closed(launched: bool) -> Gate {
+        use super::measure::launch;
         let g = Gate::default();
-        let launch = |g: &Gate, at: u64| {
-            g.entered.fetch_add(1, Ordering::SeqCst);
-            g.open(at, None);
-            g.exited.fetch_add(1, Ordering::SeqCst);
-        };
         g.late_since.store(1_000_000, Ordering::SeqCst);
         g.resumed_at.store(5_000_000, Ordering::SeqCst);
         launch(&g, 5_000_000);

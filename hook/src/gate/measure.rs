@@ -234,6 +234,15 @@ pub(super) fn record(spans: &mut Vec<Span>, start: u64, end: u64) {
     }
 }
 
+/// A launch admitted at `at` (ns) and returned, as the tests of the gate
+/// make one: counted in, its span opened, counted out.
+#[cfg(test)]
+pub(super) fn launch(g: &Gate, at: u64) {
+    g.entered.fetch_add(1, Ordering::SeqCst);
+    g.open(at, None);
+    g.exited.fetch_add(1, Ordering::SeqCst);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,11 +252,6 @@ mod tests {
     #[test]
     fn a_span_closes_only_where_no_launch_came_since_the_proof() {
         let g = Gate::default();
-        let launch = |g: &Gate, at: u64| {
-            g.entered.fetch_add(1, Ordering::SeqCst);
-            g.open(at, None);
-            g.exited.fetch_add(1, Ordering::SeqCst);
-        };
         launch(&g, 1_000_000);
         launch(&g, 1_500_000);
         let launches = g.launches();
