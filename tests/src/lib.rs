@@ -27,7 +27,10 @@ use std::sync::OnceLock;
 /// Directory holding the workspace's binaries and libraries.
 pub fn bin_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("GEMINI_BIN_DIR") {
-        return PathBuf::from(d);
+        // Absolute: the simulator's library links and the programs'
+        // working directories are elsewhere (a relative one made every
+        // program fail to start, and the bench print NaN).
+        return std::path::absolute(&d).unwrap_or_else(|_| PathBuf::from(d));
     }
     // target/<profile>/deps/<test-exe>, or target/<profile>/<binary>
     let exe = std::env::current_exe().expect("current_exe");
