@@ -249,7 +249,7 @@ fn drop_object(object: Object) {
 /// a new context takes is reserved first: the most any process's context
 /// took on the GPU, as the scheduler heard (0 for the first context made
 /// there since it started: that one is charged right after the driver
-/// made it). What it really took is reported for the next.
+/// made it). What it really took is reported for the next, where it is more.
 pub fn context(
     dev: i32,
     primary: bool,
@@ -296,7 +296,10 @@ pub fn context(
             Object::Context(ctx)
         };
         keep(object, device, took);
-        if took > 0 && !probed.get() {
+        // The scheduler keeps the largest size it heard: one no larger
+        // than it said is not worth a round trip (every program started
+        // after the first paid one, at start-up).
+        if took > estimate && !probed.get() {
             memory::report_context(device, took);
         }
     }
