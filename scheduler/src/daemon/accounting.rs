@@ -158,7 +158,18 @@ impl Accounting {
                 *reach = e;
             }
         }
-        let us = us.min(gap_us.saturating_sub(*taken));
+        // Programs of a group alone on the GPU held its token together
+        // (see `policy::share`): their spans overlap, and the group is
+        // given at most the gap, not each of them.
+        let group_taken: Micros = self
+            .gap
+            .iter()
+            .filter(|((g, d, _), _)| *g == p.group && *d == gpu)
+            .map(|(_, &us)| us)
+            .sum();
+        let us = us
+            .min(gap_us.saturating_sub(*taken))
+            .min(gap_us.saturating_sub(group_taken));
         if us == 0 {
             return;
         }
@@ -616,6 +627,41 @@ mod tests {
         // After a crash (no stop last), no gap.
         drop(a);
         assert!(!Accounting::new(path, 1 << 30).gap_open());
+    }
+
+    /// Two programs of one group that held the GPU's token together at
+    /// the stop report overlapping work in the gap: the group is given
+    /// the gap at most, not each program's share of it.
+    #[test]
+    fn programs_holding_a_token_together_share_the_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pids = [std::process::id(), child.id()];
+        let holders = pids
+            .iter()
+            .map(|&pid| [u64::from(pid), 0, process_start_time(pid).unwrap()])
+            .collect();
+        Accounting::new(path.clone(), 1 << 30).stop(&[], holders, 900_000);
+        let mut a = Accounting::new(path.clone(), 1 << 30);
+        let p = |pid| Program {
+            client: 1,
+            pid,
+            uid: Some(1),
+            user: "alice".into(),
+            group: "g".into(),
+            gpu_us: vec![],
+        };
+        // 60 ms each, overlapping, in a gap of 100 ms.
+        a.before_start(&p(pids[0]), 0, &[(900_000, 960_000)], 100_000);
+        a.before_start(&p(pids[1]), 0, &[(940_000, 1_000_000)], 100_000);
+        a.usage(&[], true);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(usage(&read(&path)), [(Some(1), 0.1)]);
     }
 
     #[test]

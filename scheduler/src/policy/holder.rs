@@ -147,9 +147,8 @@ impl Policy {
                             .map(|c| format!("pid {} (group {})", c.pid, c.group.shown()))
                     };
                     let used_by = dev
-                        .token
-                        .as_ref()
-                        .and_then(|t| real(&t.client))
+                        .grants()
+                        .find_map(|t| real(&t.client))
                         .or_else(|| dev.waiters.iter().find_map(|w| real(&w.client)));
                     DeviceActivity {
                         device,

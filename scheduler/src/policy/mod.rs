@@ -52,6 +52,7 @@ mod memory;
 mod report;
 mod request;
 mod reserve;
+mod share;
 mod status;
 mod tokens;
 mod usage;
@@ -546,6 +547,9 @@ pub struct GroupCounters {
 #[derive(Debug, Default)]
 struct Device {
     token: Option<Grant>,
+    /// Programs of the holder's group that run beside it, their tokens
+    /// ending with its (see `share`).
+    with: Vec<Grant>,
     waiters: Vec<Waiter>,
     groups: BTreeMap<GroupKey, GroupUse>,
     busy: Usage,
@@ -874,9 +878,7 @@ impl Policy {
         for dev in self.devices.values_mut() {
             dev.waiters.retain(|w| w.client != client);
             dev.returning.take_if(|r| r.client == client);
-            if dev.token.as_ref().is_some_and(|t| t.client == client) {
-                dev.token = None;
-            }
+            dev.take_back(client);
         }
         // It cannot report any more, and its work is gone with it (the
         // driver drops a dead process's work).
@@ -917,9 +919,11 @@ impl Policy {
     pub fn token_holders(&self) -> Vec<[u32; 2]> {
         self.devices
             .iter()
-            .filter_map(|(&d, dev)| {
-                let c = self.clients.get(&dev.token.as_ref()?.client)?;
-                (c.role == Role::Client).then_some([c.pid, d])
+            .flat_map(|(&d, dev)| {
+                dev.grants().filter_map(move |t| {
+                    let c = self.clients.get(&t.client)?;
+                    (c.role == Role::Client).then_some([c.pid, d])
+                })
             })
             .collect()
     }
@@ -997,14 +1001,14 @@ impl Policy {
         let holders: BTreeSet<ClientId> = self
             .devices
             .values()
-            .filter_map(|d| d.token.as_ref().map(|t| t.client))
+            .flat_map(|d| d.grants().map(|t| t.client))
             .collect();
         for id in holders {
             if let Some(mut c) = self.clients.remove(&id) {
                 let holds: Vec<DeviceId> = self
                     .devices
                     .iter()
-                    .filter(|(_, d)| d.token.as_ref().is_some_and(|t| t.client == id))
+                    .filter(|(_, d)| d.holds(id))
                     .map(|(&d, _)| d)
                     .collect();
                 c.anchor.retain(|d, _| holds.contains(d));

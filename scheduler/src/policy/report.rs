@@ -58,9 +58,7 @@ impl Policy {
         let token = c.uncharged.remove(&device);
         let lent = c.lent.remove(&device);
         let dev = self.devices.entry(device).or_default();
-        if dev.token.as_ref().is_some_and(|t| t.client == client) {
-            dev.token = None;
-        }
+        dev.take_back(client);
         let charged = self.charge_spans(client, device, ran, Proof::Ran, now, out);
         if !in_flight && let Some(c) = self.clients.get_mut(&client) {
             c.anchor.remove(&device);

@@ -597,8 +597,7 @@ impl Policy {
         let other = |id: &ClientId| {
             *id != client && self.clients.get(id).is_some_and(|o| o.role != Role::Holder)
         };
-        dev.token.as_ref().is_some_and(|t| other(&t.client))
-            || dev.waiters.iter().any(|w| other(&w.client))
+        dev.grants().any(|t| other(&t.client)) || dev.waiters.iter().any(|w| other(&w.client))
     }
 
     /// `client` is a rank of `job` (its launcher said so, or it made an

@@ -247,7 +247,7 @@ impl Policy {
         let client_other = |c: ClientId| self.clients.get(&c).is_some_and(|c| other(&c.group));
         memory
             || self.devices.get(&device).is_some_and(|dev| {
-                dev.token.as_ref().is_some_and(|t| client_other(t.client))
+                dev.grants().any(|t| client_other(t.client))
                     || dev.waiters.iter().any(|w| client_other(w.client))
             })
     }

@@ -82,7 +82,7 @@ impl Policy {
         };
         let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| &c.group == group);
         if dev.waiters.iter().any(|w| &w.group == group)
-            || dev.token.as_ref().is_some_and(|t| of_group(&t.client))
+            || dev.grants().any(|t| of_group(&t.client))
         {
             return;
         }
@@ -117,7 +117,13 @@ impl Policy {
             return;
         };
         let of_group = |id: &ClientId| self.clients.get(id).is_some_and(|c| &c.group == group);
-        if dev.waiters.iter().any(|w| of_group(&w.client)) {
+        // Not while another of its processes waits, or runs beside it
+        // (see `share`).
+        if dev.waiters.iter().any(|w| of_group(&w.client))
+            || dev
+                .grants()
+                .any(|t| t.client != client && of_group(&t.client))
+        {
             return;
         }
         if let Some(g) = dev.groups.get_mut(group) {
@@ -329,7 +335,11 @@ impl Policy {
     ) -> Option<Micros> {
         let dev = self.devices.get_mut(&device)?;
         let lead = handover_lead(dev.rtt());
-        let token = dev.token.as_mut().filter(|t| t.client == client)?;
+        let token = dev
+            .token
+            .iter_mut()
+            .chain(dev.with.iter_mut())
+            .find(|t| t.client == client)?;
         let at = now.saturating_add(done_in.saturating_sub(lead));
         token.end_early(at);
         Some(at)
@@ -376,6 +386,7 @@ impl Policy {
             _ => gang::TurnView::default(),
         };
         self.pass_on_running_out(device, &view, now);
+        self.share_token(device, now, out);
         let Policy {
             devices,
             clients,
@@ -437,8 +448,8 @@ impl Policy {
         let mut next: Option<Micros> = None;
         let mut consider = |t: Micros| next = Some(next.map_or(t, |n: Micros| n.min(t)));
         for (&device, dev) in self.devices.iter_mut() {
-            if let Some(t) = &dev.token {
-                consider(t.expires_at);
+            if let Some(t) = dev.grants().map(|t| t.expires_at).min() {
+                consider(t);
                 continue;
             }
             // Waiters kept off a reserved device wait for its end (an
@@ -672,15 +683,24 @@ fn give_fresh_groups(dev: &mut Device, also: Option<&GroupKey>) -> Vec<GroupKey>
     fresh
 }
 
-/// Takes `dev`'s token back once it expired: one that did not end by
-/// design (lent, or its end announced) counts as revoked against its
-/// client's group.
+/// Takes `dev`'s tokens back once they expired, the holder's and its
+/// companions' (see `share`): one that did not end by design (lent, or
+/// its end announced) counts as revoked against its client's group. A
+/// companion whose token runs on holds the device after an expired
+/// holder.
 fn revoke_expired(dev: &mut Device, clients: &BTreeMap<ClientId, Client>, now: Micros) {
-    if let Some(t) = dev.token.take_if(|t| now >= t.expires_at)
-        && !t.ends
-        && let Some(c) = clients.get(&t.client)
-    {
-        dev.groups.entry(c.group.clone()).or_default().revocations += 1;
+    let expired: Vec<ClientId> = dev
+        .grants()
+        .filter(|t| now >= t.expires_at)
+        .map(|t| t.client)
+        .collect();
+    for client in expired {
+        if let Some(t) = dev.take_back(client)
+            && !t.ends
+            && let Some(c) = clients.get(&t.client)
+        {
+            dev.groups.entry(c.group.clone()).or_default().revocations += 1;
+        }
     }
 }
 
@@ -1314,23 +1334,12 @@ impl Decision<'_> {
         out: &mut Vec<Action>,
     ) {
         let (now, device, quota) = (self.now, self.device, terms.quota);
-        // Work still in flight from its last token is this token's now.
-        c.in_flight.remove(&device);
         if let Some(g) = dev.groups.get_mut(&c.group)
             && g.usage.is_empty(now, self.params.window)
         {
             g.active_since = now;
         }
-        c.uncharged.insert(device, (now, quota));
-        if terms.lent {
-            c.lent.insert(device);
-        } else {
-            c.lent.remove(&device);
-        }
-        c.granted.insert(device, (now, quota));
-        c.anchor.entry(device).or_insert(now);
-        // Its work from here on runs under this scheduler's tokens.
-        c.restored.remove(&device);
+        note_grant(c, device, now, quota, terms.lent);
         let expires_at = if terms.lent {
             now + quota - handover_lead(dev.rtt()).min(quota / 4)
         } else {
@@ -1354,6 +1363,23 @@ impl Decision<'_> {
             },
         });
     }
+}
+
+/// What `c` is granted `device`'s token for (`quota`, from `now`;
+/// `lent` or not) changes in its own record.
+pub(super) fn note_grant(c: &mut Client, device: DeviceId, now: Micros, quota: Micros, lent: bool) {
+    // Work still in flight from its last token is this token's now.
+    c.in_flight.remove(&device);
+    c.uncharged.insert(device, (now, quota));
+    if lent {
+        c.lent.insert(device);
+    } else {
+        c.lent.remove(&device);
+    }
+    c.granted.insert(device, (now, quota));
+    c.anchor.entry(device).or_insert(now);
+    // Its work from here on runs under this scheduler's tokens.
+    c.restored.remove(&device);
 }
 
 #[cfg(test)]

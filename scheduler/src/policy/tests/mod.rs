@@ -15,6 +15,7 @@ mod latency;
 mod leases;
 mod memory;
 mod reserve;
+mod share;
 mod shares;
 mod tokens;
 

@@ -614,3 +614,60 @@ fn kernels_longer_than_a_token_s_wait_are_measured_and_capped() {
         "the group's kernels ran {ran:.1} ms, it was charged {charged:.1} ms"
     );
 }
+
+/// Three programs of a group alone on the device run at once, as they
+/// would without gemini, not in turns of a token each: the simulator's
+/// device, which runs kernels in launch order, switches between them
+/// kernel by kernel (taking turns, it switched at most at every token's
+/// end: tokens of up to 30 ms, a few dozen times a second). The group is
+/// charged once for the time their work overlapped: its charge is at
+/// most the run's length, though each program's spans hold the others'
+/// kernels queued ahead of its own, and not less than what its kernels
+/// ran.
+#[test]
+fn programs_of_a_group_alone_run_at_once_and_are_charged_once() {
+    let _serial = serial();
+    let mut g = Gemini::start(SimEnv::default(), "[a]\n");
+    let args = [
+        "--seconds",
+        "2",
+        "--kernel-us",
+        "200",
+        "--iter-kernels",
+        "1",
+        "--wait",
+        "stream",
+    ];
+    let t0 = now_ns();
+    let kids: Vec<Child> = (0..3).map(|_| spawn(rust(&g, "a", &args))).collect();
+    let pids: Vec<u32> = kids.into_iter().map(|c| pid_of(&finish(c))).collect();
+    let t1 = now_ns();
+    let recs = fakecuda_log::read(&g.sim.sim_dir(), 0).expect("busy log");
+    let mut ours: Vec<_> = recs.iter().filter(|r| pids.contains(&r.pid)).collect();
+    ours.sort_by_key(|r| r.start);
+    let switches = ours.windows(2).filter(|w| w[0].pid != w[1].pid).count();
+    let ran_s = ours
+        .last()
+        .map_or(0, |r| r.end)
+        .saturating_sub(ours[0].start) as f64
+        / 1e9;
+    let per_s = switches as f64 / ran_s.max(1e-3);
+    eprintln!("{switches} switches between the programs in {ran_s:.2} s");
+    assert!(
+        per_s > 150.0,
+        "{switches} switches between the programs in {ran_s:.2} s: they took turns"
+    );
+    assert!(g.stop_scheduler(), "gem-schd did not stop");
+    let accounts = g.device_accounts().expect("the scheduler's charges");
+    let a = accounts.iter().find(|a| a.group == "a").expect("a charged");
+    let (ran, charged, wall) = (
+        a.ran_ns as f64 / 1e6,
+        a.charged_ns as f64 / 1e6,
+        (t1 - t0) as f64 / 1e6,
+    );
+    eprintln!("ran {ran:.1} ms, charged {charged:.1} ms in {wall:.1} ms");
+    assert!(
+        charged <= wall && charged >= ran - 5.0 - ran * 0.005,
+        "ran {ran:.1} ms, charged {charged:.1} ms in {wall:.1} ms"
+    );
+}
