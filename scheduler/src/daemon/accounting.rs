@@ -160,7 +160,9 @@ impl Accounting {
         }
         // Programs of a group alone on the GPU held its token together
         // (see `policy::share`): their spans overlap, and the group is
-        // given at most the gap, not each of them.
+        // given at most the gap, not each of them. (Not their union: the
+        // gap is seconds long, once after a restart, and its reports
+        // arrive in any order.)
         let group_taken: Micros = self
             .gap
             .iter()
@@ -631,9 +633,9 @@ mod tests {
 
     /// Two programs of one group that held the GPU's token together at
     /// the stop report overlapping work in the gap: the group is given
-    /// the gap at most, not each program's share of it.
+    /// the gap at most, not each program up to it.
     #[test]
-    fn programs_holding_a_token_together_share_the_gap() {
+    fn programs_holding_a_token_together_take_the_gap_at_most_once() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let mut child = std::process::Command::new("sleep")
@@ -655,7 +657,8 @@ mod tests {
             group: "g".into(),
             gpu_us: vec![],
         };
-        // 60 ms each, overlapping, in a gap of 100 ms.
+        // 60 ms each, overlapping, in a gap of 100 ms: capped at 100 (an
+        // overlap within the cap counts twice; see `before_start`).
         a.before_start(&p(pids[0]), 0, &[(900_000, 960_000)], 100_000);
         a.before_start(&p(pids[1]), 0, &[(940_000, 1_000_000)], 100_000);
         a.usage(&[], true);

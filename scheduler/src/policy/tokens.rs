@@ -165,10 +165,13 @@ impl Policy {
         let at = now.saturating_add(done_in.saturating_sub(lead));
         // Only an end within the token is taken: one after it cuts
         // nothing, and would let the ranking look past the token's end.
+        // A companion's is kept for when it holds the device alone (see
+        // `share`).
         if let Some(t) = dev
             .token
-            .as_mut()
-            .filter(|t| t.client == client && now < at && at < t.expires_at)
+            .iter_mut()
+            .chain(dev.with.iter_mut())
+            .find(|t| t.client == client && now < at && at < t.expires_at)
         {
             t.runs_out_at = Some(at);
         }

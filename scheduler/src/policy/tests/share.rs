@@ -59,8 +59,8 @@ fn nobody_joins_while_another_group_runs_or_used_the_device() {
     p.handle(Event::Disconnected { client: 3 }, 5 * MS);
     assert!(token(&send(&mut p, 1, acquire(), 6 * MS)).is_some());
     assert!(send(&mut p, 2, acquire(), 7 * MS).is_empty());
-    // Once b's use is older than the window, a's second program joins
-    // a's first (given the token back and asked again).
+    // Once b's use is older than the window, a's first program gives the
+    // token to its waiting second, and joins it when it asks again.
     let later = 5 * MS + params.window;
     let r = send(&mut p, 1, release_ran(6 * MS, 7 * MS), later);
     assert!(granted(&r, 2).is_some(), "{r:?}");
@@ -151,4 +151,82 @@ fn a_groups_own_reservation_lets_its_programs_share_the_token() {
     hello(&mut p, 11, "a");
     assert!(token(&send(&mut p, 10, acquire(), MS)).is_some());
     assert!(granted(&send(&mut p, 11, acquire(), 2 * MS), 11).is_some());
+}
+
+/// A job's rank of the group, which takes its GPUs in turns with its
+/// job's other ranks, does not join; while it waits nobody joins, so the
+/// grants drain and the policy serves it (joining programs that kept
+/// asking again once held the device for ever).
+#[test]
+fn a_waiting_rank_of_the_group_stops_the_joining() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "a");
+    hello_job(&mut p, 3, "a", Some("j"));
+    assert!(token(&send(&mut p, 1, acquire(), 0)).is_some());
+    assert!(send(&mut p, 3, acquire(), MS).is_empty());
+    assert!(send(&mut p, 2, acquire(), 2 * MS).is_empty());
+    // 1 gives its token back and asks again: one of the two waiting gets
+    // it, and 1 does not join.
+    let r = send(&mut p, 1, acquire_ran(0, 3 * MS), 3 * MS);
+    let first = token(&r).map(|t| t.0).expect("granted");
+    assert!(first == 2 || first == 3, "{r:?}");
+    if first == 2 {
+        let r = send(&mut p, 2, release_ran(3 * MS, 4 * MS), 4 * MS);
+        assert!(granted(&r, 3).is_some(), "{r:?}");
+    }
+}
+
+/// Programs of another user in the group do not join: where claims of
+/// a group overlap, the time is the first reported's, which would move
+/// one user's time into another's usage.
+#[test]
+fn only_the_holders_user_joins() {
+    let mut p = Policy::new(Params::default(), config("[a]\n"));
+    for (c, uid) in [(1, 1000), (2, 1001), (3, 1000)] {
+        p.handle(
+            Event::Connected {
+                client: c,
+                peer: Peer {
+                    uid,
+                    pid: c as u32,
+                    user: format!("user{uid}"),
+                    groups: Vec::new(),
+                    cgroups: Vec::new(),
+                },
+            },
+            0,
+        );
+        hello(&mut p, c, "a");
+    }
+    assert!(token(&send(&mut p, 1, acquire(), 0)).is_some());
+    // The other user's program waits, and stops the joining meanwhile.
+    assert!(send(&mut p, 2, acquire(), MS).is_empty());
+    assert!(send(&mut p, 3, acquire(), 2 * MS).is_empty());
+    // The holder gives its token back: one of them gets it, not both.
+    let r = send(&mut p, 1, release_ran(0, 3 * MS), 3 * MS);
+    assert!(
+        granted(&r, 2).is_some() != granted(&r, 3).is_some(),
+        "{r:?}"
+    );
+    // Alone again with its user's program, the holder's user shares.
+    let mut q = Policy::new(Params::default(), config("[a]\n"));
+    for c in [1, 3] {
+        q.handle(
+            Event::Connected {
+                client: c,
+                peer: Peer {
+                    uid: 1000,
+                    pid: c as u32,
+                    user: "user1000".into(),
+                    groups: Vec::new(),
+                    cgroups: Vec::new(),
+                },
+            },
+            0,
+        );
+        hello(&mut q, c, "a");
+    }
+    assert!(token(&send(&mut q, 1, acquire(), 0)).is_some());
+    assert!(granted(&send(&mut q, 3, acquire(), MS), 3).is_some());
 }
