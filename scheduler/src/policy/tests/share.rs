@@ -230,3 +230,32 @@ fn only_the_holders_user_joins() {
     assert!(token(&send(&mut q, 1, acquire(), 0)).is_some());
     assert!(granted(&send(&mut q, 3, acquire(), MS), 3).is_some());
 }
+
+/// A companion that runs out of its token with work queued says when the
+/// work ends (`RunningOut`), as a holder does; should it come to hold the
+/// device alone with another group waiting, the device passes on then,
+/// not at its token's end (the notice was dropped: the other group waited
+/// for the whole token and the grace).
+#[test]
+fn a_companions_running_out_passes_the_device_on_once_it_holds_it() {
+    let mut p = Policy::new(Params::default(), config("[a]\n[b]\n"));
+    hello(&mut p, 1, "a");
+    hello(&mut p, 2, "a");
+    assert!(token(&send(&mut p, 1, acquire(), 0)).is_some());
+    assert!(granted(&send(&mut p, 2, acquire(), MS), 2).is_some());
+    hello(&mut p, 3, "b");
+    assert!(send(&mut p, 3, acquire(), 2 * MS).is_empty());
+    let running_out = Request::RunningOut {
+        device: 0,
+        done_in_us: 5 * MS,
+    };
+    let r = send(&mut p, 2, running_out, 10 * MS);
+    assert!(matches!(r.as_slice(), [(2, _, Reply::Done)]), "{r:?}");
+    // The holder gives its token back: the companion holds the device,
+    // and b, which has had none of it, goes first where its work ends.
+    send(&mut p, 1, release_ran(0, 11 * MS), 11 * MS);
+    let handover = 15 * MS - handover_lead(RTT);
+    assert_eq!(p.next_deadline(11 * MS), Some(handover));
+    let r = replies(p.handle(Event::Tick, handover));
+    assert!(granted(&r, 3).is_some(), "{r:?}");
+}
