@@ -594,6 +594,18 @@ mod tests {
         );
     }
 
+    /// Program `pid` of user alice (uid 1), group g.
+    fn alice(pid: u32) -> Program {
+        Program {
+            client: 1,
+            pid,
+            uid: Some(1),
+            user: "alice".into(),
+            group: "g".into(),
+            gpu_us: vec![],
+        }
+    }
+
     #[test]
     fn the_gap_after_a_clean_stop_is_taken_from_its_token_holders_at_most_its_length() {
         let dir = tempfile::tempdir().unwrap();
@@ -609,20 +621,12 @@ mod tests {
         assert_eq!(a.gap_start(me, 0, 1_000_000), Some(900_000));
         assert_eq!(a.gap_start(me, 1, 1_000_000), None, "another GPU");
         assert_eq!(a.gap_start(1, 0, 1_000_000), None, "a pid reused");
-        let p = |pid| Program {
-            client: 1,
-            pid,
-            uid: Some(1),
-            user: "alice".into(),
-            group: "g".into(),
-            gpu_us: vec![],
-        };
         // 30 ms, the same 30 ms said again, then 80 ms more, in a gap of
         // 100 ms: 100 ms taken; another program's report, none.
-        a.before_start(&p(me), 0, &[(900_000, 930_000)], 100_000);
-        a.before_start(&p(me), 0, &[(900_000, 930_000)], 100_000);
-        a.before_start(&p(me), 0, &[(920_000, 1_000_000)], 100_000);
-        a.before_start(&p(1), 0, &[(900_000, 980_000)], 100_000);
+        a.before_start(&alice(me), 0, &[(900_000, 930_000)], 100_000);
+        a.before_start(&alice(me), 0, &[(900_000, 930_000)], 100_000);
+        a.before_start(&alice(me), 0, &[(920_000, 1_000_000)], 100_000);
+        a.before_start(&alice(1), 0, &[(900_000, 980_000)], 100_000);
         a.usage(&[], true);
         assert_eq!(usage(&read(&path)), [(Some(1), 0.1)]);
         assert!(!a.gap_open(), "the gap is written once");
@@ -649,18 +653,10 @@ mod tests {
             .collect();
         Accounting::new(path.clone(), 1 << 30).stop(&[], holders, 900_000);
         let mut a = Accounting::new(path.clone(), 1 << 30);
-        let p = |pid| Program {
-            client: 1,
-            pid,
-            uid: Some(1),
-            user: "alice".into(),
-            group: "g".into(),
-            gpu_us: vec![],
-        };
         // 60 ms each, overlapping, in a gap of 100 ms: capped at 100 (an
         // overlap within the cap counts twice; see `before_start`).
-        a.before_start(&p(pids[0]), 0, &[(900_000, 960_000)], 100_000);
-        a.before_start(&p(pids[1]), 0, &[(940_000, 1_000_000)], 100_000);
+        a.before_start(&alice(pids[0]), 0, &[(900_000, 960_000)], 100_000);
+        a.before_start(&alice(pids[1]), 0, &[(940_000, 1_000_000)], 100_000);
         a.usage(&[], true);
         let _ = child.kill();
         let _ = child.wait();

@@ -46,12 +46,12 @@
 //! gives the time to the one reported first, which between users would
 //! move one user's time into another's usage.
 
-use super::tokens::note_grant;
+use super::tokens::{Terms, note_grant, told};
 use super::{
     Action, Client, ClientId, Device, DeviceId, Grant, GroupKey, Micros, Policy, limits, reserve,
 };
 use gemini_config::Latency;
-use gemini_protocol::{Reply, Role};
+use gemini_protocol::Role;
 
 impl Device {
     /// Every grant of the device's token: the holder's, then its
@@ -119,17 +119,12 @@ impl Policy {
                 ends: false,
                 runs_out_at: None,
             });
-            out.push(Action::Reply {
-                client: w.client,
-                seq: w.seq,
-                reply: Reply::Token {
-                    device,
-                    quota_us: quota,
-                    lent: false,
-                    last_step: false,
-                    held_us: now.saturating_sub(w.since),
-                },
-            });
+            let terms = Terms {
+                quota,
+                lent: false,
+                last_step: false,
+            };
+            out.push(told(&w, device, quota, &terms, now));
         }
     }
 
@@ -151,14 +146,9 @@ impl Policy {
         }
         let &(_, quota) = c.granted.get(&device)?;
         let (group, uid) = (c.group.clone(), c.uid);
-        let l = limits(&self.config, &self.retired, &group);
-        let reserved = reserve::reserved_for(&self.reservations, device);
-        let others_reserved = reserved.iter().any(|&n| group.name() != Some(n));
-        if l.max_util < 1.0 || l.latency == Latency::Critical || others_reserved {
-            return None;
-        }
         let other = |k: &GroupKey| k != &group && matches!(k, GroupKey::Named(_));
-        // Someone to join, and nobody else waiting but gem-holder.
+        // Someone to join, and nobody else waiting but gem-holder (first:
+        // the cheapest check, and false on most requests).
         let clients = &self.clients;
         let may_join = |id: &ClientId| clients.get(id).is_some_and(|c| joins(c, &group, uid));
         let holder = |id: &ClientId| clients.get(id).is_none_or(|c| c.role == Role::Holder);
@@ -169,6 +159,12 @@ impl Policy {
                 .all(|w| may_join(&w.client) || holder(&w.client))
             || dev.returning.as_ref().is_some_and(|r| other(&r.group))
         {
+            return None;
+        }
+        let l = limits(&self.config, &self.retired, &group);
+        let reserved = reserve::reserved_for(&self.reservations, device);
+        let others_reserved = reserved.iter().any(|&n| group.name() != Some(n));
+        if l.max_util < 1.0 || l.latency == Latency::Critical || others_reserved {
             return None;
         }
         if dev

@@ -614,10 +614,10 @@ struct Lending {
 /// The token granted: its length, whether it is lent, and whether it
 /// ends with the step under way (its job's turn is over).
 #[derive(Debug)]
-struct Terms {
-    quota: Micros,
-    lent: bool,
-    last_step: bool,
+pub(super) struct Terms {
+    pub(super) quota: Micros,
+    pub(super) lent: bool,
+    pub(super) last_step: bool,
 }
 
 /// What one grant on one device is decided from: the time, the timing
@@ -1354,17 +1354,29 @@ impl Decision<'_> {
             ends: terms.lent,
             runs_out_at: None,
         });
-        out.push(Action::Reply {
-            client: w.client,
-            seq: w.seq,
-            reply: Reply::Token {
-                device,
-                quota_us: quota,
-                lent: terms.lent,
-                last_step: terms.last_step,
-                held_us: now.saturating_sub(w.since),
-            },
-        });
+        out.push(told(w, device, quota, terms, now));
+    }
+}
+
+/// The reply that tells waiter `w` it has `device`'s token for `quota`
+/// on `terms`' other terms, from `now`.
+pub(super) fn told(
+    w: &Waiter,
+    device: DeviceId,
+    quota: Micros,
+    terms: &Terms,
+    now: Micros,
+) -> Action {
+    Action::Reply {
+        client: w.client,
+        seq: w.seq,
+        reply: Reply::Token {
+            device,
+            quota_us: quota,
+            lent: terms.lent,
+            last_step: terms.last_step,
+            held_us: now.saturating_sub(w.since),
+        },
     }
 }
 

@@ -478,18 +478,6 @@ fn view(p: &mut Policy, client: ClientId, device: DeviceId) -> u64 {
     }
 }
 
-/// `client` is a connection of a process of user `uid`.
-fn connect_as(p: &mut Policy, client: ClientId, uid: u32) {
-    let peer = Peer {
-        uid,
-        pid: client as u32,
-        user: format!("user{uid}"),
-        groups: Vec::new(),
-        cgroups: Vec::new(),
-    };
-    p.handle(Event::Connected { client, peer }, 0);
-}
-
 /// A context's size once came from any connection, and the largest ever
 /// said was what every new process reserved first: one `ContextCost` of
 /// u64::MAX made every later process of a group with a `MemoryLimit` fail

@@ -610,6 +610,26 @@ fn release_in_flight(start: Micros, end: Micros) -> Request {
     }
 }
 
+/// The token granted to `client` in `r`, if one was: its quota.
+fn granted(r: &[(ClientId, u32, Reply)], client: ClientId) -> Option<Micros> {
+    r.iter().find_map(|(c, _, reply)| match reply {
+        Reply::Token { quota_us, .. } if *c == client => Some(*quota_us),
+        _ => None,
+    })
+}
+
+/// `client` is a connection of a process of user `uid`.
+fn connect_as(p: &mut Policy, client: ClientId, uid: u32) {
+    let peer = Peer {
+        uid,
+        pid: client as u32,
+        user: format!("user{uid}"),
+        groups: Vec::new(),
+        cgroups: Vec::new(),
+    };
+    p.handle(Event::Connected { client, peer }, 0);
+}
+
 /// The one token granted in `r`: (client, quota, lent).
 fn token(r: &[(ClientId, u32, Reply)]) -> Option<(ClientId, Micros, bool)> {
     match r {

@@ -3,14 +3,6 @@
 
 use super::*;
 
-/// The token granted to `client` in `r`, if one was: its quota.
-fn granted(r: &[(ClientId, u32, Reply)], client: ClientId) -> Option<Micros> {
-    r.iter().find_map(|(c, _, reply)| match reply {
-        Reply::Token { quota_us, .. } if *c == client => Some(*quota_us),
-        _ => None,
-    })
-}
-
 /// Three programs of a group alone on the device run at once: the second
 /// and third are granted the token while the first holds it, each for as
 /// long as the first, and the group is charged the union of their
@@ -184,19 +176,7 @@ fn a_waiting_rank_of_the_group_stops_the_joining() {
 fn only_the_holders_user_joins() {
     let mut p = Policy::new(Params::default(), config("[a]\n"));
     for (c, uid) in [(1, 1000), (2, 1001), (3, 1000)] {
-        p.handle(
-            Event::Connected {
-                client: c,
-                peer: Peer {
-                    uid,
-                    pid: c as u32,
-                    user: format!("user{uid}"),
-                    groups: Vec::new(),
-                    cgroups: Vec::new(),
-                },
-            },
-            0,
-        );
+        connect_as(&mut p, c, uid);
         hello(&mut p, c, "a");
     }
     assert!(token(&send(&mut p, 1, acquire(), 0)).is_some());
@@ -212,19 +192,7 @@ fn only_the_holders_user_joins() {
     // Alone again with its user's program, the holder's user shares.
     let mut q = Policy::new(Params::default(), config("[a]\n"));
     for c in [1, 3] {
-        q.handle(
-            Event::Connected {
-                client: c,
-                peer: Peer {
-                    uid: 1000,
-                    pid: c as u32,
-                    user: "user1000".into(),
-                    groups: Vec::new(),
-                    cgroups: Vec::new(),
-                },
-            },
-            0,
-        );
+        connect_as(&mut q, c, 1000);
         hello(&mut q, c, "a");
     }
     assert!(token(&send(&mut q, 1, acquire(), 0)).is_some());

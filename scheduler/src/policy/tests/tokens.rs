@@ -1140,13 +1140,6 @@ fn grant_of(r: &[(ClientId, u32, Reply)], who: ClientId) -> Option<(Micros, bool
     })
 }
 
-fn granted(r: &[(ClientId, u32, Reply)], who: ClientId) -> Option<Micros> {
-    r.iter().find_map(|(c, _, reply)| match reply {
-        Reply::Token { quota_us, .. } if *c == who => Some(*quota_us),
-        _ => None,
-    })
-}
-
 #[test]
 fn a_job_whose_collective_waits_for_its_peer_keeps_its_turn_until_the_peer_catches_up() {
     let (mut p, until) = two_jobs_in_a_turn();
