@@ -328,8 +328,11 @@ impl State {
         }
     }
 
-    fn roundtrip(&self, req: &Request, device: u32) -> Result<Reply, Failure> {
+    /// Sends `req` and waits for its reply; with when it was sent (ns on
+    /// `CLOCK_MONOTONIC`, just before the send).
+    fn roundtrip(&self, req: &Request, device: u32) -> Result<(Reply, u64), Failure> {
         let sent = Instant::now();
+        let sent_ns = crate::clock::now_ns();
         let seq = self.send(req).map_err(Failure::Refused)?;
         let token = matches!(req, Request::AcquireToken { .. });
         let reply = self.wait_for(seq, device, token)?;
@@ -337,7 +340,7 @@ impl State {
         if let Some(ns) = gemini_protocol::roundtrip::sample_of(req, &reply, elapsed) {
             self.rtt.sample(ns);
         }
-        Ok(reply)
+        Ok((reply, sent_ns))
     }
 
     /// Waits for the reply to `seq` (a request about `device`), checking
@@ -458,6 +461,13 @@ impl State {
     /// Sends `req` and waits for its reply, registering first and again
     /// after a scheduler restart. `Err` is the CUDA result to return.
     pub fn call(&self, req: &Request, device: u32) -> Result<Reply, u32> {
+        self.call_sent(req, device).map(|(reply, _)| reply)
+    }
+
+    /// [`State::call`], with when the request that was answered was sent
+    /// (ns on `CLOCK_MONOTONIC`): after a registration, or a scheduler's
+    /// restart, that is the last send.
+    pub fn call_sent(&self, req: &Request, device: u32) -> Result<(Reply, u64), u32> {
         loop {
             if !self.registered.load(Ordering::Acquire) {
                 // (Exiting: nothing of a new registration to report.)

@@ -34,6 +34,10 @@ pub struct Settings {
     /// `GEMINI_BENCH_TOKEN_DELAY_US`: slept before each token request
     /// (benchmarks only; zero in use).
     pub token_delay: Duration,
+    /// `GEMINI_TEST_TAKE_DELAY_US` (`US`, or `N:US`): slept after each
+    /// (every Nth) token reply is read, before the token is taken (tests
+    /// only: a thread descheduled there on a loaded host; zero in use).
+    pub take_delay: (u32, Duration),
     /// `GEMINI_ASK_AHEAD` (`0`: off): a token is asked for ahead of the
     /// process's predicted return from a quiet gap (see `gate::ahead`).
     pub ask_ahead: bool,
@@ -92,9 +96,19 @@ impl Settings {
                     .unwrap_or_default()
             })
             .unwrap_or_default();
-        let token_delay = var(env::BENCH_TOKEN_DELAY_US)
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_micros)
+        let micros = |name| {
+            var(name)
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_micros)
+                .unwrap_or_default()
+        };
+        let token_delay = micros(env::BENCH_TOKEN_DELAY_US);
+        // "US", or "N:US" (every Nth grant).
+        let take_delay = var(env::TEST_TAKE_DELAY_US)
+            .and_then(|v| {
+                let (every, us) = v.split_once(':').unwrap_or(("1", &v));
+                Some((every.parse().ok()?, Duration::from_micros(us.parse().ok()?)))
+            })
             .unwrap_or_default();
         Settings {
             group: var(env::GROUP_NAME),
@@ -103,6 +117,7 @@ impl Settings {
             idle,
             visible,
             token_delay,
+            take_delay,
             ask_ahead: var(env::ASK_AHEAD).is_none_or(|v| v.trim() != "0"),
             // SAFETY: getppid(2) takes nothing and cannot fail.
             job: gemini_protocol::job::declared(var, unsafe { libc::getppid() } as u32),

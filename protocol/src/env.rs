@@ -21,6 +21,10 @@ pub const IDLE_MS: &str = "GEMINI_IDLE_MS";
 /// request, so that `gem-bench --only rtt` can measure what a slower token
 /// round trip would cost. Unset (or 0) in use.
 pub const BENCH_TOKEN_DELAY_US: &str = "GEMINI_BENCH_TOKEN_DELAY_US";
+/// Tests only: microseconds the hook sleeps after reading a token's
+/// grant, before taking it (a thread descheduled there on a loaded host);
+/// `N:US`: after every Nth. Unset (or 0) in use.
+pub const TEST_TAKE_DELAY_US: &str = "GEMINI_TEST_TAKE_DELAY_US";
 /// `0` turns off asking for a token ahead of a process's predicted return
 /// from a quiet gap (the hook's default: on).
 pub const ASK_AHEAD: &str = "GEMINI_ASK_AHEAD";

@@ -300,8 +300,10 @@ pub(super) struct Grant {
     /// The predicted end of the work a renewed lent token left queued
     /// (ns; 0: none).
     pub(super) queue_end: u64,
-    /// When the request it answers was sent (ns; 0: not known), and how
-    /// long gem-schd held it before granting (the reply's `held_us`).
+    /// When the request it answers was sent (ns; 0: not known; for one
+    /// answered as the asking thread waited, later by half a round trip
+    /// and a slack, see `gate::ask_next`), and how long gem-schd held it
+    /// before granting (the reply's `held_us`).
     pub(super) sent: u64,
     pub(super) held_us: u64,
 }
@@ -316,15 +318,21 @@ impl Grant {
     /// 2 ms later) has that much less left, instead of launching into the
     /// time gem-schd gives the next holder (a latency-critical group's).
     pub(super) fn granted(&self, taken: u64, rtt: u64) -> u64 {
-        if self.sent == 0 {
-            return taken;
-        }
-        let at = self
-            .sent
-            .saturating_add(self.held_us.saturating_mul(1000))
-            .saturating_add(rtt / 2);
-        taken.min(at)
+        granted_at(self.sent, self.held_us, taken, rtt)
     }
+}
+
+/// When gem-schd granted a request sent at `sent` (ns; 0: not known; see
+/// [`Grant::sent`]) and held `held_us` before the grant, taken at
+/// `taken` with the round trip `rtt` (see [`Grant::granted`]).
+pub(super) fn granted_at(sent: u64, held_us: u64, taken: u64, rtt: u64) -> u64 {
+    if sent == 0 {
+        return taken;
+    }
+    let at = sent
+        .saturating_add(held_us.saturating_mul(1000))
+        .saturating_add(rtt / 2);
+    taken.min(at)
 }
 
 /// [`Transition::Grant`].

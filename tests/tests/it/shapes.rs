@@ -205,6 +205,113 @@ fn a_late_wakeup_does_not_take_the_next_groups_time() {
     charged_as_run(SimEnv::default(), &[("FAKECUDA_WAKEUP_US", "1000")]);
 }
 
+/// The hand-overs of `a_process_idle_between_steps_gives_the_device_away`
+/// where lo's thread takes every third of its tokens 8 ms after gem-schd
+/// granted it (descheduled between the reply and its taking, as on a
+/// loaded host): a token taken that late counts from when it could have
+/// been taken (a round trip after it was asked, gem-schd's holding and a
+/// millisecond), not from its taking, and one already over as it is
+/// taken is asked for again, so that no launch goes long after its
+/// token's end. (Counted from its taking, a token
+/// admitted launches up to 8 ms into the next group's: in a full test
+/// run one reached the device among hi's kernels, its span stayed open
+/// through hi's 20 ms step, and hi, whose kernels ran 1700 ms, was
+/// charged 1684 ms. With a token over as it was taken letting the launch
+/// that asked go, that launch queued among hi's kernels, and its span,
+/// within hi's, took 16 ms of hi's step: hi was charged 1580-1624 ms for
+/// 1680.)
+#[test]
+fn a_token_taken_late_admits_nothing_after_its_end() {
+    let _serial = serial();
+    let mut g = Gemini::start(SimEnv::default(), "[lo]\nMinUtil=0.3\n[hi]\nMinUtil=0.7\n");
+    let lo_env = [(gemini_protocol::env::TEST_TAKE_DELAY_US, "3:8000")];
+    lo_slowed_and_gapped_hi(&g, "50", &lo_env);
+    let (grants, spans) = tokens_and_spans(&g.log(), "lo");
+    assert!(
+        grants.len() >= 50 && spans.len() >= 50,
+        "{grants:?} {spans:?}"
+    );
+    // Every span of lo's that began more than 2 ms (the hook's slack, and
+    // the log's times against the grant's) after the end
+    // of the last token granted before it: its start, the token's end and
+    // quota (µs). A few may on a loaded host, descheduled past a second
+    // grant's end, or after its deadline's check and before the span
+    // opened; without the fix 68-86 of about 560 did.
+    let late: Vec<(u64, u64, u64)> = spans
+        .iter()
+        .filter_map(|&start| {
+            let &(at, quota) = grants.iter().rev().find(|&&(at, _)| at <= start)?;
+            (start > at + quota + 2_000).then_some((start, at + quota, quota))
+        })
+        .collect();
+    assert!(
+        late.len() * 50 <= spans.len(),
+        "{} of {} spans began after their token's end: {late:?}",
+        late.len(),
+        spans.len()
+    );
+    each_charged_what_it_ran(&mut g, "lo taking its tokens late");
+}
+
+/// What gem-schd's debug log `log` says of `group`'s tokens: each grant
+/// (µs on `CLOCK_MONOTONIC`, as the log's wall-clock time of the reply
+/// says, and its quota in µs), and where each span it reported began.
+fn tokens_and_spans(log: &str, group: &str) -> (Vec<(u64, u64)>, Vec<u64>) {
+    // The log's time of day (UTC) against the monotonic clock, read now.
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let day_us = 86_400_000_000_i64;
+    let offset = now_ns() as i64 / 1000 - (wall.as_micros() as i64).rem_euclid(day_us);
+    let to_mono = |line: &str| -> Option<u64> {
+        // "2026-11-30T07:00:51.259278Z ..."
+        let (h, rest) = line.get(11..26)?.split_once(':')?;
+        let (m, s) = rest.split_once(':')?;
+        let tod = (h.parse::<f64>().ok()? * 3600.0
+            + m.parse::<f64>().ok()? * 60.0
+            + s.parse::<f64>().ok()?)
+            * 1e6;
+        // (A run over midnight: the day before.)
+        let mut mono = tod as i64 + offset;
+        if mono > now_ns() as i64 / 1000 {
+            mono -= day_us;
+        }
+        Some(mono as u64)
+    };
+    let number = |text: &str, key: &str| -> Option<u64> {
+        let at = text.find(key)? + key.len();
+        let digits: String = text[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    };
+    let mut clients = Vec::new();
+    let (mut grants, mut spans) = (Vec::new(), Vec::new());
+    for line in log.lines() {
+        if line.contains(" joined: pid ") && line.ends_with(&format!("group {group:?}")) {
+            clients.extend(number(line, "client "));
+            continue;
+        }
+        let Some(client) = number(line, "daemon: client ") else {
+            continue;
+        };
+        if !clients.contains(&client) {
+            continue;
+        }
+        if line.contains(" <- Token { ") {
+            grants.extend(to_mono(line).zip(number(line, "quota_us: ")));
+        } else {
+            spans.extend(
+                line.split("Span { start_us: ")
+                    .skip(1)
+                    .filter_map(|s| number(s, "")),
+            );
+        }
+    }
+    (grants, spans)
+}
+
 /// Two groups that each go idle for 10 ms after every 20 ms step, where
 /// every 7th of lo's launches takes 10 ms before its work is queued (its
 /// thread descheduled) and each of hi's 0.9 ms (a launch at CPU pace):
