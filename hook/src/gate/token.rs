@@ -309,22 +309,24 @@ pub(super) struct Grant {
 }
 
 impl Grant {
-    /// When gem-schd granted it, as far as this process can tell, for a
-    /// grant taken at `taken` with the round trip `rtt` (ns): the request
-    /// sent, held, and half a round trip each way; `taken` if that is
-    /// sooner or the request's time is not known. A token's deadline
-    /// counts from here, as gem-schd counts it: a grant that waited to be
-    /// taken (asked ahead, and read at the watcher's next wake-up, up to
-    /// 2 ms later) has that much less left, instead of launching into the
-    /// time gem-schd gives the next holder (a latency-critical group's).
+    /// Where its token counts from, for a grant taken at `taken` with the
+    /// round trip `rtt` (ns): the request sent (see [`Grant::sent`]: for a
+    /// grant the asking thread waited for, a slack later), held, and half
+    /// a round trip each way; `taken` if that is sooner or the request's
+    /// time is not known. For a grant asked ahead that is when gem-schd
+    /// granted it, as far as this process can tell. A grant that waited
+    /// to be taken (asked ahead, and read at the watcher's next wake-up,
+    /// up to 2 ms later; or its thread descheduled) has that much less
+    /// left, instead of launching into the time gem-schd gives the next
+    /// holder (a latency-critical group's).
     pub(super) fn granted(&self, taken: u64, rtt: u64) -> u64 {
         granted_at(self.sent, self.held_us, taken, rtt)
     }
 }
 
-/// When gem-schd granted a request sent at `sent` (ns; 0: not known; see
-/// [`Grant::sent`]) and held `held_us` before the grant, taken at
-/// `taken` with the round trip `rtt` (see [`Grant::granted`]).
+/// Where the token of a request sent at `sent` (ns; 0: not known; see
+/// [`Grant::sent`]) and held `held_us` before the grant counts from,
+/// taken at `taken` with the round trip `rtt` (see [`Grant::granted`]).
 pub(super) fn granted_at(sent: u64, held_us: u64, taken: u64, rtt: u64) -> u64 {
     if sent == 0 {
         return taken;
