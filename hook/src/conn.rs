@@ -331,16 +331,15 @@ impl State {
     /// Sends `req` and waits for its reply; with when it was sent (ns on
     /// `CLOCK_MONOTONIC`, just before the send).
     fn roundtrip(&self, req: &Request, device: u32) -> Result<(Reply, u64), Failure> {
-        let sent = Instant::now();
-        let sent_ns = crate::clock::now_ns();
+        let sent = crate::clock::now_ns();
         let seq = self.send(req).map_err(Failure::Refused)?;
         let token = matches!(req, Request::AcquireToken { .. });
         let reply = self.wait_for(seq, device, token)?;
-        let elapsed = sent.elapsed().as_nanos() as u64;
+        let elapsed = crate::clock::now_ns().saturating_sub(sent);
         if let Some(ns) = gemini_protocol::roundtrip::sample_of(req, &reply, elapsed) {
             self.rtt.sample(ns);
         }
-        Ok((reply, sent_ns))
+        Ok((reply, sent))
     }
 
     /// Waits for the reply to `seq` (a request about `device`), checking

@@ -614,11 +614,11 @@ fn take_delay(st: &State) {
 /// [`ask_next`], where a grant already over as it is taken (this thread
 /// descheduled between the reply and now, on a loaded host; or a grant
 /// asked ahead, taken by the launch more than its quota after it came)
-/// is given back unused and asked for again, once. Let through, the launch that asked
-/// would reach the device in the next holder's time, behind its queued
-/// work, and the span it opened, within that holder's, took its time (a
-/// whole 20 ms step). The second grant is taken whatever is left of it:
-/// a program always goes on.
+/// is given back unused and asked for again, once. Let through, the
+/// launch that asked would reach the device in the next holder's time,
+/// behind its queued work, and the span it opened, within that holder's,
+/// took its time (a whole 20 ms step). The second grant is taken
+/// whatever is left of it: a program always goes on.
 fn ask_in_time(
     st: &'static State,
     dev: usize,

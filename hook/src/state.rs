@@ -96,13 +96,10 @@ impl Settings {
                     .unwrap_or_default()
             })
             .unwrap_or_default();
-        let micros = |name| {
-            var(name)
-                .and_then(|v| v.parse().ok())
-                .map(Duration::from_micros)
-                .unwrap_or_default()
-        };
-        let token_delay = micros(env::BENCH_TOKEN_DELAY_US);
+        let token_delay = var(env::BENCH_TOKEN_DELAY_US)
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_micros)
+            .unwrap_or_default();
         // "US", or "N:US" (every Nth grant).
         let take_delay = var(env::TEST_TAKE_DELAY_US)
             .and_then(|v| {

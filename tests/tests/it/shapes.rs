@@ -268,7 +268,8 @@ fn tokens_and_spans(log: &str, group: &str) -> (Vec<(u64, u64)>, Vec<u64>) {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
     let day_us = 86_400_000_000_i64;
-    let offset = now_ns() as i64 / 1000 - (wall.as_micros() as i64).rem_euclid(day_us);
+    let now_us = now_ns() as i64 / 1000;
+    let offset = now_us - (wall.as_micros() as i64).rem_euclid(day_us);
     let to_mono = |line: &str| -> Option<u64> {
         // "2026-11-30T07:00:51.259278Z ..."
         let (h, rest) = line.get(11..26)?.split_once(':')?;
@@ -279,7 +280,7 @@ fn tokens_and_spans(log: &str, group: &str) -> (Vec<(u64, u64)>, Vec<u64>) {
             * 1e6;
         // (A run over midnight: the day before.)
         let mut mono = tod as i64 + offset;
-        if mono > now_ns() as i64 / 1000 {
+        if mono > now_us {
             mono -= day_us;
         }
         Some(mono as u64)
