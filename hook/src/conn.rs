@@ -165,12 +165,21 @@ impl State {
     /// Says hello until the scheduler answers (or the connect timeout
     /// passes).
     fn register(&self) -> Result<(), u32> {
+        self.register_with(&[])
+    }
+
+    /// [`State::register`], sending `ahead` right behind the first hello
+    /// (see [`State::send_ahead`]): the scheduler reads them in order, so
+    /// one wait serves all. They are kept only where that hello is the
+    /// one welcomed; any other outcome forgets them.
+    fn register_with(&self, ahead: &[Request]) -> Result<(), u32> {
         // Before any lock of ours (see `link::functions`).
         crate::link::load_early();
         let _g = lock(&self.register);
         if self.registered.load(Ordering::Acquire) {
             return Ok(());
         }
+        let mut ahead = ahead;
         let code = self.refused.load(Ordering::Acquire);
         if code != 0 {
             return Err(code);
@@ -201,7 +210,7 @@ impl State {
         }
         'hello: loop {
             if Instant::now() >= next_send {
-                seq = self.send(&hello)?;
+                seq = self.send_hello(&hello, std::mem::take(&mut ahead))?;
                 next_send = Instant::now() + resend_after;
                 resend_after = (resend_after * 2).min(Duration::from_secs(32));
             }
@@ -220,6 +229,9 @@ impl State {
                         return Ok(());
                     }
                     Some(Ok(Reply::Error(e))) if e.kind == ErrorKind::AlreadyRegistered => {
+                        if let Some(mut k) = self.ahead_lock() {
+                            k.clear();
+                        }
                         self.registered.store(true, Ordering::Release);
                         return Ok(());
                     }
@@ -328,18 +340,103 @@ impl State {
         }
     }
 
+    /// Sends `hello`, then `ahead` behind it (kept for the calls that
+    /// want their answers); the hello's sequence number. What was sent
+    /// ahead before a scheduler's restart, or behind a hello sent again
+    /// (no answer, or in an older version), is answered late or not at
+    /// all: forgotten.
+    fn send_hello(&self, hello: &Request, ahead: &[Request]) -> Result<u32, u32> {
+        let mut kept = self.ahead_lock();
+        if let Some(k) = kept.as_mut() {
+            k.clear();
+        }
+        let seq = self.send(hello)?;
+        if let Some(k) = kept.as_mut() {
+            for req in ahead {
+                if let Ok(s) = self.send(req) {
+                    k.push((req.clone(), s));
+                }
+            }
+        }
+        Ok(seq)
+    }
+
     /// Sends `req` and waits for its reply; with when it was sent (ns on
-    /// `CLOCK_MONOTONIC`, just before the send).
+    /// `CLOCK_MONOTONIC`, just before the send). A request sent ahead is
+    /// not sent again, and its wait, which began behind others, is not a
+    /// sample of the round trip.
     fn roundtrip(&self, req: &Request, device: u32) -> Result<(Reply, u64), Failure> {
         let sent = crate::clock::now_ns();
-        let seq = self.send(req).map_err(Failure::Refused)?;
+        let (seq, timed) = match self.take_ahead(req) {
+            Some(seq) => (seq, false),
+            None => (self.send_new(req).map_err(Failure::Refused)?, true),
+        };
         let token = matches!(req, Request::AcquireToken { .. });
         let reply = self.wait_for(seq, device, token)?;
         let elapsed = crate::clock::now_ns().saturating_sub(sent);
-        if let Some(ns) = gemini_protocol::roundtrip::sample_of(req, &reply, elapsed) {
+        if let Some(ns) = gemini_protocol::roundtrip::sample_of(req, &reply, elapsed)
+            && timed
+        {
             self.rtt.sample(ns);
         }
         Ok((reply, sent))
+    }
+
+    /// Sends `reqs` now (registering first, right behind the hello, if
+    /// need be), for calls that will want their answers: a call of the
+    /// same request takes its answer instead of asking. Only until any
+    /// other request is sent, after which the answers could predate a
+    /// change of ours (a reservation after a memory view), and they are
+    /// forgotten. The answers not taken stay in the connection's bounded
+    /// store of replies until it drops them.
+    pub fn send_ahead(&self, reqs: &[Request]) {
+        if !self.registered.load(Ordering::Acquire) {
+            let _ = self.register_with(reqs);
+            return;
+        }
+        // Held across the sends: a request another thread sends between
+        // two of them forgets them all, or waits.
+        let Some(mut kept) = self.ahead_lock() else {
+            return;
+        };
+        kept.clear();
+        for req in reqs {
+            if let Ok(seq) = self.send(req) {
+                kept.push((req.clone(), seq));
+            }
+        }
+    }
+
+    /// The requests sent ahead. The thread running the exit handler only
+    /// tries the lock (`None`: it is held), as for the connection's (see
+    /// [`State::conn`]).
+    fn ahead_lock(&self) -> Option<std::sync::MutexGuard<'_, Vec<(Request, u32)>>> {
+        if !is_exiting() {
+            return Some(lock(&self.ahead));
+        }
+        match self.ahead.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The sequence number of `req` if it was sent ahead (see
+    /// [`State::send_ahead`]), taken out of those kept.
+    fn take_ahead(&self, req: &Request) -> Option<u32> {
+        let mut kept = self.ahead_lock()?;
+        let at = kept.iter().position(|(r, _)| r == req)?;
+        Some(kept.swap_remove(at).1)
+    }
+
+    /// Sends a request not sent ahead: those sent ahead are forgotten
+    /// (under their lock, so none is sent between).
+    fn send_new(&self, req: &Request) -> Result<u32, u32> {
+        let mut kept = self.ahead_lock();
+        if let Some(k) = kept.as_mut() {
+            k.clear();
+        }
+        self.send(req)
     }
 
     /// Waits for the reply to `seq` (a request about `device`), checking
@@ -514,7 +611,7 @@ impl State {
         if !self.registered.load(Ordering::Acquire) {
             self.register()?;
         }
-        self.send(req)
+        self.send_new(req)
     }
 
     /// The reply to `seq`, sent with [`State::ask`], if it comes within

@@ -5,7 +5,7 @@
 //! its locks may be held by threads that do not exist in the child) and
 //! starts clean.
 
-use gemini_protocol::{env, units};
+use gemini_protocol::{Request, env, units};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{
@@ -379,6 +379,11 @@ pub struct State {
     pub register: Mutex<()>,
     /// Whether the scheduler knows this process.
     pub registered: AtomicBool,
+    /// Requests sent ahead of the calls that will want their answers (at
+    /// start-up: the GPU map and a GPU's memory view, behind the hello),
+    /// with their sequence numbers; forgotten as soon as any other
+    /// request is sent, so an answer never predates a change of ours.
+    pub ahead: Mutex<Vec<(Request, u32)>>,
     /// The scheduler's id of this connection (its welcome; 0: not known).
     pub client_id: AtomicU64,
     /// Non-zero once the hook has given up: every gated call fails with
@@ -527,6 +532,7 @@ pub fn get() -> &'static State {
         conn: Mutex::new(None),
         register: Mutex::new(()),
         registered: AtomicBool::new(false),
+        ahead: Mutex::new(Vec::new()),
         client_id: AtomicU64::new(0),
         refused: AtomicU32::new(0),
         gates: (0..MAX_GATES).map(|_| Gate::default()).collect(),

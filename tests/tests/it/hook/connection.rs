@@ -129,6 +129,62 @@ fn a_scheduler_of_an_unspoken_version_is_waited_for_gated() {
     assert!(field(&reports(&out.stdout)[0], "kernels") > 0);
 }
 
+/// At start-up the hook sends the GPU map and the memory view of the GPU
+/// it makes its context on right behind its hello, without waiting for
+/// the welcome: one wait for what took three. (Each wait is a hand-off
+/// between four threads of two processes, and 64 programs starting at
+/// once on 2 cores waited long for each.) A stand-in for gem-schd reads
+/// what arrives before it answers anything; then gem-schd answers, and
+/// the program runs.
+#[test]
+fn the_gpu_map_and_memory_view_ride_behind_the_hello() {
+    let _serial = serial();
+    let mut g = Gemini::start(SimEnv::default(), "[a]\n");
+    g.kill_scheduler();
+    let endpoint = gemini_protocol::scheduler_endpoint(&g.ipc()).unwrap();
+    let socket = g.ipc().join(gemini_protocol::SCHEDULER_SOCKET);
+    let _ = std::fs::remove_file(&socket);
+    let ctx = zmq::Context::new();
+    let stand_in = ctx.socket(zmq::ROUTER).unwrap();
+    stand_in.bind(&endpoint).unwrap();
+    let w = spawn(rust(&g, "a", &["--seconds", "0.2", "--kernel-us", "500"]));
+    // Until the hello, then 0.5 s more: the hook says hello again only
+    // after 1 s without an answer.
+    let mut asked = Vec::new();
+    let mut until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        if stand_in.poll(zmq::POLLIN, 50).unwrap() == 0 {
+            continue;
+        }
+        let frames = stand_in.recv_multipart(0).unwrap();
+        let (_, _, req) = gemini_protocol::decode_request_versioned(&frames[1]).unwrap();
+        if asked.is_empty() {
+            until = Instant::now() + Duration::from_millis(500);
+        }
+        asked.push(req);
+    }
+    drop(stand_in);
+    let _ = std::fs::remove_file(&socket);
+    g.start_scheduler();
+    let out = finish(w);
+    assert!(
+        matches!(asked.first(), Some(gemini_protocol::Request::Hello { .. })),
+        "{asked:?}"
+    );
+    assert!(
+        matches!(asked.get(1), Some(gemini_protocol::Request::Gpus { uuids }) if uuids.len() == 1),
+        "the GPU map behind the hello: {asked:?}"
+    );
+    assert_eq!(
+        asked.get(2),
+        Some(&gemini_protocol::Request::MemoryInfo { device: 0 }),
+        "the context's GPU's memory view behind them: {asked:?}"
+    );
+    assert_eq!(asked.len(), 3, "nothing else before an answer: {asked:?}");
+    // What was asked of the stand-in is not taken for gem-schd's answer.
+    assert!(field(&reports(&out.stdout)[0], "kernels") > 0);
+}
+
 #[test]
 fn unknown_or_missing_group_fails_cleanly_with_one_line() {
     let g = Gemini::start(SimEnv::default(), "[a]\n");
