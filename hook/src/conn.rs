@@ -171,7 +171,11 @@ impl State {
     /// [`State::register`], sending `ahead` right behind the first hello
     /// (see [`State::send_ahead`]): the scheduler reads them in order, so
     /// one wait serves all. They are kept only where that hello is the
-    /// one welcomed; any other outcome forgets them.
+    /// one welcomed: a hello sent again forgets them, and a refusal or a
+    /// time-out fails every later call anyway. (A scheduler of 0.1.0
+    /// answers what it cannot read with sequence number 0, which is taken
+    /// for the hello waited for: its refusals of those sent ahead may
+    /// cost a hello or two more, each answered "already registered".)
     fn register_with(&self, ahead: &[Request]) -> Result<(), u32> {
         // Before any lock of ours (see `link::functions`).
         crate::link::load_early();
@@ -390,6 +394,10 @@ impl State {
     /// forgotten. The answers not taken stay in the connection's bounded
     /// store of replies until it drops them.
     pub fn send_ahead(&self, reqs: &[Request]) {
+        // (Exiting: nothing registers again, and the calls ask anew.)
+        if is_exiting() {
+            return;
+        }
         if !self.registered.load(Ordering::Acquire) {
             let _ = self.register_with(reqs);
             return;
@@ -430,7 +438,10 @@ impl State {
     }
 
     /// Sends a request not sent ahead: those sent ahead are forgotten
-    /// (under their lock, so none is sent between).
+    /// (under their lock, so none is sent between). The thread running
+    /// the exit handler sends even where it cannot take that lock: what it
+    /// sends (the token's end, late usage) changes neither a memory view
+    /// nor the GPU map, the only requests sent ahead.
     fn send_new(&self, req: &Request) -> Result<u32, u32> {
         let mut kept = self.ahead_lock();
         if let Some(k) = kept.as_mut() {

@@ -148,17 +148,23 @@ fn the_gpu_map_and_memory_view_ride_behind_the_hello() {
     let stand_in = ctx.socket(zmq::ROUTER).unwrap();
     stand_in.bind(&endpoint).unwrap();
     let w = spawn(rust(&g, "a", &["--seconds", "0.2", "--kernel-us", "500"]));
-    // Until the hello, then 0.5 s more: the hook says hello again only
-    // after 1 s without an answer.
+    // The program's requests until its hello, then 0.5 s more. (The hook
+    // says hello again after 1 s without an answer, and a test thread
+    // held off on a busy machine may read that too.)
     let mut asked = Vec::new();
+    let mut peer: Option<Vec<u8>> = None;
     let mut until = Instant::now() + Duration::from_secs(30);
     while Instant::now() < until {
         if stand_in.poll(zmq::POLLIN, 50).unwrap() == 0 {
             continue;
         }
         let frames = stand_in.recv_multipart(0).unwrap();
+        if peer.as_ref().is_some_and(|p| *p != frames[0]) {
+            continue;
+        }
         let (_, _, req) = gemini_protocol::decode_request_versioned(&frames[1]).unwrap();
-        if asked.is_empty() {
+        if peer.is_none() {
+            peer = Some(frames[0].clone());
             until = Instant::now() + Duration::from_millis(500);
         }
         asked.push(req);
@@ -180,7 +186,12 @@ fn the_gpu_map_and_memory_view_ride_behind_the_hello() {
         Some(&gemini_protocol::Request::MemoryInfo { device: 0 }),
         "the context's GPU's memory view behind them: {asked:?}"
     );
-    assert_eq!(asked.len(), 3, "nothing else before an answer: {asked:?}");
+    assert!(
+        asked[3..]
+            .iter()
+            .all(|r| matches!(r, gemini_protocol::Request::Hello { .. })),
+        "nothing else before an answer but the hello again: {asked:?}"
+    );
     // What was asked of the stand-in is not taken for gem-schd's answer.
     assert!(field(&reports(&out.stdout)[0], "kernels") > 0);
 }
