@@ -233,9 +233,7 @@ impl State {
                         return Ok(());
                     }
                     Some(Ok(Reply::Error(e))) if e.kind == ErrorKind::AlreadyRegistered => {
-                        if let Some(mut k) = self.ahead_lock() {
-                            k.clear();
-                        }
+                        drop(self.cleared_ahead());
                         self.registered.store(true, Ordering::Release);
                         return Ok(());
                     }
@@ -350,17 +348,10 @@ impl State {
     /// (no answer, or in an older version), is answered late or not at
     /// all: forgotten.
     fn send_hello(&self, hello: &Request, ahead: &[Request]) -> Result<u32, u32> {
-        let mut kept = self.ahead_lock();
-        if let Some(k) = kept.as_mut() {
-            k.clear();
-        }
+        let mut kept = self.cleared_ahead();
         let seq = self.send(hello)?;
         if let Some(k) = kept.as_mut() {
-            for req in ahead {
-                if let Ok(s) = self.send(req) {
-                    k.push((req.clone(), s));
-                }
-            }
+            self.send_kept(k, ahead);
         }
         Ok(seq)
     }
@@ -404,10 +395,13 @@ impl State {
         }
         // Held across the sends: a request another thread sends between
         // two of them forgets them all, or waits.
-        let Some(mut kept) = self.ahead_lock() else {
-            return;
-        };
-        kept.clear();
+        if let Some(mut kept) = self.cleared_ahead() {
+            self.send_kept(&mut kept, reqs);
+        }
+    }
+
+    /// Sends `reqs`, keeping each sent with its sequence number in `kept`.
+    fn send_kept(&self, kept: &mut Vec<(Request, u32)>, reqs: &[Request]) {
         for req in reqs {
             if let Ok(seq) = self.send(req) {
                 kept.push((req.clone(), seq));
@@ -429,6 +423,14 @@ impl State {
         }
     }
 
+    /// [`State::ahead_lock`], with the requests sent ahead forgotten: held
+    /// across a send, none is sent between.
+    fn cleared_ahead(&self) -> Option<std::sync::MutexGuard<'_, Vec<(Request, u32)>>> {
+        let mut kept = self.ahead_lock()?;
+        kept.clear();
+        Some(kept)
+    }
+
     /// The sequence number of `req` if it was sent ahead (see
     /// [`State::send_ahead`]), taken out of those kept.
     fn take_ahead(&self, req: &Request) -> Option<u32> {
@@ -443,10 +445,7 @@ impl State {
     /// sends (the token's end, late usage) changes neither a memory view
     /// nor the GPU map, the only requests sent ahead.
     fn send_new(&self, req: &Request) -> Result<u32, u32> {
-        let mut kept = self.ahead_lock();
-        if let Some(k) = kept.as_mut() {
-            k.clear();
-        }
+        let _kept = self.cleared_ahead();
         self.send(req)
     }
 

@@ -81,13 +81,7 @@ fn a_request_lost_with_a_killed_scheduler_is_asked_again() {
 fn a_scheduler_of_an_unspoken_version_is_waited_for_gated() {
     let _serial = serial();
     let mut g = Gemini::start(SimEnv::default(), "[a]\nMaxUtil=0.5\n");
-    g.kill_scheduler();
-    let endpoint = gemini_protocol::scheduler_endpoint(&g.ipc()).unwrap();
-    let socket = g.ipc().join(gemini_protocol::SCHEDULER_SOCKET);
-    let _ = std::fs::remove_file(&socket);
-    let ctx = zmq::Context::new();
-    let foreign = ctx.socket(zmq::ROUTER).unwrap();
-    foreign.bind(&endpoint).unwrap();
+    let (_ctx, foreign, socket) = stand_in(&mut g);
     let t0 = now_ns();
     let w = spawn(rust(&g, "a", &["--seconds", "1", "--kernel-us", "500"]));
     // Every request gets an answer of protocol 99 for two seconds.
@@ -129,6 +123,20 @@ fn a_scheduler_of_an_unspoken_version_is_waited_for_gated() {
     assert!(field(&reports(&out.stdout)[0], "kernels") > 0);
 }
 
+/// gem-schd stopped and a ZeroMQ ROUTER bound at its socket instead, for
+/// a test to answer as it likes: its context, the socket, and the
+/// socket's path (remove it before gem-schd starts again).
+fn stand_in(g: &mut Gemini) -> (zmq::Context, zmq::Socket, std::path::PathBuf) {
+    g.kill_scheduler();
+    let endpoint = gemini_protocol::scheduler_endpoint(&g.ipc()).unwrap();
+    let socket = g.ipc().join(gemini_protocol::SCHEDULER_SOCKET);
+    let _ = std::fs::remove_file(&socket);
+    let ctx = zmq::Context::new();
+    let router = ctx.socket(zmq::ROUTER).unwrap();
+    router.bind(&endpoint).unwrap();
+    (ctx, router, socket)
+}
+
 /// At start-up the hook sends the GPU map and the memory view of the GPU
 /// it makes its context on right behind its hello, without waiting for
 /// the welcome: one wait for what took three. (Each wait is a hand-off
@@ -140,13 +148,7 @@ fn a_scheduler_of_an_unspoken_version_is_waited_for_gated() {
 fn the_gpu_map_and_memory_view_ride_behind_the_hello() {
     let _serial = serial();
     let mut g = Gemini::start(SimEnv::default(), "[a]\n");
-    g.kill_scheduler();
-    let endpoint = gemini_protocol::scheduler_endpoint(&g.ipc()).unwrap();
-    let socket = g.ipc().join(gemini_protocol::SCHEDULER_SOCKET);
-    let _ = std::fs::remove_file(&socket);
-    let ctx = zmq::Context::new();
-    let stand_in = ctx.socket(zmq::ROUTER).unwrap();
-    stand_in.bind(&endpoint).unwrap();
+    let (_ctx, stand_in, socket) = stand_in(&mut g);
     let w = spawn(rust(&g, "a", &["--seconds", "0.2", "--kernel-us", "500"]));
     // The program's requests until its hello, then 0.5 s more. (The hook
     // says hello again after 1 s without an answer, and a test thread
