@@ -307,7 +307,11 @@ impl State {
                     }
                 }
             }
-            if let Some(path) = gemini_protocol::endpoint::socket_denied(&self.settings.ipc_dir) {
+            // Unanswered for a second: connecting says whether the kernel
+            // refuses us the socket (a security module's refusal too,
+            // which the mode bits checked at the connection do not show).
+            let socket = gemini_protocol::endpoint::scheduler_socket_path(&self.settings.ipc_dir);
+            if let Some(path) = gemini_protocol::endpoint::socket_refused(socket) {
                 error!(
                     "{}; CUDA launches and allocations will fail with CUDA_ERROR_NOT_PERMITTED",
                     gemini_protocol::endpoint::denied_message(&path)

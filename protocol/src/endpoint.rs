@@ -104,12 +104,47 @@ pub fn scheduler_socket_path(ipc_dir: &Path) -> PathBuf {
 /// user: it is not in the daemon's `ipc_group`). ZeroMQ connects lazily
 /// and retries forever, so without this a refusal looks like a scheduler
 /// that does not answer.
+///
+/// The kernel is asked without a connection first (`faccessat`, with
+/// the process's effective ids, as `connect` checks them): one the
+/// scheduler accepts only to see it closed costs its I/O thread an accept
+/// and a dozen calls for every program that starts. Only a refusal is
+/// checked by connecting, as a libc without `faccessat2` reads the mode
+/// bits alone and knows no ACLs. A refusal the mode bits do not show (a
+/// security module's) is found by connecting too, where a caller finds
+/// no answer (the hook, after a second).
 pub fn socket_denied(ipc_dir: &Path) -> Option<PathBuf> {
     let path = scheduler_socket_path(ipc_dir);
+    if !write_refused(&path) {
+        return None;
+    }
+    socket_refused(path)
+}
+
+/// The socket at `path`, where connecting to it is refused this process.
+pub fn socket_refused(path: PathBuf) -> Option<PathBuf> {
     match std::os::unix::net::UnixStream::connect(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Some(path),
         _ => None,
     }
+}
+
+/// Whether the kernel refuses this process write access to `path` (what
+/// connecting to a socket needs): false where it grants it, and where
+/// there is nothing to ask about (no such file).
+fn write_refused(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: faccessat reads the NUL-terminated path `c`, alive for the
+    // call, and writes nothing.
+    let r = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) };
+    r != 0
+        && matches!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EACCES | libc::EPERM)
+        )
 }
 
 /// What to tell a user refused the scheduler's socket at `path`.
@@ -142,6 +177,28 @@ mod tests {
             scheduler_endpoint(Path::new("/run/gemini")).as_deref(),
             Ok("ipc:///run/gemini/scheduler.sock")
         );
+    }
+
+    /// Asking whether the socket is refused makes no connection where the
+    /// kernel grants it (every program's start asked it, and the scheduler
+    /// accepted a connection each time only to see it closed); a
+    /// connection says whether a refusal is one, and a missing socket is
+    /// not refused.
+    #[test]
+    fn a_socket_granted_is_not_connected_to_to_find_out() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(socket_denied(&dir.path().join("missing")), None);
+        let path = scheduler_socket_path(dir.path());
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        assert_eq!(socket_denied(dir.path()), None);
+        match listener.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("a connection was made to ask: {other:?}"),
+        }
+        // The connection that confirms a refusal is one, where granted.
+        assert_eq!(socket_refused(path), None);
+        assert!(listener.accept().is_ok(), "socket_refused connects");
     }
 
     fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
