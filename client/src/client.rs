@@ -149,8 +149,17 @@ impl Client {
     }
 
     /// [`Client::connect`] sharing a ZeroMQ context (and its I/O thread)
-    /// with other clients of the same process.
+    /// with other clients of the same process. A tool's: whether the
+    /// kernel refuses it the socket is asked by connecting, which also
+    /// finds a security module's refusal of the connection (the hook's
+    /// [`Client::connect_with`] asks without connecting).
     pub fn connect_in(ctx: &zmq::Context, ipc_dir: &Path) -> Result<Client, ClientError> {
+        let socket = gemini_protocol::endpoint::scheduler_socket_path(ipc_dir);
+        if let Some(path) = gemini_protocol::endpoint::socket_refused(socket) {
+            return Err(ClientError::Denied(
+                gemini_protocol::endpoint::denied_message(&path),
+            ));
+        }
         Client::connect_with(ipc_dir, |endpoint| {
             let ctx = ctx.clone();
             let sock = ctx.socket(zmq::DEALER)?;

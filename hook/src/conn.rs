@@ -25,6 +25,11 @@ const POLL: Duration = Duration::from_millis(1);
 /// Silence after which a waiting request checks the scheduler still knows
 /// us (it may have restarted and forgotten the request).
 const PING_AFTER: Duration = Duration::from_secs(1);
+/// How long the answer to a request sent behind the hello is waited for,
+/// once the hello was answered, before it is asked anew (see
+/// [`State::answer_ahead`]): it comes right behind the welcome, or not at
+/// all.
+const AHEAD_WAIT: Duration = Duration::from_millis(250);
 /// The longest the thread running the exit handler waits for the
 /// scheduler's answers, all of them together (see `gate::at_exit`).
 const EXIT_WAIT: Duration = Duration::from_millis(500);
@@ -308,8 +313,9 @@ impl State {
                 }
             }
             // Unanswered for a second: connecting says whether the kernel
-            // refuses us the socket (a security module's refusal too,
-            // which the mode bits checked at the connection do not show).
+            // refuses us the socket (a security module's refusal of the
+            // connection too, which the check made before connecting,
+            // on the path, does not see).
             let socket = gemini_protocol::endpoint::scheduler_socket_path(&self.settings.ipc_dir);
             if let Some(path) = gemini_protocol::endpoint::socket_refused(socket) {
                 error!(
@@ -362,20 +368,22 @@ impl State {
 
     /// Sends `req` and waits for its reply; with when it was sent (ns on
     /// `CLOCK_MONOTONIC`, just before the send). A request sent ahead is
-    /// not sent again, and its wait, which began behind others, is not a
-    /// sample of the round trip.
+    /// not sent again (unless its answer does not come, see
+    /// [`State::answer_ahead`]), and its wait, which began behind others,
+    /// is not a sample of the round trip.
     fn roundtrip(&self, req: &Request, device: u32) -> Result<(Reply, u64), Failure> {
+        if let Some(seq) = self.take_ahead(req) {
+            let asked = crate::clock::now_ns();
+            if let Some(reply) = self.answer_ahead(seq)? {
+                return Ok((reply, asked));
+            }
+        }
         let sent = crate::clock::now_ns();
-        let (seq, timed) = match self.take_ahead(req) {
-            Some(seq) => (seq, false),
-            None => (self.send_new(req).map_err(Failure::Refused)?, true),
-        };
+        let seq = self.send_new(req).map_err(Failure::Refused)?;
         let token = matches!(req, Request::AcquireToken { .. });
         let reply = self.wait_for(seq, device, token)?;
         let elapsed = crate::clock::now_ns().saturating_sub(sent);
-        if let Some(ns) = gemini_protocol::roundtrip::sample_of(req, &reply, elapsed)
-            && timed
-        {
+        if let Some(ns) = gemini_protocol::roundtrip::sample_of(req, &reply, elapsed) {
             self.rtt.sample(ns);
         }
         Ok((reply, sent))
@@ -441,6 +449,34 @@ impl State {
         let mut kept = self.ahead_lock()?;
         let at = kept.iter().position(|(r, _)| r == req)?;
         Some(kept.swap_remove(at).1)
+    }
+
+    /// The answer to `seq`, a request sent ahead, if it comes within
+    /// [`AHEAD_WAIT`]; `None`: it was lost, and is to be asked anew. gem-schd
+    /// keeps a new connection's messages while it looks its user up, 64
+    /// at most for all of the user's new connections, and drops the rest:
+    /// a hello is said again after a second, but what was sent behind it
+    /// was waited for forever (a hooked program of 64 started together hung
+    /// in its first `cuDevicePrimaryCtxRetain`). The hello was answered
+    /// before this is asked, and gem-schd answers a connection's requests
+    /// in order: the answer is on its way, or never comes.
+    fn answer_ahead(&self, seq: u32) -> Result<Option<Reply>, Failure> {
+        let until = Instant::now() + AHEAD_WAIT;
+        loop {
+            match self.take(seq) {
+                Some(r) if forgets_us(&r) => return Err(Failure::Forgotten),
+                Some(Ok(r)) => return Ok(Some(r)),
+                Some(Err(e)) => {
+                    debug!("unreadable answer to a request sent ahead: {e}; asking again");
+                    return Ok(None);
+                }
+                None if Instant::now() >= until => {
+                    debug!("no answer to request {seq}, sent behind the hello; asking again");
+                    return Ok(None);
+                }
+                None => {}
+            }
+        }
     }
 
     /// Sends a request not sent ahead: those sent ahead are forgotten

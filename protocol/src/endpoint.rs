@@ -105,28 +105,40 @@ pub fn scheduler_socket_path(ipc_dir: &Path) -> PathBuf {
 /// and retries forever, so without this a refusal looks like a scheduler
 /// that does not answer.
 ///
-/// The kernel is asked without a connection first (`faccessat`, with
-/// the process's effective ids, as `connect` checks them): one the
-/// scheduler accepts only to see it closed costs its I/O thread an accept
-/// and a dozen calls for every program that starts. Only a refusal is
-/// checked by connecting, as a libc without `faccessat2` reads the mode
-/// bits alone and knows no ACLs. A refusal the mode bits do not show (a
-/// security module's) is found by connecting too, where a caller finds
-/// no answer (the hook, after a second).
+/// Where the process's real and effective ids are the same, the kernel
+/// is asked without a connection first (`faccessat`, the permission
+/// check `connect` makes on the path): a connection the scheduler accepts
+/// only to see it closed costs its I/O thread an accept and a dozen calls
+/// for every program that starts. Only a refusal is confirmed by
+/// connecting (a libc without the `faccessat2` system call may work the
+/// answer out itself). A refusal that only `connect` makes (a security
+/// module's rule on connecting) is not seen here: the hook finds it with
+/// [`socket_refused`] when its hello goes unanswered for a second, and
+/// the tools' [`socket_refused`] before they connect.
 pub fn socket_denied(ipc_dir: &Path) -> Option<PathBuf> {
     let path = scheduler_socket_path(ipc_dir);
-    if !write_refused(&path) {
+    if same_ids() && !write_refused(&path) {
         return None;
     }
     socket_refused(path)
 }
 
-/// The socket at `path`, where connecting to it is refused this process.
+/// The socket at `path`, where connecting to it is refused this process
+/// (the connection, if made, is closed at once).
 pub fn socket_refused(path: PathBuf) -> Option<PathBuf> {
     match std::os::unix::net::UnixStream::connect(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Some(path),
         _ => None,
     }
+}
+
+/// Whether the process's real and effective user and group ids are the
+/// same: `faccessat` then answers for the ids `connect` checks, with or
+/// without `faccessat2` (without it, glibc asks the kernel for the real
+/// ids, or works out a setuid program's answer from the mode bits).
+fn same_ids() -> bool {
+    // SAFETY: these four calls take nothing and cannot fail.
+    unsafe { libc::getuid() == libc::geteuid() && libc::getgid() == libc::getegid() }
 }
 
 /// Whether the kernel refuses this process write access to `path` (what
@@ -138,7 +150,8 @@ fn write_refused(path: &Path) -> bool {
         return false;
     };
     // SAFETY: faccessat reads the NUL-terminated path `c`, alive for the
-    // call, and writes nothing.
+    // call, relative to the current directory (AT_FDCWD), and writes
+    // nothing but errno, read right after it.
     let r = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) };
     r != 0
         && matches!(
@@ -182,23 +195,37 @@ mod tests {
     /// Asking whether the socket is refused makes no connection where the
     /// kernel grants it (every program's start asked it, and the scheduler
     /// accepted a connection each time only to see it closed); a
-    /// connection says whether a refusal is one, and a missing socket is
-    /// not refused.
+    /// connection confirms a refusal, and a missing socket is not refused.
     #[test]
-    fn a_socket_granted_is_not_connected_to_to_find_out() {
+    fn a_socket_granted_is_not_connected_to_to_ask() {
+        use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(socket_denied(&dir.path().join("missing")), None);
         let path = scheduler_socket_path(dir.path());
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         listener.set_nonblocking(true).unwrap();
+        let queued = || match listener.accept() {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(e) => panic!("{e}"),
+        };
+        // Open to its owner whatever the umask.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(socket_denied(dir.path()), None);
-        match listener.accept() {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            other => panic!("a connection was made to ask: {other:?}"),
+        if same_ids() {
+            assert!(!queued(), "a connection was made to ask");
         }
         // The connection that confirms a refusal is one, where granted.
-        assert_eq!(socket_refused(path), None);
-        assert!(listener.accept().is_ok(), "socket_refused connects");
+        assert_eq!(socket_refused(path.clone()), None);
+        assert!(queued(), "socket_refused connects");
+        // SAFETY: geteuid takes nothing and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            // Refused: said so, confirmed by one connection attempt,
+            // which the kernel refuses before the listener sees it.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o000)).unwrap();
+            assert_eq!(socket_denied(dir.path()), Some(path));
+            assert!(!queued());
+        }
     }
 
     fn file(text: &str) -> (tempfile::TempDir, PathBuf) {

@@ -198,6 +198,66 @@ fn the_gpu_map_and_memory_view_ride_behind_the_hello() {
     assert!(field(&reports(&out.stdout)[0], "kernels") > 0);
 }
 
+/// gem-schd keeps a new connection's messages while it looks its user
+/// up, 64 at most for all the user's new connections, and drops the
+/// rest: 64 programs started together each sent three (the hello, the
+/// GPU map and the memory view behind it), and one that had its hello
+/// answered but the map dropped waited for the map forever. A stand-in
+/// for gem-schd welcomes the program and drops what came behind the
+/// hello: the program asks for the map again.
+#[test]
+fn what_was_sent_behind_the_hello_is_asked_again_if_dropped() {
+    let _serial = serial();
+    let mut g = Gemini::start(SimEnv::default(), "[a]\n");
+    let (_ctx, stand_in, socket) = stand_in(&mut g);
+    let mut w = spawn(rust(&g, "a", &["--seconds", "0.2"]));
+    let mut asked = Vec::new();
+    let mut peer: Option<Vec<u8>> = None;
+    let mut until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        if stand_in.poll(zmq::POLLIN, 50).unwrap() == 0 {
+            continue;
+        }
+        let frames = stand_in.recv_multipart(0).unwrap();
+        if peer.as_ref().is_some_and(|p| *p != frames[0]) {
+            continue;
+        }
+        let (version, seq, req) = gemini_protocol::decode_request_versioned(&frames[1]).unwrap();
+        if let gemini_protocol::Request::Hello { .. } = req {
+            let welcome = gemini_protocol::Reply::Welcome {
+                client: 1,
+                server: gemini_protocol::BUILD.into(),
+                config_path: "stand-in".into(),
+            };
+            let body = gemini_protocol::encode_reply_as(version, seq, &welcome);
+            stand_in
+                .send_multipart([frames[0].clone(), body], 0)
+                .unwrap();
+            if peer.is_none() {
+                peer = Some(frames[0].clone());
+                // Long enough for the ping a second after (the map
+                // waited for then, without the fix), not for a hello
+                // sent again.
+                until = Instant::now() + Duration::from_millis(1500);
+            }
+        }
+        asked.push((seq, req));
+    }
+    let _ = w.kill();
+    let _ = w.wait();
+    drop(stand_in);
+    let _ = std::fs::remove_file(&socket);
+    let maps: Vec<u32> = asked
+        .iter()
+        .filter(|(_, r)| matches!(r, gemini_protocol::Request::Gpus { .. }))
+        .map(|(seq, _)| *seq)
+        .collect();
+    assert!(
+        maps.len() >= 2 && maps[1] > maps[0],
+        "the GPU map asked again after it was dropped: {asked:?}"
+    );
+}
+
 #[test]
 fn unknown_or_missing_group_fails_cleanly_with_one_line() {
     let g = Gemini::start(SimEnv::default(), "[a]\n");
