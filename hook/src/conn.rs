@@ -463,6 +463,11 @@ impl State {
     fn answer_ahead(&self, seq: u32) -> Result<Option<Reply>, Failure> {
         let until = Instant::now() + AHEAD_WAIT;
         loop {
+            // Exiting: past the exit's deadline nothing is waited for.
+            let exit_by = exit_by();
+            if exit_by != 0 && crate::clock::now_ns() >= exit_by {
+                return Ok(None);
+            }
             match self.take(seq) {
                 Some(r) if forgets_us(&r) => return Err(Failure::Forgotten),
                 Some(Ok(r)) => return Ok(Some(r)),
