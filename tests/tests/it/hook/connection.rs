@@ -137,6 +137,37 @@ fn stand_in(g: &mut Gemini) -> (zmq::Context, zmq::Socket, std::path::PathBuf) {
     (ctx, router, socket)
 }
 
+/// The requests of the first program to reach `stand_in` (with their
+/// sequence numbers), from its first one (30 s at most) until `window`
+/// after it; each passed to `answer` as it comes, with the program's
+/// routing id and the request's version, to answer or not.
+fn asked_of(
+    stand_in: &zmq::Socket,
+    window: Duration,
+    mut answer: impl FnMut(&[u8], u16, u32, &gemini_protocol::Request),
+) -> Vec<(u32, gemini_protocol::Request)> {
+    let mut asked = Vec::new();
+    let mut peer: Option<Vec<u8>> = None;
+    let mut until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        if stand_in.poll(zmq::POLLIN, 50).unwrap() == 0 {
+            continue;
+        }
+        let frames = stand_in.recv_multipart(0).unwrap();
+        if peer.as_ref().is_some_and(|p| *p != frames[0]) {
+            continue;
+        }
+        let (version, seq, req) = gemini_protocol::decode_request_versioned(&frames[1]).unwrap();
+        if peer.is_none() {
+            peer = Some(frames[0].clone());
+            until = Instant::now() + window;
+        }
+        answer(&frames[0], version, seq, &req);
+        asked.push((seq, req));
+    }
+    asked
+}
+
 /// At start-up the hook sends the GPU map and the memory view of the GPU
 /// it makes its context on right behind its hello, without waiting for
 /// the welcome: one wait for what took three. (Each wait is a hand-off
@@ -150,27 +181,13 @@ fn the_gpu_map_and_memory_view_ride_behind_the_hello() {
     let mut g = Gemini::start(SimEnv::default(), "[a]\n");
     let (_ctx, stand_in, socket) = stand_in(&mut g);
     let w = spawn(rust(&g, "a", &["--seconds", "0.2", "--kernel-us", "500"]));
-    // The program's requests until its hello, then 0.5 s more. (The hook
-    // says hello again after 1 s without an answer, and a test thread
-    // held off on a busy machine may read that too.)
-    let mut asked = Vec::new();
-    let mut peer: Option<Vec<u8>> = None;
-    let mut until = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < until {
-        if stand_in.poll(zmq::POLLIN, 50).unwrap() == 0 {
-            continue;
-        }
-        let frames = stand_in.recv_multipart(0).unwrap();
-        if peer.as_ref().is_some_and(|p| *p != frames[0]) {
-            continue;
-        }
-        let (_, _, req) = gemini_protocol::decode_request_versioned(&frames[1]).unwrap();
-        if peer.is_none() {
-            peer = Some(frames[0].clone());
-            until = Instant::now() + Duration::from_millis(500);
-        }
-        asked.push(req);
-    }
+    // The program's requests from its hello, for 0.5 s. (The hook says
+    // hello again after 1 s without an answer, and a test thread held off
+    // on a busy machine may read that too.)
+    let asked: Vec<_> = asked_of(&stand_in, Duration::from_millis(500), |_, _, _, _| {})
+        .into_iter()
+        .map(|(_, req)| req)
+        .collect();
     drop(stand_in);
     let _ = std::fs::remove_file(&socket);
     g.start_scheduler();
@@ -211,38 +228,24 @@ fn what_was_sent_behind_the_hello_is_asked_again_if_dropped() {
     let mut g = Gemini::start(SimEnv::default(), "[a]\n");
     let (_ctx, stand_in, socket) = stand_in(&mut g);
     let mut w = spawn(rust(&g, "a", &["--seconds", "0.2"]));
-    let mut asked = Vec::new();
-    let mut peer: Option<Vec<u8>> = None;
-    let mut until = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < until {
-        if stand_in.poll(zmq::POLLIN, 50).unwrap() == 0 {
-            continue;
-        }
-        let frames = stand_in.recv_multipart(0).unwrap();
-        if peer.as_ref().is_some_and(|p| *p != frames[0]) {
-            continue;
-        }
-        let (version, seq, req) = gemini_protocol::decode_request_versioned(&frames[1]).unwrap();
-        if let gemini_protocol::Request::Hello { .. } = req {
-            let welcome = gemini_protocol::Reply::Welcome {
-                client: 1,
-                server: gemini_protocol::BUILD.into(),
-                config_path: "stand-in".into(),
-            };
-            let body = gemini_protocol::encode_reply_as(version, seq, &welcome);
-            stand_in
-                .send_multipart([frames[0].clone(), body], 0)
-                .unwrap();
-            if peer.is_none() {
-                peer = Some(frames[0].clone());
-                // Long enough for the ping a second after (the map
-                // waited for then, without the fix), not for a hello
-                // sent again.
-                until = Instant::now() + Duration::from_millis(1500);
+    // Welcomed, nothing else answered, for 1.5 s from the hello: long
+    // enough for the ping a second after (the map waited for then,
+    // without the fix), not for a hello sent again.
+    let asked = asked_of(
+        &stand_in,
+        Duration::from_millis(1500),
+        |peer, version, seq, req| {
+            if let gemini_protocol::Request::Hello { .. } = req {
+                let welcome = gemini_protocol::Reply::Welcome {
+                    client: 1,
+                    server: gemini_protocol::BUILD.into(),
+                    config_path: "stand-in".into(),
+                };
+                let body = gemini_protocol::encode_reply_as(version, seq, &welcome);
+                stand_in.send_multipart([peer.to_vec(), body], 0).unwrap();
             }
-        }
-        asked.push((seq, req));
-    }
+        },
+    );
     let _ = w.kill();
     let _ = w.wait();
     drop(stand_in);
