@@ -62,6 +62,13 @@ fn exit_by() -> u64 {
     EXIT_BY.with(|c| c.get())
 }
 
+/// Whether this thread runs the exit handler and its time to wait for
+/// the scheduler is over (see `gate::at_exit`).
+fn exit_overdue() -> bool {
+    let exit_by = exit_by();
+    exit_by != 0 && crate::clock::now_ns() >= exit_by
+}
+
 /// Whether this thread runs the exit handler (see [`exiting`]).
 fn is_exiting() -> bool {
     exit_by() != 0
@@ -464,8 +471,7 @@ impl State {
         let until = Instant::now() + AHEAD_WAIT;
         loop {
             // Exiting: past the exit's deadline nothing is waited for.
-            let exit_by = exit_by();
-            if exit_by != 0 && crate::clock::now_ns() >= exit_by {
+            if exit_overdue() {
                 return Ok(None);
             }
             match self.take(seq) {
@@ -518,8 +524,7 @@ impl State {
             }
             // Exiting (see `gate::at_exit`): a scheduler that does not
             // answer soon must not hold the process's exit.
-            let exit_by = exit_by();
-            if exit_by != 0 && crate::clock::now_ns() >= exit_by {
+            if exit_overdue() {
                 return Err(Failure::Refused(CUDA_ERROR_DEINITIALIZED));
             }
             if let Some(p) = ping {
