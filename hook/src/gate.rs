@@ -573,6 +573,7 @@ fn ask_next(
         in_flight: report.in_flight,
         burst_us,
         rtt_us: st.rtt.us(),
+        launch_us: launch_us(g),
     };
     // Taken later than it can be on a loaded host (see `TAKE_SLACK_NS`),
     // it counts from there, not from its taking: a thread descheduled
@@ -587,6 +588,14 @@ fn ask_next(
         reply,
         sent.saturating_add(leads::rtt(st) / 2 + TAKE_SLACK_NS),
     ))
+}
+
+/// The device time of one launch (µs), as learned, for gem-schd: the
+/// estimate that leans long, since what it bounds is a launch admitted
+/// whole ahead of a latency-critical group's return. 0: not known yet.
+fn launch_us(g: &Gate) -> u32 {
+    let us = g.kernel_hi_ns.load(Ordering::Relaxed).div_ceil(1000);
+    u32::try_from(us).unwrap_or(u32::MAX)
 }
 
 /// How much later than a round trip after its sending (and gem-schd's

@@ -32,6 +32,7 @@ fn main() -> std::io::Result<()> {
             in_flight: false,
             burst_us: 30_000,
             rtt_us: 100,
+            launch_us: 0,
         },
         Request::ReleaseToken {
             device: 1,

@@ -211,6 +211,7 @@ mod tests {
                 in_flight: true,
                 burst_us: 9_000,
                 rtt_us: 100,
+                launch_us: 250,
             },
             Request::ReleaseToken {
                 device: 3,
@@ -345,6 +346,7 @@ mod tests {
                 in_flight: false,
                 burst_us: 20_000,
                 rtt_us: 100,
+                launch_us: 0,
             },
         );
         assert!(frame.len() <= 28, "{} bytes", frame.len());
@@ -414,9 +416,14 @@ mod tests {
                 *frame,
                 "request {i}: {req:?}"
             );
+            // What 14 lacks is left out, and reads as not said.
             if let Request::Hello { build, .. } = &mut req {
                 assert!(!build.is_empty());
                 build.clear();
+            }
+            if let Request::AcquireToken { launch_us, .. } = &mut req {
+                assert_ne!(*launch_us, 0);
+                *launch_us = 0;
             }
             assert_eq!(got, req, "request {i}");
         }
@@ -501,6 +508,50 @@ mod tests {
         // And all of it goes to a peer of 16.
         let ours = Reply::Status(report);
         assert_eq!(decode_reply(&encode_reply(7, &ours)), Ok((7, ours)));
+    }
+
+    /// A token request written by a hook of protocol 19, kept as it wrote
+    /// it: read with its launch's length not said (0), and written for a
+    /// gem-schd of 19 byte for byte without it; a peer of 20 gets it.
+    #[test]
+    fn a_token_request_of_protocol_19_is_read_and_written_as_it_was() {
+        let frame: Vec<u8> = {
+            let hex = include_str!("../tests/data/v19-frames.txt")
+                .lines()
+                .find_map(|l| l.strip_prefix("A "))
+                .unwrap();
+            (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect()
+        };
+        let (version, seq, req) = decode_request_versioned(&frame).unwrap();
+        assert_eq!((version, seq), (19, 7));
+        let Request::AcquireToken {
+            device,
+            ran,
+            in_flight,
+            burst_us,
+            rtt_us,
+            launch_us,
+        } = req.clone()
+        else {
+            panic!("{req:?}");
+        };
+        assert_eq!((device, in_flight, burst_us, rtt_us), (2, true, 9_000, 180));
+        assert_eq!(ran[0].end_us - ran[0].start_us, 12_345);
+        assert_eq!(launch_us, 0);
+        let said = Request::AcquireToken {
+            device,
+            ran,
+            in_flight,
+            burst_us,
+            rtt_us,
+            launch_us: 300,
+        };
+        assert_eq!(encode_request_as(19, 7, &said), frame);
+        assert_eq!(encode_request_as(18, 7, &said)[4..], frame[4..]);
+        assert_eq!(decode_request(&encode_request(7, &said)), Ok((7, said)));
     }
 
     /// The question a waiting hook asks, and its answer, are new in 16:

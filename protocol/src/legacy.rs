@@ -31,6 +31,8 @@ pub fn release_of(version: u16) -> Option<&'static str> {
 
 /// [`Request::Hello`]'s index.
 const HELLO: u32 = 0;
+/// [`Request::AcquireToken`]'s index.
+const ACQUIRE_TOKEN: u32 = 1;
 /// [`Reply::Status`]'s index.
 const STATUS: u32 = 4;
 
@@ -324,6 +326,22 @@ mod v15 {
     }
 }
 
+/// Protocols 14 to 19: the token request without the client's launch
+/// length (`launch_us`).
+mod v19 {
+    use super::*;
+    use crate::Span;
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct AcquireToken {
+        pub(super) device: DeviceId,
+        pub(super) ran: Vec<Span>,
+        pub(super) in_flight: bool,
+        pub(super) burst_us: u64,
+        pub(super) rtt_us: u32,
+    }
+}
+
 /// Writes `seq`, a variant index and its fields after `out` (a header).
 fn changed<T: Serialize>(out: Vec<u8>, seq: u32, variant: u32, fields: &T) -> Vec<u8> {
     let fallback = out.clone();
@@ -351,6 +369,25 @@ pub(crate) fn encode_request(version: u16, seq: u32, req: &Request) -> Vec<u8> {
                 pid: *pid,
                 held: held.clone(),
                 job: job.clone(),
+            },
+        ),
+        Request::AcquireToken {
+            device,
+            ran,
+            in_flight,
+            burst_us,
+            rtt_us,
+            launch_us: _,
+        } if version <= 19 => changed(
+            header(version),
+            seq,
+            ACQUIRE_TOKEN,
+            &v19::AcquireToken {
+                device: *device,
+                ran: ran.clone(),
+                in_flight: *in_flight,
+                burst_us: *burst_us,
+                rtt_us: *rtt_us,
             },
         ),
         _ => crate::codec::encode_as(version, seq, req),
@@ -394,6 +431,20 @@ pub(crate) fn decode_request(version: u16, body: &[u8]) -> Result<(u32, Request)
                 held: h.held,
                 job: h.job,
                 build: String::new(),
+            },
+        ));
+    }
+    if version <= 19 && variant == ACQUIRE_TOKEN {
+        let t: v19::AcquireToken = take_all(fields)?;
+        return Ok((
+            seq,
+            Request::AcquireToken {
+                device: t.device,
+                ran: t.ran,
+                in_flight: t.in_flight,
+                burst_us: t.burst_us,
+                rtt_us: t.rtt_us,
+                launch_us: 0,
             },
         ));
     }

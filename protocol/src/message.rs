@@ -115,6 +115,13 @@ pub enum Request {
         /// The client's token round trip, measured
         /// ([`crate::roundtrip`]), in microseconds; 0: not measured yet.
         rtt_us: u32,
+        /// The device time one of the client's launches takes on the
+        /// device, as its hook learned it (leaning long), in
+        /// microseconds; 0: not known yet, or a peer of protocol 19 or
+        /// older, which did not send it. The first launch under a token
+        /// is admitted whole whatever its length, so gem-schd keeps a
+        /// latency-critical group's return free of one (protocol 20).
+        launch_us: u32,
     },
     /// Give the token of `device` back before it expires (the program went
     /// idle), reporting the device time its work occupied since its last

@@ -178,6 +178,7 @@ mod tests {
             in_flight: false,
             burst_us: 0,
             rtt_us: 0,
+            launch_us: 0,
         };
         let grant = Reply::Token {
             device: 0,

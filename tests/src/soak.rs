@@ -277,6 +277,7 @@ pub fn load(duration: Duration, clients: usize) -> LoadReport {
                             in_flight: false,
                             burst_us: 0,
                             rtt_us: 100,
+                            launch_us: 0,
                         },
                         t,
                     ) {

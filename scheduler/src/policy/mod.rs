@@ -395,6 +395,11 @@ struct Client {
     /// overran): at least one of its launches, which its hook admits onto
     /// an empty queue even when it outlasts the token.
     launch_floor: Micros,
+    /// The device time of one of its launches, as its hook last said
+    /// with a token request (µs; 0: never said: not learned yet, or a
+    /// hook of protocol 19 or older). Preferred to `launch_floor`, which
+    /// is only learned from overruns and drifts with the tokens' length.
+    launch: Micros,
     /// The device time its last lent token took where it overran it (µs;
     /// 0: its last lent token's work fitted): one launch longer than the
     /// token, admitted whole onto an empty queue (a CUDA graph's replay),
@@ -453,6 +458,7 @@ impl Client {
             job: None,
             turn_done: BTreeMap::new(),
             launch_floor: 0,
+            launch: 0,
             long_launch: 0,
             lent: BTreeSet::new(),
             uid: peer.map(|p| p.uid),

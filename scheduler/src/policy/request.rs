@@ -298,6 +298,7 @@ impl Policy {
                 in_flight,
                 burst_us,
                 rtt_us,
+                launch_us,
             } => {
                 if role == Role::Control {
                     out.push(asker.reply(error(
@@ -308,6 +309,11 @@ impl Policy {
                 }
                 if role == Role::Client {
                     self.activity.insert(device, now);
+                }
+                if launch_us != 0
+                    && let Some(c) = self.clients.get_mut(&client)
+                {
+                    c.launch = Micros::from(launch_us);
                 }
                 self.report(client, device, &ran, in_flight, now, out);
                 self.note_back(client, device, now);
@@ -443,6 +449,7 @@ impl Policy {
             in_flight: true,
             burst_us,
             rtt_us,
+            launch_us: 0,
         };
         self.request(client, seq, req, now, out);
     }

@@ -98,6 +98,7 @@ fn holder_poll_reports_activity_and_unanswered_demands_time_out() {
                 in_flight: false,
                 burst_us: 0,
                 rtt_us: RTT as u32,
+                launch_us: 0,
             },
         },
         1_000,
@@ -218,6 +219,7 @@ fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
         in_flight: false,
         burst_us: burst,
         rtt_us: RTT as u32,
+        launch_us: 0,
     };
     let r = replies(p.handle(
         Event::Request {
@@ -263,6 +265,7 @@ fn holder_tokens_are_as_short_as_its_kernels_and_yield_to_clients() {
                 in_flight: false,
                 burst_us: 2_000,
                 rtt_us: RTT as u32,
+                launch_us: 0,
             },
         },
         2_000,

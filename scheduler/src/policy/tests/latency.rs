@@ -109,6 +109,107 @@ fn a_critical_group_that_comes_back_early_finds_the_device_free() {
     training_keeps_nine_tenths(&sim, from, to);
 }
 
+/// Holds never take a group under its `MinUtil`: training in 1 ms
+/// kernels at 0.7 beside a critical decode, where keeping the device
+/// free before every return would leave it about 0.68 (4 ms of kernels
+/// fit in each 5.85 ms), keeps its 0.7, whether returns are regular or
+/// vary by 1 ms either way.
+#[test]
+fn holds_for_a_critical_group_never_take_another_under_its_min_util() {
+    for jitter in [0, MS] {
+        let mut sim = Sim::new("[serve]\nMinUtil=0.3\nLatency=critical\n[train]\nMinUtil=0.7\n");
+        sim.gap_jitter = jitter;
+        sim.add(
+            "serve",
+            Demand::Bursty {
+                burst: 800,
+                gap: 5 * MS,
+            },
+        );
+        sim.add("train", Demand::Kernels(MS));
+        sim.run_until(10 * SEC);
+        let t = sim.group_share("train", 2 * SEC, 10 * SEC);
+        assert!(
+            t >= 0.7,
+            "training got {t:.3} of its 0.7 (jitter {jitter} µs)"
+        );
+    }
+}
+
+/// A critical decode beside training in 200 µs kernels with no
+/// `MinUtil`, each grant reaching its holder's first kernel 30 µs later:
+/// the training's hook says how long its kernels take, and none is let
+/// run into the decode's return, so the decode waits only for its own
+/// wake-up. Known only from the training's overruns (a hook of protocol
+/// 19), the length was never learned here (its tokens' queues end within
+/// them), and the decode waited 150 µs at every step.
+#[test]
+fn a_launch_s_length_said_by_its_hook_keeps_a_critical_return_free() {
+    let mut sim = Sim::new("[serve]\nLatency=critical\n[train]\n");
+    sim.wake = 30;
+    let serve = sim.add(
+        "serve",
+        Demand::Bursty {
+            burst: 800,
+            gap: 4_400,
+        },
+    );
+    sim.add("train", Demand::Kernels(200));
+    sim.run_until(10 * SEC);
+    let (from, to) = (2 * SEC, 10 * SEC);
+    let waits = sim.waits(serve, from, to);
+    assert!(waits.len() > 1000, "{} decode steps", waits.len());
+    let (p50, p99) = (percentile(&waits, 0.5), percentile(&waits, 0.99));
+    assert!(
+        p99 <= sim.wake,
+        "the decode waited {p50} µs at p50, {p99} µs at p99"
+    );
+    training_keeps_nine_tenths(&sim, from, to);
+}
+
+/// The same beside a hook of protocol 19, which does not say its launch's
+/// length: served as before, the training keeping nine tenths of what
+/// the decode leaves.
+#[test]
+fn a_hook_that_does_not_say_its_launch_s_length_is_served_as_before() {
+    let mut sim = Sim::new("[serve]\nLatency=critical\n[train]\n");
+    sim.wake = 30;
+    sim.old_hooks = true;
+    let serve = sim.add(
+        "serve",
+        Demand::Bursty {
+            burst: 800,
+            gap: 4_400,
+        },
+    );
+    sim.add("train", Demand::Kernels(200));
+    sim.run_until(10 * SEC);
+    let waits = sim.waits(serve, 2 * SEC, 10 * SEC);
+    let p99 = percentile(&waits, 0.99);
+    assert!(
+        p99 <= CRITICAL_LEND_MAX,
+        "the decode waited {p99} µs at p99"
+    );
+    training_keeps_nine_tenths(&sim, 2 * SEC, 10 * SEC);
+}
+
+/// A launch's length is what the hook says; from a hook that does not
+/// say it (protocol 19 or older), the last overrun, as learned; and a
+/// launch longer than the hold's bound is not held at all.
+#[test]
+fn a_launch_is_as_long_as_its_hook_says_or_its_last_overrun() {
+    use super::super::tokens::launch_reach;
+    let train = GroupKey::Named("train".into());
+    let mut c = Client::new(Role::Client, train, 1, BTreeMap::new(), None);
+    assert_eq!(launch_reach(&c), None);
+    c.launch_floor = 1_400;
+    assert_eq!(launch_reach(&c), Some(1_400));
+    c.launch = 200;
+    assert_eq!(launch_reach(&c), Some(200));
+    c.launch = CRITICAL_LEND_MAX + 1;
+    assert_eq!(launch_reach(&c), None);
+}
+
 /// A critical decode (0.8 ms of device time, then 4.4 ms away: not a
 /// whole number of training's tokens) beside a training group with no
 /// `MinUtil` that works in 1 ms kernels, for 10 s. Returns the

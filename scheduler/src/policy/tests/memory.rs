@@ -226,6 +226,7 @@ fn a_group_with_devices_is_refused_time_and_memory_elsewhere() {
         in_flight: false,
         burst_us: 0,
         rtt_us: RTT as u32,
+        launch_us: 0,
     };
     let r = ask(&mut p, 1, acquire(0));
     assert_eq!(kind(&r), Some(ErrorKind::PermissionDenied), "{r:?}");
@@ -273,6 +274,7 @@ fn requests_before_hello_and_bad_devices_are_refused() {
             in_flight: false,
             burst_us: 0,
             rtt_us: RTT as u32,
+            launch_us: 0,
         },
     );
     assert_eq!(kind(&r), Some(ErrorKind::NotRegistered));
@@ -307,6 +309,7 @@ fn disconnect_while_holding_the_token_frees_the_device() {
                 in_flight: false,
                 burst_us: 0,
                 rtt_us: RTT as u32,
+                launch_us: 0,
             },
         },
         0,
@@ -329,6 +332,7 @@ fn disconnect_while_holding_the_token_frees_the_device() {
                 in_flight: false,
                 burst_us: 0,
                 rtt_us: RTT as u32,
+                launch_us: 0,
             },
         },
         10,

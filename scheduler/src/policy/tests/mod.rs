@@ -89,6 +89,9 @@ struct Sim {
     /// A `Bursty` client's gaps vary by up to this much either way (a
     /// host's wake-ups), the same in every run.
     gap_jitter: Micros,
+    /// Its clients' hooks do not say how long a launch takes (protocol
+    /// 19 or older): the scheduler learns it from their overruns.
+    old_hooks: bool,
 }
 
 const DONE: u8 = 0; // token use finished
@@ -120,6 +123,7 @@ impl Sim {
             device_free_at: 0,
             wake: 0,
             gap_jitter: 0,
+            old_hooks: false,
         }
     }
 
@@ -180,7 +184,15 @@ impl Sim {
         idx
     }
 
-    fn send(&mut self, idx: usize, req: Request) {
+    fn send(&mut self, idx: usize, mut req: Request) {
+        // A `Kernels` client's hook says its kernels' length, as a hook
+        // that has measured them does.
+        if let Request::AcquireToken { launch_us, .. } = &mut req
+            && let Demand::Kernels(len) = self.clients[idx].demand
+            && !self.old_hooks
+        {
+            *launch_us = len as u32;
+        }
         self.clients[idx].seq += 1;
         let ev = Event::Request {
             client: self.clients[idx].id,
@@ -300,6 +312,7 @@ impl Sim {
                             in_flight: false,
                             burst_us: left,
                             rtt_us: RTT as u32,
+                            launch_us: 0,
                         },
                     );
                 }
@@ -321,6 +334,7 @@ impl Sim {
                         in_flight: false,
                         burst_us: burst,
                         rtt_us: RTT as u32,
+                        launch_us: 0,
                     },
                 );
             }
@@ -484,6 +498,7 @@ fn take_turns(
             in_flight: false,
             burst_us: burst,
             rtt_us: RTT as u32,
+            launch_us: 0,
         };
         for a in p.handle(
             Event::Request {
@@ -588,6 +603,7 @@ fn acquire_reporting(start: Micros, end: Micros, rtt_us: u32) -> Request {
         in_flight: false,
         burst_us: 0,
         rtt_us,
+        launch_us: 0,
     }
 }
 

@@ -142,6 +142,7 @@ fn time_held_back_by_max_util_is_counted() {
         in_flight: false,
         burst_us: 20 * MS,
         rtt_us: RTT as u32,
+        launch_us: 0,
     };
     let ev = |client, seq, req| Event::Request { client, seq, req };
     assert!(!p.handle(ev(1, 1, acquire(0, 0)), 0).is_empty());
@@ -434,6 +435,7 @@ fn a_reserved_gpu_gives_other_groups_no_token_until_it_ends() {
         in_flight: false,
         burst_us: 0,
         rtt_us: RTT as u32,
+        launch_us: 0,
     };
     assert!(matches!(
         send(&mut p, 10, on_1, H / 2 + 1).as_slice(),

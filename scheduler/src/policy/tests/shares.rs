@@ -320,6 +320,7 @@ fn quota_follows_predicted_burst_within_bounds() {
             in_flight: false,
             burst_us: burst,
             rtt_us: RTT as u32,
+            launch_us: 0,
         };
         match p
             .handle(

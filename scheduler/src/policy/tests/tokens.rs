@@ -123,6 +123,7 @@ fn work_in_flight_at_a_lent_renewal_is_charged_once_to_the_borrower() {
         in_flight: true,
         burst_us: 0,
         rtt_us: RTT as u32,
+        launch_us: 0,
     };
     let t2 = t1 + q - MS;
     assert_eq!(
@@ -368,6 +369,7 @@ fn a_quieting_holder_passes_the_device_on_just_before_its_work_ends() {
         in_flight: false,
         burst_us: 30 * MS,
         rtt_us: RTT as u32,
+        launch_us: 0,
     };
     let granted = |r: &[(ClientId, u32, Reply)], who: ClientId| {
         r.iter()
@@ -451,6 +453,7 @@ fn a_token_running_out_passes_the_device_on_before_its_work_ends_and_its_group_s
             in_flight: false,
             burst_us: 200 * MS,
             rtt_us: RTT as u32,
+            launch_us: 0,
         };
         let r = send(&mut p, 2, long_burst, 50 * MS);
         assert_eq!(token(&r).map(|t| t.0), Some(1), "{r:?}");
@@ -1115,6 +1118,7 @@ fn on(device: DeviceId) -> Request {
         in_flight: false,
         burst_us: 0,
         rtt_us: RTT as u32,
+        launch_us: 0,
     }
 }
 
@@ -1486,6 +1490,7 @@ fn the_rest_of_the_previous_schedulers_token_is_charged_after_a_restart() {
         in_flight: true,
         burst_us: 0,
         rtt_us: RTT as u32,
+        launch_us: 0,
     };
     assert!(token(&send(&mut p, 1, renew, 50 * MS)).is_some());
     send(&mut p, 1, release_ran(20 * MS, 45 * MS), 60 * MS);

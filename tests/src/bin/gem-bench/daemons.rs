@@ -109,6 +109,7 @@ pub(crate) fn policy_throughput(t: &mut Table) {
                     in_flight: false,
                     burst_us: 0,
                     rtt_us: 100,
+                    launch_us: 0,
                 },
             },
             0,
@@ -129,6 +130,7 @@ pub(crate) fn policy_throughput(t: &mut Table) {
             in_flight: false,
             burst_us: 0,
             rtt_us: 100,
+            launch_us: 0,
         };
         let acts = p.handle(
             Event::Request {
@@ -175,6 +177,7 @@ pub(crate) fn scheduler_rss(t: &mut Table) {
                 in_flight: false,
                 burst_us: 0,
                 rtt_us: 100,
+                launch_us: 0,
             },
             Duration::from_secs(30),
         )

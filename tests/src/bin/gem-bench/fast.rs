@@ -77,6 +77,7 @@ pub(crate) fn fast_path(t: &mut Table) {
                 in_flight: false,
                 burst_us: 0,
                 rtt_us: 100,
+                launch_us: 0,
             },
             Duration::from_secs(2),
         );

@@ -53,6 +53,7 @@ fn run(clients: usize, gpus: u32) -> Scaled {
                         in_flight: false,
                         burst_us: 0,
                         rtt_us: 100,
+                        launch_us: 0,
                     };
                     let r = c.request(&acquire, Duration::from_secs(30));
                     let Ok(Reply::Token { held_us, .. }) = r else {

@@ -214,6 +214,7 @@ fn tokens_and_memory_through_the_daemon() {
         in_flight: false,
         burst_us: 20_000,
         rtt_us: 100,
+        launch_us: 0,
     };
     assert_eq!(
         a.request(&acquire, T).unwrap(),
@@ -339,6 +340,7 @@ fn garbage_and_foreign_versions_get_error_replies_and_the_daemon_lives() {
                 in_flight: false,
                 burst_us: 0,
                 rtt_us: 100,
+                launch_us: 0,
             },
             T,
         )
@@ -684,6 +686,7 @@ fn helper_client_process() {
                 in_flight: false,
                 burst_us: 100_000,
                 rtt_us: 100,
+                launch_us: 0,
             },
             T,
         )
@@ -761,6 +764,7 @@ fn settings_file_and_flags_are_applied() {
                 in_flight: false,
                 burst_us: 10_000_000,
                 rtt_us: 100,
+                launch_us: 0,
             },
             T,
         )
@@ -821,6 +825,7 @@ fn a_quieting_holder_passes_the_token_on_at_the_announced_end() {
         in_flight: false,
         burst_us: 100_000,
         rtt_us: 100,
+        launch_us: 0,
     };
     assert!(matches!(
         hi.request(&acquire, T).unwrap(),
