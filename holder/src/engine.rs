@@ -344,7 +344,7 @@ impl Engine {
                 in_flight,
                 burst_us: batch * kernel_ns / 1000,
                 rtt_us: sched.rtt_us(),
-                launch_us: u32::try_from(kernel_ns / 1000).unwrap_or(u32::MAX),
+                launch_us: u32::try_from(kernel_ns.div_ceil(1000)).unwrap_or(u32::MAX),
             };
             match sched.call(&req, Duration::from_secs(5), &[]) {
                 Ok(Reply::Token { .. }) => {}

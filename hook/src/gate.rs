@@ -123,6 +123,7 @@ pub fn admit_graph(
     if let (Some(g), true) = (call.0, cost != UNKNOWN_GRAPH) {
         g.graph_launches.fetch_add(1, Ordering::Relaxed);
         g.graph_ns.fetch_add(cost, Ordering::Relaxed);
+        g.learn_graph(cost);
     }
     Ok(call)
 }
@@ -590,12 +591,16 @@ fn ask_next(
     ))
 }
 
-/// The device time of one launch (µs), as learned, for gem-schd: the
-/// estimate that leans long, since what it bounds is a launch admitted
-/// whole ahead of a latency-critical group's return. 0: not known yet.
+/// The device time of one launch (µs), as learned, for gem-schd: what it
+/// bounds is a launch admitted whole ahead of a latency-critical group's
+/// return, so the estimates that lean long, of a kernel and of a graph's
+/// replay (the longer of the two). 0: not known yet.
 fn launch_us(g: &Gate) -> u32 {
-    let us = g.kernel_hi_ns.load(Ordering::Relaxed).div_ceil(1000);
-    u32::try_from(us).unwrap_or(u32::MAX)
+    let ns = g
+        .kernel_hi_ns
+        .load(Ordering::Relaxed)
+        .max(g.graph_long_ns.load(Ordering::Relaxed));
+    u32::try_from(ns.div_ceil(1000)).unwrap_or(u32::MAX)
 }
 
 /// How much later than a round trip after its sending (and gem-schd's
@@ -662,4 +667,25 @@ fn ask_in_time(
         again: true,
         ..asked
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gem-schd is told the longer of a kernel and a graph's replay, in
+    /// whole microseconds: beside 50 µs kernels, a 1.5 ms replay is the
+    /// launch a latency-critical group's return must be kept free of.
+    #[test]
+    fn the_launch_told_to_the_scheduler_is_the_longer_of_a_kernel_and_a_replay() {
+        let g = Gate::default();
+        assert_eq!(launch_us(&g), 0);
+        g.kernel_hi_ns.store(50_200, Ordering::Relaxed);
+        assert_eq!(launch_us(&g), 51);
+        g.learn_graph(1_500_000);
+        assert_eq!(launch_us(&g), 1_500);
+        // A shorter replay moves it by an eighth.
+        g.learn_graph(500_000);
+        assert_eq!(launch_us(&g), 1_375);
+    }
 }

@@ -224,6 +224,10 @@ pub struct Gate {
     /// without them.
     pub(crate) graph_launches: AtomicU64,
     pub(crate) graph_ns: AtomicU64,
+    /// Smoothed device time of one graph launch of known cost (ns),
+    /// leaning long; 0: none yet. A replay is admitted whole, so it, not
+    /// the kernels' average, is the launch a scheduler must wait out.
+    pub(crate) graph_long_ns: AtomicU64,
     /// Time spent waiting for a grant with none of this process's work
     /// on the device (ns, cumulative): not device time of its launches.
     pub(crate) blocked: AtomicU64,

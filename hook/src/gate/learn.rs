@@ -84,6 +84,12 @@ impl Gate {
         fold(&self.kernel_hi_ns, sample, lean_high);
     }
 
+    /// A graph of known cost was launched: learn how long a replay takes
+    /// (leaning long, as `kernel_hi_ns`), for the scheduler's holds.
+    pub(super) fn learn_graph(&self, cost_ns: u64) {
+        fold(&self.graph_long_ns, cost_ns, lean_high);
+    }
+
     /// A token's end waited for its launches up to `now` and they were
     /// not done: each takes longer than the time since the sample began
     /// over their number. The estimates rise to that at once. Without it

@@ -662,8 +662,8 @@ struct Pending<'a> {
 
 /// How long after a grant now a launch of `waiter` admitted under it may
 /// still run (µs): one launch, as its hook said (`Client::launch`); from
-/// a hook that did not say, its last overrun (`Client::launch_floor`),
-/// as learned. `None`: not known, or longer than [`CRITICAL_LEND_MAX`]
+/// a hook that did not say, as learned from its overruns
+/// (`Client::launch_floor`). `None`: not known, or longer than [`CRITICAL_LEND_MAX`]
 /// (a job of such launches is not held: it would get only its MinUtil).
 /// The grant's way to the hook (half a round trip) is left out: it moves
 /// the launch later by as much, and the critical group waits at most that

@@ -185,19 +185,22 @@ fn a_hook_that_does_not_say_its_launch_s_length_is_served_as_before() {
     sim.add("train", Demand::Kernels(200));
     sim.run_until(10 * SEC);
     let waits = sim.waits(serve, 2 * SEC, 10 * SEC);
+    assert!(waits.len() > 1000, "{} decode steps", waits.len());
+    // The length is not known here: the decode waits for a kernel at
+    // times, at most for one lent token's work.
     let p99 = percentile(&waits, 0.99);
     assert!(
-        p99 <= CRITICAL_LEND_MAX,
+        (sim.wake + 1..=CRITICAL_LEND_MAX).contains(&p99),
         "the decode waited {p99} µs at p99"
     );
     training_keeps_nine_tenths(&sim, 2 * SEC, 10 * SEC);
 }
 
 /// A launch's length is what the hook says; from a hook that does not
-/// say it (protocol 19 or older), the last overrun, as learned; and a
+/// say it (protocol 19 or older), as learned from its overruns; and a
 /// launch longer than the hold's bound is not held at all.
 #[test]
-fn a_launch_is_as_long_as_its_hook_says_or_its_last_overrun() {
+fn a_launch_is_as_long_as_its_hook_says_or_as_its_overruns_taught() {
     use super::super::tokens::launch_reach;
     let train = GroupKey::Named("train".into());
     let mut c = Client::new(Role::Client, train, 1, BTreeMap::new(), None);
