@@ -386,8 +386,12 @@ mod tests {
     /// index as sequence number), `S` a status reply with one client, `W`
     /// a welcome, `T` a token grant.
     fn v14_frames(kind: &str) -> Vec<Vec<u8>> {
-        include_str!("../tests/data/v14-frames.txt")
-            .lines()
+        frames(include_str!("../tests/data/v14-frames.txt"), kind)
+    }
+
+    /// The frames of `kind` in a file of kept frames (`KIND hex` lines).
+    fn frames(text: &str, kind: &str) -> Vec<Vec<u8>> {
+        text.lines()
             .filter_map(|l| l.strip_prefix(kind)?.strip_prefix(' '))
             .map(|hex| {
                 (0..hex.len())
@@ -473,16 +477,7 @@ mod tests {
     /// written for a peer of 15 byte for byte without what 16 added.
     #[test]
     fn a_status_of_protocol_15_is_read_and_written_as_it_was() {
-        let frame: Vec<u8> = {
-            let hex = include_str!("../tests/data/v15-frames.txt")
-                .lines()
-                .find_map(|l| l.strip_prefix("S "))
-                .unwrap();
-            (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                .collect()
-        };
+        let frame = frames(include_str!("../tests/data/v15-frames.txt"), "S").remove(0);
         let (version, seq, reply) = decode_reply_versioned(&frame).unwrap();
         assert_eq!((version, seq), (15, 7));
         let Reply::Status(mut report) = reply.clone() else {
@@ -515,16 +510,7 @@ mod tests {
     /// gem-schd of 19 byte for byte without it; a peer of 20 gets it.
     #[test]
     fn a_token_request_of_protocol_19_is_read_and_written_as_it_was() {
-        let frame: Vec<u8> = {
-            let hex = include_str!("../tests/data/v19-frames.txt")
-                .lines()
-                .find_map(|l| l.strip_prefix("A "))
-                .unwrap();
-            (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                .collect()
-        };
+        let frame = frames(include_str!("../tests/data/v19-frames.txt"), "A").remove(0);
         let (version, seq, req) = decode_request_versioned(&frame).unwrap();
         assert_eq!((version, seq), (19, 7));
         let Request::AcquireToken {

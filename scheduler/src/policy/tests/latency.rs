@@ -136,17 +136,15 @@ fn holds_for_a_critical_group_never_take_another_under_its_min_util() {
     }
 }
 
-/// A critical decode beside training in 200 µs kernels with no
-/// `MinUtil`, each grant reaching its holder's first kernel 30 µs later:
-/// the training's hook says how long its kernels take, and none is let
-/// run into the decode's return, so the decode waits only for its own
-/// wake-up. Known only from the training's overruns (a hook of protocol
-/// 19), the length was never learned here (its tokens' queues end within
-/// them), and the decode waited 150 µs at every step.
-#[test]
-fn a_launch_s_length_said_by_its_hook_keeps_a_critical_return_free() {
+/// A critical decode (0.8 ms, then 4.4 ms away) beside training in
+/// 200 µs kernels with no `MinUtil`, each grant reaching its holder's
+/// first kernel 30 µs later, for 10 s; `old_hooks`: the training's hook
+/// does not say its kernels' length (protocol 19). Returns the
+/// simulation and the decode's client.
+fn decode_beside_short_kernels(old_hooks: bool) -> (Sim, usize) {
     let mut sim = Sim::new("[serve]\nLatency=critical\n[train]\n");
     sim.wake = 30;
+    sim.old_hooks = old_hooks;
     let serve = sim.add(
         "serve",
         Demand::Bursty {
@@ -156,6 +154,19 @@ fn a_launch_s_length_said_by_its_hook_keeps_a_critical_return_free() {
     );
     sim.add("train", Demand::Kernels(200));
     sim.run_until(10 * SEC);
+    (sim, serve)
+}
+
+/// A critical decode beside training in 200 µs kernels with no
+/// `MinUtil`, each grant reaching its holder's first kernel 30 µs later:
+/// the training's hook says how long its kernels take, and none is let
+/// run into the decode's return, so the decode waits only for its own
+/// wake-up. Known only from the training's overruns (a hook of protocol
+/// 19), the length was never learned here (its tokens' queues end within
+/// them), and the decode waited 150 µs at every step.
+#[test]
+fn a_launch_s_length_said_by_its_hook_keeps_a_critical_return_free() {
+    let (sim, serve) = decode_beside_short_kernels(false);
     let (from, to) = (2 * SEC, 10 * SEC);
     let waits = sim.waits(serve, from, to);
     assert!(waits.len() > 1000, "{} decode steps", waits.len());
@@ -172,18 +183,7 @@ fn a_launch_s_length_said_by_its_hook_keeps_a_critical_return_free() {
 /// the decode leaves.
 #[test]
 fn a_hook_that_does_not_say_its_launch_s_length_is_served_as_before() {
-    let mut sim = Sim::new("[serve]\nLatency=critical\n[train]\n");
-    sim.wake = 30;
-    sim.old_hooks = true;
-    let serve = sim.add(
-        "serve",
-        Demand::Bursty {
-            burst: 800,
-            gap: 4_400,
-        },
-    );
-    sim.add("train", Demand::Kernels(200));
-    sim.run_until(10 * SEC);
+    let (sim, serve) = decode_beside_short_kernels(true);
     let waits = sim.waits(serve, 2 * SEC, 10 * SEC);
     assert!(waits.len() > 1000, "{} decode steps", waits.len());
     // The length is not known here: the decode waits for a kernel at
