@@ -251,6 +251,8 @@ pub struct Gate {
     /// and the sequence number of the request once sent (0: none).
     pub(crate) ahead_at: AtomicU64,
     pub(crate) ahead_seq: AtomicU32,
+    /// The predicted launch that request is for (ns), said with it.
+    pub(crate) ahead_for: AtomicU64,
     /// When that request was sent (ns), and how long before the predicted
     /// launch requests are sent, learned (ns; 0: not yet).
     pub(crate) ahead_sent: AtomicU64,

@@ -47,6 +47,7 @@ fn main() -> std::io::Result<()> {
             device: 0,
             burst_us: 800,
             rtt_us: 100,
+            launch_in_us: 300,
         },
         Request::ReserveMemory {
             device: 0,

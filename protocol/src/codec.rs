@@ -229,6 +229,7 @@ mod tests {
                 device: 2,
                 burst_us: 800,
                 rtt_us: 100,
+                launch_in_us: 400,
             },
             Request::ReserveMemory {
                 device: 0,
@@ -429,6 +430,10 @@ mod tests {
                 assert_ne!(*launch_us, 0);
                 *launch_us = 0;
             }
+            if let Request::AcquireTokenAhead { launch_in_us, .. } = &mut req {
+                assert_ne!(*launch_in_us, 0);
+                *launch_in_us = 0;
+            }
             assert_eq!(got, req, "request {i}");
         }
     }
@@ -537,6 +542,35 @@ mod tests {
         };
         assert_eq!(encode_request_as(19, 7, &said), frame);
         assert_eq!(encode_request_as(18, 7, &said)[4..], frame[4..]);
+        assert_eq!(decode_request(&encode_request(7, &said)), Ok((7, said)));
+    }
+
+    /// A token asked ahead by a hook of protocol 20, kept as it wrote it:
+    /// read with its launch's time not said (0), and written for a
+    /// gem-schd of 20 byte for byte without it (and for 14, which had
+    /// the same shape); a peer of 21 gets it.
+    #[test]
+    fn a_token_asked_ahead_of_protocol_20_is_read_and_written_as_it_was() {
+        let frame = frames(include_str!("../tests/data/v20-frames.txt"), "A").remove(0);
+        let (version, seq, req) = decode_request_versioned(&frame).unwrap();
+        assert_eq!((version, seq), (20, 7));
+        let said = Request::AcquireTokenAhead {
+            device: 2,
+            burst_us: 9_000,
+            rtt_us: 180,
+            launch_in_us: 350,
+        };
+        assert_eq!(
+            req,
+            Request::AcquireTokenAhead {
+                device: 2,
+                burst_us: 9_000,
+                rtt_us: 180,
+                launch_in_us: 0,
+            }
+        );
+        assert_eq!(encode_request_as(20, 7, &said), frame);
+        assert_eq!(encode_request_as(14, 7, &said)[4..], frame[4..]);
         assert_eq!(decode_request(&encode_request(7, &said)), Ok((7, said)));
     }
 

@@ -33,6 +33,8 @@ pub fn release_of(version: u16) -> Option<&'static str> {
 const HELLO: u32 = 0;
 /// [`Request::AcquireToken`]'s index.
 const ACQUIRE_TOKEN: u32 = 1;
+/// [`Request::AcquireTokenAhead`]'s index.
+const ACQUIRE_TOKEN_AHEAD: u32 = 20;
 /// [`Reply::Status`]'s index.
 const STATUS: u32 = 4;
 
@@ -342,6 +344,19 @@ mod v19 {
     }
 }
 
+/// Protocols 14 to 20: the token asked ahead without when the launch it
+/// is for is predicted (`launch_in_us`).
+mod v20 {
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct AcquireTokenAhead {
+        pub(super) device: DeviceId,
+        pub(super) burst_us: u64,
+        pub(super) rtt_us: u32,
+    }
+}
+
 /// Writes `seq`, a variant index and its fields after `out` (a header).
 fn changed<T: Serialize>(out: Vec<u8>, seq: u32, variant: u32, fields: &T) -> Vec<u8> {
     let fallback = out.clone();
@@ -386,6 +401,21 @@ pub(crate) fn encode_request(version: u16, seq: u32, req: &Request) -> Vec<u8> {
                 device: *device,
                 ran: ran.clone(),
                 in_flight: *in_flight,
+                burst_us: *burst_us,
+                rtt_us: *rtt_us,
+            },
+        ),
+        Request::AcquireTokenAhead {
+            device,
+            burst_us,
+            rtt_us,
+            launch_in_us: _,
+        } if version <= 20 => changed(
+            header(version),
+            seq,
+            ACQUIRE_TOKEN_AHEAD,
+            &v20::AcquireTokenAhead {
+                device: *device,
                 burst_us: *burst_us,
                 rtt_us: *rtt_us,
             },
@@ -445,6 +475,18 @@ pub(crate) fn decode_request(version: u16, body: &[u8]) -> Result<(u32, Request)
                 burst_us: t.burst_us,
                 rtt_us: t.rtt_us,
                 launch_us: 0,
+            },
+        ));
+    }
+    if version <= 20 && variant == ACQUIRE_TOKEN_AHEAD {
+        let t: v20::AcquireTokenAhead = take_all(fields)?;
+        return Ok((
+            seq,
+            Request::AcquireTokenAhead {
+                device: t.device,
+                burst_us: t.burst_us,
+                rtt_us: t.rtt_us,
+                launch_in_us: 0,
             },
         ));
     }

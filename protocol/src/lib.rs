@@ -39,7 +39,7 @@ pub use message::*;
 /// The protocol version this build speaks. Bump it on any change to the
 /// messages, keeping the previous version's shape of each message that
 /// changed in [`legacy`] (see docs/protocol.md for the rule).
-pub const PROTOCOL_VERSION: u16 = 20;
+pub const PROTOCOL_VERSION: u16 = 21;
 
 /// The oldest protocol version this build still speaks ([`legacy`]).
 /// Peers of a version below it, or above [`PROTOCOL_VERSION`], are

@@ -304,6 +304,12 @@ pub enum Request {
         burst_us: u64,
         /// As in [`Request::AcquireToken`].
         rtt_us: u32,
+        /// When the client is predicted to launch, in microseconds from
+        /// now (its hook asks a little before that); 0: not said (a peer
+        /// of protocol 20 or older). gem-schd learns the client's group
+        /// back then, not at the request, so that the tokens it lends
+        /// meanwhile end by the launch, not by the request (protocol 21).
+        launch_in_us: u32,
     },
     /// Why a token asked for on `device` has not come: asked by a hook
     /// whose token request has waited a while (protocol 16). Reply:

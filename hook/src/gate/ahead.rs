@@ -87,9 +87,9 @@ pub(super) fn plan(st: &State, g: &Gate, wait_exit: u64) {
     if !st.settings.ask_ahead || gap == 0 || !known || g.ahead_seq.load(Ordering::Acquire) != 0 {
         return;
     }
-    let at = (wait_exit + gap)
-        .saturating_sub(lead(g, leads::rtt(st)))
-        .max(1);
+    let launch = wait_exit + gap;
+    let at = launch.saturating_sub(lead(g, leads::rtt(st))).max(1);
+    g.ahead_for.store(launch, Ordering::Relaxed);
     g.ahead_at.store(at, Ordering::Release);
 }
 
@@ -127,6 +127,7 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
                 device,
                 burst_us: g.burst_avg.load(Ordering::Relaxed),
                 rtt_us: st.rtt.us(),
+                launch_in_us: launch_in_us(g, now),
             };
             if let Ok(seq) = st.ask(&req) {
                 g.ahead_sent.store(now_ns(), Ordering::Relaxed);
@@ -151,6 +152,14 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
         return false;
     }
     take(&slow, st, dev, g, seq, 0)
+}
+
+/// How long from `now` (ns) the launch a request sent ahead is for is
+/// predicted (µs, rounded up: 0 only for one due already), as the
+/// request says, so that gem-schd counts the process back then.
+fn launch_in_us(g: &Gate, now: u64) -> u32 {
+    let ns = g.ahead_for.load(Ordering::Relaxed).saturating_sub(now);
+    u32::try_from(ns.div_ceil(1000)).unwrap_or(u32::MAX)
 }
 
 /// Takes the grant of the request `seq` sent ahead if it comes within
@@ -244,5 +253,17 @@ mod tests {
         assert_eq!(lead(&g, r), 1_000_000);
         // The bounds follow the round trip: on a host twice as fast, half.
         assert_eq!(lead(&g, r / 2), 500_000);
+    }
+
+    #[test]
+    fn a_request_sent_ahead_says_when_its_launch_is_predicted() {
+        let g = Gate::default();
+        g.ahead_for.store(10_000_000, Ordering::Relaxed);
+        // Sent 0.4 ms (and a part of a µs) before it: rounded up.
+        assert_eq!(launch_in_us(&g, 9_599_500), 401);
+        // The watcher woke past it: due now.
+        assert_eq!(launch_in_us(&g, 10_000_001), 0);
+        g.ahead_for.store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(launch_in_us(&g, 0), u32::MAX);
     }
 }

@@ -18,6 +18,21 @@ use std::collections::BTreeMap;
 /// queued ahead pulled groups quiet between steps into step.
 const AHEAD_SHORT_BURST: Micros = 2_000;
 
+/// The longest time to its launch a token asked ahead is taken to say:
+/// a hook asks at most five round trips ahead (1 ms at 200 µs). A longer
+/// claim moves only the asker's own group's learned return, and no
+/// further than this.
+const AHEAD_LAUNCH_MAX: Micros = 2_000;
+
+/// A token asked ahead ([`Request::AcquireTokenAhead`]): the burst it is
+/// for, the client's round trip, and its launch, µs from now (at most
+/// [`AHEAD_LAUNCH_MAX`]).
+struct Ahead {
+    burst_us: Micros,
+    rtt_us: u32,
+    launch_in: Micros,
+}
+
 /// The longest job name kept (bytes): a bound on what a client can make
 /// the daemon hold.
 const MAX_JOB_NAME: usize = 256;
@@ -316,14 +331,22 @@ impl Policy {
                     c.launch = Micros::from(launch_us);
                 }
                 self.report(client, device, &ran, in_flight, now, out);
-                self.note_back(client, device, now);
+                self.note_back(client, device, now, 0);
                 self.enqueue(asker, device, burst_us, rtt_us, now, out);
             }
             Request::AcquireTokenAhead {
                 device,
                 burst_us,
                 rtt_us,
-            } => self.acquire_ahead(asker, device, burst_us, rtt_us, now, out),
+                launch_in_us,
+            } => {
+                let ahead = Ahead {
+                    burst_us,
+                    rtt_us,
+                    launch_in: Micros::from(launch_in_us).min(AHEAD_LAUNCH_MAX),
+                };
+                self.acquire_ahead(asker, device, ahead, now, out)
+            }
             Request::ReleaseToken {
                 device,
                 ran,
@@ -424,11 +447,15 @@ impl Policy {
         &mut self,
         asker: Asker,
         device: DeviceId,
-        burst_us: Micros,
-        rtt_us: u32,
+        ahead: Ahead,
         now: Micros,
         out: &mut Vec<Action>,
     ) {
+        let Ahead {
+            burst_us,
+            rtt_us,
+            launch_in,
+        } = ahead;
         let Asker { client, seq, role } = asker;
         if role != Role::Client {
             out.push(asker.reply(error(
@@ -441,6 +468,10 @@ impl Policy {
             out.push(asker.reply(Reply::Done));
             return;
         }
+        // Its group is back when it launches: the tokens lent until then
+        // end by that, not by this request (the token request below then
+        // learns nothing more).
+        self.note_back(client, device, now, launch_in);
         // Nothing to report: it reported as it went quiet (and
         // what it said of work in flight stands).
         let req = Request::AcquireToken {

@@ -351,9 +351,17 @@ impl Policy {
         Some(at)
     }
 
-    /// A client of an away group asks for the token again: the group's
-    /// absence ends, and is learned.
-    pub(super) fn note_back(&mut self, client: ClientId, device: DeviceId, now: Micros) {
+    /// A client of an away group asks for the token again, for a launch
+    /// `launch_in` µs from now (0: at once; a token asked ahead): the
+    /// group's absence ends, and is learned as lasting until that launch,
+    /// when the group needs the device.
+    pub(super) fn note_back(
+        &mut self,
+        client: ClientId,
+        device: DeviceId,
+        now: Micros,
+        launch_in: Micros,
+    ) {
         if let Some(dev) = self.devices.get_mut(&device) {
             dev.returning.take_if(|r| r.client == client);
         }
@@ -372,7 +380,7 @@ impl Policy {
             if away > OWED_ABSENCE {
                 g.excused.add(since, now);
             }
-            g.learn_absence(away);
+            g.learn_absence(away + launch_in);
         }
     }
 

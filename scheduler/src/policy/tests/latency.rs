@@ -213,6 +213,58 @@ fn a_launch_is_as_long_as_its_hook_says_or_as_its_overruns_taught() {
     assert_eq!(launch_reach(&c), None);
 }
 
+/// A critical decode (1 ms steps, asked ahead 5 ms after each ended, for
+/// a launch `launch_in_us` after the request) beside a training group
+/// that asks 4 ms after each step ended. Returns the token lent to the
+/// training at the last step, and the decode's learned shortest absence.
+fn lent_before_a_decode_asking_ahead(launch_in_us: u32) -> (Micros, Micros) {
+    let mut p = Policy::new(
+        Params::default(),
+        config("[decode]\nLatency=critical\n[train]\n"),
+    );
+    hello(&mut p, 1, "decode");
+    hello(&mut p, 2, "train");
+    let ahead = Request::AcquireTokenAhead {
+        device: 0,
+        burst_us: MS,
+        rtt_us: RTT as u32,
+        launch_in_us,
+    };
+    let mut lent = 0;
+    for step in 0..6 {
+        let t = step * 6 * MS;
+        let asked = if step == 0 { acquire() } else { ahead.clone() };
+        let r = send(&mut p, 1, asked, t);
+        assert!(granted(&r, 1).is_some(), "the decode at {t}: {r:?}");
+        send(&mut p, 1, release_ran(t, t + MS), t + MS);
+        let at = t + 5 * MS;
+        let r = send(&mut p, 2, acquire(), at);
+        let Some((2, quota, true)) = token(&r) else {
+            panic!("training at {at}: {r:?}");
+        };
+        lent = quota;
+        send(&mut p, 2, release_ran(at, at + quota), at + quota);
+    }
+    let decode = GroupKey::Named("decode".into());
+    (lent, p.devices[&0].groups[&decode].away_short)
+}
+
+/// A critical group whose hook asks ahead says when its launch is: its
+/// return is learned as then, and the tokens lent meanwhile end a round
+/// trip and a half before that launch, not before its request. A hook
+/// of protocol 20 or older (0) is served as before, and a claim is taken
+/// as 2 ms at most.
+#[test]
+fn tokens_lent_before_a_critical_return_end_by_its_launch_not_its_request() {
+    let margin = critical_margin(RTT);
+    let (before, away) = lent_before_a_decode_asking_ahead(0);
+    assert_eq!((before, away), (MS - margin, 5 * MS));
+    let (by_launch, away) = lent_before_a_decode_asking_ahead(400);
+    assert_eq!((by_launch, away), (before + 400, 5 * MS + 400));
+    let (_, away) = lent_before_a_decode_asking_ahead(u32::MAX);
+    assert_eq!(away, 5 * MS + 2 * MS);
+}
+
 /// A critical decode (0.8 ms of device time, then 4.4 ms away: not a
 /// whole number of training's tokens) beside a training group with no
 /// `MinUtil` that works in 1 ms kernels, for 10 s. Returns the

@@ -1331,6 +1331,7 @@ fn a_token_asked_ahead_is_declined_where_another_group_has_the_device() {
         device: 0,
         burst_us,
         rtt_us: RTT as u32,
+        launch_in_us: 0,
     };
     // A free device: granted.
     let r = send(&mut p, 1, ahead(20 * MS), 0);
