@@ -155,11 +155,12 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
 }
 
 /// How long from `now` (ns) the launch a request sent ahead is for is
-/// predicted (µs, rounded up: 0 only for one due already), as the
-/// request says, so that gem-schd counts the process back then.
+/// predicted (µs, rounded down: a return counted early is the safe
+/// side), as the request says, so that gem-schd counts the process back
+/// then.
 fn launch_in_us(g: &Gate, now: u64) -> u32 {
     let ns = g.ahead_for.load(Ordering::Relaxed).saturating_sub(now);
-    u32::try_from(ns.div_ceil(1000)).unwrap_or(u32::MAX)
+    u32::try_from(ns / 1000).unwrap_or(u32::MAX)
 }
 
 /// Takes the grant of the request `seq` sent ahead if it comes within
@@ -259,8 +260,8 @@ mod tests {
     fn a_request_sent_ahead_says_when_its_launch_is_predicted() {
         let g = Gate::default();
         g.ahead_for.store(10_000_000, Ordering::Relaxed);
-        // Sent 0.4 ms (and a part of a µs) before it: rounded up.
-        assert_eq!(launch_in_us(&g, 9_599_500), 401);
+        // Sent 0.4 ms (and a part of a µs) before it: rounded down.
+        assert_eq!(launch_in_us(&g, 9_599_500), 400);
         // The watcher woke past it: due now.
         assert_eq!(launch_in_us(&g, 10_000_001), 0);
         g.ahead_for.store(u64::MAX, Ordering::Relaxed);

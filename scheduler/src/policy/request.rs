@@ -468,10 +468,22 @@ impl Policy {
             out.push(asker.reply(Reply::Done));
             return;
         }
-        // Its group is back when it launches: the tokens lent until then
-        // end by that, not by this request (the token request below then
-        // learns nothing more).
-        self.note_back(client, device, now, launch_in);
+        // A latency-critical group is back when it launches (said from
+        // when the request was sent, half a round trip ago): the tokens
+        // lent until then end a margin before that, not before this
+        // request. Other groups' lent tokens end at their return itself,
+        // with no margin, so theirs stays the request. (The token request
+        // below then learns nothing more.)
+        let critical = self
+            .clients
+            .get(&client)
+            .is_some_and(|c| self.limits(&c.group).latency == Latency::Critical);
+        let back_in = if critical {
+            launch_in.saturating_sub(Micros::from(rtt_us) / 2)
+        } else {
+            0
+        };
+        self.note_back(client, device, now, back_in);
         // Nothing to report: it reported as it went quiet (and
         // what it said of work in flight stands).
         let req = Request::AcquireToken {

@@ -213,14 +213,15 @@ fn a_launch_is_as_long_as_its_hook_says_or_as_its_overruns_taught() {
     assert_eq!(launch_reach(&c), None);
 }
 
-/// A critical decode (1 ms steps, asked ahead 5 ms after each ended, for
-/// a launch `launch_in_us` after the request) beside a training group
-/// that asks 4 ms after each step ended. Returns the token lent to the
-/// training at the last step, and the decode's learned shortest absence.
-fn lent_before_a_decode_asking_ahead(launch_in_us: u32) -> (Micros, Micros) {
+/// A decode (1 ms steps, asked ahead 5 ms after each ended, for a launch
+/// `launch_in_us` after the request; `decode`: its group's lines) beside
+/// a training group that asks 4 ms after each step ended. Returns the
+/// token lent to the training at the last step, and the decode's
+/// learned shortest absence.
+fn lent_before_a_decode_asking_ahead(decode: &str, launch_in_us: u32) -> (Micros, Micros) {
     let mut p = Policy::new(
         Params::default(),
-        config("[decode]\nLatency=critical\n[train]\n"),
+        config(&format!("[decode]\n{decode}[train]\n")),
     );
     hello(&mut p, 1, "decode");
     hello(&mut p, 2, "train");
@@ -249,20 +250,27 @@ fn lent_before_a_decode_asking_ahead(launch_in_us: u32) -> (Micros, Micros) {
     (lent, p.devices[&0].groups[&decode].away_short)
 }
 
-/// A critical group whose hook asks ahead says when its launch is: its
-/// return is learned as then, and the tokens lent meanwhile end a round
-/// trip and a half before that launch, not before its request. A hook
-/// of protocol 20 or older (0) is served as before, and a claim is taken
-/// as 2 ms at most.
+/// A critical group whose hook asks ahead says when its launch is (from
+/// when it sent the request, half a round trip before gem-schd reads
+/// it): its return is learned as then, and the tokens lent meanwhile end
+/// a round trip and a half before that launch, not before its request.
+/// A hook of protocol 20 or older (0) is served as before, a claim is
+/// taken as 2 ms at most, and a group not critical (whose lent tokens
+/// end at its return, with no margin) is back at its request.
 #[test]
 fn tokens_lent_before_a_critical_return_end_by_its_launch_not_its_request() {
+    let critical = "Latency=critical\n";
     let margin = critical_margin(RTT);
-    let (before, away) = lent_before_a_decode_asking_ahead(0);
+    let (before, away) = lent_before_a_decode_asking_ahead(critical, 0);
     assert_eq!((before, away), (MS - margin, 5 * MS));
-    let (by_launch, away) = lent_before_a_decode_asking_ahead(400);
-    assert_eq!((by_launch, away), (before + 400, 5 * MS + 400));
-    let (_, away) = lent_before_a_decode_asking_ahead(u32::MAX);
-    assert_eq!(away, 5 * MS + 2 * MS);
+    let (by_launch, away) = lent_before_a_decode_asking_ahead(critical, 400);
+    let later = 400 - RTT / 2;
+    assert_eq!((by_launch, away), (before + later, 5 * MS + later));
+    let (lent, away) = lent_before_a_decode_asking_ahead(critical, u32::MAX);
+    assert_eq!(away, 5 * MS + 2 * MS - RTT / 2);
+    assert_eq!(lent, CRITICAL_LEND_MAX);
+    let (_, away) = lent_before_a_decode_asking_ahead("MinUtil=0.3\n", 400);
+    assert_eq!(away, 5 * MS);
 }
 
 /// A critical decode (0.8 ms of device time, then 4.4 ms away: not a
