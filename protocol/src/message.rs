@@ -305,10 +305,12 @@ pub enum Request {
         /// As in [`Request::AcquireToken`].
         rtt_us: u32,
         /// When the client is predicted to launch, in microseconds from
-        /// now (its hook asks a little before that); 0: not said (a peer
-        /// of protocol 20 or older). gem-schd learns the client's group
-        /// back then, not at the request, so that the tokens it lends
-        /// meanwhile end by the launch, not by the request (protocol 21).
+        /// when it sent this (its hook asks a little before that); 0: not
+        /// said (a peer of protocol 20 or older). For a latency-critical
+        /// group, gem-schd learns the group back then (less half the
+        /// client's round trip, the request's way there; 2 ms after the
+        /// request at most), not at the request, so that the tokens it
+        /// lends meanwhile end by the launch (protocol 21).
         launch_in_us: u32,
     },
     /// Why a token asked for on `device` has not come: asked by a hook

@@ -127,7 +127,7 @@ pub(super) fn tick(st: &'static State, dev: usize, g: &'static Gate, now: u64) -
                 device,
                 burst_us: g.burst_avg.load(Ordering::Relaxed),
                 rtt_us: st.rtt.us(),
-                launch_in_us: launch_in_us(g, now),
+                launch_in_us: launch_in_us(g, now_ns()),
             };
             if let Ok(seq) = st.ask(&req) {
                 g.ahead_sent.store(now_ns(), Ordering::Relaxed);

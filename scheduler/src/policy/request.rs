@@ -25,8 +25,9 @@ const AHEAD_SHORT_BURST: Micros = 2_000;
 const AHEAD_LAUNCH_MAX: Micros = 2_000;
 
 /// A token asked ahead ([`Request::AcquireTokenAhead`]): the burst it is
-/// for, the client's round trip, and its launch, µs from now (at most
-/// [`AHEAD_LAUNCH_MAX`]).
+/// for, the client's round trip (as it says: a false one moves only its
+/// own group's return, and within [`AHEAD_LAUNCH_MAX`]), and its launch,
+/// µs from when the request was sent (at most [`AHEAD_LAUNCH_MAX`]).
 struct Ahead {
     burst_us: Micros,
     rtt_us: u32,

@@ -244,7 +244,10 @@ fn lent_before_a_decode_asking_ahead(decode: &str, launch_in_us: u32) -> (Micros
             panic!("training at {at}: {r:?}");
         };
         lent = quota;
-        send(&mut p, 2, release_ran(at, at + quota), at + quota);
+        // Given back by the decode's next step (a token of 2 ms would run
+        // past it).
+        let end = at + quota.min(MS);
+        send(&mut p, 2, release_ran(at, end), end);
     }
     let decode = GroupKey::Named("decode".into());
     (lent, p.devices[&0].groups[&decode].away_short)
