@@ -540,8 +540,15 @@ mod tests {
             rtt_us,
             launch_us: 300,
         };
-        assert_eq!(encode_request_as(19, 7, &said), frame);
-        assert_eq!(encode_request_as(18, 7, &said)[4..], frame[4..]);
+        written_as_kept(&frame, [19, 18], said);
+    }
+
+    /// `said` is written as the kept `frame` for a peer of `versions[0]`
+    /// (its version), byte for byte after the header for one of
+    /// `versions[1]` (same shape), and whole for a peer of ours.
+    fn written_as_kept(frame: &[u8], versions: [u16; 2], said: Request) {
+        assert_eq!(encode_request_as(versions[0], 7, &said), frame);
+        assert_eq!(encode_request_as(versions[1], 7, &said)[4..], frame[4..]);
         assert_eq!(decode_request(&encode_request(7, &said)), Ok((7, said)));
     }
 
@@ -554,24 +561,14 @@ mod tests {
         let frame = frames(include_str!("../tests/data/v20-frames.txt"), "A").remove(0);
         let (version, seq, req) = decode_request_versioned(&frame).unwrap();
         assert_eq!((version, seq), (20, 7));
-        let said = Request::AcquireTokenAhead {
+        let ahead = |launch_in_us| Request::AcquireTokenAhead {
             device: 2,
             burst_us: 9_000,
             rtt_us: 180,
-            launch_in_us: 350,
+            launch_in_us,
         };
-        assert_eq!(
-            req,
-            Request::AcquireTokenAhead {
-                device: 2,
-                burst_us: 9_000,
-                rtt_us: 180,
-                launch_in_us: 0,
-            }
-        );
-        assert_eq!(encode_request_as(20, 7, &said), frame);
-        assert_eq!(encode_request_as(14, 7, &said)[4..], frame[4..]);
-        assert_eq!(decode_request(&encode_request(7, &said)), Ok((7, said)));
+        assert_eq!(req, ahead(0));
+        written_as_kept(&frame, [20, 14], ahead(350));
     }
 
     /// The question a waiting hook asks, and its answer, are new in 16:
