@@ -19,24 +19,43 @@
 use super::*;
 
 /// How long before the predicted launch the token is asked for, in round
-/// trips `r` (see `leads`): at first two and a half (0.5 ms at 200 µs:
-/// the request's round trip, the watcher's wake-up to send it and the
-/// grant's to take it; with 0.3 ms on the 2-core test VM the launch still
-/// waited 43 µs for the grant at the median, with 0.5 ms, 20 µs). Then
-/// learned (see [`learn`]) between three quarters of one, the median
-/// round trip, less than which no grant comes in time, and five: on a
-/// faster host less of the device is kept waiting for the process.
+/// trips `r` (see `leads`): at first [`shortest`], then learned (see
+/// [`learn`]) between that and [`longest`].
 fn lead(g: &Gate, r: u64) -> u64 {
     match g.ahead_lead.load(Ordering::Relaxed) {
-        0 => 5 * r / 2,
+        0 => shortest(r),
         lead => within(lead, r),
     }
 }
 
-/// `lead` within its bounds for the round trip `r`: three quarters of
-/// one to [`longest`].
+/// `lead` within its bounds for the round trip `r`: [`shortest`] to
+/// [`longest`].
 fn within(lead: u64, r: u64) -> u64 {
-    lead.clamp(3 * r / 4, longest(r))
+    lead.clamp(shortest(r), longest(r))
+}
+
+/// The shortest lead for the round trip `r`: four of them (0.8 ms at 200
+/// µs). The lead is also how long before the launch gem-schd hears of it,
+/// and stops lending the device to others: what it lent until then must
+/// drain by the launch. That is the request's way there (half a round
+/// trip), a lent token's shortest (one round trip, as gem-schd lends near
+/// a latency-critical group's return) and the one launch its hook admits
+/// onto an empty queue, and the wake-ups on both sides. Down to three
+/// quarters of a round trip (the grant alone in time), the lead settled
+/// at one to two on the 2-core test VM (gem-schd heard of the launch
+/// 0.2-0.4 ms before it), and a critical decode's slow steps (2.5 % of
+/// them over 1.1 ms, 1.3× alone) mostly waited for a trainer's 200 µs
+/// kernel launched under a token granted before the request came: the
+/// decode's p99 was 1.19-1.30× alone, five runs. At four, 1.14-1.22×, the
+/// trainer keeping 0.96-0.97 of the time the decode leaves (0.97 before);
+/// beside a framework-like training 1.21-1.23× instead of 1.37-1.49×, the
+/// training keeping 0.91-0.92 of its steps instead of 0.93-0.94
+/// (`gem-bench --only critical`, alternating). A grant early for a
+/// process alone costs nobody anything; beside others, gem-schd grants it
+/// when the token it lent ends, and that token ended a margin before the
+/// return anyway.
+fn shortest(r: u64) -> u64 {
+    4 * r
 }
 
 /// The longest lead for the round trip `r`: five of them (1 ms at 200
@@ -228,26 +247,25 @@ mod tests {
 
     #[test]
     fn the_lead_grows_by_a_late_grant_and_shrinks_by_one_in_time() {
-        // At a round trip of 200 µs, the values the lead had as constants:
-        // 0.5 ms at first, within 0.15-1 ms.
+        // At a round trip of 200 µs: 0.8 ms at first, within 0.8-1 ms.
         let r = 200_000;
         let g = Gate::default();
-        assert_eq!(lead(&g, r), 500_000);
-        // Sent 0.6 ms before a launch that then waited 0.1 ms: too late.
+        assert_eq!(lead(&g, r), 800_000);
+        // Sent 0.9 ms before a launch that then waited 0.1 ms: too late.
         g.ahead_sent.store(1_000_000, Ordering::Relaxed);
-        learn(&g, r, 100_000, 1_700_000);
-        assert_eq!(lead(&g, r), 600_000);
+        learn(&g, r, 100_000, 2_000_000);
+        assert_eq!(lead(&g, r), 900_000);
         // Held by the scheduler for 4 ms (another group's token): no lesson.
         learn(&g, r, 4_000_000, 6_000_000);
-        assert_eq!(lead(&g, r), 600_000);
+        assert_eq!(lead(&g, r), 900_000);
         // Late by no more than a tenth of a round trip: in time. A
         // sixteenth less each time, down to the floor.
         learn(&g, r, r / 10, 6_000_000);
-        assert_eq!(lead(&g, r), 600_000 - 600_000 / 16);
+        assert_eq!(lead(&g, r), 900_000 - 900_000 / 16);
         for _ in 0..100 {
             learn(&g, r, 0, 6_000_000);
         }
-        assert_eq!(lead(&g, r), 150_000);
+        assert_eq!(lead(&g, r), 800_000);
         // And never past the ceiling, however late.
         g.ahead_sent.store(5_000_000, Ordering::Relaxed);
         learn(&g, r, 3_000_000, 5_100_000);
