@@ -465,7 +465,11 @@ impl Policy {
             )));
             return;
         }
-        if self.declines_ahead(client, device, burst_us) {
+        let critical = self
+            .clients
+            .get(&client)
+            .is_some_and(|c| self.limits(&c.group).latency == Latency::Critical);
+        if self.declines_ahead(client, device, burst_us, critical) {
             out.push(asker.reply(Reply::Done));
             return;
         }
@@ -475,10 +479,6 @@ impl Policy {
         // request. Other groups' lent tokens end at their return itself,
         // with no margin, so theirs stays the request. (The token request
         // below then learns nothing more.)
-        let critical = self
-            .clients
-            .get(&client)
-            .is_some_and(|c| self.limits(&c.group).latency == Latency::Critical);
         let back_in = if critical {
             launch_in.saturating_sub(Micros::from(rtt_us) / 2)
         } else {
@@ -631,16 +631,19 @@ impl Policy {
     /// the 0.7 group got 0.617 of the 0.664 it was owed. Served anyway: a
     /// process whose bursts are short (see [`AHEAD_SHORT_BURST`]), and a
     /// latency-critical group, for which the device kept for its return
-    /// is its class's promise.
-    fn declines_ahead(&self, client: ClientId, device: DeviceId, burst_us: Micros) -> bool {
-        if burst_us <= AHEAD_SHORT_BURST {
+    /// is its class's promise (`critical`: the client's group is one).
+    fn declines_ahead(
+        &self,
+        client: ClientId,
+        device: DeviceId,
+        burst_us: Micros,
+        critical: bool,
+    ) -> bool {
+        if burst_us <= AHEAD_SHORT_BURST || critical {
             return false;
         }
-        let Some(c) = self.clients.get(&client) else {
+        if !self.clients.contains_key(&client) {
             return true;
-        };
-        if self.limits(&c.group).latency == Latency::Critical {
-            return false;
         }
         let Some(dev) = self.devices.get(&device) else {
             return false;
