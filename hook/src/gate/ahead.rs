@@ -42,21 +42,13 @@ fn within(lead: u64, r: u64) -> u64 {
 /// a latency-critical group's return) and the one launch its hook admits
 /// onto an empty queue, and the wake-ups on both sides. Down to three
 /// quarters of a round trip (the grant alone in time), the lead settled
-/// at one to two on the 2-core test VM (gem-schd heard of the launch
-/// 0.2-0.4 ms before it), and a critical decode's slow steps (2.5 % of
-/// them over 1.1 ms, 1.3× alone) mostly waited for a trainer's 200 µs
-/// kernel launched under a token granted before the request came: the
-/// decode's p99 was 1.19-1.30× alone, five runs. At four, 1.14-1.22×, the
-/// trainer keeping 0.96-0.97 of the time the decode leaves (0.97 before);
-/// beside a framework-like training 1.21-1.23× instead of 1.37-1.49×, the
-/// training keeping 0.91-0.92 of its steps instead of 0.93-0.94
-/// (`gem-bench --only critical`, alternating). A grant early for a
-/// process alone costs nobody anything. Beside others it is granted when
-/// the token gem-schd lent ends: for a latency-critical group a margin
-/// before its launch anyway; for another group, which gem-schd counts
-/// back at the request, the lead before the launch (its training
-/// neighbour made 42.1-42.3 steps/s against 42.4-42.6, `--only
-/// latency`).
+/// at one to two on the 2-core test VM, and a critical decode's slow
+/// steps mostly waited for a trainer's 200 µs kernel launched under a
+/// token granted before the request came (p99 1.19-1.30× alone; at four,
+/// 1.14-1.22×). A normal-class group, which gem-schd counts back at its
+/// request, pays for it: the GPU idles for the lead before its launch.
+/// The figures, and what else moved: docs/design-decisions.md, "A token
+/// asked ahead of a quiet process's return".
 fn shortest(r: u64) -> u64 {
     4 * r
 }
